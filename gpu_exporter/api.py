@@ -1,0 +1,103 @@
+"""HTTP: /metrics, /healthz, /readyz and the JSON API, all served from the latest snapshot."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from gpu_exporter import __version__
+from gpu_exporter.exposition import (
+    CONTENT_TYPE_OPENMETRICS,
+    CONTENT_TYPE_TEXT,
+    wants_gzip,
+    wants_openmetrics,
+)
+from gpu_exporter.sampler import Sampler
+from gpu_exporter.snapshot import DeviceSample
+
+# Liveness fails only when the sampler has clearly stopped: several missed ticks, never one.
+STALE_TICKS = 5
+MIN_STALE_SECONDS = 10.0
+
+
+def create_app(sampler: Sampler, source_ready: Callable[[], bool]) -> FastAPI:
+    app = FastAPI(title="gpu-exporter", version=__version__, docs_url=None, redoc_url=None)
+    stale_after = max(MIN_STALE_SECONDS, STALE_TICKS * sampler.interval)
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:
+        rendered = sampler.rendered
+        if rendered is None:
+            return PlainTextResponse("no snapshot yet\n", status_code=503)
+        openmetrics = wants_openmetrics(request.headers.get("accept"))
+        gzipped = wants_gzip(request.headers.get("accept-encoding"))
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
+        return Response(
+            rendered.body(openmetrics, gzipped),
+            media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT,
+            headers=headers,
+        )
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        age = sampler.seconds_since_last_tick()
+        if age is None:
+            # Starting up: alive as long as the first tick is not overdue.
+            return PlainTextResponse("starting\n")
+        if age > stale_after:
+            return PlainTextResponse(f"sampler stalled: last tick {age:.1f}s ago\n", 503)
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        if not source_ready():
+            return PlainTextResponse("not ready: NVML is not initialised\n", 503)
+        if sampler.latest is None:
+            return PlainTextResponse("not ready: no snapshot yet\n", 503)
+        age = sampler.seconds_since_last_tick()
+        if age is not None and age > stale_after:
+            return PlainTextResponse(f"not ready: last snapshot {age:.1f}s old\n", 503)
+        return PlainTextResponse("ok\n")
+
+    @app.get("/api/v1/devices")
+    def devices() -> Response:
+        snapshot = sampler.latest
+        if snapshot is None:
+            return JSONResponse({"status": "error", "error": "no snapshot yet"}, 503)
+        return JSONResponse(
+            {
+                "status": "success",
+                "data": {
+                    "timestamp": snapshot.timestamp,
+                    "sequence": snapshot.sequence,
+                    "node": dict(snapshot.node_info),
+                    "devices": [device_json(d) for d in snapshot.devices],
+                },
+            }
+        )
+
+    return app
+
+
+def device_json(device: DeviceSample) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    for reading in device.readings:
+        value = reading.value if math.isfinite(reading.value) else None
+        if reading.labels:
+            metrics.setdefault(reading.family, []).append(
+                {"labels": dict(reading.labels), "value": value}
+            )
+        else:
+            metrics[reading.family] = value
+    return {
+        "index": device.index,
+        "uuid": device.uuid,
+        "up": device.up,
+        "down_reason": device.down_reason or None,
+        "info": dict(device.info),
+        "metrics": metrics,
+    }

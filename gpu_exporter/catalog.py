@@ -1,0 +1,283 @@
+"""Every metric family the exporter can emit, named once.
+
+Sources produce `Reading`s that refer to these names; the exposition, the metric reference in
+the README (`python -m gpu_exporter.catalog`) and the tests all read this table, so a family is
+added or renamed in exactly one place.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    INFO = "info"  # exposed as a gauge with value 1 and identifying labels
+    HISTOGRAM = "histogram"
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str  # as exposed; counters include the `_total` suffix
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()  # labels beyond gpu/uuid
+    unit: str = ""  # OpenMetrics unit; must be the name's suffix
+    source: str = "nvml"
+    per_device: bool = True
+
+    @property
+    def base_name(self) -> str:
+        """Name without `_total`, as prometheus_client's CounterMetricFamily wants it."""
+        if self.kind is Kind.COUNTER and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+
+G, C = Kind.GAUGE, Kind.COUNTER
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "gpu_info",
+        Kind.INFO,
+        "GPU identity; value is always 1.",
+        ("model", "pci_bus_id", "architecture", "compute_capability", "driver_version"),
+    ),
+    Family("gpu_up", G, "1 when the GPU answered NVML in this tick, 0 when lost or hung."),
+    Family(
+        "gpu_utilization_ratio",
+        G,
+        "Fraction of the last sample period in which at least one kernel ran (NVML).",
+        unit="ratio",
+    ),
+    Family(
+        "gpu_memory_utilization_ratio",
+        G,
+        "Fraction of the last sample period in which device memory was read or written.",
+        unit="ratio",
+    ),
+    Family(
+        "gpu_sm_active_ratio",
+        G,
+        "Fraction of cycles an SM had at least one warp, averaged over SMs (GPM SM_UTIL).",
+        unit="ratio",
+        source="gpm",
+    ),
+    Family(
+        "gpu_sm_occupancy_ratio",
+        G,
+        "Resident warps as a fraction of the theoretical maximum (GPM SM_OCCUPANCY).",
+        unit="ratio",
+        source="gpm",
+    ),
+    Family(
+        "gpu_tensor_active_ratio",
+        G,
+        "Fraction of cycles any tensor pipe was active (GPM ANY_TENSOR_UTIL).",
+        unit="ratio",
+        source="gpm",
+    ),
+    Family(
+        "gpu_dram_active_ratio",
+        G,
+        "Device memory bandwidth used as a fraction of the maximum (GPM DRAM_BW_UTIL).",
+        unit="ratio",
+        source="gpm",
+    ),
+    Family(
+        "gpu_graphics_engine_active_ratio",
+        G,
+        "Fraction of time the graphics/compute engine was busy (GPM GRAPHICS_UTIL).",
+        unit="ratio",
+        source="gpm",
+    ),
+    Family(
+        "gpu_pipe_active_ratio",
+        G,
+        "Fraction of cycles the non-tensor fp64/fp32/fp16/integer pipe was active (GPM).",
+        ("pipe",),
+        unit="ratio",
+        source="gpm",
+    ),
+    Family("gpu_memory_total_bytes", G, "Total device memory.", unit="bytes"),
+    Family("gpu_memory_used_bytes", G, "Device memory allocated by processes.", unit="bytes"),
+    Family(
+        "gpu_memory_reserved_bytes",
+        G,
+        "Device memory reserved by the driver and firmware (memory info v2).",
+        unit="bytes",
+    ),
+    Family("gpu_memory_free_bytes", G, "Device memory free.", unit="bytes"),
+    Family("gpu_power_watts", G, "Power draw (1 s average on Ampere and newer).", unit="watts"),
+    Family(
+        "gpu_power_limit_watts",
+        G,
+        "Enforced power limit, after every limiter.",
+        unit="watts",
+    ),
+    Family(
+        "gpu_energy_joules_total",
+        C,
+        "Energy consumed since the driver was loaded.",
+        unit="joules",
+    ),
+    Family(
+        "gpu_temperature_celsius",
+        G,
+        "Temperature by sensor (gpu die, memory).",
+        ("sensor",),
+        unit="celsius",
+    ),
+    Family("gpu_clock_hertz", G, "Current clock frequency.", ("clock",), unit="hertz"),
+    Family("gpu_clock_max_hertz", G, "Maximum clock frequency.", ("clock",), unit="hertz"),
+    Family(
+        "gpu_clock_event_active",
+        G,
+        "1 while this clock-event (throttle) reason holds the clocks down, per supported reason.",
+        ("reason",),
+    ),
+    Family(
+        "gpu_clock_event_seconds_total",
+        C,
+        "Cumulative time the clocks were held down by this reason.",
+        ("reason",),
+        unit="seconds",
+    ),
+    Family("gpu_performance_state", G, "Performance state (0 = P0, fastest; 15 = slowest)."),
+    Family(
+        "gpu_pcie_bytes_total",
+        C,
+        "PCIe bytes transferred, from the GPU's byte counters.",
+        ("direction",),
+        unit="bytes",
+    ),
+    Family(
+        "gpu_pcie_throughput_bytes_per_second",
+        G,
+        "PCIe throughput over a 20 ms window; only where byte counters are unavailable.",
+        ("direction",),
+    ),
+    Family(
+        "gpu_pcie_link_generation",
+        G,
+        "PCIe link generation, current and maximum for this device and system.",
+        ("state",),
+    ),
+    Family("gpu_pcie_link_width", G, "PCIe link width in lanes, current and maximum.", ("state",)),
+    Family("gpu_pcie_replay_total", C, "PCIe replay events (link-level retransmissions)."),
+    Family(
+        "gpu_nvlink_bytes_total",
+        C,
+        "NVLink data bytes over all links.",
+        ("direction",),
+        unit="bytes",
+    ),
+    Family("gpu_nvlink_links_active", G, "NVLink links in the active state."),
+    Family("gpu_ecc_enabled", G, "1 when ECC is enabled."),
+    Family(
+        "gpu_ecc_errors_total",
+        C,
+        "ECC errors since the driver was loaded (volatile counters).",
+        ("error",),
+    ),
+    Family(
+        "gpu_retired_pages_total",
+        C,
+        "Memory pages retired, by cause (pre-Ampere page retirement).",
+        ("cause",),
+    ),
+    Family("gpu_retired_pages_pending", G, "1 when a page retirement waits for a reboot."),
+    Family(
+        "gpu_remapped_rows_total",
+        C,
+        "Memory rows remapped, by the severity of the error that caused it (Ampere+).",
+        ("severity",),
+    ),
+    Family("gpu_row_remap_pending", G, "1 when a row remap waits for a GPU reset."),
+    Family("gpu_row_remap_failure", G, "1 when a row remap failed; the GPU needs service."),
+    Family(
+        "gpu_xid_errors_total",
+        C,
+        "XID errors seen since the exporter started, by XID number.",
+        ("xid",),
+    ),
+    Family(
+        "gpu_xid_last_timestamp_seconds",
+        G,
+        "Unix time of the last XID error of this number.",
+        ("xid",),
+        unit="seconds",
+    ),
+    Family("gpu_numa_node", G, "Host NUMA node nearest the GPU."),
+    # Self-telemetry.
+    Family(
+        "gpu_exporter_build_info",
+        Kind.INFO,
+        "Exporter build; value is always 1.",
+        ("version", "python_version", "nvml_binding_version"),
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_tick_duration_seconds",
+        Kind.HISTOGRAM,
+        "Time one sampler tick took.",
+        unit="seconds",
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_last_tick_timestamp_seconds",
+        G,
+        "Unix time the last sampler tick finished.",
+        unit="seconds",
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_ticks_total",
+        C,
+        "Sampler ticks completed.",
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_errors_total",
+        C,
+        "Failed reads by source, field and NVML error name.",
+        ("source", "field", "error"),
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_devices",
+        G,
+        "GPUs known to the exporter (answering or not).",
+        source="exporter",
+        per_device=False,
+    ),
+)
+
+BY_NAME: dict[str, Family] = {family.name: family for family in FAMILIES}
+
+
+def family(name: str) -> Family:
+    """The catalog entry for `name`; a KeyError here is a programming error in a source."""
+    return BY_NAME[name]
+
+
+def markdown_table() -> str:
+    """The metric reference embedded in the README (checked for drift by a test)."""
+    rows = ["| metric | type | labels | description |", "|---|---|---|---|"]
+    for fam in FAMILIES:
+        base = ["gpu", "uuid"] if fam.per_device else []
+        labels = ", ".join(f"`{label}`" for label in (*base, *fam.labels)) or "—"
+        rows.append(f"| `{fam.name}` | {fam.kind.value} | {labels} | {fam.help} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # pragma: no cover - used to regenerate the README section
+    sys.stdout.write(markdown_table() + "\n")

@@ -1,0 +1,145 @@
+"""Settings from one YAML file, environment variables and flags (flags win, then environment).
+
+Every error names where the bad value came from: the file, field and line; the environment
+variable; or the flag.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpu_exporter.sources.nvml import NvmlSettings
+from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
+
+ENV_PREFIX = "GPU_EXPORTER_"
+ENV_CONFIG_FILE = "GPU_EXPORTER_CONFIG"
+DEFAULT_LISTEN = "0.0.0.0:9449"
+
+
+class ConfigError(ValueError):
+    """Invalid settings; the message is ready to print (one line per problem)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NvmlConfig(_Strict):
+    device_deadline_seconds: float = Field(0.8, gt=0, le=60)
+    slow_refresh_seconds: float = Field(30.0, ge=1, le=86400)
+    recovery_initial_backoff_seconds: float = Field(2.0, gt=0, le=3600)
+    recovery_max_backoff_seconds: float = Field(60.0, gt=0, le=86400)
+    hang_quarantine_seconds: float = Field(60.0, gt=0, le=86400)
+    gpm: bool = True
+    pcie_throughput_fallback: bool = True
+    xid_events: bool = True
+
+    def settings(self) -> NvmlSettings:
+        return NvmlSettings(**self.model_dump())
+
+
+class Config(_Strict):
+    listen_address: str = DEFAULT_LISTEN
+    interval_seconds: float = Field(1.0, ge=0.1, le=3600)
+    simulate: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    nvml: NvmlConfig = NvmlConfig()
+
+    @field_validator("listen_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        split_host_port(value)
+        return value
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPV6]:PORT` -> (host, port); ValueError with the reason otherwise."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is outside 1-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ipaddress.IPv6Address(host)
+    elif not host:
+        raise ValueError(f"expected HOST:PORT, got {address!r} (no host)")
+    return host, port
+
+
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple, str]]:
+    """GPU_EXPORTER_A__B=v -> {"a": {"b": "v"}}; `__` separates nesting levels."""
+    data: dict[str, Any] = {}
+    origins: dict[tuple, str] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
+            continue
+        path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+        origins[path] = f"environment variable {name}"
+    return data, origins
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the effective configuration. `flags` holds only flags the user gave."""
+    environ = os.environ if environ is None else environ
+    path = path or environ.get(ENV_CONFIG_FILE) or None
+    located: LocatedYaml | None = None
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            located = load_yaml_file(path)
+        except YamlFileError as exc:
+            raise ConfigError(f"config error: {exc}") from exc
+        if located.data is None:
+            located.data = {}
+        if not isinstance(located.data, dict):
+            raise ConfigError(f"config error: {path}: the top level must be a mapping")
+        data = located.data
+    env_data, origins = _env_overrides(environ)
+    data = _merge(data, env_data)
+    for key, value in (flags or {}).items():
+        data[key] = value
+        origins[(key,)] = f"flag --{key.replace('_', '-').removesuffix('-seconds')}"
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = [_describe(err, located, origins) for err in exc.errors()]
+        raise ConfigError("\n".join(problems)) from exc
+
+
+def _describe(err: Mapping[str, Any], located: LocatedYaml | None, origins: dict) -> str:
+    loc = tuple(err["loc"])
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        message = "unknown setting"
+    for i in range(len(loc), 0, -1):
+        if loc[:i] in origins:
+            return f"config error: {origins[loc[:i]]} ({format_path(loc)}): {message}"
+    if located is not None:
+        return f"config error: {located.where(loc)}: {message}"
+    return f"config error: {format_path(loc)}: {message}"

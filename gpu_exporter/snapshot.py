@@ -1,0 +1,95 @@
+"""Immutable per-tick data: what one sampler tick saw, published atomically.
+
+A scrape, a rule evaluation or an API call only ever reads a published `Snapshot`; nothing
+downstream of the sampler talks to NVML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One sample of one catalog family: `family{labels} value` (device labels added later)."""
+
+    family: str
+    value: float
+    labels: Labels = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """Everything read from one GPU in one tick.
+
+    `up` is False when the device did not answer (lost, hung, or the driver is gone); then
+    `readings` holds only what was known before (nothing) and `down_reason` says why.
+    """
+
+    index: int
+    uuid: str
+    info: Mapping[str, str]
+    up: bool
+    readings: tuple[Reading, ...] = ()
+    down_reason: str = ""
+
+    @property
+    def labels(self) -> Labels:
+        return (("gpu", str(self.index)), ("uuid", self.uuid))
+
+    def value(self, family: str, **labels: str) -> float | None:
+        """The value of `family` with exactly these extra labels, or None when absent."""
+        wanted = tuple(sorted(labels.items()))
+        for reading in self.readings:
+            if reading.family == family and tuple(sorted(reading.labels)) == wanted:
+                return reading.value
+        return None
+
+    def families(self) -> set[str]:
+        return {reading.family for reading in self.readings}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCount:
+    """Cumulative count of failed reads, by source, field and NVML error name."""
+
+    source: str
+    field: str
+    error: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TickStats:
+    """The sampler's own timing, cumulative since start (exported as a histogram)."""
+
+    bucket_bounds: tuple[float, ...] = ()
+    bucket_counts: tuple[int, ...] = ()  # cumulative, one per bound, then +Inf = `ticks`
+    duration_sum: float = 0.0
+    ticks: int = 0
+    last_tick_timestamp: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One tick: per-device samples plus node-level facts and self-telemetry."""
+
+    timestamp: float
+    devices: tuple[DeviceSample, ...]
+    node_info: Mapping[str, str] = field(default_factory=dict)
+    errors: tuple[ErrorCount, ...] = ()
+    tick_seconds: float = 0.0
+    sequence: int = 0
+    stats: TickStats = field(default_factory=TickStats)
+
+    def device(self, index: int) -> DeviceSample | None:
+        for device in self.devices:
+            if device.index == index:
+                return device
+        return None
+
+    def __iter__(self) -> Iterator[DeviceSample]:
+        return iter(self.devices)

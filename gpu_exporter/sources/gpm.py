@@ -1,0 +1,113 @@
+"""SM / Tensor / DRAM activity from NVML GPM (GPU Performance Metrics, Hopper and newer).
+
+GPM gives counters, not rates: two samples taken at least 100 ms apart are diffed by
+`nvmlGpmMetricsGet`. Each read uses the previous read's sample as its baseline, so the activity
+covers exactly the time between two ticks. Per-metric failures are normal (a board without
+NVLink, a metric this driver lacks) and NaN happens; both leave that metric out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pynvml as N
+
+# NVIDIA: "The interval between these two nvmlGpmSampleGet() calls should be greater than 100ms
+# due to the internal sample refresh rate."
+MIN_WINDOW_SECONDS = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class GpmMetric:
+    metric_id: int
+    family: str
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+# Percent metrics exported as 0..1 ratios, as DCGM does for fields 1001-1016.
+METRICS: tuple[GpmMetric, ...] = (
+    GpmMetric(N.NVML_GPM_METRIC_GRAPHICS_UTIL, "gpu_graphics_engine_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_SM_UTIL, "gpu_sm_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_SM_OCCUPANCY, "gpu_sm_occupancy_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "gpu_tensor_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu_dram_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_FP64_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp64"),)),
+    GpmMetric(N.NVML_GPM_METRIC_FP32_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp32"),)),
+    GpmMetric(N.NVML_GPM_METRIC_FP16_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp16"),)),
+    GpmMetric(N.NVML_GPM_METRIC_INTEGER_UTIL, "gpu_pipe_active_ratio", (("pipe", "int"),)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpmResult:
+    values: dict[int, float]  # metric id -> ratio 0..1
+    failures: dict[int, int]  # metric id -> NVML return code (or -1 for NaN)
+
+
+def is_supported(handle: object) -> bool:
+    """True on GPUs with GPM. Raises NVMLError on a failing call (the caller learns from it)."""
+    return bool(N.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+
+
+class GpmWindow:
+    """Rolling two-sample GPM reader for one device handle."""
+
+    def __init__(self, handle: object, clock: Callable[[], float]) -> None:
+        self._handle = handle
+        self._clock = clock
+        self._skip: set[int] = set()  # metric ids the device answered NOT_SUPPORTED for
+        self._baseline = N.nvmlGpmSampleAlloc()
+        self._current = N.nvmlGpmSampleAlloc()
+        self._baseline_time: float | None = None
+        try:
+            self._take(self._baseline)
+        except N.NVMLError:
+            self.close()
+            raise
+
+    def _take(self, sample: object) -> None:
+        N.nvmlGpmSampleGet(self._handle, sample)
+        self._baseline_time = self._clock()
+
+    def read(self) -> GpmResult | None:
+        """Activity since the previous read, or None while the window is under 100 ms."""
+        started = self._baseline_time
+        if started is None or self._clock() - started < MIN_WINDOW_SECONDS:
+            return None
+        wanted = [m.metric_id for m in METRICS if m.metric_id not in self._skip]
+        N.nvmlGpmSampleGet(self._handle, self._current)
+        now = self._clock()
+        request = N.c_nvmlGpmMetricsGet_t()
+        request.version = N.NVML_GPM_METRICS_GET_VERSION  # pynvml does not set it
+        request.numMetrics = len(wanted)
+        request.sample1 = self._baseline
+        request.sample2 = self._current
+        for slot, metric_id in zip(request.metrics, wanted, strict=False):
+            slot.metricId = metric_id
+        N.nvmlGpmMetricsGet(request)
+        values: dict[int, float] = {}
+        failures: dict[int, int] = {}
+        for slot, metric_id in zip(request.metrics, wanted, strict=False):
+            if slot.nvmlReturn != N.NVML_SUCCESS:
+                failures[metric_id] = slot.nvmlReturn
+                if slot.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
+                    self._skip.add(metric_id)
+            elif not math.isfinite(slot.value):
+                failures[metric_id] = -1
+            else:
+                values[metric_id] = min(max(slot.value / 100.0, 0.0), 1.0)
+        # The newest sample becomes the next baseline; the old buffer is reused.
+        self._baseline, self._current = self._current, self._baseline
+        self._baseline_time = now
+        return GpmResult(values, failures)
+
+    def close(self) -> None:
+        for sample in (self._baseline, self._current):
+            if sample is not None:
+                # The device may be gone; the buffer is then released with the library.
+                with contextlib.suppress(N.NVMLError):
+                    N.nvmlGpmSampleFree(sample)
+        self._baseline = self._current = None

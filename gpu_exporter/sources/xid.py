@@ -1,0 +1,125 @@
+"""XID errors from NVML events, on a dedicated thread blocked in nvmlEventSetWait.
+
+ctypes releases the GIL during the wait, so the blocked thread costs nothing. NVML only
+reports XIDs that happen after registration; older ones live in the kernel log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import pynvml as N
+
+from gpu_exporter.sources.base import ErrorLog
+
+log = logging.getLogger(__name__)
+
+WAIT_MS = 500  # short enough for a prompt stop, long enough to stay idle
+
+
+def handle_address(handle: object) -> int | None:
+    """A device handle's pointer value, to match an event's device to ours."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+@dataclass
+class XidCounts:
+    """Per-GPU-UUID XID counts and last-seen times; survives NVML re-initialisation."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _counts: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
+
+    def record(self, uuid: str, xid: int, when: float) -> None:
+        with self._lock:
+            per_gpu = self._counts.setdefault(uuid, {})
+            count, _ = per_gpu.get(xid, (0, 0.0))
+            per_gpu[xid] = (count + 1, when)
+
+    def for_gpu(self, uuid: str) -> dict[int, tuple[int, float]]:
+        with self._lock:
+            return dict(self._counts.get(uuid, {}))
+
+
+class XidWatcher:
+    """Registers every device for XID events and counts them until stopped."""
+
+    def __init__(
+        self,
+        handles_by_uuid: Mapping[str, object],
+        counts: XidCounts,
+        errors: ErrorLog,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._uuid_by_address = {
+            handle_address(handle): uuid for uuid, handle in handles_by_uuid.items()
+        }
+        self._handles = dict(handles_by_uuid)
+        self._counts = counts
+        self._errors = errors
+        self._wall_clock = wall_clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._event_set: object | None = None
+        self.registered: set[str] = set()
+
+    def start(self) -> None:
+        try:
+            self._event_set = N.nvmlEventSetCreate()
+        except N.NVMLError as exc:
+            self._errors.add("nvml", "xid_events", type(exc).__name__.removeprefix("NVMLError_"))
+            log.warning("XID events unavailable: %s", exc)
+            return
+        for uuid, handle in self._handles.items():
+            self._register(uuid, handle)
+        if not self.registered:
+            return
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
+        self._thread.start()
+
+    def _register(self, uuid: str, handle: object) -> None:
+        try:
+            supported = N.nvmlDeviceGetSupportedEventTypes(handle)
+            wanted = N.nvmlEventTypeXidCriticalError & supported
+            if not wanted:
+                return
+            N.nvmlDeviceRegisterEvents(handle, wanted, self._event_set)
+            self.registered.add(uuid)
+        except N.NVMLError as exc:
+            # NOT_SUPPORTED leaves the set usable (nvml.h); other devices still register.
+            self._errors.add("nvml", "xid_events", type(exc).__name__.removeprefix("NVMLError_"))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                event = N.nvmlEventSetWait(self._event_set, WAIT_MS)
+            except N.NVMLError_Timeout:
+                continue
+            except N.NVMLError as exc:
+                # GPU lost or driver trouble: back off; the source re-initialises and restarts us.
+                self._errors.add(
+                    "nvml", "xid_events", type(exc).__name__.removeprefix("NVMLError_")
+                )
+                self._stop.wait(1.0)
+                continue
+            if not event.eventType & N.nvmlEventTypeXidCriticalError:
+                continue
+            uuid = self._uuid_by_address.get(handle_address(event.device))
+            if uuid is None:
+                continue
+            log.warning("XID %d on GPU %s", event.eventData, uuid)
+            self._counts.record(uuid, int(event.eventData), self._wall_clock())
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=WAIT_MS / 1000 * 4)
+        if self._event_set is not None:
+            with contextlib.suppress(N.NVMLError):
+                N.nvmlEventSetFree(self._event_set)
+            self._event_set = None

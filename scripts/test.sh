@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up everything the tests need and run the whole suite: lint, format check, pytest.
+# Installs the Debian packages prometheus (promtool, server) and prometheus-alertmanager when
+# they are missing (as root, or through sudo). Extra arguments go to pytest.
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+
+need_debs=()
+command -v promtool >/dev/null 2>&1 || need_debs+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || need_debs+=(prometheus-alertmanager)
+if [ "${#need_debs[@]}" -gt 0 ]; then
+  echo "installing Debian packages: ${need_debs[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${need_debs[@]}" >/dev/null
+fi
+
+ensure_venv "[test]"
+cd "$ROOT"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+
+set +e
+"$VENV/bin/python" -m pytest "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: failing on purpose" >&2
+  exit 1
+fi
+exit "$status"

@@ -1,0 +1,91 @@
+"""Run `gpu-exporter serve` as a real process on 127.0.0.1 for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.process, self.port, self.log = process, port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = httpx.Client(base_url=self.url, timeout=5.0)
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        return self.client.get(path, **kwargs)
+
+    def wait_ready(self, timeout: float = 15.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited early:\n{self.output()}")
+            try:
+                if self.get("/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"daemon not ready within {timeout}s:\n{self.output()}")
+
+    def metrics_text(self) -> str:
+        response = self.get("/metrics")
+        assert response.status_code == 200, response.text
+        return response.text
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpu_exporter.cli", *args]
+
+
+@contextmanager
+def serve(tmp_path: Path, *args: str) -> Iterator[Daemon]:
+    port = free_port()
+    log = tmp_path / f"daemon-{port}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command("serve", "--listen-address", f"127.0.0.1:{port}", *args),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    daemon = Daemon(process, port, log)
+    try:
+        yield daemon
+    finally:
+        daemon.client.close()
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    """`name{labels}` -> value for every sample line of a text exposition."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            samples[series] = float(value)
+    return samples

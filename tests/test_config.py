@@ -1,0 +1,95 @@
+"""Configuration: file, environment and flags, and errors that say where the bad value is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu_exporter.config import ConfigError, load_config, split_host_port
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gpu-exporter.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_any_source() -> None:
+    config = load_config(environ={})
+    assert config.listen_address == "0.0.0.0:9449"
+    assert config.interval_seconds == 1.0
+    assert config.simulate is None
+    assert config.nvml.gpm is True
+
+
+def test_flags_win_over_environment_over_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, "interval_seconds: 5\nlisten_address: 127.0.0.1:1000\nlog_level: error\n"
+    )
+    env = {"GPU_EXPORTER_INTERVAL_SECONDS": "3", "GPU_EXPORTER_LISTEN_ADDRESS": "127.0.0.1:2000"}
+    config = load_config(path, {"interval_seconds": 2.0}, environ=env)
+    assert config.interval_seconds == 2.0  # flag
+    assert config.listen_address == "127.0.0.1:2000"  # environment
+    assert config.log_level == "error"  # file
+
+
+def test_nested_environment_variable() -> None:
+    config = load_config(environ={"GPU_EXPORTER_NVML__DEVICE_DEADLINE_SECONDS": "0.25"})
+    assert config.nvml.device_deadline_seconds == 0.25
+
+
+def test_config_file_named_by_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "simulate: faults\n")
+    assert load_config(environ={"GPU_EXPORTER_CONFIG": str(path)}).simulate == "faults"
+
+
+def test_bad_value_names_file_field_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "listen_address: 127.0.0.1:9449\nnvml:\n  device_deadline_seconds: -1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    message = str(err.value)
+    assert str(path) in message
+    assert "nvml.device_deadline_seconds" in message
+    assert "line 3" in message
+
+
+def test_unknown_key_is_an_error_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "interval_seconds: 1\nintervall: 2\n")
+    with pytest.raises(ConfigError, match=r"field intervall, line 2: unknown setting"):
+        load_config(path, environ={})
+
+
+def test_bad_environment_variable_is_named() -> None:
+    with pytest.raises(ConfigError, match="environment variable GPU_EXPORTER_INTERVAL_SECONDS"):
+        load_config(environ={"GPU_EXPORTER_INTERVAL_SECONDS": "soon"})
+
+
+def test_bad_flag_is_named() -> None:
+    with pytest.raises(ConfigError, match="flag --listen-address"):
+        load_config(flags={"listen_address": "nowhere"}, environ={})
+
+
+def test_invalid_yaml_reports_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "interval_seconds: [1\n")
+    with pytest.raises(ConfigError, match=r"line \d+: not valid YAML"):
+        load_config(path, environ={})
+
+
+def test_missing_file_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.yaml", environ={})
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("127.0.0.1:80", ("127.0.0.1", 80)), ("[::1]:9449", ("::1", 9449)), ("host:1", ("host", 1))],
+)
+def test_split_host_port(address: str, expected: tuple[str, int]) -> None:
+    assert split_host_port(address) == expected
+
+
+@pytest.mark.parametrize("address", ["9449", ":9449", "host:0", "host:70000", "[nope]:1"])
+def test_split_host_port_rejects(address: str) -> None:
+    with pytest.raises(ValueError):
+        split_host_port(address)
