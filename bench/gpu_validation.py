@@ -173,6 +173,38 @@ def summarise_samples(
     return out
 
 
+def raw_series(samples: list[tuple[float, list[DeviceSample]]], gpu: int) -> list[dict[str, Any]]:
+    """Every reading of one GPU per tick, so later analyses (classification) can replay them."""
+    start = samples[0][0] if samples else 0.0
+    out = []
+    for tick_time, devices in samples:
+        for device in devices:
+            if device.index == gpu:
+                row: dict[str, Any] = {"t": round(tick_time - start, 3), "up": device.up}
+                row.update({_key(r.family, r.labels): r.value for r in device.readings})
+                out.append(row)
+    return out
+
+
+def probe_memory(handle: Any) -> dict[str, Any]:
+    """Does memory info v2's `used` include `reserved` on this driver? (v1 vs v2 side by side)"""
+    out: dict[str, Any] = {}
+    for name, call in (
+        ("v1", lambda: N.nvmlDeviceGetMemoryInfo(handle)),
+        ("v2", lambda: N.nvmlDeviceGetMemoryInfo(handle, N.nvmlMemory_v2)),
+    ):
+        try:
+            mem = call()
+            out[name] = {
+                k: int(getattr(mem, k))
+                for k in ("total", "free", "used", "reserved")
+                if hasattr(mem, k)
+            }
+        except N.NVMLError as exc:
+            out[name] = {"error": str(exc)}
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -229,7 +261,7 @@ def probe_gpm(handle: Any, windows: tuple[float, ...] = (0.02, 0.05, 0.1, 0.5)) 
             request.numMetrics = 2
             request.sample1, request.sample2 = first, second
             request.metrics[0].metricId = N.NVML_GPM_METRIC_SM_UTIL
-            request.metrics[1].metricId = N.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
+            request.metrics[1].metricId = getattr(N, "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", 61)
             try:
                 N.nvmlGpmMetricsGet(request)
                 result["windows"][f"{window * 1000:.0f}ms"] = {
@@ -272,7 +304,7 @@ def microbench(handle: Any, calls: int) -> dict[str, dict[str, float]]:
             started = time.perf_counter()
             try:
                 fn()
-            except N.NVMLError:
+            except Exception:  # unsupported here, or a wrapper this binding lacks
                 break
             values.append(time.perf_counter() - started)
         timings[name] = values
@@ -312,6 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         report["devices"] = [{"index": s.index, "uuid": s.uuid, **s.info} for s in source.sample()]
         report["fields"] = probe_fields(handle)
         report["gpm_short_windows"] = probe_gpm(handle)
+        report["memory_info"] = probe_memory(handle)
         for name in args.workloads:
             if time.monotonic() - started > TIME_BUDGET_SECONDS:
                 report["workloads"][name] = {"skipped": "time budget spent"}
@@ -352,7 +385,11 @@ def _measure_phase(
         samples.append((tick, source.sample()))
         time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
     status, detail = replies.get(timeout=args.seconds + 120)
-    summary: dict[str, Any] = {"samples": len(samples), "devices": summarise_samples(samples)}
+    summary: dict[str, Any] = {
+        "samples": len(samples),
+        "devices": summarise_samples(samples),
+        "series_gpu0": raw_series(samples, 0),
+    }
     if status == "error":
         summary["workload_error"] = detail
     return summary

@@ -74,6 +74,11 @@ class TickAbandonedError(Exception):
     """This tick missed its deadline and a newer tick owns the device now."""
 
 
+def _binding(name: str) -> Callable[..., Any] | None:
+    """A pynvml wrapper that older nvidia-ml-py releases lack, or None."""
+    return getattr(N, name, None)
+
+
 def error_name(exc: BaseException) -> str:
     """`NVMLError_NotSupported` -> `NotSupported`; an unnamed code -> `code_N`."""
     name = type(exc).__name__
@@ -185,9 +190,15 @@ class DeviceReader:
 
     # -- the choke point -------------------------------------------------------------------
 
-    def call(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run one NVML call; None when unsupported, quarantined or failed this tick."""
+    def call(self, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        """Run one NVML call; None when unsupported, quarantined or failed this tick.
+
+        `fn` is None when the installed nvidia-ml-py predates the call: same as an old driver.
+        """
         if key in self.unsupported:
+            return None
+        if fn is None:
+            self.unsupported.add(key)
             return None
         until = self.quarantine.get(key)
         if until is not None:
@@ -268,7 +279,7 @@ class DeviceReader:
         if width is not None:
             out.append(Reading("gpu_pcie_link_width", width, (("state", "max"),)))
         mask = self.first(
-            ("supported_clock_events", N.nvmlDeviceGetSupportedClocksEventReasons, h),
+            ("supported_clock_events", _binding("nvmlDeviceGetSupportedClocksEventReasons"), h),
             ("supported_clock_throttle", N.nvmlDeviceGetSupportedClocksThrottleReasons, h),
         )
         self._supported_reasons = KNOWN_REASON_BITS if mask is None else mask & KNOWN_REASON_BITS
@@ -342,7 +353,7 @@ class DeviceReader:
         if limit is not None:
             out.append(Reading("gpu_power_limit_watts", limit / 1000.0))
         temp = self.first(
-            ("temperature_v", N.nvmlDeviceGetTemperatureV, h, N.NVML_TEMPERATURE_GPU),
+            ("temperature_v", _binding("nvmlDeviceGetTemperatureV"), h, N.NVML_TEMPERATURE_GPU),
             ("temperature", N.nvmlDeviceGetTemperature, h, N.NVML_TEMPERATURE_GPU),
         )
         if temp is not None:
@@ -384,7 +395,11 @@ class DeviceReader:
 
     def _read_clock_events(self) -> list[Reading]:
         bits = self.first(
-            ("clock_event_reasons", N.nvmlDeviceGetCurrentClocksEventReasons, self.handle),
+            (
+                "clock_event_reasons",
+                _binding("nvmlDeviceGetCurrentClocksEventReasons"),
+                self.handle,
+            ),
             ("clock_throttle_reasons", N.nvmlDeviceGetCurrentClocksThrottleReasons, self.handle),
         )
         if bits is None:
