@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -40,7 +40,6 @@ from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
 
 WORKLOADS = ("idle", "matmul_bf16", "copy_d2d", "copy_h2d", "tiny_kernels_sync", "tiny_kernels")
-WARMUP_SECONDS = 2.0
 TIME_BUDGET_SECONDS = 330.0  # the issue allows 6 minutes; keep a margin
 
 PROBE_FIELDS: tuple[tuple[str, int, int], ...] = (
@@ -115,22 +114,51 @@ def _run_workload(name: str, seconds: float, simulate: bool) -> None:
     torch.cuda.synchronize()
 
 
-def _worker(commands: Any, replies: Any, simulate: bool) -> None:
+def worker_main(simulate: bool) -> int:
+    """The workload process: reads `NAME SECONDS` lines, answers `done` or `error ...`."""
     if not simulate:
         import torch
 
         torch.zeros(1, device="cuda:0")  # create the context before the first phase
-    replies.put(("ready", None))
-    while True:
-        command = commands.get()
-        if command is None:
-            return
-        name, seconds = command
+    print("ready", flush=True)
+    for line in sys.stdin:
+        name, seconds = line.split()
         try:
-            _run_workload(name, seconds, simulate)
-            replies.put(("done", None))
+            _run_workload(name, float(seconds), simulate)
+            print("done", flush=True)
         except Exception as exc:  # reported, not fatal: the other workloads still run
-            replies.put(("error", f"{type(exc).__name__}: {exc}"))
+            print(f"error {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+    return 0
+
+
+class WorkloadProcess:
+    """The child that runs workloads, so their Python loop does not disturb the sampling."""
+
+    def __init__(self, simulate: bool) -> None:
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+        if simulate:
+            command.append("--simulate-worker")
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+
+    def expect(self, word: str) -> str:
+        line = self.process.stdout.readline().strip()
+        if not line.startswith(word) and not line.startswith("error"):
+            raise RuntimeError(f"workload process said {line!r}, expected {word!r}")
+        return line
+
+    def start(self, name: str, seconds: float) -> None:
+        self.process.stdin.write(f"{name} {seconds}\n")
+        self.process.stdin.flush()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
 
 
 # -- measurement (parent process) ----------------------------------------------------------------
@@ -324,10 +352,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         record_timings=True,
     )
     source.start()
-    context = mp.get_context("spawn")
-    commands, replies = context.Queue(), context.Queue()
-    worker = context.Process(target=_worker, args=(commands, replies, bool(args.simulate)))
-    worker.start()
+    worker = WorkloadProcess(bool(args.simulate))
     report: dict[str, Any] = {
         "host": platform.node(),
         "python": platform.python_version(),
@@ -338,8 +363,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "workloads": {},
     }
     try:
-        if replies.get(timeout=120)[0] != "ready":
-            raise RuntimeError("workload process failed to start")
+        worker.expect("ready")
         handle = N.nvmlDeviceGetHandleByIndex(0)
         report["devices"] = [{"index": s.index, "uuid": s.uuid, **s.info} for s in source.sample()]
         report["fields"] = probe_fields(handle)
@@ -349,16 +373,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() - started > TIME_BUDGET_SECONDS:
                 report["workloads"][name] = {"skipped": "time budget spent"}
                 continue
-            report["workloads"][name] = _measure_phase(source, commands, replies, name, args)
+            report["workloads"][name] = _measure_phase(source, worker, name, args)
         report["microbench"] = microbench(handle, args.calls)
         report["call_latency"] = latency_table(source.timings)
         report["unsupported"] = source.unsupported_by_device()
         report["errors"] = [_err(e) for e in errors.snapshot()]
     finally:
-        commands.put(None)
-        worker.join(timeout=30)
-        if worker.is_alive():
-            worker.terminate()
+        worker.close()
         source.close()
     report["wall_seconds"] = time.monotonic() - started
     return report
@@ -374,24 +395,24 @@ def _err(error: Any) -> dict[str, Any]:
 
 
 def _measure_phase(
-    source: NvmlSource, commands: Any, replies: Any, name: str, args: argparse.Namespace
+    source: NvmlSource, worker: WorkloadProcess, name: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    commands.put((name, args.seconds + WARMUP_SECONDS))
-    time.sleep(min(WARMUP_SECONDS, args.seconds))
+    worker.start(name, args.seconds + args.warmup)
+    time.sleep(args.warmup)
     samples: list[tuple[float, list[DeviceSample]]] = []
     phase_end = time.monotonic() + args.seconds
     while time.monotonic() < phase_end:
         tick = time.monotonic()
         samples.append((tick, source.sample()))
         time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
-    status, detail = replies.get(timeout=args.seconds + 120)
+    reply = worker.expect("done")
     summary: dict[str, Any] = {
         "samples": len(samples),
         "devices": summarise_samples(samples),
         "series_gpu0": raw_series(samples, 0),
     }
-    if status == "error":
-        summary["workload_error"] = detail
+    if reply.startswith("error"):
+        summary["workload_error"] = reply.removeprefix("error ")
     return summary
 
 
@@ -476,23 +497,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", default="bench/results/gpu_validation.json", help="JSON path")
     parser.add_argument("--summary", help="Markdown summary path (default: OUTPUT with .md)")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per workload")
+    parser.add_argument(
+        "--warmup", type=float, default=2.0, help="seconds a workload runs before sampling"
+    )
     parser.add_argument("--interval", type=float, default=1.0, help="sampling interval")
     parser.add_argument("--deadline", type=float, default=0.8, help="per-device read deadline")
     parser.add_argument("--calls", type=int, default=500, help="calls per microbenchmark")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--simulate", metavar="SCENARIO", help="use the fake NVML (no GPU)")
     args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.interval <= 0:
-        parser.error("--seconds and --interval must be positive")
-    if args.seconds * len(args.workloads) > TIME_BUDGET_SECONDS:
+    if args.seconds <= 0 or args.interval <= 0 or args.warmup < 0:
+        parser.error("--seconds and --interval must be positive, --warmup not negative")
+    if (args.seconds + args.warmup) * len(args.workloads) > TIME_BUDGET_SECONDS:
         parser.error(
-            f"{len(args.workloads)} workloads x {args.seconds:g} s exceed the "
+            f"{len(args.workloads)} workloads x {args.seconds + args.warmup:g} s exceed the "
             f"{TIME_BUDGET_SECONDS:.0f} s budget"
         )
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        return worker_main(simulate="--simulate-worker" in argv)
     args = parse_args(argv)
     report = run(args)
     output = Path(args.output)

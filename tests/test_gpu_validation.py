@@ -1,0 +1,71 @@
+"""bench/gpu_validation.py without a GPU: argument handling, the report and its summary."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_validation", ROOT / "bench/gpu_validation.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_validation"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def gv():
+    return load_script()
+
+
+def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_nvml) -> None:
+    output = tmp_path / "out" / "validation.json"
+    argv = ["--simulate", "mixed", "--seconds", "1.2", "--warmup", "0.1", "--interval", "0.3"]
+    argv += ["--calls", "10", "--workloads", "idle", "tiny_kernels", "--output", str(output)]
+    assert gv.main(argv) == 0
+    report = json.loads(output.read_text())
+    assert report["simulated"] is True
+    assert set(report["workloads"]) == {"idle", "tiny_kernels"}
+    phase = report["workloads"]["idle"]
+    assert phase["samples"] >= 3
+    gpu4 = phase["devices"]["4"]  # the launch-bound GPU of the mixed scenario
+    assert gpu4["gpu_utilization_ratio"]["mean"] >= 0.9
+    assert gpu4["gpu_sm_active_ratio"]["mean"] < 0.2
+    assert gpu4["gpu_energy_joules_total"]["rate_per_second"] == pytest.approx(190, rel=0.15)
+    assert phase["series_gpu0"][0]["up"] is True
+    assert report["fields"]["hw_thermal_ns"]["return"] == 0
+    assert report["gpm_short_windows"]["supported"] is True
+    assert report["memory_info"]["v2"]["reserved"] > 0
+    assert report["call_latency"]["power_usage"]["calls"] >= 3
+    assert report["microbench"]["nvmlDeviceGetPcieThroughput"]["p50_ms"] >= 19  # fake's model
+    summary = output.with_suffix(".md").read_text()
+    assert "| idle |" in summary and "| tiny_kernels |" in summary
+    assert "power_usage" in summary
+
+
+def test_rejects_a_run_over_the_time_budget(gv) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        gv.parse_args(["--seconds", "100"])
+    assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["--seconds", "0"], ["--interval", "-1"], ["--workloads", "x"]])
+def test_rejects_bad_arguments(gv, argv: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        gv.parse_args(argv)
+
+
+def test_percentile(gv) -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert gv.percentile(values, 0.5) == 50
+    assert gv.percentile(values, 0.99) == 99
+    assert gv.percentile([3.0], 0.99) == 3

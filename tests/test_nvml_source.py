@@ -1,0 +1,241 @@
+"""The production NVML source, run in-process on the fake NVML with a manual clock.
+
+Every test goes through pynvml's real wrappers, so NVML's error semantics (NotSupported,
+FunctionNotFound, per-field return codes, GPU_IS_LOST, GPM per-metric failures, NaN) reach the
+source exactly as they would from the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
+from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+from tests.conftest import ManualClock
+
+H200 = {"model": "NVIDIA H200", "architecture": "hopper", "nvlink_links": 18}
+BUSY = {"utilization": 0.9, "sm_active": 0.8, "tensor_active": 0.5, "power_watts": 500}
+
+
+def scenario(devices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"name": "test", "defaults": {**H200, "values": BUSY}, "devices": devices, **extra}
+
+
+@pytest.fixture
+def start(fake_nvml, clock: ManualClock) -> Iterator[Callable[..., NvmlSource]]:
+    sources: list[NvmlSource] = []
+
+    def _start(spec: Any, **settings: Any) -> NvmlSource:
+        fake = fake_nvml.install(spec, clock=clock)
+        source = NvmlSource(settings=NvmlSettings(**settings), errors=ErrorLog(), clock=clock)
+        source.fake = fake  # type: ignore[attr-defined]  # for tests that count calls
+        source.start()
+        sources.append(source)
+        return source
+
+    yield _start
+    for source in sources:
+        source.close()
+
+
+def tick(source: NvmlSource, clock: ManualClock, seconds: float = 1.0):
+    clock.advance(seconds)
+    return {d.index: d for d in source.sample()}
+
+
+def test_mixed_matches_the_scenario(start, clock: ManualClock) -> None:
+    source = start("mixed")
+    source.sample()  # first tick only takes the GPM baseline
+    devices = tick(source, clock)
+    assert len(devices) == 8 and all(d.up for d in devices.values())
+    launch_bound = devices[4]
+    assert launch_bound.value("gpu_utilization_ratio") >= 0.9
+    assert launch_bound.value("gpu_sm_active_ratio") < 0.2
+    assert devices[2].value("gpu_tensor_active_ratio") > 0.5
+    assert devices[3].value("gpu_dram_active_ratio") > 0.8
+    assert devices[5].value("gpu_clock_event_active", reason="hw_thermal_slowdown") == 1.0
+    assert devices[6].value("gpu_clock_event_active", reason="hw_power_brake_slowdown") == 1.0
+    assert devices[1].value("gpu_clock_event_active", reason="hw_thermal_slowdown") == 0.0
+    assert devices[0].value("gpu_clock_event_active", reason="gpu_idle") == 1.0
+    assert 690 < devices[6].value("gpu_power_watts") <= 700
+    assert devices[6].value("gpu_power_limit_watts") == 700
+    assert devices[7].value("gpu_nvlink_bytes_total", direction="tx") > 0
+    assert devices[1].info["architecture"] == "hopper"
+    assert devices[1].info["pci_bus_id"].startswith("0000:")
+    # Counters integrate over time: energy and throttle time grow by about rate x seconds.
+    energy = devices[1].value("gpu_energy_joules_total")
+    throttle = devices[5].value("gpu_clock_event_seconds_total", reason="hw_thermal_slowdown")
+    later = tick(source, clock, 2.0)
+    assert later[1].value("gpu_energy_joules_total") - energy == pytest.approx(2 * 520, rel=0.1)
+    hw_thermal = later[5].value("gpu_clock_event_seconds_total", reason="hw_thermal_slowdown")
+    assert hw_thermal - throttle == pytest.approx(2.0, abs=0.1)
+    assert source.errors.snapshot() == ()
+
+
+def test_pre_hopper_has_no_activity_and_uses_older_calls(start, clock: ManualClock) -> None:
+    source = start("pre-hopper")
+    source.sample()
+    devices = tick(source, clock)
+    for device in devices.values():
+        assert device.up
+        families = device.families()
+        assert not families & {"gpu_sm_active_ratio", "gpu_tensor_active_ratio"}
+        assert "gpu_utilization_ratio" in families
+        assert "gpu_temperature_celsius" in families  # via nvmlDeviceGetTemperature
+        assert "gpu_clock_event_active" in families  # via ...ClocksThrottleReasons
+        # Fields 269/270 unknown to this driver: the combined thermal violation counter.
+        assert device.value("gpu_clock_event_seconds_total", reason="thermal") is not None
+        # PCIe byte counters unknown: the 20 ms throughput call instead.
+        assert device.value("gpu_pcie_throughput_bytes_per_second", direction="tx") is not None
+        assert device.value("gpu_pcie_bytes_total", direction="tx") is None
+
+
+def test_unsupported_is_learned_once_and_absent_not_zero(start, clock: ManualClock) -> None:
+    spec = scenario([{"label": "consumer", "unsupported": ["power_limit", "ecc", "gpm"]}])
+    source = start(spec)
+    fake = source.fake
+    calls = {"n": 0}
+    real = fake.nvmlDeviceGetEnforcedPowerLimit
+
+    def counting(*args: Any) -> int:
+        calls["n"] += 1
+        return real(*args)
+
+    fake.nvmlDeviceGetEnforcedPowerLimit = counting
+    import pynvml
+
+    pynvml._nvmlGetFunctionPointer_cache.pop("nvmlDeviceGetEnforcedPowerLimit", None)
+    for _ in range(4):
+        device = tick(source, clock)[0]
+    assert calls["n"] == 1, "asked again after NOT_SUPPORTED"
+    families = device.families()
+    assert "gpu_power_limit_watts" not in families
+    assert "gpu_ecc_errors_total" not in families
+    assert "gpu_sm_active_ratio" not in families
+    assert "gpu_power_watts" in families
+    assert source.errors.snapshot() == (), "NotSupported is not an error"
+
+
+def test_older_driver_missing_functions_falls_back(start, clock: ManualClock) -> None:
+    missing = [
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetSupportedClocksEventReasons",
+    ]
+    source = start(scenario([{"label": "old"}], driver={"missing_functions": missing}))
+    for _ in range(3):
+        device = tick(source, clock)[0]
+    assert device.value("gpu_memory_used_bytes") is not None
+    assert device.value("gpu_memory_reserved_bytes") is None  # v1 cannot split it out
+    assert device.value("gpu_temperature_celsius", sensor="gpu") is not None
+    assert device.value("gpu_clock_event_active", reason="gpu_idle") is not None
+    function_not_found = {e.field: e.count for e in source.errors.snapshot()}
+    assert function_not_found == {
+        "memory_info_v2": 1,
+        "temperature_v": 1,
+        "clock_event_reasons": 1,
+        "supported_clock_events": 1,
+    }
+
+
+def test_per_field_failures_are_per_field(start, clock: ManualClock) -> None:
+    spec = scenario([{"label": "a"}], driver={"unsupported_fields": [83, 197, 198]})
+    source = start(spec)
+    device = tick(source, clock)[0]
+    assert device.value("gpu_energy_joules_total") is not None  # from the energy call
+    assert device.value("gpu_clock_event_seconds_total", reason="hw_thermal_slowdown") is not None
+    assert device.value("gpu_pcie_throughput_bytes_per_second", direction="rx") is not None
+    assert device.value("gpu_pcie_bytes_total", direction="rx") is None
+
+
+def test_gpu_lost_is_down_alone_then_recovers_after_reinit(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "a"}, {"label": "b"}, {"label": "c"}],
+        faults=[{"at": 2, "device": 1, "kind": "gpu_lost", "until": 5}],
+    )
+    source = start(spec, recovery_initial_backoff_seconds=0.5, recovery_max_backoff_seconds=1)
+    uuid = tick(source, clock)[1].uuid
+    lost = tick(source, clock, 1.5)  # t = 2.5
+    assert not lost[1].up and "GPU lost" in lost[1].down_reason
+    assert lost[0].up and lost[2].up
+    for _ in range(3):  # t = 3.5 .. 5.5: still lost, or back but not yet re-initialised
+        devices = tick(source, clock)
+        assert devices[0].up and devices[2].up
+    recovered = tick(source, clock, 1.0)  # t = 6.5: re-init has happened past `until`
+    assert recovered[1].up, recovered[1].down_reason
+    assert recovered[1].uuid == uuid
+    assert recovered[1].value("gpu_power_watts") is not None
+    assert source.errors.count(field=None) >= 1
+
+
+def test_hung_call_does_not_stall_the_others(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "a"}, {"label": "b"}],
+        faults=[
+            {
+                "at": 0,
+                "device": 1,
+                "kind": "hang",
+                "function": "nvmlDeviceGetPowerUsage",
+                "duration": 3,
+            }
+        ],
+    )
+    source = start(spec, device_deadline_seconds=0.2)
+    started = time.monotonic()
+    devices = tick(source, clock, 0.5)
+    assert time.monotonic() - started < 2.0, "the tick waited for the hung call"
+    assert devices[0].up
+    assert not devices[1].up and "power_usage" in devices[1].down_reason
+    # Next tick: a fresh thread, the hung call skipped, everything else read.
+    devices = tick(source, clock, 0.5)
+    assert devices[1].up
+    assert devices[1].value("gpu_power_watts") is None
+    assert devices[1].value("gpu_utilization_ratio") is not None
+    assert any(e.error == "Timeout" and e.field == "power_usage" for e in source.errors.snapshot())
+
+
+def test_gpm_nan_leaves_that_metric_out(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "a"}],
+        faults=[{"at": 0, "device": 0, "kind": "gpm_nan", "metric": 5, "until": 9}],
+    )
+    source = start(spec)
+    source.sample()
+    device = tick(source, clock)[0]
+    assert device.value("gpu_tensor_active_ratio") is None
+    assert device.value("gpu_sm_active_ratio") == pytest.approx(0.8, abs=0.05)
+    assert any(e.source == "gpm" and e.error == "NaN" for e in source.errors.snapshot())
+    clock.advance(10)
+    source.sample()
+    assert tick(source, clock)[0].value("gpu_tensor_active_ratio") == pytest.approx(0.5, abs=0.05)
+
+
+def test_xid_events_are_counted_once(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "a"}, {"label": "b"}], faults=[{"at": 1, "device": 1, "kind": "xid", "xid": 79}]
+    )
+    source = start(spec)
+    clock.advance(1.5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        devices = {d.index: d for d in source.sample()}
+        if devices[1].value("gpu_xid_errors_total", xid="79") is not None:
+            break
+        time.sleep(0.1)
+    assert devices[1].value("gpu_xid_errors_total", xid="79") == 1
+    assert devices[1].value("gpu_xid_last_timestamp_seconds", xid="79") > 1e9
+    assert devices[0].value("gpu_xid_errors_total", xid="79") is None
+    time.sleep(1.0)
+    assert tick(source, clock)[1].value("gpu_xid_errors_total", xid="79") == 1
+
+
+def test_without_driver_the_error_says_how_to_simulate(fake_nvml) -> None:
+    fake_nvml.uninstall()  # the real library: absent on this machine
+    with pytest.raises(SourceUnavailableError, match="--simulate"):
+        NvmlSource().start()
