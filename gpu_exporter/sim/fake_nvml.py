@@ -1,0 +1,1174 @@
+"""A fake libnvidia-ml (the C library) for pynvml, driven by a scenario.
+
+`FakeNvmlLib` is assigned to `pynvml.nvmlLib`; pynvml then looks up its C symbols by name and
+calls them with the same ctypes arguments it would pass to the real driver. Every fake symbol
+is a plain function stored on the instance (pynvml sets `fn.restype` on some of them, which a
+bound method would reject) and returns an `int` NVML return code; out-parameters are written
+through the ctypes objects pynvml passes. So pynvml's own wrappers, struct versions, two-call
+protocols and error mapping all run unchanged. A symbol the scenario's driver lacks is simply
+not set, and pynvml raises `NVMLError_FunctionNotFound` as with an old driver.
+
+Concurrency: NVML is thread-safe and ctypes releases the GIL, so callers run in parallel. The
+fake holds its locks only for bookkeeping, never while sleeping (latency, hangs, event waits).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from gpu_exporter.sim.scenario import DeviceSpec, FaultSpec, Scenario, normalize_bus_id
+
+__all__ = ["FakeNvmlLib", "implemented_functions"]
+
+# NVML return codes used here (nvml.h / pynvml).
+SUCCESS = pynvml.NVML_SUCCESS
+UNINITIALIZED = pynvml.NVML_ERROR_UNINITIALIZED
+INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+NO_PERMISSION = pynvml.NVML_ERROR_NO_PERMISSION
+NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
+INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+ARGUMENT_VERSION_MISMATCH = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+_ERROR_STRINGS: dict[int, bytes] = {
+    getattr(pynvml, name): name.removeprefix("NVML_ERROR_").replace("_", " ").title().encode()
+    for name in dir(pynvml)
+    if name.startswith("NVML_ERROR_")
+} | {SUCCESS: b"Success"}
+
+_STEP_S = 0.05  # integration sub-step (scenario seconds)
+_ALL_ONES_32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+_KIB = 1024
+_MIB = 1024 * 1024
+_RAW_OVERHEAD = 1.0625  # NVLink raw bytes = data bytes + protocol overhead (assumed ratio)
+
+# Handle tokens stored in the opaque NVML pointers; distinct ranges catch mixed-up handles.
+_DEVICE_TOKEN_BASE = 0x6E760000
+_TOKENS = itertools.count(0x6E770000)
+
+# Clock-event bits pynvml knows (0x1FF plus its 0x200 board-limit and 0x400 reliability).
+_ALL_REASONS = 0x7FF
+# "Any limiter": every reason that holds clocks down, not idle/app-clock/display settings.
+_ANY_THROTTLE = 0x6FC
+# NVML_PERF_POLICY_* -> reason bits whose time it counts (TOTAL_* are unverified guesses).
+_POLICY_MASKS = {
+    0: 0x4,
+    1: 0x60,
+    2: 0x10,
+    3: 0x200,
+    4: 0x1,
+    5: 0x400,
+    10: _ANY_THROTTLE,
+    11: _ANY_THROTTLE,
+}
+_MASKS = tuple(sorted({*_POLICY_MASKS.values(), 0x20, 0x40, 0x80}))
+
+# Quantities whose integrals NVML exposes as counters (energy, bytes, GPM activity).
+_ACTIVITY = (
+    "graphics_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+    "fp64_active", "fp32_active", "fp16_active", "int_active",
+)  # fmt: skip
+_RATES = (
+    "power_watts",
+    "pcie_tx_bytes_per_second",
+    "pcie_rx_bytes_per_second",
+    "nvlink_tx_bytes_per_second",
+    "nvlink_rx_bytes_per_second",
+    *_ACTIVITY,
+)
+
+
+def _mask_key(mask: int) -> str:
+    return f"reasons&{mask:#x}"
+
+
+# ---------------------------------------------------------------------------------------------
+# ctypes plumbing
+
+
+def _target(arg: Any) -> Any:
+    """The object an out-parameter refers to: byref(x) -> x, pointer(x) -> x, array -> array."""
+    if hasattr(arg, "_obj"):
+        return arg._obj
+    if isinstance(arg, ctypes._Pointer):
+        return arg.contents
+    return arg
+
+
+def _int(arg: Any) -> int:
+    """An integer argument as C would see it; anything else fails like a ctypes conversion."""
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return arg
+    if isinstance(arg, ctypes._SimpleCData) and isinstance(arg.value, int):
+        return arg.value
+    raise ctypes.ArgumentError(f"expected an integer argument, got {arg!r}")
+
+
+def _token(pointer: Any) -> int | None:
+    """The integer stored in an opaque NVML handle (device, event set, GPM sample)."""
+    if pointer is None:
+        return None
+    if isinstance(pointer, int):
+        return pointer
+    return ctypes.cast(pointer, ctypes.c_void_p).value
+
+
+def _store_token(out: Any, token: int) -> None:
+    ctypes.c_void_p.from_address(ctypes.addressof(_target(out))).value = token
+
+
+def _set(out: Any, value: int | float) -> None:
+    _target(out).value = value
+
+
+def _write_str(buf: Any, size: Any, text: str) -> int:
+    data = text.encode() + b"\0"
+    if len(data) > _int(size):
+        return INSUFFICIENT_SIZE
+    ctypes.memmove(buf, data, len(data))
+    return SUCCESS
+
+
+# ---------------------------------------------------------------------------------------------
+# Function registry: C symbol name -> implementation
+
+
+@dataclass(frozen=True)
+class _Fn:
+    impl: Callable[..., int]
+    device: bool  # first argument is a device handle, resolved and fault-checked first
+    feature: str | None  # NOT_SUPPORTED unless the device supports it
+    needs_init: bool
+
+
+_FUNCTIONS: dict[str, _Fn] = {}
+
+
+def _nvml(
+    *names: str, device: bool = True, feature: str | None = None, needs_init: bool = True
+) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    def register(impl: Callable[..., int]) -> Callable[..., int]:
+        for name in names:
+            _FUNCTIONS[name] = _Fn(impl, device, feature, needs_init)
+        return impl
+
+    return register
+
+
+def implemented_functions() -> frozenset[str]:
+    """C symbols the fake provides (before a scenario's `missing_functions`)."""
+    return frozenset(_FUNCTIONS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-device state
+
+
+class _Device:
+    """A device: its spec, its handle token and the integrals of its rates over time."""
+
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self.index = spec.index
+        self.token = _DEVICE_TOKEN_BASE + spec.index
+        self._lock = threading.Lock()
+        self._t = 0.0
+        self._totals: dict[str, float] = dict.fromkeys((*_RATES, *map(_mask_key, _MASKS)), 0.0)
+
+    def value(self, quantity: str, t: float) -> float:
+        return self.spec.values[quantity].value_at(t)
+
+    def reasons(self, t: float) -> int:
+        return int(self.value("clock_event_reasons", t)) & _ALL_REASONS
+
+    def totals(self, t: float) -> dict[str, float]:
+        """Integrals from scenario time 0 to t (never backwards: a late caller gets the latest)."""
+        with self._lock:
+            if t > self._t:
+                self._advance(self._t, t)
+                self._t = t
+            return dict(self._totals)
+
+    def _advance(self, t0: float, t1: float) -> None:
+        steps = max(1, math.ceil((t1 - t0) / _STEP_S))
+        h = (t1 - t0) / steps
+        mids = [t0 + (i + 0.5) * h for i in range(steps)]
+        for name in _RATES:
+            spec = self.spec.values[name]
+            if spec.is_constant:
+                self._totals[name] += spec.constant * (t1 - t0)
+            else:
+                self._totals[name] += h * sum(spec.value_at(m) for m in mids)
+        reasons = [self.reasons(m) for m in mids]
+        for mask in _MASKS:
+            self._totals[_mask_key(mask)] += h * sum(1 for r in reasons if r & mask)
+
+
+@dataclass
+class _EventSet:
+    registered: dict[int, tuple[int, float]] = field(default_factory=dict)  # dev -> (mask, since)
+    delivered: set[int] = field(default_factory=set)  # fault indexes
+
+
+@dataclass
+class _GpmSample:
+    device: int | None = None
+    t: float = 0.0
+    totals: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# The library
+
+
+class FakeNvmlLib:
+    """Fake `libnvidia-ml.so.1`: attributes are the NVML C functions (see module docstring).
+
+    `clock()` returns scenario seconds; `call_counts` counts calls per C symbol.
+    """
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
+        self.scenario = scenario
+        self.clock: Callable[[], float] = clock or _monotonic_since(time.monotonic())
+        self.call_counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._refcount = 0
+        self._generation = 0
+        self._recovered: frozenset[int] = frozenset()  # gpu_lost faults cleared by a re-init
+        self._devices = [_Device(spec) for spec in scenario.devices]
+        self._by_token = {dev.token: dev for dev in self._devices}
+        self._faults = list(enumerate(scenario.faults))
+        self._event_sets: dict[int, _EventSet] = {}
+        self._samples: dict[int, _GpmSample] = {}
+        for name, fn in _FUNCTIONS.items():
+            if name not in scenario.driver.missing_functions:
+                setattr(self, name, self._entry(name, fn))
+
+    @property
+    def generation(self) -> int:
+        """How many times NVML went from uninitialised to initialised."""
+        return self._generation
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def _entry(self, name: str, fn: _Fn) -> Callable[..., int]:
+        delay = self.scenario.latency.seconds(name)
+
+        def entry(*args: Any) -> int:
+            return self._dispatch(name, fn, delay, args)
+
+        entry.__name__ = name
+        return entry
+
+    def _dispatch(self, name: str, fn: _Fn, delay: float, args: tuple[Any, ...]) -> int:
+        with self._lock:
+            self.call_counts[name] += 1
+        if delay:
+            time.sleep(delay)
+        if fn.needs_init and self._refcount == 0:
+            return UNINITIALIZED
+        if not fn.device:
+            return fn.impl(self, *args)
+        dev = self._device(args[0])
+        if dev is None:
+            return INVALID_ARGUMENT
+        rc = self._gate(name, dev)
+        if rc != SUCCESS:
+            return rc
+        if fn.feature and not dev.spec.supports(fn.feature):
+            return NOT_SUPPORTED
+        return fn.impl(self, dev, self.clock(), *args[1:])
+
+    def _device(self, handle: Any) -> _Device | None:
+        return self._by_token.get(_token(handle))  # type: ignore[arg-type]
+
+    def _gate(self, name: str, dev: _Device) -> int:
+        """Device faults for a call of `name`: lost, hang (sleeps, no lock), no permission."""
+        t = self.clock()
+        if self._lost(dev.index, t):
+            return GPU_IS_LOST
+        for _, fault in self._faults:
+            if fault.device != dev.index or fault.function != name or not fault.active(t):
+                continue
+            if fault.kind == "hang":
+                time.sleep(fault.duration)
+            elif fault.kind == "no_permission":
+                return NO_PERMISSION
+        return SUCCESS
+
+    def _lost(self, index: int, t: float) -> bool:
+        return any(
+            f.kind == "gpu_lost" and f.device == index and t >= f.at and i not in self._recovered
+            for i, f in self._faults
+        )
+
+    def _fault_active(self, kind: str, dev: _Device, t: float, **match: Any) -> bool:
+        return any(
+            f.kind == kind
+            and f.device == dev.index
+            and f.active(t)
+            and all(getattr(f, k) == v for k, v in match.items())
+            for _, f in self._faults
+        )
+
+    # -- lifecycle and system ---------------------------------------------------------------
+
+    @_nvml("nvmlInitWithFlags", "nvmlInit_v2", device=False, needs_init=False)
+    def _init(self, *flags: Any) -> int:
+        for flag in flags:
+            _int(flag)
+        t = self.clock()
+        with self._lock:
+            if self._refcount == 0:
+                # A fresh init is a driver reload: lost GPUs past `until` come back.
+                self._generation += 1
+                self._recovered = self._recovered | {
+                    i
+                    for i, f in self._faults
+                    if f.kind == "gpu_lost" and f.until is not None and t >= f.until
+                }
+            self._refcount += 1
+        return SUCCESS
+
+    @_nvml("nvmlShutdown", device=False, needs_init=False)
+    def _shutdown(self) -> int:
+        with self._lock:
+            if self._refcount == 0:
+                return UNINITIALIZED
+            self._refcount -= 1
+        return SUCCESS
+
+    @_nvml("nvmlErrorString", device=False, needs_init=False)
+    def _error_string(self, result: Any) -> bytes:  # type: ignore[misc]
+        return _ERROR_STRINGS.get(_int(result), b"Unknown Error")
+
+    @_nvml("nvmlSystemGetDriverVersion", device=False)
+    def _driver_version(self, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, self.scenario.driver.version)
+
+    @_nvml("nvmlSystemGetNVMLVersion", device=False)
+    def _nvml_version(self, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, self.scenario.driver.nvml_version)
+
+    @_nvml("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", device=False)
+    def _cuda_version(self, out: Any) -> int:
+        _set(out, self.scenario.driver.cuda_version)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetCount_v2", device=False)
+    def _count(self, out: Any) -> int:
+        _set(out, len(self._devices))
+        return SUCCESS
+
+    # -- handles ----------------------------------------------------------------------------
+
+    def _hand_out(self, name: str, dev: _Device | None, out: Any, missing: int) -> int:
+        if dev is None:
+            return missing
+        rc = self._gate(name, dev)
+        if rc == SUCCESS:
+            _store_token(out, dev.token)
+        return rc
+
+    @_nvml("nvmlDeviceGetHandleByIndex_v2", device=False)
+    def _handle_by_index(self, index: Any, out: Any) -> int:
+        i = _int(index)
+        dev = self._devices[i] if 0 <= i < len(self._devices) else None
+        return self._hand_out("nvmlDeviceGetHandleByIndex_v2", dev, out, INVALID_ARGUMENT)
+
+    @_nvml("nvmlDeviceGetHandleByUUID", device=False)
+    def _handle_by_uuid(self, uuid: Any, out: Any) -> int:
+        text = (uuid.value if isinstance(uuid, ctypes.c_char_p) else uuid or b"").decode()
+        dev = next((d for d in self._devices if d.spec.uuid == text), None)
+        return self._hand_out("nvmlDeviceGetHandleByUUID", dev, out, NOT_FOUND)
+
+    @_nvml("nvmlDeviceGetHandleByPciBusId_v2", device=False)
+    def _handle_by_bus_id(self, bus_id: Any, out: Any) -> int:
+        text = (bus_id.value if isinstance(bus_id, ctypes.c_char_p) else bus_id or b"").decode()
+        wanted = normalize_bus_id(text)
+        if wanted is None:
+            return INVALID_ARGUMENT
+        dev = next((d for d in self._devices if d.spec.pci_bus_id == wanted), None)
+        return self._hand_out("nvmlDeviceGetHandleByPciBusId_v2", dev, out, NOT_FOUND)
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @_nvml("nvmlDeviceGetUUID")
+    def _uuid(self, dev: _Device, t: float, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, dev.spec.uuid)
+
+    @_nvml("nvmlDeviceGetName")
+    def _name(self, dev: _Device, t: float, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, dev.spec.model)
+
+    @_nvml("nvmlDeviceGetSerial")
+    def _serial(self, dev: _Device, t: float, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, dev.spec.serial)
+
+    @_nvml("nvmlDeviceGetVbiosVersion")
+    def _vbios(self, dev: _Device, t: float, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, dev.spec.vbios_version)
+
+    @_nvml("nvmlDeviceGetIndex", "nvmlDeviceGetMinorNumber")
+    def _index(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.index)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetPciInfo_v3")
+    def _pci_info(self, dev: _Device, t: float, out: Any) -> int:
+        info = _target(out)
+        bus_id = dev.spec.pci_bus_id  # "DDDDDDDD:BB:DD.F"
+        domain, bus, rest = bus_id.split(":")
+        info.busId = bus_id.encode()
+        info.busIdLegacy = bus_id[4:].encode()
+        info.domain, info.bus, info.device = int(domain, 16), int(bus, 16), int(rest[:2], 16)
+        info.pciDeviceId = dev.spec.pci_device_id
+        info.pciSubSystemId = (0x1600 + dev.index) << 16 | 0x10DE
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetArchitecture")
+    def _architecture(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.spec.arch_code)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetCudaComputeCapability")
+    def _compute_capability(self, dev: _Device, t: float, major: Any, minor: Any) -> int:
+        _set(major, dev.spec.compute_capability[0])
+        _set(minor, dev.spec.compute_capability[1])
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetPersistenceMode")
+    def _persistence(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, int(dev.spec.persistence_mode))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetPerformanceState")
+    def _pstate(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.spec.performance_state)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetMigMode")
+    def _mig_mode(self, dev: _Device, t: float, current: Any, pending: Any) -> int:
+        if not dev.spec.at_least("ampere") or dev.spec.architecture == "ada":
+            return NOT_SUPPORTED
+        _set(current, 0)  # MIG is never enabled in the simulator (yet)
+        _set(pending, 0)
+        return SUCCESS
+
+    # -- utilization, memory, power, temperature --------------------------------------------
+
+    @_nvml("nvmlDeviceGetUtilizationRates", feature="utilization")
+    def _utilization(self, dev: _Device, t: float, out: Any) -> int:
+        util = _target(out)
+        util.gpu = _percent(dev.value("utilization", t))
+        util.memory = _percent(dev.value("memory_utilization", t))
+        return SUCCESS
+
+    def _memory(self, dev: _Device, t: float) -> tuple[int, int, int]:
+        total, reserved = dev.spec.memory_total_bytes, dev.spec.memory_reserved_bytes
+        allocated = min(int(dev.value("memory_used_bytes", t)), total - reserved)
+        return total, reserved, allocated
+
+    @_nvml("nvmlDeviceGetMemoryInfo")
+    def _memory_v1(self, dev: _Device, t: float, out: Any) -> int:
+        mem = _target(out)
+        total, reserved, allocated = self._memory(dev, t)
+        mem.total, mem.used = total, allocated + reserved  # v1 `used` includes reserved
+        mem.free = total - mem.used
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetMemoryInfo_v2", feature="memory_v2")
+    def _memory_v2(self, dev: _Device, t: float, out: Any) -> int:
+        mem = _target(out)
+        if mem.version != pynvml.nvmlMemory_v2:
+            return ARGUMENT_VERSION_MISMATCH
+        total, reserved, allocated = self._memory(dev, t)
+        mem.total, mem.reserved, mem.used = total, reserved, allocated
+        mem.free = total - reserved - allocated
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetPowerUsage", feature="power")
+    def _power(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, round(dev.value("power_watts", t) * 1000))
+        return SUCCESS
+
+    @_nvml(
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetPowerManagementLimit",
+        feature="power_limit",
+    )
+    def _power_limit(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, round(dev.spec.power_limit_watts * 1000))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetTotalEnergyConsumption", feature="energy")
+    def _energy(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, _energy_mj(dev, t))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetTemperature", feature="temperature")
+    def _temperature(self, dev: _Device, t: float, sensor: Any, out: Any) -> int:
+        if _int(sensor) != pynvml.NVML_TEMPERATURE_GPU:
+            return INVALID_ARGUMENT
+        _set(out, max(0, round(dev.value("temperature_celsius", t))))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetTemperatureV", feature="temperature")
+    def _temperature_v(self, dev: _Device, t: float, out: Any) -> int:
+        temp = _target(out)
+        if temp.version != pynvml.nvmlTemperature_v1:
+            return ARGUMENT_VERSION_MISMATCH
+        if temp.sensorType != pynvml.NVML_TEMPERATURE_GPU:
+            return INVALID_ARGUMENT
+        temp.temperature = round(dev.value("temperature_celsius", t))
+        return SUCCESS
+
+    # -- clocks and clock events ------------------------------------------------------------
+
+    def _clock_mhz(self, dev: _Device, t: float, clock_type: int) -> int | None:
+        maxima = dev.spec.max_clocks_mhz
+        if clock_type == pynvml.NVML_CLOCK_GRAPHICS:
+            return round(dev.value("graphics_clock_mhz", t))
+        if clock_type == pynvml.NVML_CLOCK_SM:
+            return round(dev.value("sm_clock_mhz", t))
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return round(dev.value("memory_clock_mhz", t))
+        if clock_type == pynvml.NVML_CLOCK_VIDEO:  # follows the SM clock, scaled to its max
+            return round(dev.value("sm_clock_mhz", t) * maxima["video"] / maxima["sm"])
+        return None
+
+    @_nvml("nvmlDeviceGetClockInfo", feature="clocks")
+    def _clock_info(self, dev: _Device, t: float, clock_type: Any, out: Any) -> int:
+        mhz = self._clock_mhz(dev, t, _int(clock_type))
+        if mhz is None:
+            return INVALID_ARGUMENT
+        _set(out, mhz)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetMaxClockInfo", feature="clocks")
+    def _max_clock_info(self, dev: _Device, t: float, clock_type: Any, out: Any) -> int:
+        names = {0: "graphics", 1: "sm", 2: "memory", 3: "video"}
+        name = names.get(_int(clock_type))
+        if name is None:
+            return INVALID_ARGUMENT
+        _set(out, dev.spec.max_clocks_mhz[name])
+        return SUCCESS
+
+    @_nvml(
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        feature="clock_event_reasons",
+    )
+    def _current_reasons(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.reasons(t))
+        return SUCCESS
+
+    @_nvml(
+        "nvmlDeviceGetSupportedClocksEventReasons",
+        "nvmlDeviceGetSupportedClocksThrottleReasons",
+        feature="clock_event_reasons",
+    )
+    def _supported_reasons(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, _ALL_REASONS)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetViolationStatus", feature="throttle_time")
+    def _violation(self, dev: _Device, t: float, policy: Any, out: Any) -> int:
+        mask = _POLICY_MASKS.get(_int(policy))
+        if mask is None:
+            return INVALID_ARGUMENT
+        violation = _target(out)
+        violation.referenceTime = _wall_us()
+        violation.violationTime = _ns(dev.totals(t)[_mask_key(mask)])
+        return SUCCESS
+
+    # -- PCIe -------------------------------------------------------------------------------
+
+    @_nvml("nvmlDeviceGetPcieThroughput", feature="pcie_throughput")
+    def _pcie_throughput(self, dev: _Device, t: float, counter: Any, out: Any) -> int:
+        quantity = {0: "pcie_tx_bytes_per_second", 1: "pcie_rx_bytes_per_second"}.get(_int(counter))
+        if quantity is None:
+            return INVALID_ARGUMENT
+        _set(out, round(dev.value(quantity, t) / _KIB))  # KB/s, read as KiB/s
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetCurrPcieLinkGeneration", feature="pcie_link")
+    def _pcie_gen(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, round(dev.value("pcie_generation", t)))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetCurrPcieLinkWidth", feature="pcie_link")
+    def _pcie_width(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, round(dev.value("pcie_width", t)))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetMaxPcieLinkGeneration", feature="pcie_link")
+    def _pcie_max_gen(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.spec.pcie_max_generation)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetMaxPcieLinkWidth", feature="pcie_link")
+    def _pcie_max_width(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.spec.pcie_max_width)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetGpuMaxPcieLinkGeneration", feature="pcie_link")
+    def _pcie_gpu_max_gen(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.spec.pcie_gpu_max_generation)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetPcieReplayCounter", feature="pcie_replay")
+    def _pcie_replay(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, int(dev.value("pcie_replay_total", t)))
+        return SUCCESS
+
+    # -- NVLink -----------------------------------------------------------------------------
+
+    def _link_ok(self, dev: _Device, link: Any) -> int:
+        return SUCCESS if 0 <= _int(link) < dev.spec.nvlink_links else INVALID_ARGUMENT
+
+    @_nvml("nvmlDeviceGetNvLinkState", feature="nvlink")
+    def _nvlink_state(self, dev: _Device, t: float, link: Any, out: Any) -> int:
+        rc = self._link_ok(dev, link)
+        if rc == SUCCESS:
+            _set(out, pynvml.NVML_FEATURE_ENABLED)
+        return rc
+
+    @_nvml("nvmlDeviceGetNvLinkVersion", feature="nvlink")
+    def _nvlink_version(self, dev: _Device, t: float, link: Any, out: Any) -> int:
+        rc = self._link_ok(dev, link)
+        if rc == SUCCESS:
+            _set(out, dev.spec.nvlink_version)
+        return rc
+
+    @_nvml("nvmlDeviceGetNvLinkRemoteDeviceType", feature="nvlink")
+    def _nvlink_remote(self, dev: _Device, t: float, link: Any, out: Any) -> int:
+        rc = self._link_ok(dev, link)
+        if rc == SUCCESS:
+            _set(out, pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)  # HGX boards: all links to NVSwitch
+        return rc
+
+    # -- ECC, retired pages, remapped rows --------------------------------------------------
+
+    @_nvml("nvmlDeviceGetEccMode", feature="ecc")
+    def _ecc_mode(self, dev: _Device, t: float, current: Any, pending: Any) -> int:
+        _set(current, int(dev.spec.ecc))
+        _set(pending, int(dev.spec.ecc))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetTotalEccErrors", feature="ecc")
+    def _ecc_errors(self, dev: _Device, t: float, err_type: Any, counter: Any, out: Any) -> int:
+        if not dev.spec.ecc:
+            return NOT_SUPPORTED  # "Requires ECC Mode to be enabled"
+        quantity = {0: "ecc_corrected_total", 1: "ecc_uncorrected_total"}.get(_int(err_type))
+        if quantity is None or _int(counter) not in (0, 1):
+            return INVALID_ARGUMENT
+        _set(out, int(dev.value(quantity, t)))  # volatile == aggregate in the simulator
+        return SUCCESS
+
+    def _retired(self, dev: _Device, t: float, cause: Any) -> list[int] | None:
+        quantity = {0: "retired_pages_sbe", 1: "retired_pages_dbe"}.get(_int(cause))
+        if quantity is None:
+            return None
+        base = 0x7F0000000 + _int(cause) * 0x100000
+        return [base + i * 0x1000 for i in range(int(dev.value(quantity, t)))]
+
+    def _two_call(self, pages: list[int], count: Any, buffers: tuple[Any, ...]) -> int:
+        """NVML's count/buffer protocol: too small (or NULL) -> INSUFFICIENT_SIZE + count."""
+        box = _target(count)
+        capacity = box.value
+        box.value = len(pages)
+        if not pages:
+            return SUCCESS
+        if capacity < len(pages) or any(b is None for b in buffers):
+            return INSUFFICIENT_SIZE
+        retired_at = int(time.time()) - 86400  # a day ago, in seconds since 1970
+        for i, address in enumerate(pages):
+            buffers[0][i] = address
+            if len(buffers) > 1:
+                buffers[1][i] = retired_at
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetRetiredPages", feature="retired_pages")
+    def _retired_pages(self, dev: _Device, t: float, cause: Any, count: Any, addresses: Any) -> int:
+        pages = self._retired(dev, t, cause)
+        return INVALID_ARGUMENT if pages is None else self._two_call(pages, count, (addresses,))
+
+    @_nvml("nvmlDeviceGetRetiredPages_v2", feature="retired_pages")
+    def _retired_pages_v2(
+        self, dev: _Device, t: float, cause: Any, count: Any, addresses: Any, times: Any = None
+    ) -> int:
+        # pynvml's first (count) call passes only four arguments; C would see garbage there.
+        pages = self._retired(dev, t, cause)
+        if pages is None:
+            return INVALID_ARGUMENT
+        return self._two_call(pages, count, (addresses, times))
+
+    @_nvml("nvmlDeviceGetRetiredPagesPendingStatus", feature="retired_pages")
+    def _retired_pending(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, int(dev.value("retired_pages_pending", t) >= 0.5))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetRemappedRows", feature="remapped_rows")
+    def _remapped_rows(
+        self, dev: _Device, t: float, corr: Any, unc: Any, pending: Any, failure: Any
+    ) -> int:
+        _set(corr, int(dev.value("remapped_rows_correctable", t)))
+        _set(unc, int(dev.value("remapped_rows_uncorrectable", t)))
+        _set(pending, int(dev.value("row_remap_pending", t) >= 0.5))
+        _set(failure, int(dev.value("row_remap_failure", t) >= 0.5))
+        return SUCCESS
+
+    # -- NUMA and topology ------------------------------------------------------------------
+
+    @_nvml("nvmlDeviceGetNumaNodeId", feature="numa")
+    def _numa_node(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, dev.spec.numa_node)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetCpuAffinity", feature="numa")
+    def _cpu_affinity(self, dev: _Device, t: float, size: Any, out: Any) -> int:
+        _fill_bitmask(_target(out), _int(size), dev.spec.cpus)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetMemoryAffinity", feature="numa")
+    def _memory_affinity(self, dev: _Device, t: float, size: Any, out: Any, scope: Any) -> int:
+        if _int(scope) not in (pynvml.NVML_AFFINITY_SCOPE_NODE, pynvml.NVML_AFFINITY_SCOPE_SOCKET):
+            return INVALID_ARGUMENT
+        _fill_bitmask(_target(out), _int(size), (dev.spec.numa_node,))
+        return SUCCESS
+
+    def _peer(self, handle: Any) -> tuple[_Device | None, int]:
+        peer = self._device(handle)
+        if peer is None:
+            return None, INVALID_ARGUMENT
+        if self._lost(peer.index, self.clock()):
+            return None, GPU_IS_LOST
+        return peer, SUCCESS
+
+    @_nvml("nvmlDeviceGetTopologyCommonAncestor", feature="topology")
+    def _common_ancestor(self, dev: _Device, t: float, other: Any, out: Any) -> int:
+        peer, rc = self._peer(other)
+        if peer is None:
+            return rc
+        if not peer.spec.supports("topology"):
+            return NOT_SUPPORTED
+        _set(out, self.scenario.topology_level(dev.index, peer.index))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetP2PStatus")
+    def _p2p_status(self, dev: _Device, t: float, other: Any, index: Any, out: Any) -> int:
+        peer, rc = self._peer(other)
+        if peer is None:
+            return rc
+        nvlinked = dev.spec.nvlink_links > 0 and peer.spec.nvlink_links > 0
+        same_node = dev.spec.numa_node == peer.spec.numa_node
+        if _int(index) == pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+            status = pynvml.NVML_P2P_STATUS_OK if nvlinked else pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+        elif nvlinked or same_node:
+            status = pynvml.NVML_P2P_STATUS_OK
+        else:
+            status = pynvml.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED
+        _set(out, status)
+        return SUCCESS
+
+    # -- field values -----------------------------------------------------------------------
+
+    @_nvml("nvmlDeviceGetFieldValues")
+    def _field_values(self, dev: _Device, t: float, count: Any, values: Any) -> int:
+        entries = _target(values)
+        n = _int(count)
+        if n < 0 or n > len(entries):
+            return INVALID_ARGUMENT
+        totals = dev.totals(t)  # one integration step serves the whole batch
+        stamp = _wall_us()
+        for i in range(n):
+            entry = entries[i]
+            rc, value_type, value = self._field(dev, t, totals, entry.fieldId, entry.scopeId)
+            entry.timestamp = stamp
+            entry.latencyUsec = 0
+            entry.nvmlReturn = rc
+            if rc == SUCCESS:
+                entry.valueType = value_type
+                setattr(entry.value, _UNION_MEMBER[value_type], value)
+        return SUCCESS
+
+    def _field(
+        self, dev: _Device, t: float, totals: dict[str, float], field_id: int, scope: int
+    ) -> tuple[int, int, int | float]:
+        handler = _FIELDS.get(field_id)
+        if handler is None or field_id in self.scenario.driver.unsupported_fields:
+            return INVALID_ARGUMENT, 0, 0  # this driver does not know the id
+        feature, read = handler
+        if not dev.spec.supports(feature) or (feature == "ecc" and not dev.spec.ecc):
+            return NOT_SUPPORTED, 0, 0
+        return read(dev, t, totals, scope)
+
+    # -- events -----------------------------------------------------------------------------
+
+    @_nvml("nvmlEventSetCreate", device=False)
+    def _event_set_create(self, out: Any) -> int:
+        token = next(_TOKENS)
+        with self._lock:
+            self._event_sets[token] = _EventSet()
+        _store_token(out, token)
+        return SUCCESS
+
+    @_nvml("nvmlEventSetFree", device=False)
+    def _event_set_free(self, handle: Any) -> int:
+        with self._lock:
+            found = self._event_sets.pop(_token(handle), None)  # type: ignore[arg-type]
+        return SUCCESS if found is not None else INVALID_ARGUMENT
+
+    def _supported_events(self, dev: _Device) -> int:
+        if not dev.spec.supports("events"):
+            return 0
+        ecc = dev.spec.ecc and dev.spec.supports("ecc")
+        return pynvml.nvmlEventTypeXidCriticalError | (0x3 if ecc else 0)  # + single/double-bit
+
+    @_nvml("nvmlDeviceGetSupportedEventTypes")
+    def _supported_event_types(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, self._supported_events(dev))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceRegisterEvents", feature="events")
+    def _register_events(self, dev: _Device, t: float, types: Any, handle: Any) -> int:
+        wanted = _int(types)
+        with self._lock:
+            event_set = self._event_sets.get(_token(handle))  # type: ignore[arg-type]
+            if event_set is None:
+                return INVALID_ARGUMENT
+            if wanted & ~self._supported_events(dev):
+                return NOT_SUPPORTED  # "some of requested event types" unsupported
+            mask, since = event_set.registered.get(dev.index, (0, t))
+            event_set.registered[dev.index] = (mask | wanted, since)
+        return SUCCESS
+
+    @_nvml("nvmlEventSetWait_v2", device=False)
+    def _event_wait(self, handle: Any, out: Any, timeout_ms: Any) -> int:
+        token = _token(handle)
+        deadline = time.monotonic() + _int(timeout_ms) / 1000.0
+        while True:
+            t = self.clock()
+            with self._lock:
+                event_set = self._event_sets.get(token)  # type: ignore[arg-type]
+                if event_set is None or self._refcount == 0:
+                    return INVALID_ARGUMENT if event_set is None else UNINITIALIZED
+                fault = self._next_event(event_set, t)
+            if fault is not None:
+                _fill_event(_target(out), self._devices[fault.device].token, fault.xid)
+                return SUCCESS
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return TIMEOUT
+            time.sleep(min(0.01, remaining))  # poll; the lock is not held while sleeping
+
+    def _next_event(self, event_set: _EventSet, t: float) -> FaultSpec | None:
+        """The earliest due, undelivered XID for a registered device (caller holds the lock)."""
+        due = [
+            (f.at, i, f)
+            for i, f in self._faults
+            if f.kind == "xid"
+            and i not in event_set.delivered
+            and f.at <= t
+            and self._wants(event_set, f)
+        ]
+        if not due:
+            return None
+        _, index, fault = min(due)
+        event_set.delivered.add(index)
+        return fault
+
+    @staticmethod
+    def _wants(event_set: _EventSet, fault: FaultSpec) -> bool:
+        mask, since = event_set.registered.get(fault.device, (0, math.inf))
+        # NVML does not record events that happened before registration.
+        return bool(mask & pynvml.nvmlEventTypeXidCriticalError) and fault.at >= since
+
+    # -- GPM --------------------------------------------------------------------------------
+
+    @_nvml("nvmlGpmQueryDeviceSupport")
+    def _gpm_support(self, dev: _Device, t: float, out: Any) -> int:
+        support = _target(out)
+        if support.version != pynvml.NVML_GPM_SUPPORT_VERSION:
+            return ARGUMENT_VERSION_MISMATCH
+        support.isSupportedDevice = int(dev.spec.supports("gpm"))
+        return SUCCESS
+
+    @_nvml("nvmlGpmSampleAlloc", device=False)
+    def _gpm_alloc(self, out: Any) -> int:
+        token = next(_TOKENS)
+        with self._lock:
+            self._samples[token] = _GpmSample()
+        _store_token(out, token)
+        return SUCCESS
+
+    @_nvml("nvmlGpmSampleFree", device=False)
+    def _gpm_free(self, handle: Any) -> int:
+        with self._lock:
+            found = self._samples.pop(_token(handle), None)  # type: ignore[arg-type]
+        return SUCCESS if found is not None else INVALID_ARGUMENT
+
+    @_nvml("nvmlGpmSampleGet", feature="gpm")
+    def _gpm_sample_get(self, dev: _Device, t: float, handle: Any) -> int:
+        sample = self._samples.get(_token(handle))  # type: ignore[arg-type]
+        if sample is None:
+            return INVALID_ARGUMENT
+        totals = dev.totals(t)
+        with self._lock:
+            sample.device, sample.t, sample.totals = dev.index, t, totals
+        return SUCCESS
+
+    @_nvml("nvmlGpmMigSampleGet", feature="gpm")
+    def _gpm_mig_sample_get(self, dev: _Device, t: float, gpu_instance: Any, handle: Any) -> int:
+        return NOT_SUPPORTED  # MIG is never enabled in the simulator
+
+    @_nvml("nvmlGpmMetricsGet", device=False)
+    def _gpm_metrics_get(self, arg: Any) -> int:
+        request = _target(arg)
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            return ARGUMENT_VERSION_MISMATCH
+        with self._lock:
+            first = self._samples.get(_token(request.sample1))  # type: ignore[arg-type]
+            second = self._samples.get(_token(request.sample2))  # type: ignore[arg-type]
+        if first is None or second is None or first.device is None or first.device != second.device:
+            return INVALID_ARGUMENT
+        if request.numMetrics > len(request.metrics):
+            return INVALID_ARGUMENT
+        dev = self._devices[first.device]
+        t = self.clock()
+        if self._lost(dev.index, t):
+            return GPU_IS_LOST
+        for slot in request.metrics[: request.numMetrics]:
+            rc, value = self._gpm_metric(dev, t, slot.metricId, first, second)
+            slot.nvmlReturn, slot.value = rc, value
+            short, unit = _GPM_INFO.get(slot.metricId, (None, None))
+            slot.metricInfo.shortName = slot.metricInfo.longName = short
+            slot.metricInfo.unit = unit
+        return SUCCESS
+
+    def _gpm_metric(
+        self, dev: _Device, t: float, metric: int, first: _GpmSample, second: _GpmSample
+    ) -> tuple[int, float]:
+        dt = second.t - first.t
+        if dt < 0.1:
+            return INVALID_ARGUMENT, 0.0  # NVML needs >= 100 ms between samples (unverified code)
+        read = _GPM_METRICS.get(metric)
+        if read is None:
+            return INVALID_ARGUMENT, 0.0
+        rc, value = read(dev, first.totals, second.totals, dt)
+        if rc == SUCCESS and self._fault_active("gpm_nan", dev, t, metric=metric):
+            return SUCCESS, math.nan
+        return rc, value
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers for values, fields and GPM
+
+
+def _monotonic_since(start: float) -> Callable[[], float]:
+    def clock() -> float:
+        return time.monotonic() - start
+
+    return clock
+
+
+def _percent(ratio: float) -> int:
+    return max(0, min(100, round(ratio * 100)))
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9) & _U64
+
+
+def _wall_us() -> int:
+    return int(time.time() * 1e6)
+
+
+def _energy_mj(dev: _Device, t: float, totals: dict[str, float] | None = None) -> int:
+    joules = (dev.totals(t) if totals is None else totals)["power_watts"]
+    return int(joules * 1000) & _U64
+
+
+def _fill_bitmask(words: Any, size: int, bits: tuple[int, ...]) -> None:
+    for i in range(min(size, len(words))):
+        words[i] = 0
+    for bit in bits:
+        if bit // 64 < min(size, len(words)):
+            words[bit // 64] |= 1 << (bit % 64)
+
+
+def _fill_event(event: Any, device_token: int, xid: int) -> None:
+    event.device = ctypes.cast(ctypes.c_void_p(device_token), pynvml.c_nvmlDevice_t)
+    event.eventType = pynvml.nvmlEventTypeXidCriticalError
+    event.eventData = xid
+    event.gpuInstanceId = _ALL_ONES_32
+    event.computeInstanceId = _ALL_ONES_32
+
+
+_UI = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_UNION_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    _UI: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    _ULL: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+_FieldResult = tuple[int, int, int | float]
+_FieldReader = Callable[[_Device, float, dict[str, float], int], _FieldResult]
+
+
+def _throttle_field(mask: int) -> _FieldReader:
+    return lambda dev, t, totals, scope: (SUCCESS, _ULL, _ns(totals[_mask_key(mask)]))
+
+
+def _gauge_field(quantity: str, value_type: int = _UI, scale: float = 1.0) -> _FieldReader:
+    return lambda dev, t, totals, scope: (
+        SUCCESS,
+        value_type,
+        round(dev.value(quantity, t) * scale),
+    )
+
+
+def _flag_field(quantity: str) -> _FieldReader:
+    return lambda dev, t, totals, scope: (SUCCESS, _UI, int(dev.value(quantity, t) >= 0.5))
+
+
+def _nvlink_field(quantity: str, raw: bool) -> _FieldReader:
+    """Cumulative KiB, per link (scopeId) or summed over links (scopeId 0xFFFFFFFF)."""
+
+    def read(dev: _Device, t: float, totals: dict[str, float], scope: int) -> _FieldResult:
+        links = dev.spec.nvlink_links
+        if scope != _ALL_ONES_32 and scope >= links:
+            return INVALID_ARGUMENT, 0, 0
+        kib = totals[quantity] / _KIB * (_RAW_OVERHEAD if raw else 1.0)
+        share = kib if scope == _ALL_ONES_32 else kib / links
+        return SUCCESS, _ULL, int(share) & _U64
+
+    return read
+
+
+def _bytes_field(quantity: str) -> _FieldReader:
+    return lambda dev, t, totals, scope: (SUCCESS, _ULL, int(totals[quantity]) & _U64)
+
+
+def _energy_field(dev: _Device, t: float, totals: dict[str, float], scope: int) -> _FieldResult:
+    return SUCCESS, _ULL, _energy_mj(dev, t, totals)
+
+
+def _link_count_field(dev: _Device, t: float, totals: dict[str, float], scope: int) -> _FieldResult:
+    return SUCCESS, _UI, dev.spec.nvlink_links
+
+
+# field id -> (feature, reader); ids are pynvml's NVML_FI_DEV_* values.
+_FIELDS: dict[int, tuple[str, _FieldReader]] = {
+    3: ("ecc", _gauge_field("ecc_corrected_total", _ULL)),  # ECC_SBE_VOL_TOTAL
+    4: ("ecc", _gauge_field("ecc_uncorrected_total", _ULL)),  # ECC_DBE_VOL_TOTAL
+    5: ("ecc", _gauge_field("ecc_corrected_total", _ULL)),  # ECC_SBE_AGG_TOTAL
+    6: ("ecc", _gauge_field("ecc_uncorrected_total", _ULL)),  # ECC_DBE_AGG_TOTAL
+    74: ("throttle_time", _throttle_field(0x4)),  # PERF_POLICY_POWER / SW power cap
+    76: ("throttle_time", _throttle_field(0x10)),  # sync boost
+    77: ("throttle_time", _throttle_field(0x200)),  # board limit
+    78: ("throttle_time", _throttle_field(0x1)),  # low utilization
+    79: ("throttle_time", _throttle_field(0x400)),  # reliability
+    81: ("throttle_time", _throttle_field(_ANY_THROTTLE)),  # total base clocks
+    82: ("memory_temperature", _gauge_field("memory_temperature_celsius")),
+    83: ("energy", _energy_field),  # TOTAL_ENERGY_CONSUMPTION (mJ)
+    91: ("nvlink", _link_count_field),
+    94: ("pcie_replay", _gauge_field("pcie_replay_total")),
+    138: ("nvlink", _nvlink_field("nvlink_tx_bytes_per_second", raw=False)),
+    139: ("nvlink", _nvlink_field("nvlink_rx_bytes_per_second", raw=False)),
+    140: ("nvlink", _nvlink_field("nvlink_tx_bytes_per_second", raw=True)),
+    141: ("nvlink", _nvlink_field("nvlink_rx_bytes_per_second", raw=True)),
+    142: ("remapped_rows", _gauge_field("remapped_rows_correctable")),
+    143: ("remapped_rows", _gauge_field("remapped_rows_uncorrectable")),
+    144: ("remapped_rows", _flag_field("row_remap_pending")),
+    145: ("remapped_rows", _flag_field("row_remap_failure")),
+    185: ("power", _gauge_field("power_watts", _UI, 1000)),  # POWER_AVERAGE (mW)
+    186: ("power", _gauge_field("power_watts", _UI, 1000)),  # POWER_INSTANT (mW)
+    191: ("energy", _energy_field),  # NVML_FI_DEV_ENERGY (mJ)
+    197: ("pcie_counters", _bytes_field("pcie_tx_bytes_per_second")),
+    198: ("pcie_counters", _bytes_field("pcie_rx_bytes_per_second")),
+    269: ("throttle_time", _throttle_field(0x20)),  # SW thermal slowdown
+    270: ("throttle_time", _throttle_field(0x40)),  # HW thermal slowdown
+    271: ("throttle_time", _throttle_field(0x80)),  # HW power brake slowdown
+}
+
+_GpmReader = Callable[[_Device, dict[str, float], dict[str, float], float], tuple[int, float]]
+
+
+def _gpm_percent(quantity: str | None) -> _GpmReader:
+    def read(
+        dev: _Device, a: dict[str, float], b: dict[str, float], dt: float
+    ) -> tuple[int, float]:
+        if quantity is None:
+            return SUCCESS, 0.0
+        return SUCCESS, max(0.0, min(100.0, 100.0 * (b[quantity] - a[quantity]) / dt))
+
+    return read
+
+
+def _gpm_rate(quantity: str, nvlink: bool, link: int | None = None) -> _GpmReader:
+    """MiB/s over the window; NVLink per link = an even share of the whole GPU's traffic."""
+
+    def read(
+        dev: _Device, a: dict[str, float], b: dict[str, float], dt: float
+    ) -> tuple[int, float]:
+        links = dev.spec.nvlink_links
+        if nvlink and (not dev.spec.supports("nvlink") or (link is not None and link >= links)):
+            return NOT_SUPPORTED, 0.0
+        rate = max(0.0, (b[quantity] - a[quantity]) / dt / _MIB)
+        return SUCCESS, rate / links if link is not None else rate
+
+    return read
+
+
+_GPM_METRICS: dict[int, _GpmReader] = {
+    1: _gpm_percent("graphics_active"),
+    2: _gpm_percent("sm_active"),
+    3: _gpm_percent("sm_occupancy"),
+    4: _gpm_percent("int_active"),
+    5: _gpm_percent("tensor_active"),
+    6: _gpm_percent(None),  # DFMA tensor
+    7: _gpm_percent("tensor_active"),  # HMMA tensor: all tensor work is HMMA here
+    8: _gpm_percent(None),  # DMMA tensor
+    9: _gpm_percent(None),  # IMMA tensor
+    10: _gpm_percent("dram_active"),
+    11: _gpm_percent("fp64_active"),
+    12: _gpm_percent("fp32_active"),
+    13: _gpm_percent("fp16_active"),
+    20: _gpm_rate("pcie_tx_bytes_per_second", nvlink=False),
+    21: _gpm_rate("pcie_rx_bytes_per_second", nvlink=False),
+    60: _gpm_rate("nvlink_rx_bytes_per_second", nvlink=True),
+    61: _gpm_rate("nvlink_tx_bytes_per_second", nvlink=True),
+}
+for _link in range(18):  # NVML_GPM_METRIC_NVLINK_L{n}_RX/TX_PER_SEC = 62 + 2n / 63 + 2n
+    _GPM_METRICS[62 + 2 * _link] = _gpm_rate("nvlink_rx_bytes_per_second", True, _link)
+    _GPM_METRICS[63 + 2 * _link] = _gpm_rate("nvlink_tx_bytes_per_second", True, _link)
+
+# metricInfo strings (kept alive here: the struct holds bare char pointers).
+_GPM_INFO: dict[int, tuple[bytes, bytes]] = {
+    getattr(pynvml, name): (
+        name.removeprefix("NVML_GPM_METRIC_").encode(),
+        b"MiB/s" if name.endswith("_PER_SEC") else b"%",
+    )
+    for name in dir(pynvml)
+    if name.startswith("NVML_GPM_METRIC_") and getattr(pynvml, name) in _GPM_METRICS
+}
