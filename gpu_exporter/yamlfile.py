@@ -33,10 +33,10 @@ class LocatedYaml:
         return None
 
     def where(self, path: Path_) -> str:
-        """`file, field a.b[2].c, line N` for an error message."""
+        """`file:LINE: a.b[2].c` (compiler style, so editors can jump to it)."""
         line = self.line_of(path)
-        location = f"{self.filename}, field {format_path(path)}" if path else self.filename
-        return f"{location}, line {line}" if line else location
+        location = f"{self.filename}:{line}" if line else self.filename
+        return f"{location}: {format_path(path)}"
 
 
 def format_path(path: Path_) -> str:
@@ -51,9 +51,9 @@ def load_yaml(text: str, filename: str) -> LocatedYaml:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = f", line {mark.line + 1}" if mark is not None else ""
+        line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise YamlFileError(f"{filename}{line}: not valid YAML: {problem}") from exc
+        raise YamlFileError(f"{filename}{line}: invalid YAML: {problem}") from exc
     located = LocatedYaml(None, filename)
     if node is not None:
         located.data = _Converter(yaml.SafeLoader(""), located).convert(node, ())

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
+from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml
 
 __all__ = [
     "ARCHITECTURES",
@@ -433,13 +433,6 @@ class Scenario:
 _Path = tuple[str | int, ...]
 
 
-def _format_path(path: _Path) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
-    return out or "<top>"
-
-
 class _Ctx:
     def __init__(self, source: str, lines: dict[_Path, int]) -> None:
         self.source = source
@@ -448,7 +441,7 @@ class _Ctx:
     def error(self, path: _Path, message: str) -> ScenarioError:
         line = self.lines.get(path)
         where = f"{self.source}:{line}" if line else self.source
-        return ScenarioError(f"{where}: {_format_path(path)}: {message}")
+        return ScenarioError(f"{where}: {format_path(path)}: {message}")
 
 
 _YAML12_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -532,40 +525,6 @@ def _kind(v: Any) -> str:
     if isinstance(v, list):
         return "a list"
     return f"{type(v).__name__} {v!r}"
-
-
-def _compose(text: str, source: str) -> tuple[Any, dict[_Path, int]]:
-    """Parse YAML into plain data, recording the line of every node by path."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark else source
-        raise ScenarioError(f"{where}: invalid YAML: {exc}") from None
-    lines: dict[_Path, int] = {}
-    if root is None:
-        return None, lines
-    ctx = _Ctx(source, lines)
-    return _construct(root, (), ctx, yaml.constructor.SafeConstructor()), lines
-
-
-def _construct(node: yaml.Node, path: _Path, ctx: _Ctx, constructor: Any) -> Any:
-    ctx.lines.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
-            key = constructor.construct_object(key_node)
-            if not isinstance(key, str):
-                ctx.lines.setdefault((*path, str(key)), key_node.start_mark.line + 1)
-                raise ctx.error((*path, str(key)), "keys must be strings")
-            if key in out:
-                ctx.lines[(*path, key)] = key_node.start_mark.line + 1
-                raise ctx.error((*path, key), "duplicate key")
-            out[key] = _construct(value_node, (*path, key), ctx, constructor)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_construct(item, (*path, i), ctx, constructor) for i, item in enumerate(node.value)]
-    return constructor.construct_object(node)
 
 
 _TOP_KEYS = frozenset(
@@ -934,5 +893,8 @@ def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> Scenario:
 
 
 def _load_text(text: str, source: str) -> Scenario:
-    data, lines = _compose(text, source)
-    return _parse(data, _Ctx(source, lines))
+    try:
+        located = load_yaml(text, source)
+    except YamlFileError as exc:
+        raise ScenarioError(str(exc)) from None
+    return _parse(located.data, _Ctx(source, located.lines))
