@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import platform
+import select
 import statistics
 import subprocess
 import sys
@@ -142,8 +143,13 @@ class WorkloadProcess:
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
 
-    def expect(self, word: str) -> str:
-        line = self.process.stdout.readline().strip()
+    def expect(self, word: str, timeout: float = 180.0) -> str:
+        """The child's next line; a dead or silent child is an error, not a hang."""
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        line = self.process.stdout.readline().strip() if ready else ""
+        if not line:
+            code = self.process.poll()
+            raise RuntimeError(f"workload process gave no {word!r} (exit status {code})")
         if not line.startswith(word) and not line.startswith("error"):
             raise RuntimeError(f"workload process said {line!r}, expected {word!r}")
         return line
@@ -259,7 +265,12 @@ def probe_fields(handle: Any) -> dict[str, dict[str, Any]]:
     values = N.nvmlDeviceGetFieldValues(handle, [(fid, scope) for _, fid, scope in PROBE_FIELDS])
     out: dict[str, dict[str, Any]] = {}
     for (name, fid, scope), value in zip(PROBE_FIELDS, values, strict=True):
-        entry: dict[str, Any] = {"field_id": fid, "scope": scope, "return": int(value.nvmlReturn)}
+        entry: dict[str, Any] = {
+            "field_id": fid,
+            "scope": scope,
+            "return": int(value.nvmlReturn),
+            "value_type": int(value.valueType),  # 1 = 32-bit: would PCIe byte counters wrap?
+        }
         if value.nvmlReturn == N.NVML_SUCCESS:
             from gpu_exporter.sources.nvml_device import field_value
 
@@ -318,6 +329,7 @@ def microbench(handle: Any, calls: int) -> dict[str, dict[str, float]]:
         "nvmlDeviceGetClockInfo": lambda: N.nvmlDeviceGetClockInfo(handle, N.NVML_CLOCK_SM),
         "nvmlDeviceGetMemoryInfo_v2": lambda: N.nvmlDeviceGetMemoryInfo(handle, N.nvmlMemory_v2),
         "nvmlDeviceGetTemperature": lambda: N.nvmlDeviceGetTemperature(handle, 0),
+        "nvmlDeviceGetTemperatureV": lambda: N.nvmlDeviceGetTemperatureV(handle, 0),
         "nvmlDeviceGetFieldValues_13": lambda: N.nvmlDeviceGetFieldValues(handle, batch),
         "nvmlDeviceGetCurrentClocksEventReasons": lambda: N.nvmlDeviceGetCurrentClocksEventReasons(
             handle
@@ -339,7 +351,8 @@ def microbench(handle: Any, calls: int) -> dict[str, dict[str, float]]:
     return latency_table(timings)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
+    """Fills `report` as it goes, so a failure part-way still leaves what was measured."""
     started = time.monotonic()
     if args.simulate:
         from gpu_exporter import sim
@@ -353,15 +366,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     source.start()
     worker = WorkloadProcess(bool(args.simulate))
-    report: dict[str, Any] = {
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "nvml_binding": _binding_version(),
-        "node": source.node_info(),
-        "simulated": bool(args.simulate),
-        "phase_seconds": args.seconds,
-        "workloads": {},
-    }
+    report.update(
+        {
+            "host": platform.node(),
+            "python": platform.python_version(),
+            "nvml_binding": _binding_version(),
+            "node": source.node_info(),
+            "simulated": bool(args.simulate),
+            "phase_seconds": args.seconds,
+            "workloads": {},
+        }
+    )
     try:
         worker.expect("ready")
         handle = N.nvmlDeviceGetHandleByIndex(0)
@@ -382,7 +397,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         worker.close()
         source.close()
     report["wall_seconds"] = time.monotonic() - started
+    report["checks"] = acceptance_checks(report)
     return report
+
+
+def _mean(report: dict[str, Any], workload: str, key: str) -> float | None:
+    entry = report["workloads"].get(workload, {}).get("devices", {}).get("0", {}).get(key)
+    if not entry:
+        return None
+    return entry.get("rate_per_second", entry["mean"]) if "_total" in key else entry["mean"]
+
+
+def acceptance_checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """What a correct exporter must show for each workload on a real GPU.
+
+    Each check holds the measured value and whether it passed; None means not measured (a
+    metric this GPU does not give, or a workload that was skipped).
+    """
+    checks = {
+        "idle: SM activity below 0.05": (
+            _mean(report, "idle", "gpu_sm_active_ratio"), lambda v: v < 0.05),
+        "matmul: Tensor activity above 0.3": (
+            _mean(report, "matmul_bf16", "gpu_tensor_active_ratio"), lambda v: v > 0.3),
+        "matmul: utilization above 0.9": (
+            _mean(report, "matmul_bf16", "gpu_utilization_ratio"), lambda v: v > 0.9),
+        "d2d copy: DRAM activity above 0.5": (
+            _mean(report, "copy_d2d", "gpu_dram_active_ratio"), lambda v: v > 0.5),
+        "h2d copy: PCIe rx above 5 GB/s": (
+            _mean(report, "copy_h2d", 'gpu_pcie_bytes_total{direction="rx"}'), lambda v: v > 5e9),
+        "tiny kernels: SM activity below 0.3": (
+            _mean(report, "tiny_kernels", "gpu_sm_active_ratio"), lambda v: v < 0.3),
+        "matmul: energy rate close to power": (
+            _ratio(report, "matmul_bf16"), lambda v: 0.8 < v < 1.2),
+    }  # fmt: skip
+    return {
+        name: {"value": value, "passed": None if value is None else bool(test(value))}
+        for name, (value, test) in checks.items()
+    }
+
+
+def _ratio(report: dict[str, Any], workload: str) -> float | None:
+    energy = _mean(report, workload, "gpu_energy_joules_total")
+    power = _mean(report, workload, "gpu_power_watts")
+    return energy / power if energy and power else None
 
 
 def _err(error: Any) -> dict[str, Any]:
@@ -439,6 +496,8 @@ HEADLINE = (
 
 def render_summary(report: dict[str, Any]) -> str:
     """A Markdown summary for BENCHMARKS.md."""
+    if "node" not in report:
+        return f"No measurement: {report.get('failure', 'unknown failure')}\n"
     lines = [
         f"Driver {report['node'].get('driver_version', '?')}, "
         f"NVML {report['node'].get('nvml_version', '?')}, binding {report['nvml_binding']}, "
@@ -489,6 +548,12 @@ def render_summary(report: dict[str, Any]) -> str:
         lines += ["", "Fields not answered: " + ", ".join(unanswered)]
     gpm = report.get("gpm_short_windows", {})
     lines += ["", f"GPM supported: {gpm.get('supported')}; short windows: {gpm.get('windows')}"]
+    lines += ["", "| check | value | passed |", "|---|---|---|"]
+    for name, check in report.get("checks", {}).items():
+        value = "—" if check["value"] is None else f"{check['value']:.3g}"
+        lines.append(f"| {name} | {value} | {check['passed']} |")
+    if "failure" in report:
+        lines += ["", f"**Run failed part-way:** {report['failure']}"]
     return "\n".join(lines) + "\n"
 
 
@@ -521,14 +586,21 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--worker":
         return worker_main(simulate="--simulate-worker" in argv)
     args = parse_args(argv)
-    report = run(args)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+    report: dict[str, Any] = {}
+    status = 0
+    try:
+        run(args, report)
+    except Exception as exc:  # keep what was measured; say what broke
+        report["failure"] = f"{type(exc).__name__}: {exc}"
+        status = 1
+    finally:
+        output = Path(args.output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     summary = render_summary(report)
     Path(args.summary or output.with_suffix(".md")).write_text(summary)
     sys.stdout.write(summary)
-    return 0
+    return status
 
 
 if __name__ == "__main__":

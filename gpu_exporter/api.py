@@ -47,6 +47,9 @@ def create_app(sampler: Sampler, source_ready: Callable[[], bool]) -> FastAPI:
         age = sampler.seconds_since_last_tick()
         if age is None:
             # Starting up: alive as long as the first tick is not overdue.
+            waited = sampler.seconds_since_start()
+            if waited is not None and waited > stale_after:
+                return PlainTextResponse(f"first tick not done after {waited:.1f}s\n", 503)
             return PlainTextResponse("starting\n")
         if age > stale_after:
             return PlainTextResponse(f"sampler stalled: last tick {age:.1f}s ago\n", 503)
@@ -55,7 +58,7 @@ def create_app(sampler: Sampler, source_ready: Callable[[], bool]) -> FastAPI:
     @app.get("/readyz")
     def readyz() -> Response:
         if not source_ready():
-            return PlainTextResponse("not ready: NVML is not initialised\n", 503)
+            return PlainTextResponse("not ready: NVML has not been initialised\n", 503)
         if sampler.latest is None:
             return PlainTextResponse("not ready: no snapshot yet\n", 503)
         age = sampler.seconds_since_last_tick()

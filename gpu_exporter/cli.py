@@ -85,17 +85,24 @@ def serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         log.info("simulating scenario %r", config.simulate)
     errors = ErrorLog()
-    source = NvmlSource(settings=config.nvml.settings(), errors=errors)
+    source = NvmlSource(settings=config.nvml.settings(config.interval_seconds), errors=errors)
     try:
         source.start()
     except SourceUnavailableError as exc:
         print(exc, file=sys.stderr)
         return EXIT_UNAVAILABLE
-    sampler = Sampler(source, errors, interval=config.interval_seconds)
     host, port = split_host_port(config.listen_address)
+    problem = _cannot_listen(host, port)
+    if problem:
+        print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
+        source.close()
+        return EXIT_USAGE
+    sampler = Sampler(source, errors, interval=config.interval_seconds)
     try:
         sampler.start()
-        app = create_app(sampler, lambda: source.initialised)
+        # Ready once NVML started, even while a re-init is under way: an unready pod drops out
+        # of the Service exactly when Prometheus should be seeing gpu_up 0.
+        app = create_app(sampler, lambda: source.started)
         server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, log_level=config.log_level, access_log=False)
         )
@@ -106,6 +113,24 @@ def serve(args: argparse.Namespace) -> int:
         if simulator is not None:
             sim.uninstall()
     return 0
+
+
+def _cannot_listen(host: str, port: int) -> str:
+    """Why binding HOST:PORT fails (checked before starting, so the error is ours to word)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

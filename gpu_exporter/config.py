@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gpu_exporter.sources.nvml import NvmlSettings
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
@@ -31,22 +38,34 @@ class _Strict(BaseModel):
 
 
 class NvmlConfig(_Strict):
-    device_deadline_seconds: float = Field(0.8, gt=0, le=60)
+    # Default: 0.8 s, or 80% of the interval when that is shorter.
+    device_deadline_seconds: float | None = Field(None, gt=0, le=60)
     slow_refresh_seconds: float = Field(30.0, ge=1, le=86400)
     recovery_initial_backoff_seconds: float = Field(2.0, gt=0, le=3600)
-    recovery_max_backoff_seconds: float = Field(60.0, gt=0, le=86400)
+    recovery_max_backoff_seconds: float = Field(300.0, gt=0, le=86400)
     hang_quarantine_seconds: float = Field(60.0, gt=0, le=86400)
     gpm: bool = True
     pcie_throughput_fallback: bool = True
     xid_events: bool = True
 
-    def settings(self) -> NvmlSettings:
-        return NvmlSettings(**self.model_dump())
+    @model_validator(mode="after")
+    def _backoff_order(self) -> NvmlConfig:
+        if self.recovery_max_backoff_seconds < self.recovery_initial_backoff_seconds:
+            raise ValueError(
+                "recovery_max_backoff_seconds is below recovery_initial_backoff_seconds"
+            )
+        return self
+
+    def settings(self, interval_seconds: float) -> NvmlSettings:
+        values = self.model_dump()
+        if values["device_deadline_seconds"] is None:
+            values["device_deadline_seconds"] = min(0.8, 0.8 * interval_seconds)
+        return NvmlSettings(**values)
 
 
 class Config(_Strict):
     listen_address: str = DEFAULT_LISTEN
-    interval_seconds: float = Field(1.0, ge=0.1, le=3600)
+    interval_seconds: float = Field(1.0, ge=0.2, le=3600)  # GPM needs >= 100 ms windows
     simulate: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nvml: NvmlConfig = NvmlConfig()
@@ -56,6 +75,16 @@ class Config(_Strict):
     def _host_port(cls, value: str) -> str:
         split_host_port(value)
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        deadline = self.nvml.device_deadline_seconds
+        if deadline is not None and deadline >= self.interval_seconds:
+            raise ValueError(
+                f"nvml.device_deadline_seconds ({deadline:g}) must be "
+                f"shorter than interval_seconds ({self.interval_seconds:g})"
+            )
+        return self
 
 
 def split_host_port(address: str) -> tuple[str, int]:
@@ -75,13 +104,20 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 
 def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple, str]]:
-    """GPU_EXPORTER_A__B=v -> {"a": {"b": "v"}}; `__` separates nesting levels."""
+    """GPU_EXPORTER_A__B=v -> {"a": {"b": "v"}}; `__` separates nesting levels.
+
+    Only variables naming a top-level setting are read: Kubernetes injects
+    GPU_EXPORTER_SERVICE_HOST and friends for a Service called gpu-exporter, and those must
+    not stop the daemon. Below the top level, unknown names are errors as in the file.
+    """
     data: dict[str, Any] = {}
     origins: dict[tuple, str] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
             continue
         path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
+        if path[0] not in Config.model_fields:
+            continue
         node = data
         for part in path[:-1]:
             node = node.setdefault(part, {})

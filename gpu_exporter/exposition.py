@@ -11,9 +11,10 @@ import gzip
 import platform
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -82,13 +83,8 @@ class SnapshotCollector:
         yield up
         for fam in FAMILIES:  # catalog order keeps the output stable tick to tick
             rows = grouped.get(fam.name)
-            if not rows:
-                continue
-            names = [name for name, _ in rows[0][0]] + [name for name, _ in rows[0][1]]
-            metric = _new_family(fam, names)
-            for base, extra, value in rows:
-                metric.add_metric([v for _, v in base] + [v for _, v in extra], value)
-            yield metric
+            if rows:
+                yield _family_from_rows(fam, rows)
 
     def _self_families(self) -> Iterator[Metric]:
         snap, stats = self.snapshot, self.snapshot.stats
@@ -124,6 +120,22 @@ class SnapshotCollector:
         yield errors
 
 
+def _family_from_rows(fam: Family, rows: list[tuple[Labels, Labels, float]]) -> Metric:
+    """One family with a fixed label schema: the union of every row's label names, "" where a
+    row lacks one (Prometheus reads an empty label as absent). Pod labels exist only on GPUs
+    that are allocated, so rows of one family can differ."""
+    names: list[str] = []
+    for base, extra, _ in rows:
+        for name, _value in (*base, *extra):
+            if name not in names:
+                names.append(name)
+    metric = _new_family(fam, names)
+    for base, extra, value in rows:
+        values = dict((*base, *extra))
+        metric.add_metric([values.get(name, "") for name in names], value)
+    return metric
+
+
 def _gauge(name: str, value: float) -> GaugeMetricFamily:
     fam = BY_NAME[name]
     return GaugeMetricFamily(name, fam.help, value=value, unit=fam.unit)
@@ -133,12 +145,29 @@ def _bound(bound: float) -> str:
     return repr(float(bound))
 
 
+@dataclass(eq=False)
+class _Frozen:
+    """Families collected once at render time, so every format shows the same values."""
+
+    families: list[Metric]
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
 class RenderedMetrics:
     """The exposition of one snapshot in every form a scraper may ask for, each built once."""
 
-    def __init__(self, snapshot: Snapshot, device_labels: Mapping[str, Labels] | None = None):
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        device_labels: Mapping[str, Labels] | None = None,
+        extra_collectors: Iterable[Any] = (),
+    ):
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(SnapshotCollector(snapshot, device_labels or {}))
+        for collector in extra_collectors:
+            self._registry.register(_Frozen(list(collector.collect())))
         self.text = generate_latest(self._registry)
         self._lock = threading.Lock()
         self._cache: dict[tuple[bool, bool], bytes] = {(False, False): self.text}

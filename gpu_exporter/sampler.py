@@ -11,11 +11,13 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client.core import Metric
 
 from gpu_exporter.exposition import RenderedMetrics
 from gpu_exporter.snapshot import DeviceSample, Labels, Snapshot, TickStats
@@ -26,6 +28,10 @@ log = logging.getLogger(__name__)
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 Listener = Callable[[Snapshot], None]
+
+
+class Collector(Protocol):
+    def collect(self) -> Iterable[Metric]: ...
 
 
 @dataclass
@@ -58,14 +64,21 @@ class Sampler:
         self._device_labels = device_labels or dict
         self._accounting = _TickAccounting()
         self._listeners: list[Listener] = []
+        self._collectors: list[Collector] = []
         self._scheduler: BackgroundScheduler | None = None
         self._tick_lock = threading.Lock()
         self.latest: Snapshot | None = None
         self.rendered: RenderedMetrics | None = None
         self.last_tick_monotonic: float | None = None
+        self.started_monotonic: float | None = None
 
     def add_listener(self, listener: Listener) -> None:
+        """Called with each snapshot before it is rendered (the rule engine)."""
         self._listeners.append(listener)
+
+    def add_collector(self, collector: Collector) -> None:
+        """Extra self-metrics rendered into every exposition (rules, notifier)."""
+        self._collectors.append(collector)
 
     def tick(self) -> Snapshot:
         """One sample of every device. Never raises: a broken tick is logged and counted."""
@@ -93,14 +106,15 @@ class Sampler:
                 sequence=sequence,
                 stats=self._accounting.observe(elapsed, now),
             )
-            rendered = RenderedMetrics(snapshot, self._device_labels())
-            self.latest, self.rendered = snapshot, rendered  # readers see both or neither
-            self.last_tick_monotonic = time.monotonic()
             for listener in self._listeners:
                 try:
                     listener(snapshot)
-                except Exception:
+                except Exception:  # a rule-engine bug must not stop sampling
                     log.exception("snapshot listener %r failed", listener)
+                    self.errors.add("exporter", "listener", "exception")
+            rendered = RenderedMetrics(snapshot, self._device_labels(), self._collectors)
+            self.latest, self.rendered = snapshot, rendered  # readers see both or neither
+            self.last_tick_monotonic = time.monotonic()
             return snapshot
 
     def start(self) -> None:
@@ -116,6 +130,7 @@ class Sampler:
             misfire_grace_time=max(1, int(self.interval)),
             next_run_time=datetime.now(UTC),  # first tick at once, not after one interval
         )
+        self.started_monotonic = time.monotonic()
         scheduler.start()
         self._scheduler = scheduler
 
@@ -123,6 +138,11 @@ class Sampler:
         if self._scheduler is not None:
             self._scheduler.shutdown(wait=True)
             self._scheduler = None
+
+    def seconds_since_start(self) -> float | None:
+        if self.started_monotonic is None:
+            return None
+        return time.monotonic() - self.started_monotonic
 
     def seconds_since_last_tick(self) -> float | None:
         if self.last_tick_monotonic is None:

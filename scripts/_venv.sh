@@ -2,7 +2,7 @@
 # project into it. Sourced, not executed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${GPU_EXPORTER_VENV:-$ROOT/.venv}"
+VENV="${GPU_EXPORTER_DEV_VENV:-$ROOT/.venv}"
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -29,6 +29,11 @@ ensure_venv() {  # $1: pip extras, e.g. "[test]"
       "$python" -m venv "$VENV"
     fi
   fi
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT$extras"
+  # Reinstall only when the dependencies changed, so a set-up machine works offline.
+  local stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)${extras//[^a-z]/}"
+  if [ ! -f "$stamp" ]; then
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT$extras"
+    touch "$stamp"
+  fi
 }

@@ -37,6 +37,7 @@ def test_flags_win_over_environment_over_file(tmp_path: Path) -> None:
 def test_nested_environment_variable() -> None:
     config = load_config(environ={"GPU_EXPORTER_NVML__DEVICE_DEADLINE_SECONDS": "0.25"})
     assert config.nvml.device_deadline_seconds == 0.25
+    assert config.nvml.settings(1.0).device_deadline_seconds == 0.25
 
 
 def test_config_file_named_by_environment(tmp_path: Path) -> None:
@@ -92,3 +93,31 @@ def test_split_host_port(address: str, expected: tuple[str, int]) -> None:
 def test_split_host_port_rejects(address: str) -> None:
     with pytest.raises(ValueError):
         split_host_port(address)
+
+
+def test_unrelated_prefixed_variables_are_ignored() -> None:
+    # Kubernetes injects these for a Service named gpu-exporter; they must not stop the daemon.
+    env = {
+        "GPU_EXPORTER_SERVICE_HOST": "10.0.0.1",
+        "GPU_EXPORTER_PORT": "tcp://10.0.0.1:9449",
+        "GPU_EXPORTER_PORT_9449_TCP_ADDR": "10.0.0.1",
+        "GPU_EXPORTER_DEV_VENV": "/tmp/venv",
+    }
+    assert load_config(environ=env).listen_address == "0.0.0.0:9449"
+
+
+def test_unknown_nested_environment_setting_is_still_an_error() -> None:
+    with pytest.raises(ConfigError, match="GPU_EXPORTER_NVML__GPMM"):
+        load_config(environ={"GPU_EXPORTER_NVML__GPMM": "true"})
+
+
+def test_deadline_must_be_shorter_than_the_interval(tmp_path: Path) -> None:
+    path = write(tmp_path, "interval_seconds: 0.5\nnvml:\n  device_deadline_seconds: 0.6\n")
+    with pytest.raises(ConfigError, match="must be shorter than interval_seconds"):
+        load_config(path, environ={})
+
+
+def test_default_deadline_follows_a_short_interval() -> None:
+    config = load_config(flags={"interval_seconds": 0.5}, environ={})
+    assert config.nvml.settings(config.interval_seconds).device_deadline_seconds == 0.4
+    assert load_config(environ={}).nvml.settings(1.0).device_deadline_seconds == 0.8

@@ -91,3 +91,24 @@ def test_catalog_names_follow_prometheus_conventions() -> None:
         if fam.unit:
             assert fam.base_name.endswith("_" + fam.unit), fam.name
     assert BY_NAME["gpu_utilization_ratio"].unit == "ratio"
+
+
+def test_pod_labels_on_some_gpus_keep_every_label_in_its_place() -> None:
+    snap = snapshot()
+    gpu1 = DeviceSample(
+        1, "GPU-bbbb", INFO, True, (Reading("gpu_temperature_celsius", 40, (("sensor", "gpu"),)),)
+    )
+    gpu0 = DeviceSample(
+        0, "GPU-aaaa", INFO, True, (Reading("gpu_temperature_celsius", 50, (("sensor", "gpu"),)),)
+    )
+    snap = Snapshot(snap.timestamp, (gpu0, gpu1), stats=snap.stats)
+    pods = {"GPU-bbbb": (("namespace", "ml"), ("pod", "trainer-0"))}
+    text = RenderedMetrics(snap, pods).text.decode()
+    assert (
+        'gpu_temperature_celsius{gpu="1",namespace="ml",pod="trainer-0",sensor="gpu",'
+        'uuid="GPU-bbbb"} 40.0'
+    ) in text
+    assert (
+        'gpu_temperature_celsius{gpu="0",namespace="",pod="",sensor="gpu",uuid="GPU-aaaa"} 50.0'
+    ) in text
+    assert promtool_check_metrics(text.encode()).returncode == 0

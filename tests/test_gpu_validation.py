@@ -69,3 +69,39 @@ def test_percentile(gv) -> None:
     assert gv.percentile(values, 0.5) == 50
     assert gv.percentile(values, 0.99) == 99
     assert gv.percentile([3.0], 0.99) == 3
+
+
+def test_acceptance_checks_judge_measured_values(gv) -> None:
+    def phase(**means: float) -> dict:
+        return {"devices": {"0": {k: {"mean": v} for k, v in means.items()}}}
+
+    report = {
+        "workloads": {
+            "idle": phase(gpu_sm_active_ratio=0.01),
+            "matmul_bf16": phase(gpu_tensor_active_ratio=0.1, gpu_utilization_ratio=0.99),
+        }
+    }
+    report["workloads"]["matmul_bf16"]["devices"]["0"]["gpu_energy_joules_total"] = {
+        "mean": 0.0,
+        "rate_per_second": 690.0,
+    }
+    report["workloads"]["matmul_bf16"]["devices"]["0"]["gpu_power_watts"] = {"mean": 700.0}
+    checks = gv.acceptance_checks(report)
+    assert checks["idle: SM activity below 0.05"]["passed"] is True
+    assert checks["matmul: Tensor activity above 0.3"]["passed"] is False
+    assert checks["matmul: energy rate close to power"]["passed"] is True
+    assert checks["h2d copy: PCIe rx above 5 GB/s"]["passed"] is None  # not measured
+
+
+def test_a_broken_run_still_writes_what_it_has(gv, tmp_path, monkeypatch, fake_nvml) -> None:
+    def explode(*args, **kwargs):
+        raise RuntimeError("the GPU caught fire")
+
+    monkeypatch.setattr(gv, "microbench", explode)
+    output = tmp_path / "v.json"
+    argv = ["--simulate", "mixed", "--seconds", "0.5", "--warmup", "0", "--workloads", "idle"]
+    assert gv.main([*argv, "--output", str(output)]) == 1
+    report = json.loads(output.read_text())
+    assert "RuntimeError: the GPU caught fire" in report["failure"]
+    assert report["workloads"]["idle"]["samples"] >= 1
+    assert "Run failed part-way" in output.with_suffix(".md").read_text()

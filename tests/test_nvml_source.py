@@ -239,3 +239,104 @@ def test_without_driver_the_error_says_how_to_simulate(fake_nvml) -> None:
     fake_nvml.uninstall()  # the real library: absent on this machine
     with pytest.raises(SourceUnavailableError, match="--simulate"):
         NvmlSource().start()
+
+
+def test_a_gpu_lost_for_good_barely_disturbs_the_others(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "healthy"}, {"label": "dead"}],
+        faults=[{"at": 1, "device": 1, "kind": "gpu_lost"}],  # no `until`: never comes back
+    )
+    source = start(spec, recovery_initial_backoff_seconds=1, recovery_max_backoff_seconds=4)
+    fake = source.fake
+    source.sample()
+    with_activity = 0
+    for _ in range(40):
+        devices = tick(source, clock)
+        assert devices[0].up, devices[0].down_reason
+        with_activity += devices[0].value("gpu_sm_active_ratio") is not None
+        assert not devices[1].up
+    # Back-off keeps full re-inits (which restart GPM windows) rare: a handful in 40 s.
+    assert fake.generation <= 7, fake.generation
+    assert with_activity >= 32, with_activity
+
+
+def test_a_gpu_lost_at_start_joins_after_recovery(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "a"}, {"label": "late"}],
+        faults=[{"at": 0, "device": 1, "kind": "gpu_lost", "until": 2}],
+    )
+    source = start(spec, recovery_initial_backoff_seconds=0.5, recovery_max_backoff_seconds=1)
+    assert len(source.sample()) == 1  # GPU 1 could not even be listed
+    for _ in range(6):
+        devices = tick(source, clock)
+    assert set(devices) == {0, 1}
+    assert all(d.up for d in devices.values()), [d.down_reason for d in devices.values()]
+    assert devices[1].info["model"] == "NVIDIA H200"
+
+
+def test_a_slow_reinit_runs_beside_the_sampler(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "a"}, {"label": "b"}],
+        faults=[{"at": 1, "device": 1, "kind": "gpu_lost", "until": 2}],
+        latency={"functions": {"nvmlInitWithFlags": 1500}},
+    )
+    source = start(
+        spec,
+        recovery_initial_backoff_seconds=0.1,
+        recovery_max_backoff_seconds=0.2,
+        device_deadline_seconds=0.2,
+    )
+    tick(source, clock)
+    clock.advance(1.5)
+    slowest, recovered = 0.0, False
+    for _ in range(40):
+        started = time.monotonic()
+        devices = tick(source, clock, 0.25)
+        slowest = max(slowest, time.monotonic() - started)
+        if all(d.up for d in devices.values()):
+            recovered = True
+            break
+        time.sleep(0.05)
+    assert recovered, [d.down_reason for d in devices.values()]
+    assert slowest < 1.0, "a tick waited for the 1.5 s nvmlInit"
+
+
+def test_driver_replaced_under_the_daemon_triggers_reinit(start, clock: ManualClock) -> None:
+    import pynvml
+
+    source = start(scenario([{"label": "a"}]), recovery_initial_backoff_seconds=0.5)
+    fake = source.fake
+    real_power = fake.nvmlDeviceGetPowerUsage
+    upgraded = {"now": True}
+
+    def power(*args: Any) -> int:
+        return pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH if upgraded["now"] else real_power(*args)
+
+    fake.nvmlDeviceGetPowerUsage = power
+    pynvml._nvmlGetFunctionPointer_cache.pop("nvmlDeviceGetPowerUsage", None)
+    generation = fake.generation
+    device = tick(source, clock)[0]
+    assert not device.up and "driver" in device.down_reason.lower()
+    upgraded["now"] = False
+    for _ in range(3):
+        device = tick(source, clock)[0]
+    assert device.up, device.down_reason
+    assert fake.generation > generation, "NVML was not re-initialised"
+
+
+def test_xid_is_still_reported_while_the_gpu_is_down(start, clock: ManualClock) -> None:
+    spec = scenario(
+        [{"label": "a"}],
+        faults=[
+            {"at": 1, "device": 0, "kind": "xid", "xid": 79},
+            {"at": 1.2, "device": 0, "kind": "gpu_lost"},
+        ],
+    )
+    source = start(spec)
+    clock.advance(1.1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not source._xid_counts.for_gpu(source.sample()[0].uuid):
+        time.sleep(0.05)
+    device = tick(source, clock, 0.5)[0]
+    assert not device.up
+    assert device.value("gpu_xid_errors_total", xid="79") == 1

@@ -176,10 +176,14 @@ def test_faults_scenario_lost_gpu_xid_and_hang(tmp_path: Path) -> None:
             timeout=20,
         )
         assert xid == 1, d.output()
-        # While GPU 2's power call hangs (5-25 s), /metrics stays fast and GPU 0 keeps updating.
+        # While GPU 2's power call hangs (5-25 s), /metrics stays fast, GPU 2 is back up without
+        # its power reading (the hung call is quarantined) and GPU 0 keeps updating.
         started = time.monotonic()
         first = parse_samples(d.metrics_text())
         assert time.monotonic() - started < 1.0
+        assert gpu_value(first, "gpu_up", 2) == 1
+        assert gpu_value(first, "gpu_power_watts", 2) is None
+        assert gpu_value(first, "gpu_utilization_ratio", 2) is not None
         # GPU 1 is lost at 15 s: down while the others keep updating ...
         down = wait_for(
             lambda: gpu_value(parse_samples(d.metrics_text()), "gpu_up", 1) == 0, timeout=15

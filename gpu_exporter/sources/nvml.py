@@ -1,13 +1,18 @@
 """The NVML source: every GPU on the node, read concurrently, each within a deadline.
 
 Lifecycle:
-- `start()` initialises NVML, enumerates GPUs by index, keys them by UUID, starts the XID thread.
+- `start()` initialises NVML, lists GPUs by index and keys them by UUID, starts the XID thread.
+  Identity and slow-changing data are read in each GPU's first tick, under its deadline.
 - `sample()` gives each GPU's `DeviceReader.read_tick` to that GPU's own worker thread and waits
   at most `device_deadline_seconds`. A GPU that does not answer in time is reported down for
   that tick, the call it hung in is quarantined, and its stuck thread is abandoned (ctypes
   calls cannot be cancelled); the other GPUs are not held up.
-- A GPU answering GPU_IS_LOST is reported down; with back-off, the source shuts NVML down,
-  re-initialises it and re-enumerates by UUID (indices may change after a driver reload).
+- Recovery never runs NVML calls on the sampler thread: a recovery job on its own worker first
+  tries to re-acquire only the lost GPUs by UUID; only if that fails, or when the driver itself
+  went away (LibRmVersionMismatch, Uninitialized), does a later attempt shut NVML down,
+  initialise it again and re-enumerate by UUID (indices may change after a driver reload).
+  Attempts back off exponentially, so a GPU that is gone for good costs one re-init every
+  `recovery_max_backoff_seconds`, not one per tick.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pynvml as N
 
@@ -26,6 +32,8 @@ from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
 from gpu_exporter.sources.nvml_device import (
     DeviceLostError,
     DeviceReader,
+    DeviceUnresponsiveError,
+    DriverGoneError,
     ReaderSettings,
     TickAbandonedError,
     error_name,
@@ -43,7 +51,7 @@ class NvmlSettings:
     device_deadline_seconds: float = 0.8
     slow_refresh_seconds: float = 30.0
     recovery_initial_backoff_seconds: float = 2.0
-    recovery_max_backoff_seconds: float = 60.0
+    recovery_max_backoff_seconds: float = 300.0
     hang_quarantine_seconds: float = 60.0
     max_abandoned_threads_per_device: int = 2
     gpm: bool = True
@@ -65,8 +73,23 @@ class _Device:
     worker: Worker
     lost: bool = False
     down_reason: str = ""
-    pending: futures.Future[list] | None = None
-    abandoned: list[futures.Future[list]] = field(default_factory=list)  # ticks stuck in a call
+    pending: futures.Future[Any] | None = None
+    abandoned: list[futures.Future[Any]] = field(default_factory=list)  # ticks stuck in a call
+
+
+@dataclass
+class _Found:
+    index: int
+    handle: Any
+
+
+@dataclass
+class _RecoveryResult:
+    full: bool
+    found: dict[str, _Found] = field(default_factory=dict)
+    node_info: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    incomplete: bool = False  # NVML listed a GPU whose handle or UUID could not be read
 
 
 @dataclass
@@ -74,9 +97,13 @@ class _Recovery:
     backoff: float
     next_attempt: float = 0.0
     attempts: int = 0
+    job: futures.Future[_RecoveryResult] | None = None
+    job_full: bool = False
+    driver_gone: bool = False
+    incomplete: bool = False  # some GPU could not be listed at start
 
 
-def _start_error(exc: N.NVMLError) -> SourceUnavailableError:
+def _start_error(exc: BaseException) -> SourceUnavailableError:
     reasons = {
         N.NVML_ERROR_LIBRARY_NOT_FOUND: "the NVIDIA driver library libnvidia-ml.so.1 was not found",
         N.NVML_ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel driver is not loaded",
@@ -101,7 +128,9 @@ class NvmlSource:
         self._xid: XidWatcher | None = None
         self._tick = 0
         self._initialised = False
+        self.started = False
         self._recovery = _Recovery(self.settings.recovery_initial_backoff_seconds)
+        self._recovery_worker = Worker("nvml-recovery")
         self.timings: dict[str, list[float]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -113,21 +142,34 @@ class NvmlSource:
     def start(self) -> None:
         try:
             N.nvmlInit()
+            self._initialised = True
+            self._node_info = self._read_node_info()
+            count = N.nvmlDeviceGetCount()
         except N.NVMLError as exc:
             raise _start_error(exc) from exc
-        self._initialised = True
-        self._node_info = self._read_node_info()
-        self._enumerate()
+        for index in range(count):
+            try:
+                handle = N.nvmlDeviceGetHandleByIndex(index)
+                uuid = N.nvmlDeviceGetUUID(handle)
+            except N.NVMLError as exc:
+                # Listed but unusable (e.g. lost): a later full re-init will pick it up.
+                self.errors.add(self.name, "device_handle", error_name(exc))
+                log.warning("GPU %d not usable at start (%s); will retry", index, exc)
+                self._recovery.incomplete = True
+                continue
+            self._bind(uuid, _Found(index, handle), full=False)
         self._start_xid()
+        self.started = True
 
     def close(self) -> None:
         if self._xid is not None:
-            self._xid.stop()
+            self._xid.stop(join=True)
             self._xid = None
         for device in self._devices.values():
             device.reader.close()
             device.worker.stop()
         self._devices.clear()
+        self._recovery_worker.stop()
         if self._initialised:
             self._initialised = False
             with contextlib.suppress(N.NVMLError):
@@ -153,43 +195,25 @@ class NvmlSource:
                 self.errors.add(self.name, key, error_name(exc))
         return info
 
-    def _enumerate(self) -> None:
-        """Bind every GPU NVML lists to a reader, keyed by UUID (kept across re-inits)."""
-        count = N.nvmlDeviceGetCount()
-        driver = self._node_info.get("driver_version", "")
-        for index in range(count):
-            try:
-                handle = N.nvmlDeviceGetHandleByIndex(index)
-                uuid = N.nvmlDeviceGetUUID(handle)
-            except N.NVMLError as exc:
-                self.errors.add(self.name, "device_handle", error_name(exc))
-                log.warning("GPU %d not usable now (%s); will retry", index, exc)
-                continue
-            device = self._devices.get(uuid)
-            if device is None:
-                reader = DeviceReader(
-                    index=index,
-                    handle=handle,
-                    errors=self.errors,
-                    xid_counts=self._xid_counts,
-                    settings=self.settings.reader_settings(),
-                    clock=self.clock,
-                    timings=self.timings if self.record_timings else None,
-                )
-                device = _Device(reader, self._new_worker(index))
-                self._devices[uuid] = device
-            else:
-                device.reader.close()
-                device.reader.index, device.reader.handle = index, handle
-                device.lost, device.down_reason = False, ""
-            try:
-                device.reader.read_identity(driver)
-            except N.NVMLError as exc:
-                device.lost, device.down_reason = True, f"identity unreadable: {error_name(exc)}"
-
-    @staticmethod
-    def _new_worker(index: int) -> Worker:
-        return Worker(f"nvml-gpu{index}")
+    def _bind(self, uuid: str, found: _Found, full: bool) -> None:
+        """Attach a (re-)acquired handle to the reader kept for this UUID."""
+        device = self._devices.get(uuid)
+        if device is None:
+            reader = DeviceReader(
+                index=found.index,
+                handle=found.handle,
+                errors=self.errors,
+                xid_counts=self._xid_counts,
+                settings=self.settings.reader_settings(),
+                clock=self.clock,
+                timings=self.timings if self.record_timings else None,
+                uuid=uuid,
+            )
+            self._devices[uuid] = _Device(reader, Worker(f"nvml-gpu{found.index}"))
+            return
+        if device.lost or full or device.reader.handle is not found.handle:
+            device.reader.rebind(found.index, found.handle)
+        device.lost, device.down_reason = False, ""
 
     def _start_xid(self) -> None:
         if not self.settings.xid_events:
@@ -200,52 +224,113 @@ class NvmlSource:
 
     # -- recovery --------------------------------------------------------------------------------
 
-    def _maybe_recover(self, now: float) -> None:
-        needs = not self._initialised or any(d.lost for d in self._devices.values())
-        if not needs:
-            self._recovery = _Recovery(self.settings.recovery_initial_backoff_seconds)
+    def _needs_recovery(self) -> bool:
+        r = self._recovery
+        return r.driver_gone or r.incomplete or any(d.lost for d in self._devices.values())
+
+    def _schedule_recovery(self, now: float) -> None:
+        r = self._recovery
+        if r.job is not None or not self._needs_recovery():
+            if not self._needs_recovery():
+                self._recovery = _Recovery(self.settings.recovery_initial_backoff_seconds)
             return
-        if now < self._recovery.next_attempt:
+        if now < r.next_attempt and not r.driver_gone:
             return
-        self._recovery.attempts += 1
-        log.info("re-initialising NVML (attempt %d)", self._recovery.attempts)
-        if self._xid is not None:
-            self._xid.stop()
-            self._xid = None
-        if self._initialised:
-            try:
-                N.nvmlShutdown()
-            except N.NVMLError as exc:
-                self.errors.add(self.name, "shutdown", error_name(exc))
-            self._initialised = False
+        r.attempts += 1
+        # Re-acquiring lost GPUs by UUID disturbs nobody; a full re-init interrupts every
+        # GPU's GPM window and XID registration, so it comes second.
+        lost = [uuid for uuid, d in self._devices.items() if d.lost]
+        full = r.driver_gone or r.attempts % 2 == 0 or (r.incomplete and not lost)
+        xid, self._xid = self._xid, None
+        if full and xid is not None:
+            xid.stop(join=False)  # the recovery job waits for it, not the sampler thread
+        log.info("NVML recovery attempt %d (%s)", r.attempts, "full re-init" if full else "by UUID")
+        r.job = self._recovery_worker.submit(self._recover, lost, full, xid if full else None)
+        r.job_full = full
+        r.next_attempt = now + r.backoff
+        r.backoff = min(r.backoff * 2, self.settings.recovery_max_backoff_seconds)
+        if not full:
+            self._xid = xid
+
+    def _recover(self, lost: list[str], full: bool, xid: XidWatcher | None) -> _RecoveryResult:
+        """Runs on the recovery worker: may block in NVML without stalling the sampler."""
+        result = _RecoveryResult(full=full)
         try:
+            if not full:
+                for uuid in lost:
+                    handle = N.nvmlDeviceGetHandleByUUID(uuid)
+                    N.nvmlDeviceGetPowerUsage(handle)  # a handle alone proves nothing
+                    result.found[uuid] = _Found(N.nvmlDeviceGetIndex(handle), handle)
+                return result
+            if xid is not None:
+                xid.join()
+            if self._initialised:
+                with contextlib.suppress(N.NVMLError):
+                    N.nvmlShutdown()
+                self._initialised = False
             N.nvmlInit()
             self._initialised = True
-            self._node_info = self._read_node_info() or self._node_info
-            self._enumerate()
-            self._start_xid()
+            result.node_info = self._read_node_info()
+            for index in range(N.nvmlDeviceGetCount()):
+                try:
+                    handle = N.nvmlDeviceGetHandleByIndex(index)
+                    result.found[N.nvmlDeviceGetUUID(handle)] = _Found(index, handle)
+                except N.NVMLError as exc:
+                    result.incomplete = True
+                    self.errors.add(self.name, "device_handle", error_name(exc))
         except N.NVMLError as exc:
-            self.errors.add(self.name, "reinit", error_name(exc))
-            for device in self._devices.values():
-                device.lost, device.down_reason = True, f"NVML unavailable: {error_name(exc)}"
-        self._recovery.next_attempt = now + self._recovery.backoff
-        self._recovery.backoff = min(
-            self._recovery.backoff * 2, self.settings.recovery_max_backoff_seconds
-        )
+            result.incomplete = True
+            result.error = error_name(exc)
+            self.errors.add(self.name, "recovery", result.error)
+        return result
+
+    def _apply_recovery(self) -> None:
+        """Apply a finished recovery job (on the sampler thread, between device ticks)."""
+        r = self._recovery
+        if r.job is None or not r.job.done():
+            return
+        result = r.job.result()
+        r.job = None
+        if result.full:
+            r.driver_gone = False
+            if result.node_info:
+                self._node_info = result.node_info
+            listed = set(result.found)
+            r.incomplete = result.incomplete
+            for uuid, device in self._devices.items():
+                if uuid not in listed:
+                    device.lost = True
+                    device.down_reason = device.down_reason or "not listed by NVML after re-init"
+        for uuid, found in result.found.items():
+            self._bind(uuid, found, full=result.full)
+            log.info("GPU %s answering again (index %d)", uuid, found.index)
+        if result.full and self._initialised:
+            self._start_xid()
 
     # -- sampling --------------------------------------------------------------------------------
 
     def sample(self) -> list[DeviceSample]:
         now = self.clock()
-        self._maybe_recover(now)
+        for device in self._devices.values():
+            device.reader.free_orphans()
+        self._apply_recovery()
+        self._schedule_recovery(now)
+        if self._recovery.job is not None:
+            # A quick recovery is applied in this very tick; a slow one is left running.
+            with contextlib.suppress(futures.TimeoutError):
+                self._recovery.job.result(timeout=self.settings.device_deadline_seconds)
+            self._apply_recovery()
+        if self._recovery.job is not None and self._recovery.job_full:
+            # NVML is being re-initialised: reading devices now would only collect errors.
+            return self._all_down("NVML is being re-initialised")
         self._tick += 1
-        running: dict[str, futures.Future[list]] = {}
+        running: dict[str, futures.Future[Any]] = {}
+        driver = self._node_info.get("driver_version", "")
         for uuid, device in self._devices.items():
-            if device.lost or not self._ready_for_tick(device, now):
+            if device.lost or not self._ready_for_tick(device):
                 continue
-            reader = device.reader
-            reader.active_tick = self._tick
-            device.pending = device.worker.submit(reader.read_tick, self._tick, now)
+            device.reader.active_tick = self._tick
+            device.pending = device.worker.submit(device.reader.read_tick, self._tick, now, driver)
             running[uuid] = device.pending
         if running:
             futures.wait(running.values(), timeout=self.settings.device_deadline_seconds)
@@ -254,7 +339,12 @@ class NvmlSource:
         ]
         return sorted(samples, key=lambda s: s.index)
 
-    def _ready_for_tick(self, device: _Device, now: float) -> bool:
+    def _all_down(self, reason: str) -> list[DeviceSample]:
+        return sorted(
+            (self._down(d, reason) for d in self._devices.values()), key=lambda s: s.index
+        )
+
+    def _ready_for_tick(self, device: _Device) -> bool:
         """False while a hung call holds the device and no fresh thread may be spent on it."""
         device.abandoned = [job for job in device.abandoned if not job.done()]
         if device.pending is None or device.pending.done():
@@ -262,31 +352,34 @@ class NvmlSource:
         # The previous tick is still stuck in a call: give the device a fresh thread, within
         # limits (a driver that hangs every call must not make us spawn threads forever).
         if len(device.abandoned) >= self.settings.max_abandoned_threads_per_device:
-            device.down_reason = f"NVML call {device.reader.current_call} still hung"
+            device.down_reason = "NVML calls still hung"
             return False
         device.abandoned.append(device.pending)
         device.worker.stop()
-        device.worker = self._new_worker(device.reader.index)
+        device.worker = Worker(f"nvml-gpu{device.reader.index}")
         return True
 
-    def _collect(
-        self, uuid: str, device: _Device, job: futures.Future[list] | None
-    ) -> DeviceSample:
+    def _collect(self, uuid: str, device: _Device, job: futures.Future[Any] | None) -> DeviceSample:
         reader = device.reader
         if job is None:
             return self._down(device, device.down_reason or "not sampled")
         if not job.done():
-            hung = reader.abandon_tick(self.clock())
-            self.errors.add(self.name, hung, "Timeout")
+            hung = reader.abandon_tick(self.clock(), job)
+            self.errors.add(self.name, hung or "tick", "Timeout")
             log.warning(
                 "GPU %d: %s did not answer within %.2fs",
                 reader.index,
-                hung,
+                hung or "the tick",
                 self.settings.device_deadline_seconds,
             )
-            return self._down(device, f"NVML call {hung} did not answer in time")
+            return self._down(device, f"NVML call {hung or '(tick)'} did not answer in time")
         try:
             readings = job.result()
+        except DriverGoneError as exc:
+            self._recovery.driver_gone = True
+            device.lost, device.down_reason = True, str(exc)
+            self.errors.add(self.name, exc.call, "DriverGone")
+            return self._down(device, device.down_reason)
         except DeviceLostError as exc:
             device.lost, device.down_reason = True, str(exc)
             self.errors.add(self.name, exc.call, "GpuIsLost")
@@ -294,8 +387,10 @@ class NvmlSource:
             return self._down(device, device.down_reason)
         except TickAbandonedError:
             return self._down(device, "previous call hung")
+        except DeviceUnresponsiveError as exc:
+            return self._down(device, str(exc))
         except Exception as exc:  # a bug in a reader must not take the daemon down
-            self.errors.add(self.name, reader.current_call or "tick", type(exc).__name__)
+            self.errors.add(self.name, "tick", type(exc).__name__)
             log.exception("GPU %d: unexpected error while reading", reader.index)
             return self._down(device, f"read failed: {type(exc).__name__}")
         device.down_reason = ""
@@ -304,4 +399,5 @@ class NvmlSource:
     @staticmethod
     def _down(device: _Device, reason: str) -> DeviceSample:
         reader = device.reader
-        return DeviceSample(reader.index, reader.uuid, dict(reader.info), False, (), reason)
+        xids = tuple(reader.xid_readings())  # known without NVML; XID 79 comes with a loss
+        return DeviceSample(reader.index, reader.uuid, dict(reader.info), False, xids, reason)

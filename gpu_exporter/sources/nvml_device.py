@@ -26,7 +26,20 @@ SOURCE = "nvml"
 NVLINK_AGGREGATE_SCOPE = 0xFFFFFFFF  # "returns aggregate value summed up across all links"
 
 # Errors that will not change while the driver stays loaded: learn them, stop asking.
-PERMANENT = (N.NVMLError_NotSupported, N.NVMLError_FunctionNotFound, N.NVMLError_NoPermission)
+# A struct-version mismatch means this driver wants an older struct: same as a missing call.
+PERMANENT = (
+    N.NVMLError_NotSupported,
+    N.NVMLError_FunctionNotFound,
+    N.NVMLError_NoPermission,
+    N.NVMLError_ArgumentVersionMismatch,
+)
+# Errors that mean the driver itself is gone or was replaced under us (nvml.md §10.1/§10.2):
+# no device can answer until NVML is shut down and initialised again.
+DRIVER_GONE = (
+    N.NVMLError_LibRmVersionMismatch,
+    N.NVMLError_Uninitialized,
+    N.NVMLError_DriverNotLoaded,
+)
 
 ARCHITECTURES = {
     N.NVML_DEVICE_ARCH_KEPLER: "kepler",
@@ -67,6 +80,18 @@ class DeviceLostError(Exception):
 
     def __init__(self, call: str) -> None:
         super().__init__(f"GPU lost (NVML GPU_IS_LOST from {call})")
+        self.call = call
+
+
+class DeviceUnresponsiveError(Exception):
+    """Every call of a tick failed: the GPU is not really answering."""
+
+
+class DriverGoneError(DeviceLostError):
+    """The driver was unloaded or upgraded under the process: re-initialise NVML."""
+
+    def __init__(self, call: str, error: str) -> None:
+        Exception.__init__(self, f"NVML driver unavailable ({error} from {call})")
         self.call = call
 
 
@@ -181,11 +206,15 @@ class DeviceReader:
     quarantine: dict[str, float] = field(default_factory=dict)
     current_call: str = ""
     active_tick: int = 0
+    needs_identity: bool = True
+    calls_succeeded: int = 0
+    calls_failed: int = 0
     nvlink_links: int = 0
     _supported_reasons: int = KNOWN_REASON_BITS
     _static: list[Reading] = field(default_factory=list)
     _static_at: float = float("-inf")
     _gpm: gpm.GpmWindow | None = None
+    _orphaned_gpm: list[tuple[gpm.GpmWindow, Any]] = field(default_factory=list)
     _local: threading.local = field(default_factory=threading.local)
 
     # -- the choke point -------------------------------------------------------------------
@@ -209,18 +238,24 @@ class DeviceReader:
         self.current_call = key
         started = time.perf_counter()
         try:
-            return fn(*args)
+            result = fn(*args)
+            self.calls_succeeded += 1
+            return result
         except N.NVMLError_GpuIsLost as exc:
             raise DeviceLostError(key) from exc
+        except DRIVER_GONE as exc:
+            raise DriverGoneError(key, error_name(exc)) from exc
         except PERMANENT as exc:
             self.unsupported.add(key)
             if not isinstance(exc, N.NVMLError_NotSupported):
                 self.errors.add(SOURCE, key, error_name(exc))
             return None
         except N.NVMLError as exc:
+            self.calls_failed += 1
             self.errors.add(SOURCE, key, error_name(exc))
             return None
         finally:
+            self.current_call = ""  # between calls nothing is hung
             if self.timings is not None:
                 self.timings.setdefault(key, []).append(time.perf_counter() - started)
             self._check_owner()
@@ -241,19 +276,44 @@ class DeviceReader:
         if tick is not None and tick != self.active_tick:
             raise TickAbandonedError
 
-    def abandon_tick(self, now: float) -> str:
-        """Called by the source when a tick missed its deadline; returns the hung call."""
+    def abandon_tick(self, now: float, stuck_tick: Any) -> str:
+        """Called by the source when a tick missed its deadline; returns the hung call.
+
+        Only the call that was running at the deadline is quarantined ("" when the tick was
+        merely slow between calls). The GPM window may still be in use by the stuck thread, so
+        it is set aside and freed once that tick's future completes.
+        """
         hung = self.current_call
-        self.quarantine[hung] = now + self.settings.hang_quarantine_seconds
+        if hung:
+            self.quarantine[hung] = now + self.settings.hang_quarantine_seconds
         self.active_tick += 1  # the stuck thread raises TickAbandonedError when it wakes
-        self._gpm = None  # its buffers may still be in use by the stuck thread
+        if self._gpm is not None:
+            self._orphaned_gpm.append((self._gpm, stuck_tick))
+            self._gpm = None
         return hung
+
+    def free_orphans(self) -> None:
+        """Free GPM buffers whose abandoned tick has finished (sampler thread)."""
+        keep = []
+        for window, tick in self._orphaned_gpm:
+            if tick.done():
+                window.close()
+            else:
+                keep.append((window, tick))
+        self._orphaned_gpm = keep
+
+    def rebind(self, index: int, handle: Any) -> None:
+        """After recovery: a new handle, identity to re-read, GPM from a fresh baseline."""
+        self.close()
+        self.index, self.handle = index, handle
+        self.needs_identity = True
+        self._static_at = float("-inf")
 
     # -- identity and slow-changing data -----------------------------------------------------
 
     def read_identity(self, driver_version: str) -> None:
         h = self.handle
-        self.uuid = N.nvmlDeviceGetUUID(h)  # required: a device without a UUID is unusable
+        self.uuid = self.call("uuid", N.nvmlDeviceGetUUID, h) or self.uuid
         pci = self.call("pci_info", N.nvmlDeviceGetPciInfo, h)
         arch = self.call("architecture", N.nvmlDeviceGetArchitecture, h)
         cc = self.call("compute_capability", N.nvmlDeviceGetCudaComputeCapability, h)
@@ -265,6 +325,7 @@ class DeviceReader:
             "driver_version": driver_version,
         }
         self._static_at = float("-inf")
+        self.needs_identity = False
 
     def _read_static(self) -> list[Reading]:
         h, out = self.handle, []
@@ -333,12 +394,16 @@ class DeviceReader:
 
     # -- one tick ------------------------------------------------------------------------------
 
-    def read_tick(self, tick: int, now: float) -> list[Reading]:
+    def read_tick(self, tick: int, now: float, driver_version: str = "") -> list[Reading]:
         """Everything that changes tick to tick. Runs on this device's worker thread."""
         self._local.tick = tick
+        self.calls_succeeded = self.calls_failed = 0
+        if self.needs_identity:
+            self.read_identity(driver_version)
         if now - self._static_at >= self.settings.slow_refresh_seconds:
-            self._static = self._read_static()
-            self._static_at = now
+            static = self._read_static()
+            self._check_owner()  # an abandoned tick must not overwrite the live tick's state
+            self._static, self._static_at = static, now
         out = list(self._static)
         h = self.handle
         util = self.call("utilization", N.nvmlDeviceGetUtilizationRates, h)
@@ -374,7 +439,9 @@ class DeviceReader:
             out.append(Reading("gpu_pcie_link_width", width, (("state", "current"),)))
         out += self._read_fields()
         out += self._read_gpm()
-        out += self._xid_readings()
+        out += self.xid_readings()
+        if self.calls_failed and not self.calls_succeeded:
+            raise DeviceUnresponsiveError(f"every NVML call failed ({self.calls_failed})")
         return out
 
     def _read_memory(self) -> list[Reading]:
@@ -462,10 +529,10 @@ class DeviceReader:
                 kbps = self.call(
                     f"pcie_throughput_{direction}", N.nvmlDeviceGetPcieThroughput, h, counter
                 )
-                if kbps is not None:  # KB/s over a 20 ms window
+                if kbps is not None:  # "KB/s" over a 20 ms window; read as KiB/s (unverified)
                     labels = (("direction", direction),)
                     out.append(
-                        Reading("gpu_pcie_throughput_bytes_per_second", kbps * 1000.0, labels)
+                        Reading("gpu_pcie_throughput_bytes_per_second", kbps * 1024.0, labels)
                     )
         if gone(142, 143, 144, 145):
             rows = self.call("remapped_rows", N.nvmlDeviceGetRemappedRows, h)
@@ -511,7 +578,8 @@ class DeviceReader:
             if metric.metric_id in result.values
         ]
 
-    def _xid_readings(self) -> Iterable[Reading]:
+    def xid_readings(self) -> Iterable[Reading]:
+        """XID counts need no NVML call, so they are reported even while the GPU is down."""
         for xid, (count, last) in sorted(self.xid_counts.for_gpu(self.uuid).items()):
             labels = (("xid", str(xid)),)
             yield Reading("gpu_xid_errors_total", count, labels)
@@ -521,6 +589,7 @@ class DeviceReader:
         if self._gpm is not None:
             self._gpm.close()
             self._gpm = None
+        self.free_orphans()
 
 
 def field_value(value: Any) -> float:

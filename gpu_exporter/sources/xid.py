@@ -95,6 +95,14 @@ class XidWatcher:
             self._errors.add("nvml", "xid_events", type(exc).__name__.removeprefix("NVMLError_"))
 
     def _run(self) -> None:
+        try:
+            self._wait_loop()
+        finally:
+            # The thread that waits on the set frees it: freeing it under a waiting thread
+            # would pull the memory out from under nvmlEventSetWait.
+            self._free()
+
+    def _wait_loop(self) -> None:
         while not self._stop.is_set():
             try:
                 event = N.nvmlEventSetWait(self._event_set, WAIT_MS)
@@ -115,11 +123,22 @@ class XidWatcher:
             log.warning("XID %d on GPU %s", event.eventData, uuid)
             self._counts.record(uuid, int(event.eventData), self._wall_clock())
 
-    def stop(self) -> None:
+    def stop(self, join: bool = True) -> None:
+        """Ask the thread to finish (within one wait, 0.5 s); optionally wait for it."""
         self._stop.set()
+        if self._thread is None:
+            self._free()
+        elif join:
+            self.join()
+
+    def join(self) -> None:
         if self._thread is not None:
             self._thread.join(timeout=WAIT_MS / 1000 * 4)
-        if self._event_set is not None:
+            if self._thread.is_alive():
+                log.warning("XID thread still blocked in NVML; leaving its event set allocated")
+
+    def _free(self) -> None:
+        event_set, self._event_set = self._event_set, None
+        if event_set is not None:
             with contextlib.suppress(N.NVMLError):
-                N.nvmlEventSetFree(self._event_set)
-            self._event_set = None
+                N.nvmlEventSetFree(event_set)
