@@ -1,0 +1,529 @@
+"""Notifier against the real Alertmanager and small local HTTP(S) servers on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+import ssl
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpu_exporter.notify import (
+    AlertmanagerTarget,
+    Notifier,
+    NotifierSettings,
+    OutgoingAlert,
+)
+from gpu_exporter.notify.alertmanager import USER_AGENT, format_timestamp
+from tests.daemon import free_port
+from tests.support import require_tool
+
+FAST = {"retry_initial_backoff_seconds": 0.05, "retry_max_backoff_seconds": 0.2}
+RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def alert(name: str, ends_at: float | None = None, **labels: str) -> OutgoingAlert:
+    return OutgoingAlert(
+        labels={"alertname": name, **labels},
+        annotations={"summary": f"{name} summary"},
+        starts_at=time.time(),
+        ends_at=ends_at,
+    )
+
+
+@contextlib.contextmanager
+def running(
+    targets: Sequence[AlertmanagerTarget],
+    external_labels: dict[str, str] | None = None,
+    **settings: Any,
+) -> Iterator[Notifier]:
+    notifier = Notifier(
+        NotifierSettings(tuple(targets), **{**FAST, **settings}), external_labels or {}
+    )
+    notifier.start()
+    try:
+        yield notifier
+    finally:
+        notifier.stop(timeout=2.0)
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: Message
+    body: Any
+
+
+class Recorder:
+    """HTTP(S) server on 127.0.0.1 that records each POST and answers with scripted codes."""
+
+    def __init__(
+        self, port: int = 0, statuses: Sequence[int] = (), tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.requests: list[Received] = []
+        self._statuses = deque(statuses)
+        self._cond = threading.Condition()
+        self._server = _QuietServer(("127.0.0.1", port), self._handler_class())
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        self.port = self._server.server_address[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,))
+
+    def __enter__(self) -> Recorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def wait_for(self, count: int, timeout: float = 5.0) -> list[Received]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.requests) >= count, timeout):
+                raise AssertionError(f"got {len(self.requests)} requests, expected {count}")
+            return list(self.requests)
+
+    def _record(self, path: str, headers: Message, body: bytes) -> int:
+        with self._cond:
+            self.requests.append(Received(path, headers, json.loads(body)))
+            self._cond.notify_all()
+            return self._statuses.popleft() if self._statuses else 200
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                status = recorder._record(self.path, self.headers, body)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # refused TLS handshakes and dropped clients are what some tests provoke
+
+
+def names(received: Received) -> list[str]:
+    return [a["labels"]["alertname"] for a in received.body]
+
+
+# --- the real Alertmanager -----------------------------------------------------------------
+
+AM_CONFIG = """\
+route:
+  receiver: hook
+  group_by: ['...']
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+- name: hook
+  webhook_configs:
+  - url: {webhook}
+    send_resolved: true
+"""
+
+
+@contextlib.contextmanager
+def alertmanager(workdir: Path, webhook: str, port: int | None = None) -> Iterator[str]:
+    """A real Alertmanager on 127.0.0.1 (no cluster port), stopped by PID; yields its url."""
+    binary = require_tool("prometheus-alertmanager")
+    port = port or free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "am.yml").write_text(AM_CONFIG.format(webhook=webhook))
+    log_path = workdir / "am.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={workdir / 'am.yml'}",
+                f"--storage.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(process, url, log_path)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"alertmanager exited:\n{log_path.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"alertmanager not ready:\n{log_path.read_text()}")
+
+
+def am_alerts(url: str, alertname: str | None = None) -> list[dict[str, Any]]:
+    params = {"filter": f'alertname="{alertname}"'} if alertname else {}
+    response = httpx.get(f"{url}/api/v2/alerts", params=params, timeout=5)
+    response.raise_for_status()
+    return response.json()
+
+
+def webhook_messages(hook: Recorder, status: str, timeout: float = 6.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [r.body for r in hook.requests if r.body.get("status") == status]
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no {status} webhook; got {[r.body for r in hook.requests]}")
+
+
+def test_firing_then_resolved_through_real_alertmanager(tmp_path: Path) -> None:
+    with Recorder() as hook, alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url:
+        external = {"cluster": "lab", "severity": "overridden-by-alert"}
+        with running([AlertmanagerTarget(am_url)], external) as notifier:
+            firing = OutgoingAlert(
+                labels={"alertname": "GPUBusyButIdle", "gpu": "0", "severity": "warning"},
+                annotations={"summary": "GPU 0 busy but idle", "runbook": "look at SM activity"},
+                starts_at=time.time(),
+                ends_at=time.time() + 300,
+                generator_url="http://node-1:9400/api/v1/alerts",
+            )
+            notifier.send([firing])
+
+            [message] = webhook_messages(hook, "firing")
+            expected_labels = {
+                "alertname": "GPUBusyButIdle",
+                "gpu": "0",
+                "severity": "warning",
+                "cluster": "lab",
+            }
+            assert message["alerts"][0]["labels"] == expected_labels
+            [stored] = am_alerts(am_url, "GPUBusyButIdle")
+            assert stored["labels"] == expected_labels
+            assert stored["annotations"] == dict(firing.annotations)
+            assert stored["generatorURL"] == firing.generator_url
+            assert stored["status"]["state"] == "active"
+
+            notifier.send([replace(firing, ends_at=time.time())])
+            [resolved] = webhook_messages(hook, "resolved")
+            assert resolved["alerts"][0]["labels"] == expected_labels
+            assert resolved["alerts"][0]["status"] == "resolved"
+            stats = notifier.stats()
+            assert (stats.sent_total, stats.failed_total, stats.queue_length) == (2, 0, 0)
+
+
+def test_alerts_wait_while_alertmanager_is_down_and_arrive_when_it_starts(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    target = AlertmanagerTarget(f"http://127.0.0.1:{port}", timeout_seconds=1.0)
+    with Recorder() as hook, running([target], {"cluster": "lab"}) as notifier:
+        notifier.send([alert(f"Down{i}", ends_at=time.time() + 300) for i in range(3)])
+        notifier.send([alert(f"Down{i}", ends_at=time.time() + 300) for i in range(3, 5)])
+        wait_until(lambda: notifier.stats().failed_total >= 5, "failed POSTs")
+        assert notifier.stats().queue_length == 5
+        assert notifier.stats().sent_total == 0
+
+        with alertmanager(tmp_path / "am", f"{hook.url}/hook", port=port) as am_url:
+            wait_until(lambda: notifier.stats().sent_total == 5, "delivery after start", 8)
+            stored = am_alerts(am_url)
+            assert sorted(a["labels"]["alertname"] for a in stored) == [
+                f"Down{i}" for i in range(5)
+            ]
+            assert all(a["labels"]["cluster"] == "lab" for a in stored)
+        stats = notifier.stats()
+        assert (stats.queue_length, stats.dropped_total) == (0, 0)
+
+
+# --- queueing, retries and stop ------------------------------------------------------------
+
+
+def test_full_queue_drops_the_oldest_and_delivers_the_newest_later() -> None:
+    port = free_port()
+    target = AlertmanagerTarget(f"http://127.0.0.1:{port}")
+    with running([target], queue_capacity=3) as notifier:
+        for i in range(5):
+            notifier.send([alert(f"A{i}")])
+        wait_until(lambda: notifier.stats().dropped_total == 2, "two drops")
+        wait_until(lambda: notifier.stats().failed_total > 0, "a failed POST")
+        assert notifier.stats().queue_length == 3
+
+        with Recorder(port=port) as server:
+            wait_until(lambda: notifier.stats().sent_total == 3, "delivery of the rest")
+            delivered = [n for r in server.requests for n in names(r)]
+        assert delivered == ["A2", "A3", "A4"]
+        stats = notifier.stats()
+        assert (stats.dropped_total, stats.queue_length) == (2, 0)
+
+
+def test_a_down_alertmanager_does_not_hold_back_another() -> None:
+    down = AlertmanagerTarget(f"http://127.0.0.1:{free_port()}")
+    with Recorder() as up_server, running([down, AlertmanagerTarget(up_server.url)]) as notifier:
+        notifier.send([alert("Independent")])
+        assert names(up_server.wait_for(1)[0]) == ["Independent"]
+        wait_until(lambda: notifier.stats().targets[up_server.url].sent_total == 1, "accounting")
+        wait_until(lambda: notifier.stats().targets[down.url].failed_total > 0, "failures")
+        assert notifier.stats().targets[down.url].queue_length == 1
+        assert notifier.stats().targets[up_server.url].queue_length == 0
+
+
+def test_batches_are_capped_and_keep_order() -> None:
+    with Recorder() as server:
+        notifier = Notifier(NotifierSettings((AlertmanagerTarget(server.url),), max_batch_size=2))
+        notifier.send([alert(f"B{i}") for i in range(5)])  # queued before start: one backlog
+        notifier.start()
+        notifier.stop(timeout=2.0)
+        assert [names(r) for r in server.requests] == [["B0", "B1"], ["B2", "B3"], ["B4"]]
+
+
+def test_stop_flushes_then_ends_threads_and_is_prompt_when_target_is_down() -> None:
+    with Recorder() as server:
+        notifier = Notifier(NotifierSettings((AlertmanagerTarget(server.url),)))
+        notifier.start()
+        notifier.send([alert("Flushed")])
+        notifier.stop(timeout=2.0)
+        assert [names(r) for r in server.requests] == [["Flushed"]]
+
+    notifier = Notifier(NotifierSettings((AlertmanagerTarget(f"http://127.0.0.1:{free_port()}"),)))
+    notifier.start()
+    notifier.send([alert("Undeliverable")])
+    started = time.monotonic()
+    notifier.stop(timeout=3.0)
+    assert time.monotonic() - started < 1.5
+    notifier.send([alert("AfterStop")])  # ignored, and must not raise
+    assert not [t for t in threading.enumerate() if t.name.startswith("notifier ")]
+
+
+# --- payload, auth and error codes against a recording server ------------------------------
+
+
+def test_payload_headers_and_basic_auth_from_password_file(tmp_path: Path) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_text("s3cret\n")
+    with Recorder() as server:
+        target = AlertmanagerTarget(
+            server.url + "/prefix/",
+            basic_auth_username="gpu",
+            basic_auth_password_file=str(password_file),
+        )
+        external = {"cluster": "lab", "gpu": "external-loses", "node": "n1"}
+        with running([target], external) as notifier:
+            notifier.send([alert("Payload", gpu="3", node="", ends_at=None)])
+            [request] = server.wait_for(1)
+
+    assert request.path == "/prefix/api/v2/alerts"
+    assert request.headers["Content-Type"] == "application/json"
+    assert request.headers["User-Agent"] == USER_AGENT
+    assert USER_AGENT.startswith("gpu-exporter/")
+    expected_auth = "Basic " + base64.b64encode(b"gpu:s3cret").decode()
+    assert request.headers["Authorization"] == expected_auth
+    [sent] = request.body
+    # Alert labels win; an empty alert label is absent, so the external one fills it in.
+    assert sent["labels"] == {"alertname": "Payload", "gpu": "3", "cluster": "lab", "node": "n1"}
+    assert sent["annotations"] == {"summary": "Payload summary"}
+    assert RFC3339_MS.match(sent["startsAt"])
+    assert "endsAt" not in sent  # not set: Alertmanager applies its resolve_timeout
+    assert "generatorURL" not in sent
+
+
+def test_bearer_token_file_is_reread_on_each_request(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("token-one\n")
+    with Recorder() as server:
+        target = AlertmanagerTarget(server.url, bearer_token_file=str(token_file))
+        with running([target]) as notifier:
+            notifier.send([alert("First")])
+            server.wait_for(1)
+            token_file.write_text("token-two")
+            notifier.send([alert("Second")])
+            requests = server.wait_for(2)
+    assert [r.headers["Authorization"] for r in requests] == [
+        "Bearer token-one",
+        "Bearer token-two",
+    ]
+
+
+def test_static_bearer_token() -> None:
+    with (
+        Recorder() as server,
+        running([AlertmanagerTarget(server.url, bearer_token="abc")]) as notifier,
+    ):
+        notifier.send([alert("Bearer")])
+        [request] = server.wait_for(1)
+    assert request.headers["Authorization"] == "Bearer abc"
+
+
+def test_400_drops_the_batch_while_503_is_retried() -> None:
+    with (
+        Recorder(statuses=[400, 503, 503]) as server,
+        running([AlertmanagerTarget(server.url)]) as notifier,
+    ):
+        notifier.send([alert("Invalid")])
+        wait_until(lambda: notifier.stats().rejected_total == 1, "the rejection")
+        notifier.send([alert("Retried")])
+        wait_until(lambda: notifier.stats().sent_total == 1, "delivery after 503s")
+        stats = notifier.stats()
+    assert [names(r) for r in server.requests] == [
+        ["Invalid"],
+        ["Retried"],
+        ["Retried"],
+        ["Retried"],
+    ]
+    assert (stats.failed_total, stats.rejected_total, stats.dropped_total) == (3, 1, 0)
+    assert stats.queue_length == 0
+
+
+# --- TLS -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1, made with the openssl CLI."""
+    openssl = require_tool("openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return str(cert), str(key)
+
+
+def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(client_ca)
+    return context
+
+
+def test_https_with_ca_file_and_failure_without(tls_files: tuple[str, str]) -> None:
+    cert, key = tls_files
+    with Recorder(tls=server_context(cert, key)) as server:
+        untrusted = AlertmanagerTarget(server.url + "/untrusted", timeout_seconds=2)
+        with running([untrusted]) as notifier:
+            notifier.send([alert("Untrusted")])
+            wait_until(lambda: notifier.stats().failed_total > 0, "a failed handshake")
+            assert notifier.stats().sent_total == 0
+        for target in (
+            AlertmanagerTarget(server.url + "/ca", ca_file=cert),
+            AlertmanagerTarget(server.url + "/insecure", insecure_skip_verify=True),
+        ):
+            with running([target]) as notifier:
+                notifier.send([alert("Trusted")])
+                wait_until(lambda n=notifier: n.stats().sent_total == 1, f"delivery to {target}")
+    assert [r.path for r in server.requests] == ["/ca/api/v2/alerts", "/insecure/api/v2/alerts"]
+
+
+def test_client_certificate(tls_files: tuple[str, str]) -> None:
+    cert, key = tls_files
+    with Recorder(tls=server_context(cert, key, client_ca=cert)) as server:
+        with running([AlertmanagerTarget(server.url, ca_file=cert, timeout_seconds=2)]) as n:
+            n.send([alert("NoClientCert")])
+            wait_until(lambda: n.stats().failed_total > 0, "a refused client")
+        target = AlertmanagerTarget(server.url, ca_file=cert, cert_file=cert, key_file=key)
+        with running([target]) as n:
+            n.send([alert("ClientCert")])
+            [request] = server.wait_for(1)
+    assert names(request) == ["ClientCert"]
+
+
+# --- settings ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"url": "ftp://127.0.0.1:9093"}, "scheme must be http or https"),
+        ({"url": "127.0.0.1:9093"}, "scheme must be http or https"),
+        ({"url": "http://user:pw@127.0.0.1:9093"}, "basic_auth_username"),
+        ({"url": "http://127.0.0.1:99999"}, "out of range"),
+        ({"basic_auth_username": "u", "bearer_token": "t"}, "not both"),
+        (
+            {
+                "basic_auth_username": "u",
+                "basic_auth_password": "p",
+                "basic_auth_password_file": "f",
+            },
+            "not both",
+        ),
+        ({"basic_auth_password": "p"}, "needs basic_auth_username"),
+        ({"bearer_token": "t", "bearer_token_file": "f"}, "not both"),
+        ({"bearer_token_file": "/nonexistent/token"}, "not a readable file"),
+        ({"cert_file": "c.pem"}, "set together"),
+        ({"timeout_seconds": 0}, "timeout_seconds"),
+    ],
+)
+def test_invalid_targets_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AlertmanagerTarget(**{"url": "http://127.0.0.1:9093", **kwargs})
+
+
+def test_invalid_settings_are_refused(tmp_path: Path) -> None:
+    target = AlertmanagerTarget("http://127.0.0.1:9093")
+    with pytest.raises(ValueError, match="more than once"):
+        NotifierSettings((target, AlertmanagerTarget("http://127.0.0.1:9093/")))
+    with pytest.raises(ValueError, match="queue_capacity"):
+        NotifierSettings((target,), queue_capacity=0)
+    with pytest.raises(ValueError, match="retry_max_backoff"):
+        NotifierSettings((target,), retry_initial_backoff_seconds=2, retry_max_backoff_seconds=1)
+    bad_ca = AlertmanagerTarget("https://127.0.0.1:9093", ca_file=str(tmp_path / "missing.pem"))
+    with pytest.raises(ValueError, match="cannot load TLS files"):
+        Notifier(NotifierSettings((bad_ca,)))
+
+
+def test_timestamps_are_rfc3339_utc_with_milliseconds() -> None:
+    assert format_timestamp(0) == "1970-01-01T00:00:00.000Z"
+    assert format_timestamp(1767323045.6789) == "2026-01-02T03:04:05.679Z"
+    assert format_timestamp(1767323045.9996) == "2026-01-02T03:04:06.000Z"
