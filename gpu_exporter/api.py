@@ -24,7 +24,10 @@ STALE_TICKS = 5
 MIN_STALE_SECONDS = 10.0
 
 
-def create_app(sampler: Sampler, source_ready: Callable[[], bool]) -> FastAPI:
+def create_app(
+    sampler: Sampler, source_ready: Callable[[], bool], rules: Any | None = None
+) -> FastAPI:
+    """`rules` is the RuleManager, or None when in-daemon rules are disabled."""
     app = FastAPI(title="gpu-exporter", version=__version__, docs_url=None, redoc_url=None)
     stale_after = max(MIN_STALE_SECONDS, STALE_TICKS * sampler.interval)
 
@@ -82,6 +85,16 @@ def create_app(sampler: Sampler, source_ready: Callable[[], bool]) -> FastAPI:
                 },
             }
         )
+
+    @app.get("/api/v1/rules")
+    def rules_endpoint() -> Response:
+        groups = rules.rules_json() if rules is not None else []
+        return JSONResponse({"status": "success", "data": {"groups": groups}})
+
+    @app.get("/api/v1/alerts")
+    def alerts_endpoint() -> Response:
+        alerts = rules.alerts_json() if rules is not None else []
+        return JSONResponse({"status": "success", "data": {"alerts": alerts}})
 
     return app
 

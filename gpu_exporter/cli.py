@@ -43,7 +43,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="run on a simulated GPU node: a built-in scenario name (default mixed) or a file",
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--rules",
+        action="append",
+        metavar="FILE_OR_GLOB",
+        help="rule file(s) to evaluate, repeatable (default: the shipped pack)",
+    )
+    serve.add_argument(
+        "--alertmanager-url",
+        action="append",
+        metavar="URL",
+        help="send alerts to this Alertmanager, repeatable",
+    )
+    serve.add_argument(
+        "--external-label",
+        action="append",
+        metavar="NAME=VALUE",
+        help="label added to every alert sent (node defaults to $NODE_NAME), repeatable",
+    )
+    _add_rules_commands(commands)
     return parser
+
+
+def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
+    rules = commands.add_parser("rules", help="check, test and export rule files")
+    verbs = rules.add_subparsers(dest="rules_command", metavar="VERB", required=True)
+    check = verbs.add_parser("check", help="validate rule files (promtool check rules + subset)")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    test = verbs.add_parser("test", help="run promtool-format rule unit tests on our evaluator")
+    test.add_argument("files", nargs="+", metavar="FILE")
+    export = verbs.add_parser("export", help="render rule files as a Kubernetes manifest")
+    export.add_argument("--format", choices=["prometheusrule"], default="prometheusrule")
+    export.add_argument("--name", default="gpu-exporter", help="metadata.name")
+    export.add_argument("--namespace", help="metadata.namespace")
+    export.add_argument(
+        "--label", action="append", metavar="NAME=VALUE", help="metadata label, repeatable"
+    )
+    export.add_argument("files", nargs="*", metavar="FILE", help="default: the shipped pack")
 
 
 def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,6 +88,9 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
         "interval_seconds": args.interval,
         "simulate": args.simulate,
         "log_level": args.log_level,
+        "rules.files": args.rules,
+        "alerting.alertmanagers": args.alertmanager_url,
+        "alerting.external_labels": ",".join(args.external_label) if args.external_label else None,
     }
     return {key: value for key, value in flags.items() if value is not None}
 
@@ -99,20 +138,75 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     sampler = Sampler(source, errors, interval=config.interval_seconds)
     try:
+        rule_manager, notifier = _start_alerting(config, sampler)
+    except ValueError as exc:  # RuleFileError, bad Alertmanager settings
+        print(f"rule error: {exc}", file=sys.stderr)
+        source.close()
+        return EXIT_USAGE
+    try:
         sampler.start()
         # Ready once NVML started, even while a re-init is under way: an unready pod drops out
         # of the Service exactly when Prometheus should be seeing gpu_up 0.
-        app = create_app(sampler, lambda: source.started)
+        app = create_app(sampler, lambda: source.started, rule_manager)
         server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, log_level=config.log_level, access_log=False)
         )
         server.run()
     finally:
         sampler.stop()
+        if notifier is not None:
+            notifier.stop()
         source.close()
         if simulator is not None:
             sim.uninstall()
     return 0
+
+
+def _start_alerting(config, sampler):
+    """Rule manager (if rules are enabled) and notifier (if Alertmanagers are configured)."""
+    import signal
+
+    from gpu_exporter.notify import Notifier, NotifierSettings
+    from gpu_exporter.rules.manager import RuleManager, RuleSettings
+
+    if not config.rules.enabled:
+        return None, None
+    notifier = None
+    if config.alerting.alertmanagers:
+        notifier = Notifier(
+            NotifierSettings(
+                targets=tuple(am.target() for am in config.alerting.alertmanagers),
+                queue_capacity=config.alerting.queue_capacity,
+            ),
+            external_labels=config.external_labels(),
+        )
+    manager = RuleManager(
+        RuleSettings(
+            files=config.rules.files,
+            evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
+            resend_delay=config.alerting.resend_delay_seconds,
+            external_labels=config.external_labels(),
+            external_url=config.alerting.external_url,
+            reload_check_seconds=config.rules.reload_check_seconds,
+        ),
+        notifier,
+    )
+    manager.load()
+    sampler.add_listener(manager.on_snapshot)
+    sampler.add_collector(manager)
+    if notifier is not None:
+        sampler.add_collector(notifier_collector(notifier))
+        notifier.start()
+    # SIGHUP asks for a reload at the next tick (no work in the signal handler).
+    signal.signal(signal.SIGHUP, lambda *_: manager.request_reload())
+    log.info("loaded %d rule groups", len(manager.evaluator.groups))
+    return manager, notifier
+
+
+def notifier_collector(notifier):
+    from gpu_exporter.notify.metrics import NotifierCollector
+
+    return NotifierCollector(notifier)
 
 
 def _cannot_listen(host: str, port: int) -> str:
@@ -138,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "rules":
+        from gpu_exporter.rules import commands
+
+        return commands.run(args)
     parser.print_help(sys.stderr)
     return EXIT_USAGE
 

@@ -21,12 +21,22 @@ from pydantic import (
     model_validator,
 )
 
+from gpu_exporter.notify.alertmanager import AlertmanagerTarget
+from gpu_exporter.rules.pack import default_rule_files
 from gpu_exporter.sources.nvml import NvmlSettings
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
 
 ENV_PREFIX = "GPU_EXPORTER_"
 ENV_CONFIG_FILE = "GPU_EXPORTER_CONFIG"
 DEFAULT_LISTEN = "0.0.0.0:9449"
+
+
+FLAG_NAMES = {
+    "interval_seconds": "interval",
+    "rules.files": "rules",
+    "alerting.alertmanagers": "alertmanager-url",
+    "alerting.external_labels": "external-label",
+}
 
 
 class ConfigError(ValueError):
@@ -63,12 +73,115 @@ class NvmlConfig(_Strict):
         return NvmlSettings(**values)
 
 
+def _split_commas(value: Any) -> Any:
+    """Lists from the environment arrive as one string: `a.yaml,b/*.yaml`."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _parse_pairs(value: Any) -> Any:
+    """Label maps from the environment arrive as `k=v,k2=v2`."""
+    if isinstance(value, str):
+        pairs = {}
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            key, sep, item = part.partition("=")
+            if not sep:
+                raise ValueError(f"expected key=value, got {part!r}")
+            pairs[key.strip()] = item.strip()
+        return pairs
+    return value
+
+
+class RulesConfig(_Strict):
+    enabled: bool = True
+    files: list[str] = Field(default_factory=default_rule_files)  # the shipped pack
+    evaluation_interval_seconds: float | None = Field(None, ge=0.2, le=3600)  # default: interval
+    reload_check_seconds: float = Field(5.0, gt=0, le=3600)
+
+    _lists = field_validator("files", mode="before")(_split_commas)
+
+
+class BasicAuthConfig(_Strict):
+    username: str
+    password: str | None = None
+    password_file: str | None = None
+
+
+class TlsConfig(_Strict):
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure_skip_verify: bool = False
+
+
+class AlertmanagerConfig(_Strict):
+    url: str
+    basic_auth: BasicAuthConfig | None = None
+    bearer_token: str | None = None
+    bearer_token_file: str | None = None
+    tls: TlsConfig = TlsConfig()
+    timeout_seconds: float = Field(10.0, gt=0, le=300)
+
+    def target(self) -> AlertmanagerTarget:
+        auth = self.basic_auth
+        return AlertmanagerTarget(
+            url=self.url,
+            basic_auth_username=auth.username if auth else None,
+            basic_auth_password=auth.password if auth else None,
+            basic_auth_password_file=auth.password_file if auth else None,
+            bearer_token=self.bearer_token,
+            bearer_token_file=self.bearer_token_file,
+            ca_file=self.tls.ca_file,
+            cert_file=self.tls.cert_file,
+            key_file=self.tls.key_file,
+            insecure_skip_verify=self.tls.insecure_skip_verify,
+            timeout_seconds=self.timeout_seconds,
+        )
+
+
+class AlertingConfig(_Strict):
+    alertmanagers: list[AlertmanagerConfig] = []
+    # Added to every alert sent; `node` defaults to $NODE_NAME (the DaemonSet's downward API).
+    external_labels: dict[str, str] = {}
+    external_url: str = ""
+    resend_delay_seconds: float = Field(60.0, gt=0, le=86400)
+    queue_capacity: int = Field(10000, ge=1, le=1_000_000)
+
+    _pairs = field_validator("external_labels", mode="before")(_parse_pairs)
+
+    @field_validator("alertmanagers", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> Any:
+        """URLs alone (flag or `GPU_EXPORTER_ALERTING__ALERTMANAGERS=http://a,http://b`)."""
+        if isinstance(value, str):
+            value = _split_commas(value)
+        if isinstance(value, list):
+            return [{"url": item} if isinstance(item, str) else item for item in value]
+        return value
+
+    @model_validator(mode="after")
+    def _targets_valid(self) -> AlertingConfig:
+        for am in self.alertmanagers:
+            am.target()  # the notifier's own checks: scheme, auth combinations, files
+        return self
+
+
 class Config(_Strict):
     listen_address: str = DEFAULT_LISTEN
     interval_seconds: float = Field(1.0, ge=0.2, le=3600)  # GPM needs >= 100 ms windows
     simulate: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nvml: NvmlConfig = NvmlConfig()
+    rules: RulesConfig = RulesConfig()
+    alerting: AlertingConfig = AlertingConfig()
+
+    def external_labels(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        environ = os.environ if environ is None else environ
+        labels = dict(self.alerting.external_labels)
+        if "node" not in labels and environ.get("NODE_NAME"):
+            labels["node"] = environ["NODE_NAME"]
+        return labels
 
     @field_validator("listen_address")
     @classmethod
@@ -159,8 +272,14 @@ def load_config(
     env_data, origins = _env_overrides(environ)
     data = _merge(data, env_data)
     for key, value in (flags or {}).items():
-        data[key] = value
-        origins[(key,)] = f"flag --{key.replace('_', '-').removesuffix('-seconds')}"
+        path = tuple(key.split("."))
+        node = data
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+        origins[path] = f"flag --{FLAG_NAMES.get(key, key.replace('_', '-'))}"
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

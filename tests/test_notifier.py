@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import re
 import ssl
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gpu_exporter.notify import (
@@ -29,6 +24,13 @@ from gpu_exporter.notify import (
 )
 from gpu_exporter.notify.alertmanager import USER_AGENT, format_timestamp
 from tests.daemon import free_port
+from tests.servers import (
+    Received,
+    Recorder,
+    alertmanager,
+    am_alerts,
+    webhook_messages,
+)
 from tests.support import require_tool
 
 FAST = {"retry_initial_backoff_seconds": 0.05, "retry_max_backoff_seconds": 0.2}
@@ -71,155 +73,8 @@ def running(
         notifier.stop(timeout=2.0)
 
 
-@dataclass(frozen=True)
-class Received:
-    path: str
-    headers: Message
-    body: Any
-
-
-class Recorder:
-    """HTTP(S) server on 127.0.0.1 that records each POST and answers with scripted codes."""
-
-    def __init__(
-        self, port: int = 0, statuses: Sequence[int] = (), tls: ssl.SSLContext | None = None
-    ) -> None:
-        self.requests: list[Received] = []
-        self._statuses = deque(statuses)
-        self._cond = threading.Condition()
-        self._server = _QuietServer(("127.0.0.1", port), self._handler_class())
-        if tls is not None:
-            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
-        self.port = self._server.server_address[1]
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,))
-
-    def __enter__(self) -> Recorder:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
-
-    def wait_for(self, count: int, timeout: float = 5.0) -> list[Received]:
-        with self._cond:
-            if not self._cond.wait_for(lambda: len(self.requests) >= count, timeout):
-                raise AssertionError(f"got {len(self.requests)} requests, expected {count}")
-            return list(self.requests)
-
-    def _record(self, path: str, headers: Message, body: bytes) -> int:
-        with self._cond:
-            self.requests.append(Received(path, headers, json.loads(body)))
-            self._cond.notify_all()
-            return self._statuses.popleft() if self._statuses else 200
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        recorder = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                status = recorder._record(self.path, self.headers, body)
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler
-
-
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # refused TLS handshakes and dropped clients are what some tests provoke
-
-
 def names(received: Received) -> list[str]:
     return [a["labels"]["alertname"] for a in received.body]
-
-
-# --- the real Alertmanager -----------------------------------------------------------------
-
-AM_CONFIG = """\
-route:
-  receiver: hook
-  group_by: ['...']
-  group_wait: 0s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-- name: hook
-  webhook_configs:
-  - url: {webhook}
-    send_resolved: true
-"""
-
-
-@contextlib.contextmanager
-def alertmanager(workdir: Path, webhook: str, port: int | None = None) -> Iterator[str]:
-    """A real Alertmanager on 127.0.0.1 (no cluster port), stopped by PID; yields its url."""
-    binary = require_tool("prometheus-alertmanager")
-    port = port or free_port()
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "am.yml").write_text(AM_CONFIG.format(webhook=webhook))
-    log_path = workdir / "am.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={workdir / 'am.yml'}",
-                f"--storage.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--cluster.listen-address=",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(process, url, log_path)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _wait_ready(process: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"alertmanager exited:\n{log_path.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"alertmanager not ready:\n{log_path.read_text()}")
-
-
-def am_alerts(url: str, alertname: str | None = None) -> list[dict[str, Any]]:
-    params = {"filter": f'alertname="{alertname}"'} if alertname else {}
-    response = httpx.get(f"{url}/api/v2/alerts", params=params, timeout=5)
-    response.raise_for_status()
-    return response.json()
-
-
-def webhook_messages(hook: Recorder, status: str, timeout: float = 6.0) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [r.body for r in hook.requests if r.body.get("status") == status]
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"no {status} webhook; got {[r.body for r in hook.requests]}")
 
 
 def test_firing_then_resolved_through_real_alertmanager(tmp_path: Path) -> None:

@@ -1,0 +1,241 @@
+"""Prometheus rule files (`groups:` / `rules:`), validated for what the daemon can evaluate.
+
+The format is Prometheus' own, so the same file goes to `promtool check rules`, into a
+PrometheusRule, and into the daemon. On top of promtool's checks, every expression must stay
+within the daemon's PromQL subset (`rules/promql.py`), and every template within the template
+subset (`rules/template.py`); anything else is refused with the file, line, rule and construct.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpu_exporter.rules import promql, template
+from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, load_yaml_file
+
+_DURATION = re.compile(
+    r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
+)
+_UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_GROUP_KEYS = {"name", "interval", "limit", "rules", "query_offset"}
+_ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
+_RECORD_KEYS = {"record", "expr", "labels"}
+
+
+class RuleFileError(ValueError):
+    """One or more problems in rule files; `problems` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def parse_duration(text: str) -> float:
+    """Prometheus duration (`1h30m`, `90s`, `0s`, `100ms`) -> seconds."""
+    match = _DURATION.match(text) if text else None
+    if text == "0":
+        return 0.0
+    if not match or not any(match.groups()):
+        raise ValueError(f"not a duration: {text!r} (expected e.g. 30s, 5m, 1h30m)")
+    return float(sum(int(n) * unit for n, unit in zip(match.groups(), _UNITS, strict=True) if n))
+
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str  # "alert" or "record"
+    name: str
+    expr_text: str
+    expr: Any = field(repr=False, compare=False)
+    for_seconds: float = 0.0
+    keep_firing_for_seconds: float = 0.0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    location: str = ""  # file:line, for errors at evaluation time
+
+    @property
+    def is_alert(self) -> bool:
+        return self.kind == "alert"
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    file: str
+    rules: tuple[Rule, ...]
+    interval_seconds: float | None = None  # None: the evaluator's default interval
+    limit: int = 0
+
+
+def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
+    """Files named by paths or globs, in order, without duplicates; a pattern matching
+    nothing is an error (a typo must not silently disable alerting)."""
+    found: list[Path] = []
+    missing: list[str] = []
+    for pattern in patterns:
+        text = str(pattern)
+        matches = sorted(glob.glob(text)) if glob.has_magic(text) else [text]
+        matches = [m for m in matches if Path(m).is_file()]
+        if not matches:
+            missing.append(f"{text}: no rule file matches")
+        for match in matches:
+            path = Path(match)
+            if path not in found:
+                found.append(path)
+    if missing:
+        raise RuleFileError(missing)
+    return found
+
+
+def load_rule_files(patterns: Iterable[str | Path]) -> list[Group]:
+    """Every group of every file; raises RuleFileError listing every problem found."""
+    groups: list[Group] = []
+    problems: list[str] = []
+    for path in expand_paths(patterns):
+        try:
+            located = load_yaml_file(path)
+        except YamlFileError as exc:
+            problems.append(str(exc))
+            continue
+        file_groups, file_problems = _parse_file(located)
+        groups += file_groups
+        problems += file_problems
+    if problems:
+        raise RuleFileError(problems)
+    return groups
+
+
+def _parse_file(located: LocatedYaml) -> tuple[list[Group], list[str]]:
+    problems: list[str] = []
+
+    def problem(path: tuple, message: str) -> None:
+        problems.append(f"{located.where(path)}: {message}")
+
+    data = located.data
+    if data is None:
+        return [], []
+    if not isinstance(data, dict) or set(data) - {"groups"}:
+        problem((), "a rule file is a mapping with one key, `groups`")
+        return [], problems
+    raw_groups = data.get("groups") or []
+    if not isinstance(raw_groups, list):
+        problem(("groups",), "must be a list")
+        return [], problems
+    groups: list[Group] = []
+    seen: set[str] = set()
+    for gi, raw in enumerate(raw_groups):
+        path = ("groups", gi)
+        if not isinstance(raw, dict):
+            problem(path, "a group is a mapping")
+            continue
+        for key in set(raw) - _GROUP_KEYS:
+            problem((*path, key), "unknown key")
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            problem(path, "group needs a `name`")
+            continue
+        if name in seen:
+            problem((*path, "name"), f"group name {name!r} repeated in this file")
+        seen.add(name)
+        interval = None
+        if raw.get("interval") is not None:
+            interval = _duration(raw["interval"], (*path, "interval"), problem)
+            if interval == 0:
+                problem((*path, "interval"), "must be greater than 0")
+        rules = []
+        raw_rules = raw.get("rules") or []
+        if not isinstance(raw_rules, list):
+            problem((*path, "rules"), "must be a list")
+            raw_rules = []
+        for ri, raw_rule in enumerate(raw_rules):
+            rule = _parse_rule(raw_rule, (*path, "rules", ri), located, problem)
+            if rule is not None:
+                rules.append(rule)
+        limit = raw.get("limit", 0)
+        if not isinstance(limit, int) or limit < 0:
+            problem((*path, "limit"), "must be a non-negative integer")
+            limit = 0
+        groups.append(Group(name, located.filename, tuple(rules), interval, limit))
+    return groups, problems
+
+
+def _duration(value: Any, path: tuple, problem) -> float:
+    try:
+        return parse_duration(str(value))
+    except ValueError as exc:
+        problem(path, str(exc))
+        return 0.0
+
+
+def _parse_rule(raw: Any, path: tuple, located: LocatedYaml, problem) -> Rule | None:
+    if not isinstance(raw, dict):
+        problem(path, "a rule is a mapping")
+        return None
+    kind = "alert" if "alert" in raw else "record" if "record" in raw else None
+    if kind is None or ("alert" in raw and "record" in raw):
+        problem(path, "a rule needs exactly one of `alert` or `record`")
+        return None
+    name = raw.get(kind)
+    label = f"{kind} {name}"
+    allowed = _ALERT_KEYS if kind == "alert" else _RECORD_KEYS
+    for key in set(raw) - allowed:
+        problem(
+            (*path, key),
+            f"{label}: key not allowed in a{'n' if kind == 'alert' else ''} {kind}ing rule",
+        )
+    if not isinstance(name, str) or not name:
+        problem((*path, kind), f"{kind} name must be a non-empty string")
+        return None
+    if kind == "record" and not _METRIC_NAME.match(name):
+        problem((*path, kind), f"{label}: not a valid metric name")
+    expr_text = raw.get("expr")
+    expr = None
+    if not isinstance(expr_text, str) or not expr_text.strip():
+        problem((*path, "expr"), f"{label}: `expr` is required")
+    else:
+        try:
+            expr = promql.parse(expr_text)
+        except promql.UnsupportedConstruct as exc:
+            problem((*path, "expr"), f"{label}: unsupported construct: {exc.construct}")
+        except promql.PromQLError as exc:
+            problem((*path, "expr"), f"{label}: invalid PromQL: {exc}")
+    labels = _string_map(raw.get("labels"), (*path, "labels"), label, problem, labels=True)
+    annotations = _string_map(raw.get("annotations"), (*path, "annotations"), label, problem)
+    for key, text in (*labels.items(), *annotations.items()):
+        try:
+            template.check(text)
+        except template.TemplateError as exc:
+            where = "labels" if key in labels else "annotations"
+            problem((*path, where, key), f"{label}: template: {exc}")
+    for_seconds = _duration(raw.get("for", "0s"), (*path, "for"), problem)
+    keep = _duration(raw.get("keep_firing_for", "0s"), (*path, "keep_firing_for"), problem)
+    if expr is None:
+        return None
+    return Rule(
+        kind, name, expr_text, expr, for_seconds, keep, labels, annotations,
+        f"{located.filename}:{located.line_of(path) or '?'}",
+    )  # fmt: skip
+
+
+def _string_map(value: Any, path: tuple, label: str, problem, labels: bool = False) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problem(path, f"{label}: must be a mapping")
+        return {}
+    out = {}
+    for key, item in value.items():
+        if labels and (not isinstance(key, str) or not _LABEL_NAME.match(key)):
+            problem((*path, key), f"{label}: invalid label name {key!r}")
+            continue
+        if isinstance(item, bool) or item is None or isinstance(item, dict | list):
+            problem((*path, key), f"{label}: value must be a string")
+            continue
+        out[str(key)] = str(item)
+    return out

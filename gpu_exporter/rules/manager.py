@@ -1,0 +1,314 @@
+"""The daemon's rule engine: every tick, feed the snapshot to the store, evaluate the groups
+that are due, and hand the alerts that need sending to the notifier.
+
+Reloads (SIGHUP, or a rule file changing on disk) replace the rules only when every file
+loads; otherwise the error is logged, counted, shown in /api/v1/rules, and the last good rules
+stay active.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpu_exporter.catalog import BY_NAME
+from gpu_exporter.rules.alerts import Alert, AlertingRule, State, ends_at
+from gpu_exporter.rules.engine import GroupEvaluator, GroupState
+from gpu_exporter.rules.loader import RuleFileError, expand_paths, load_rule_files
+from gpu_exporter.rules.pack import default_rule_files
+from gpu_exporter.snapshot import Labels as SnapshotLabels
+from gpu_exporter.snapshot import Snapshot
+from gpu_exporter.store import Labels, SeriesStore, make_labels
+
+log = logging.getLogger(__name__)
+
+
+class AlertSink(Protocol):
+    def send(self, alerts: Sequence[Any]) -> None: ...
+
+
+@dataclass
+class RuleSettings:
+    files: list[str] = field(default_factory=default_rule_files)
+    evaluation_interval: float = 1.0
+    resend_delay: float = 60.0
+    external_labels: dict[str, str] = field(default_factory=dict)
+    external_url: str = ""
+    reload_check_seconds: float = 5.0
+
+
+def snapshot_samples(
+    snapshot: Snapshot, device_labels: dict[str, SnapshotLabels] | None = None
+) -> Iterator[tuple[Labels, float]]:
+    """The snapshot as the series Prometheus would scrape (same names and labels)."""
+    device_labels = device_labels or {}
+    for device in snapshot.devices:
+        base = (*device.labels, *device_labels.get(device.uuid, ()))
+        yield make_labels("gpu_info", (*base, *device.info.items())), 1.0
+        yield make_labels("gpu_up", base), 1.0 if device.up else 0.0
+        for reading in device.readings:
+            yield make_labels(reading.family, (*base, *reading.labels)), reading.value
+    stats = snapshot.stats
+    yield make_labels("gpu_exporter_last_tick_timestamp_seconds", ()), stats.last_tick_timestamp
+    yield make_labels("gpu_exporter_ticks_total", ()), float(stats.ticks)
+    yield make_labels("gpu_exporter_devices", ()), float(len(snapshot.devices))
+
+
+class RuleManager:
+    def __init__(
+        self,
+        settings: RuleSettings,
+        notifier: AlertSink | None = None,
+        store: SeriesStore | None = None,
+    ) -> None:
+        self.settings = settings
+        self.notifier = notifier
+        self.store = store or SeriesStore()
+        self.evaluator = GroupEvaluator([], self.store)
+        self._lock = threading.Lock()
+        self._mtimes: dict[Path, float] = {}
+        self._last_reload_check = 0.0
+        self.last_reload_success = True
+        self.last_reload_error = ""
+        self.last_reload_time = 0.0
+        self.evaluations_total = 0
+        self.evaluation_failures_total = 0
+        self.reloads_failed_total = 0
+        self._reload_requested = threading.Event()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Initial load: errors propagate (the daemon refuses to start with broken rules)."""
+        groups = load_rule_files(self.settings.files)
+        self._install(groups)
+
+    def reload(self) -> bool:
+        try:
+            groups = load_rule_files(self.settings.files)
+        except RuleFileError as exc:
+            self.last_reload_success = False
+            self.last_reload_error = str(exc)
+            self.reloads_failed_total += 1
+            log.error("rule reload failed, keeping the previous rules:\n%s", exc)
+            return False
+        self._install(groups)
+        log.info("rules reloaded: %d groups", len(groups))
+        return True
+
+    def _install(self, groups) -> None:
+        with self._lock:
+            evaluator = GroupEvaluator(
+                groups,
+                self.store,
+                external_labels=self.settings.external_labels,
+                external_url=self.settings.external_url,
+                previous=self.evaluator,
+            )
+            self.store.configure(
+                evaluator.retention_seconds(),
+                evaluator.referenced_metrics(),
+                evaluator.retention_by_metric(),
+            )
+            self.evaluator = evaluator
+            self._mtimes = self._current_mtimes()
+            self.last_reload_success, self.last_reload_error = True, ""
+            self.last_reload_time = time.time()
+
+    def _current_mtimes(self) -> dict[Path, float]:
+        try:
+            paths = expand_paths(self.settings.files)
+        except RuleFileError:
+            return {}
+        out = {}
+        for path in paths:
+            try:
+                out[path] = os.stat(path).st_mtime
+            except OSError:
+                continue
+        return out
+
+    def request_reload(self) -> None:
+        """From a signal handler: reload at the next tick."""
+        self._reload_requested.set()
+
+    def reload_if_changed(self, now: float) -> None:
+        if self._reload_requested.is_set():
+            self._reload_requested.clear()
+            self.reload()
+            self._last_reload_check = now
+            return
+        if now - self._last_reload_check < self.settings.reload_check_seconds:
+            return
+        self._last_reload_check = now
+        if self._current_mtimes() != self._mtimes and not self.reload():
+            self._mtimes = self._current_mtimes()  # report a broken file once, not per check
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    def on_snapshot(self, snapshot: Snapshot, device_labels=None) -> None:
+        now = snapshot.timestamp
+        self.reload_if_changed(time.monotonic())
+        self.store.ingest(now, snapshot_samples(snapshot, device_labels))
+        with self._lock:
+            evaluator = self.evaluator
+            for group in evaluator.groups:
+                if not self._due(group, now):
+                    continue
+                problems = evaluator.evaluate_group(group, now)
+                self.evaluations_total += 1
+                self.evaluation_failures_total += len(problems)
+                for problem in problems:
+                    log.warning("rule evaluation failed in group %s: %s", group.group.name, problem)
+                self._send(group, now)
+
+    def _interval(self, group: GroupState) -> float:
+        return group.group.interval_seconds or self.settings.evaluation_interval
+
+    def _due(self, group: GroupState, now: float) -> bool:
+        # Half a tick of slack: a group on the sampling interval runs every tick despite jitter.
+        slack = self.settings.evaluation_interval / 2
+        return (
+            not group.last_evaluation
+            or now >= group.last_evaluation + self._interval(group) - slack
+        )
+
+    def _send(self, group: GroupState, now: float) -> None:
+        if self.notifier is None:
+            return
+        from gpu_exporter.notify.alertmanager import OutgoingAlert
+
+        interval = self._interval(group)
+        outgoing = []
+        for rule in group.rules:
+            if not isinstance(rule, AlertingRule):
+                continue
+            for alert in rule.to_send(now, self.settings.resend_delay, interval):
+                outgoing.append(
+                    OutgoingAlert(
+                        labels=dict(alert.labels),
+                        annotations=dict(alert.annotations),
+                        starts_at=alert.fired_at or alert.active_at,
+                        ends_at=ends_at(alert, now, self.settings.resend_delay, interval),
+                        generator_url=f"{self.settings.external_url}/api/v1/alerts",
+                    )
+                )
+        if outgoing:
+            self.notifier.send(outgoing)
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def alerting_rules(self) -> list[AlertingRule]:
+        with self._lock:
+            return self.evaluator.alerting_rules()
+
+    def alerts_json(self) -> list[dict[str, Any]]:
+        return [_alert_json(alert) for rule in self.alerting_rules() for alert in rule.alerts()]
+
+    def rules_json(self) -> list[dict[str, Any]]:
+        with self._lock:
+            groups = list(self.evaluator.groups)
+        return [
+            {
+                "name": g.group.name,
+                "file": g.group.file,
+                "interval": self._interval(g),
+                "limit": g.group.limit,
+                "evaluationTime": g.last_duration,
+                "lastEvaluation": _rfc3339(g.last_evaluation),
+                "rules": [_rule_json(rule) for rule in g.rules],
+            }
+            for g in groups
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        """Self-metrics of rule evaluation, for the exposition."""
+        counts: dict[tuple[str, str], int] = {}
+        for rule in self.alerting_rules():
+            for state in (State.PENDING, State.FIRING):
+                counts[(rule.name, state.value)] = counts.get((rule.name, state.value), 0)
+            for alert in rule.alerts():
+                key = (rule.name, alert.state.value)
+                counts[key] += 1
+        alerts = GaugeMetricFamily(
+            "gpu_exporter_alerts",
+            BY_NAME["gpu_exporter_alerts"].help,
+            labels=["alertname", "state"],
+        )
+        for (name, state), count in sorted(counts.items()):
+            alerts.add_metric([name, state], count)
+        yield alerts
+        for name, value in (
+            ("gpu_exporter_rule_evaluations_total", self.evaluations_total),
+            ("gpu_exporter_rule_evaluation_failures_total", self.evaluation_failures_total),
+            ("gpu_exporter_rule_reload_failures_total", self.reloads_failed_total),
+        ):
+            family = CounterMetricFamily(name.removesuffix("_total"), BY_NAME[name].help)
+            family.add_metric([], value)
+            yield family
+        yield GaugeMetricFamily(
+            "gpu_exporter_rule_reload_success",
+            BY_NAME["gpu_exporter_rule_reload_success"].help,
+            value=1.0 if self.last_reload_success else 0.0,
+        )
+        durations = GaugeMetricFamily(
+            "gpu_exporter_rule_group_duration_seconds",
+            BY_NAME["gpu_exporter_rule_group_duration_seconds"].help,
+            labels=["group"],
+            unit="seconds",
+        )
+        with self._lock:
+            for group in self.evaluator.groups:
+                durations.add_metric([group.group.name], group.last_duration)
+        yield durations
+
+
+def _rfc3339(unix: float) -> str:
+    if not unix:
+        return "0001-01-01T00:00:00Z"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1e3):03d}Z"
+
+
+def _alert_json(alert: Alert) -> dict[str, Any]:
+    return {
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "state": alert.state.value,
+        "activeAt": _rfc3339(alert.active_at),
+        "value": f"{alert.value:e}",
+    }
+
+
+def _rule_json(rule) -> dict[str, Any]:
+    health = "err" if rule.last_error else ("ok" if rule.last_evaluation else "unknown")
+    base = {
+        "name": rule.rule.name,
+        "query": rule.rule.expr_text,
+        "labels": dict(rule.rule.labels),
+        "health": health,
+        "lastError": rule.last_error,
+        "evaluationTime": rule.last_duration,
+        "lastEvaluation": _rfc3339(rule.last_evaluation),
+    }
+    if not isinstance(rule, AlertingRule):
+        return {**base, "type": "recording"}
+    alerts = rule.alerts()
+    states = {a.state for a in alerts}
+    state = "firing" if State.FIRING in states else "pending" if states else "inactive"
+    return {
+        **base,
+        "type": "alerting",
+        "state": state,
+        "duration": rule.rule.for_seconds,
+        "keepFiringFor": rule.rule.keep_firing_for_seconds,
+        "annotations": dict(rule.rule.annotations),
+        "alerts": [_alert_json(a) for a in alerts],
+    }

@@ -1,0 +1,1024 @@
+"""A PromQL subset evaluated over the daemon's own sample history, with Prometheus 2.42 semantics.
+
+Parsing is done by `promql_parser`; this module rejects everything outside the subset below at
+parse time (`UnsupportedConstruct`, naming the first offending construct in pre-order) and
+evaluates instant queries the way Prometheus 2.42's engine does, so rule results match what the
+same rule file gives under `promtool test rules`.
+
+Supported subset:
+
+- number literals; unary minus; parentheses
+- instant vector selectors with `=`, `!=`, `=~`, `!~` matchers (also on `__name__`) and `offset`
+- range vector selectors (with `offset`), only as the argument of a range function below
+- binary `+ - * / % ^` and `== != > < >= <=` (with or without `bool`) between scalars and/or
+  vectors; vector matching with `on`/`ignoring` and `group_left`/`group_right` (extra labels too)
+- set operators `and`, `or`, `unless` (with `on`/`ignoring`)
+- aggregations `sum avg min max count` with `by`/`without`
+- range functions `rate increase delta avg_over_time min_over_time max_over_time sum_over_time
+  count_over_time last_over_time absent_over_time`
+- functions `absent time clamp_min clamp_max clamp abs vector scalar`
+
+Not supported: `@`, subqueries, string literals, `atan2`, every other function and aggregation,
+and a range selector anywhere but as a range function's argument.
+
+Known limits of the parity:
+
+- `^` follows Go's `math.Pow` algorithm, exact for integer exponents; for fractional ones it
+  uses the C library's exp/log where Go has its own, so the last bit can differ.
+- Regular expressions run on Python's `re` in ASCII mode (RE2's `\\d \\w \\s \\b` are ASCII-only),
+  fully anchored like PromQL's; `(?i)` then folds ASCII letters only. POSIX classes
+  (`[[:alpha:]]`) and syntax `re` rejects are UnsupportedConstruct.
+- promql_parser (2.45+ grammar) accepts a few spellings 2.42 rejects: unit-less durations
+  (`x[90]`) and quoted names (`{"x"}`).
+- Float sums (`sum`, `avg`) depend on input order; Prometheus' order is the TSDB's series order
+  (creation order in promtool), ours is label order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from operator import itemgetter
+
+import promql_parser as P
+
+from gpu_exporter.store import Labels, Matcher, SeriesStore, is_stale
+
+__all__ = [
+    "Element",
+    "PromQLError",
+    "UnsupportedConstruct",
+    "check_supported",
+    "evaluate",
+    "format_labels",
+    "max_range_seconds",
+    "parse",
+    "referenced_metrics",
+]
+
+NAME = "__name__"
+
+
+class PromQLError(ValueError):
+    """A query that cannot be parsed, or whose evaluation fails as it would in Prometheus."""
+
+
+class UnsupportedConstruct(PromQLError):
+    """Valid PromQL that the in-process evaluator does not implement."""
+
+    def __init__(self, construct: str):
+        super().__init__(f"unsupported PromQL construct: {construct}")
+        self.construct = construct
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One sample of an instant vector result."""
+
+    labels: Labels
+    value: float
+
+
+Vector = list[Element]
+Value = Vector | float
+Point = tuple[int, float]  # (unix milliseconds, value)
+
+
+# --- parsing and the supported subset --------------------------------------------------------
+
+RANGE_FUNCTIONS = frozenset(
+    {
+        "rate",
+        "increase",
+        "delta",
+        "avg_over_time",
+        "min_over_time",
+        "max_over_time",
+        "sum_over_time",
+        "count_over_time",
+        "last_over_time",
+        "absent_over_time",
+    }
+)
+INSTANT_FUNCTIONS = frozenset(
+    {"absent", "time", "clamp_min", "clamp_max", "clamp", "abs", "vector", "scalar"}
+)
+AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
+ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "^"})
+COMPARISONS = frozenset({"==", "!=", ">", "<", ">=", "<="})
+SET_OPERATORS = frozenset({"and", "or", "unless"})
+
+_MATCH_OPS = {
+    str(P.MatchOp.Equal): "=",
+    str(P.MatchOp.NotEqual): "!=",
+    str(P.MatchOp.Re): "=~",
+    str(P.MatchOp.NotRe): "!~",
+}
+_CARDINALITY = {
+    str(P.VectorMatchCardinality.OneToOne): "one-to-one",
+    str(P.VectorMatchCardinality.ManyToOne): "many-to-one",
+    str(P.VectorMatchCardinality.OneToMany): "one-to-many",
+    str(P.VectorMatchCardinality.ManyToMany): "many-to-many",
+}
+
+
+def parse(text: str) -> P.Expr:
+    """Parse `text` and check it stays within the supported subset."""
+    try:
+        expr = P.parse(text)
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except BaseException as exc:  # pyo3 panics (PanicException) are BaseExceptions
+        raise PromQLError(_clean_message(str(exc))) from None
+    check_supported(expr)
+    return expr
+
+
+def _clean_message(message: str) -> str:
+    text = " ".join(message.split())
+    return text or "invalid PromQL expression"
+
+
+def check_supported(expr: P.Expr) -> None:
+    """Raise UnsupportedConstruct for the first (pre-order) construct outside the subset."""
+    _compile(expr)
+
+
+def referenced_metrics(expr: P.Expr) -> frozenset[str] | None:
+    """Metric names `expr` reads; None when some selector has no fixed metric name."""
+    names: set[str] = set()
+    for selector in _selectors(_compile(expr)):
+        name = selector.metric
+        if name is None:
+            return None
+        names.add(name)
+    return frozenset(names)
+
+
+def max_range_seconds(expr: P.Expr) -> float:
+    """Longest history (range plus offset) any selector of `expr` reads, 0 if none."""
+    longest = 0
+    for node in _walk(_compile(expr)):
+        if isinstance(node, _Range):
+            longest = max(longest, node.range_ms + node.selector.offset_ms)
+        elif isinstance(node, _Selector):
+            longest = max(longest, node.offset_ms)
+    return longest / 1000
+
+
+def history_by_metric(expr: P.Expr) -> dict[str | None, float]:
+    """Seconds of history each metric needs (range plus offset; 0 for instant selectors).
+
+    The key None stands for selectors without a fixed metric name. The store keeps each
+    metric only this long (plus the lookback), so a `[1h]` on one gauge does not make every
+    series keep an hour at 1 s resolution.
+    """
+    needs: dict[str | None, float] = {}
+    for node in _walk(_compile(expr)):
+        if isinstance(node, _Range):
+            selector, ms = node.selector, node.range_ms + node.selector.offset_ms
+        elif isinstance(node, _Selector):
+            selector, ms = node, node.offset_ms
+        else:
+            continue
+        needs[selector.metric] = max(needs.get(selector.metric, 0.0), ms / 1000)
+    return needs
+
+
+# --- compiled plan: the checked AST in plain Python objects -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Number:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Selector:
+    metric: str | None  # fixed metric name, if an equality matcher pins it
+    matchers: tuple[Matcher, ...]
+    offset_ms: int
+    absent_labels: Labels  # what absent()/absent_over_time() report for this selector
+
+
+@dataclass(frozen=True, slots=True)
+class _Range:
+    selector: _Selector
+    range_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Negate:
+    expr: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    name: str
+    args: tuple[_Node, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Aggregate:
+    op: str
+    without: bool
+    grouping: frozenset[str]
+    expr: _Node
+
+
+@dataclass(frozen=True, slots=True)
+class _Binary:
+    op: str
+    lhs: _Node
+    rhs: _Node
+    return_bool: bool
+    card: str
+    on: bool
+    matching: frozenset[str]
+    include: tuple[str, ...]
+
+
+_Node = _Number | _Selector | _Range | _Negate | _Call | _Aggregate | _Binary
+
+
+def _compile(expr: P.Expr, range_allowed: bool = False) -> _Node:
+    """Translate a promql_parser AST into a plan, rejecting unsupported constructs in pre-order."""
+    if isinstance(expr, P.ParenExpr):
+        # Prometheus unwraps parentheses around function arguments, ranges included.
+        return _compile(expr.expr, range_allowed)
+    if isinstance(expr, P.NumberLiteral):
+        return _Number(float(expr.val))
+    if isinstance(expr, P.VectorSelector):
+        return _compile_selector(expr)
+    if isinstance(expr, P.MatrixSelector):
+        if not range_allowed:
+            raise UnsupportedConstruct("range selector outside a range function")
+        selector = _compile_selector(expr.vector_selector)
+        return _Range(selector, _millis(expr.range))
+    if isinstance(expr, P.UnaryExpr):
+        return _Negate(_compile(expr.expr))
+    if isinstance(expr, P.Call):
+        return _compile_call(expr)
+    if isinstance(expr, P.AggregateExpr):
+        return _compile_aggregate(expr)
+    if isinstance(expr, P.BinaryExpr):
+        return _compile_binary(expr)
+    if isinstance(expr, P.SubqueryExpr):
+        raise UnsupportedConstruct("subquery")
+    if isinstance(expr, P.StringLiteral):
+        raise UnsupportedConstruct("string literal")
+    raise UnsupportedConstruct(f"expression {type(expr).__name__}")
+
+
+def _compile_selector(vs: P.VectorSelector) -> _Selector:
+    if vs.at is not None:
+        raise UnsupportedConstruct("@ modifier")
+    if vs.matchers.or_matchers:
+        raise UnsupportedConstruct("'or' inside label matchers")
+    matchers = []
+    for m in vs.matchers.matchers:
+        op = _MATCH_OPS[str(m.op)]
+        matchers.append(Matcher(m.name, op, _python_regex(m.value) if "~" in op else m.value))
+    if vs.name:
+        matchers.append(Matcher(NAME, "=", vs.name))
+    metric = next((m.value for m in matchers if m.name == NAME and m.op == "="), None)
+    offset = _millis(vs.offset) if vs.offset is not None else 0
+    return _Selector(metric, tuple(matchers), offset, _absent_labels(matchers))
+
+
+_POSIX_CLASS = re.compile(r"\[:\^?[a-z]+:\]")
+
+
+def _python_regex(pattern: str) -> str:
+    """The RE2 pattern for Python's re: ASCII mode, as RE2's \\d, \\w, \\s and \\b are ASCII-only.
+    (The store matches it in full, as PromQL anchors regexes.)"""
+    if _POSIX_CLASS.search(pattern):
+        # Python reads [[:alpha:]] as a plain character set: refuse rather than mismatch.
+        raise UnsupportedConstruct(f"POSIX character class in regular expression {pattern!r}")
+    translated = "(?a)" + pattern
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "possible nested set" for `[[`
+            re.compile(translated)
+    except re.error as exc:
+        raise UnsupportedConstruct(f"regular expression {pattern!r} ({exc.msg})") from None
+    return translated
+
+
+def _absent_labels(matchers: Sequence[Matcher]) -> Labels:
+    """absent() labels: names pinned by exactly one equality matcher (Prometheus'
+    createLabelsForAbsentFunction; a name with any other matcher as well is dropped)."""
+    labels: dict[str, str] = {}
+    dropped: list[str] = []
+    for m in matchers:
+        if m.name == NAME:
+            continue
+        if m.op == "=" and m.name not in labels:
+            if m.value:  # setting an empty value deletes, as labels.Builder does
+                labels[m.name] = m.value
+        else:
+            dropped.append(m.name)
+    for name in dropped:
+        labels.pop(name, None)
+    return tuple(sorted(labels.items()))
+
+
+def _compile_call(call: P.Call) -> _Call:
+    name = call.func.name
+    if name not in RANGE_FUNCTIONS and name not in INSTANT_FUNCTIONS:
+        raise UnsupportedConstruct(f"function {name}")
+    args = tuple(_compile(arg, range_allowed=name in RANGE_FUNCTIONS) for arg in call.args)
+    return _Call(name, args)
+
+
+def _compile_aggregate(agg: P.AggregateExpr) -> _Aggregate:
+    op = str(agg.op)
+    if op not in AGGREGATIONS:
+        raise UnsupportedConstruct(f"aggregation {op}")
+    modifier = agg.modifier
+    without = modifier is not None and modifier.type == P.AggModifierType.Without
+    grouping = frozenset(modifier.labels) if modifier is not None else frozenset()
+    return _Aggregate(op, without, grouping, _compile(agg.expr))
+
+
+def _compile_binary(binary: P.BinaryExpr) -> _Binary:
+    op = str(binary.op)
+    if op not in ARITHMETIC and op not in COMPARISONS and op not in SET_OPERATORS:
+        raise UnsupportedConstruct(f"operator {op}")
+    modifier = binary.modifier
+    card = "many-to-many" if op in SET_OPERATORS else "one-to-one"
+    on, matching, include, return_bool = False, frozenset(), (), False
+    if modifier is not None:
+        fill = modifier.fill_values
+        if fill is not None and (fill.lhs is not None or fill.rhs is not None):
+            raise UnsupportedConstruct("fill modifier")
+        card = _CARDINALITY[str(modifier.card)]
+        return_bool = modifier.return_bool
+        if modifier.matching is not None:
+            on = modifier.matching.type == P.LabelModifierType.Include
+            matching = frozenset(modifier.matching.labels)
+        include = tuple(modifier.group_labels or ())
+    lhs, rhs = _compile(binary.lhs), _compile(binary.rhs)
+    return _Binary(op, lhs, rhs, return_bool, card, on, matching, include)
+
+
+def _millis(duration: timedelta) -> int:
+    return (duration.days * 86_400 + duration.seconds) * 1000 + duration.microseconds // 1000
+
+
+def _walk(node: _Node) -> Iterator[_Node]:
+    yield node
+    if isinstance(node, _Range):
+        yield from _walk(node.selector)
+    elif isinstance(node, _Negate | _Aggregate):
+        yield from _walk(node.expr)
+    elif isinstance(node, _Call):
+        for arg in node.args:
+            yield from _walk(arg)
+    elif isinstance(node, _Binary):
+        yield from _walk(node.lhs)
+        yield from _walk(node.rhs)
+
+
+def _selectors(node: _Node) -> Iterator[_Selector]:
+    return (n for n in _walk(node) if isinstance(n, _Selector))
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+
+def evaluate(
+    expr: P.Expr, storage: SeriesStore, t: float, lookback: float = 300.0
+) -> list[Element] | float:
+    """Instant query at unix time `t`; a scalar expression gives a float.
+
+    Raises PromQLError where Prometheus fails the query (ambiguous vector matching, duplicate
+    label sets in a result).
+    """
+    plan = _compile(expr)
+    return _Evaluator(storage, round(t * 1000), round(lookback * 1000)).eval(plan)
+
+
+# Storage times are float seconds; widen reads by this much and filter exactly in milliseconds.
+_READ_PAD_SECONDS = 0.002
+
+
+class _Evaluator:
+    def __init__(self, storage: SeriesStore, t_ms: int, lookback_ms: int):
+        self.storage = storage
+        self.t_ms = t_ms
+        self.lookback_ms = lookback_ms
+
+    def eval(self, node: _Node) -> Value:
+        return _DISPATCH[type(node)](self, node)
+
+    def vector(self, node: _Node) -> Vector:
+        value = self.eval(node)
+        if isinstance(value, float):
+            raise PromQLError("expected an instant vector, got a scalar")
+        return value
+
+    # selectors
+
+    def _read(self, selector: _Selector, lo_ms: int, hi_ms: int) -> list[tuple[Labels, list]]:
+        """Matching series with raw samples around [lo, hi], sorted by labels like the TSDB."""
+        rows = list(
+            self.storage.select(
+                selector.matchers,
+                lo_ms / 1000 - _READ_PAD_SECONDS,
+                hi_ms / 1000 + _READ_PAD_SECONDS,
+            )
+        )
+        rows.sort(key=itemgetter(0))
+        return rows
+
+    def instant_selector(self, node: _Selector) -> Vector:
+        # The newest sample at or before t - offset, if it is no older than the lookback delta
+        # (2.42 keeps a sample exactly lookback old) and is not a staleness marker.
+        ref = self.t_ms - node.offset_ms
+        lo = ref - self.lookback_ms
+        out: Vector = []
+        rows = sorted(self.storage.select_latest(node.matchers, ref / 1000 + _READ_PAD_SECONDS))
+        for labels, samples in rows:
+            for ts, value in reversed(samples):  # at most two: the pad may admit a later one
+                ms = round(ts * 1000)
+                if ms > ref:
+                    continue
+                if ms >= lo and not is_stale(value):
+                    out.append(Element(labels, value))
+                break
+        return out
+
+    def range_points(self, node: _Range) -> tuple[int, int, list[tuple[Labels, list[Point]]]]:
+        # 2.42 selects [t - offset - range, t - offset], both ends inclusive, minus markers.
+        hi = self.t_ms - node.selector.offset_ms
+        lo = hi - node.range_ms
+        series = []
+        for labels, samples in self._read(node.selector, lo, hi):
+            points = [
+                (ms, v)
+                for ts, v in samples
+                if lo <= (ms := round(ts * 1000)) <= hi and not (v != v and is_stale(v))
+            ]
+            if points:
+                series.append((labels, points))
+        return lo, hi, series
+
+    # operators
+
+    def negate(self, node: _Negate) -> Value:
+        value = self.eval(node.expr)
+        if isinstance(value, float):
+            return -value
+        return _unique([Element(_drop_name(e.labels), -e.value) for e in value])
+
+    def aggregate(self, node: _Aggregate) -> Vector:
+        return _unique(_aggregate(node, self.vector(node.expr)))
+
+    def binary(self, node: _Binary) -> Value:
+        lhs, rhs = self.eval(node.lhs), self.eval(node.rhs)
+        if isinstance(lhs, float) and isinstance(rhs, float):
+            value, keep = _elem_binop(node.op, lhs, rhs)
+            return float(keep) if node.op in COMPARISONS else value
+        if isinstance(rhs, float):
+            return _unique(_vector_scalar(node, lhs, rhs, swapped=False))
+        if isinstance(lhs, float):
+            return _unique(_vector_scalar(node, rhs, lhs, swapped=True))
+        if node.op in SET_OPERATORS:
+            return _unique(_set_operation(node, lhs, rhs))
+        return _unique(_vector_binop(node, lhs, rhs))
+
+    # functions
+
+    def call(self, node: _Call) -> Value:
+        if node.name in RANGE_FUNCTIONS:
+            return self.range_call(node)
+        args = [self.eval(arg) for arg in node.args]
+        if node.name == "time":
+            return self.t_ms / 1000
+        if node.name == "scalar":
+            vec = args[0]
+            return vec[0].value if len(vec) == 1 else math.nan
+        if node.name == "vector":
+            return [Element((), args[0])]
+        if node.name == "absent":
+            if args[0]:
+                return []
+            arg = node.args[0]
+            return [Element(arg.absent_labels if isinstance(arg, _Selector) else (), 1.0)]
+        return _unique(_instant_function(node.name, args))
+
+    def range_call(self, node: _Call) -> Vector:
+        arg = node.args[0]
+        assert isinstance(arg, _Range)
+        lo, hi, series = self.range_points(arg)
+        if node.name == "absent_over_time":
+            return [] if series else [Element(arg.selector.absent_labels, 1.0)]
+        function = _RANGE_IMPLS[node.name]
+        out: Vector = []
+        for labels, points in series:
+            value = function(points, lo, hi, arg.range_ms)
+            if value is None:
+                continue
+            # last_over_time acts like an offset and keeps the name; the others drop it.
+            out.append(
+                Element(labels if node.name == "last_over_time" else _drop_name(labels), value)
+            )
+        return _unique(out)
+
+
+_DISPATCH: dict[type, Callable[[_Evaluator, _Node], Value]] = {
+    _Number: lambda ev, node: node.value,
+    _Selector: _Evaluator.instant_selector,
+    _Negate: _Evaluator.negate,
+    _Call: _Evaluator.call,
+    _Aggregate: _Evaluator.aggregate,
+    _Binary: _Evaluator.binary,
+}
+
+
+# --- label helpers ------------------------------------------------------------------------------
+
+
+def _drop_name(labels: Labels) -> Labels:
+    if labels and any(name == NAME for name, _ in labels):
+        return tuple(pair for pair in labels if pair[0] != NAME)
+    return labels
+
+
+def _unique(vector: Vector) -> Vector:
+    # Prometheus checks every computed instant vector for this after dropping metric names.
+    if len(vector) > 1 and len({e.labels for e in vector}) != len(vector):
+        raise PromQLError("vector cannot contain metrics with the same labelset")
+    return vector
+
+
+def format_labels(labels: Labels) -> str:
+    """Labels as Prometheus prints them: {a="b", c="d"}."""
+    return "{" + ", ".join(f"{name}={_go_quote(value)}" for name, value in labels) + "}"
+
+
+def _go_quote(value: str) -> str:
+    out = ['"']
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+    out.append('"')
+    return "".join(out)
+
+
+def _signature(labels: Labels, on: bool, names: frozenset[str]) -> Labels:
+    if on:
+        return tuple(pair for pair in labels if pair[0] in names)
+    return tuple(pair for pair in labels if pair[0] not in names and pair[0] != NAME)
+
+
+# --- aggregation --------------------------------------------------------------------------------
+
+
+def _aggregate(node: _Aggregate, vector: Vector) -> Vector:
+    # group labels -> [value, mean, count]; groups come out in order of first appearance.
+    groups: dict[Labels, list] = {}
+    for element in vector:
+        key = _group_labels(element.labels, node)
+        group = groups.get(key)
+        value = element.value
+        if group is None:
+            groups[key] = [value, value, 1]
+            continue
+        if node.op == "sum":
+            group[0] += value
+        elif node.op == "avg":
+            group[2] += 1
+            group[1] = _mean_step(group[1], value, group[2])
+        elif node.op == "max":
+            if group[0] < value or math.isnan(group[0]):
+                group[0] = value
+        elif node.op == "min":
+            if group[0] > value or math.isnan(group[0]):
+                group[0] = value
+        else:  # count
+            group[2] += 1
+    out: Vector = []
+    for labels, (value, mean, count) in groups.items():
+        if node.op == "avg":
+            value = mean
+        elif node.op == "count":
+            value = float(count)
+        out.append(Element(labels, value))
+    return out
+
+
+def _group_labels(labels: Labels, node: _Aggregate) -> Labels:
+    if node.without:
+        return tuple(p for p in labels if p[0] not in node.grouping and p[0] != NAME)
+    return tuple(p for p in labels if p[0] in node.grouping)
+
+
+def _mean_step(mean: float, value: float, count: int) -> float:
+    """One step of Prometheus' incremental mean (avg and avg_over_time)."""
+    if math.isinf(mean):
+        # Inf plus a finite value, or the same Inf again, stays; "Inf - Inf" would give NaN.
+        if math.isinf(value) and (mean > 0) == (value > 0):
+            return mean
+        if not math.isinf(value) and not math.isnan(value):
+            return mean
+    return mean + (value / count - mean / count)
+
+
+# --- binary operators ---------------------------------------------------------------------------
+
+
+def _elem_binop(op: str, lhs: float, rhs: float) -> tuple[float, bool]:
+    """(value, keep) like Prometheus' vectorElemBinop: comparisons keep the left value."""
+    if op == "+":
+        return lhs + rhs, True
+    if op == "-":
+        return lhs - rhs, True
+    if op == "*":
+        return lhs * rhs, True
+    if op == "/":
+        return _go_div(lhs, rhs), True
+    if op == "%":
+        return _go_mod(lhs, rhs), True
+    if op == "^":
+        return _go_pow(lhs, rhs), True
+    if op == "==":
+        return lhs, lhs == rhs
+    if op == "!=":
+        return lhs, lhs != rhs
+    if op == ">":
+        return lhs, lhs > rhs
+    if op == "<":
+        return lhs, lhs < rhs
+    if op == ">=":
+        return lhs, lhs >= rhs
+    if op == "<=":
+        return lhs, lhs <= rhs
+    raise UnsupportedConstruct(f"operator {op}")
+
+
+def _vector_scalar(node: _Binary, vector: Vector, scalar: float, swapped: bool) -> Vector:
+    drop = node.op in ARITHMETIC or node.return_bool
+    out: Vector = []
+    for element in vector:
+        lhs, rhs = (scalar, element.value) if swapped else (element.value, scalar)
+        value, keep = _elem_binop(node.op, lhs, rhs)
+        if node.op in COMPARISONS:
+            value = element.value  # a filter always yields the vector's own value
+        if node.return_bool:
+            value, keep = float(keep), True
+        if keep:
+            out.append(Element(_drop_name(element.labels) if drop else element.labels, value))
+    return out
+
+
+def _set_operation(node: _Binary, lhs: Vector, rhs: Vector) -> Vector:
+    def sig(element: Element) -> Labels:
+        return _signature(element.labels, node.on, node.matching)
+
+    if node.op == "and":
+        if not lhs or not rhs:
+            return []
+        right = {sig(e) for e in rhs}
+        return [e for e in lhs if sig(e) in right]
+    if node.op == "or":
+        if not lhs or not rhs:
+            return lhs + rhs
+        left = {sig(e) for e in lhs}
+        return lhs + [e for e in rhs if sig(e) not in left]
+    if not lhs or not rhs:  # unless
+        return lhs
+    right = {sig(e) for e in rhs}
+    return [e for e in lhs if sig(e) not in right]
+
+
+def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector) -> Vector:
+    """Arithmetic/comparison between vectors, Prometheus' VectorBinop step by step."""
+    if not lhs or not rhs:
+        return []  # nothing can match, and no cardinality error is raised either
+    swapped = node.card == "one-to-many"
+    if swapped:  # work as many-to-one with the sides exchanged
+        lhs, rhs = rhs, lhs
+    right: dict[Labels, Element] = {}
+    for element in rhs:
+        sig = _signature(element.labels, node.on, node.matching)
+        if sig in right:
+            side = "left" if swapped else "right"
+            raise PromQLError(
+                f"found duplicate series for the match group {format_labels(sig)} on the "
+                f"{side} hand-side of the operation: [{format_labels(element.labels)}, "
+                f"{format_labels(right[sig].labels)}];many-to-many matching not allowed: "
+                "matching labels must be unique on one side"
+            )
+        right[sig] = element
+    matched: dict[Labels, set[Labels]] = {}
+    out: Vector = []
+    for element in lhs:
+        sig = _signature(element.labels, node.on, node.matching)
+        other = right.get(sig)
+        if other is None:
+            continue
+        vl, vr = (other.value, element.value) if swapped else (element.value, other.value)
+        value, keep = _elem_binop(node.op, vl, vr)
+        if node.return_bool:
+            value = float(keep)
+        elif not keep:
+            continue  # filtered out before the uniqueness checks below, as in Prometheus
+        labels = _result_labels(element.labels, other.labels, node)
+        seen = matched.get(sig)
+        if node.card == "one-to-one":
+            if seen is not None:
+                raise PromQLError(
+                    "multiple matches for labels: many-to-one matching must be explicit "
+                    "(group_left/group_right)"
+                )
+            matched[sig] = set()
+        else:
+            if seen is None:
+                seen = matched[sig] = set()
+            elif labels in seen:
+                raise PromQLError(
+                    "multiple matches for labels: grouping labels must ensure unique matches"
+                )
+            seen.add(labels)
+        out.append(Element(labels, value))
+    return out
+
+
+def _result_labels(many: Labels, one: Labels, node: _Binary) -> Labels:
+    """Result labels of a vector/vector operation (Prometheus' resultMetric)."""
+    labels = dict(many)
+    if node.op in ARITHMETIC:
+        labels.pop(NAME, None)
+    if node.card == "one-to-one":
+        if node.on:
+            labels = {k: v for k, v in labels.items() if k in node.matching}
+        else:
+            for name in node.matching:
+                labels.pop(name, None)
+    if node.include:
+        one_side = dict(one)
+        for name in node.include:  # group_x(extra) labels come from the "one" side
+            if one_side.get(name):
+                labels[name] = one_side[name]
+            else:
+                labels.pop(name, None)
+    if node.return_bool:
+        labels.pop(NAME, None)
+    return tuple(sorted(labels.items()))
+
+
+# --- Go float semantics -------------------------------------------------------------------------
+
+
+def _go_div(a: float, b: float) -> float:
+    if b == 0:
+        if a == 0 or math.isnan(a):
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+    return a / b
+
+
+def _go_mod(a: float, b: float) -> float:
+    # Go's math.Mod: NaN for x = ±Inf, y = 0 or a NaN operand; x for y = ±Inf.
+    if b == 0 or math.isinf(a) or math.isnan(a) or math.isnan(b):
+        return math.nan
+    return math.fmod(a, b)
+
+
+def _is_odd_int(x: float) -> bool:
+    if abs(x) >= 1 << 53 or math.isinf(x) or math.isnan(x):
+        return False
+    return x == int(x) and int(x) % 2 == 1
+
+
+def _go_pow(x: float, y: float) -> float:
+    """Go's math.Pow: its special cases, then x**yf * x**yi by repeated squaring."""
+    special = _go_pow_special(x, y)
+    if special is not None:
+        return special
+    yf, yi = math.modf(abs(y))
+    if yf != 0 and x < 0:
+        return math.nan
+    if yi >= 1 << 63:  # overflows or underflows for every x but -1 (1 was handled)
+        if x == -1:
+            return 1.0
+        return 0.0 if (abs(x) < 1) == (y > 0) else math.inf
+    a1, ae = 1.0, 0
+    if yf != 0:
+        if yf > 0.5:
+            yf -= 1
+            yi += 1
+        a1 = math.exp(yf * math.log(x))  # libm here, Go's own Exp/Log there: may differ by 1ulp
+    x1, xe = math.frexp(x)
+    i = int(yi)
+    while i != 0:
+        if not -(1 << 12) <= xe <= 1 << 12:
+            ae += xe  # catastrophic over/underflow: leave it to ldexp
+            break
+        if i & 1:
+            a1 *= x1
+            ae += xe
+        x1 *= x1
+        xe <<= 1
+        if x1 < 0.5:
+            x1 += x1
+            xe -= 1
+        i >>= 1
+    if y < 0:
+        a1 = 1 / a1
+        ae = -ae
+    try:
+        return math.ldexp(a1, ae)
+    except OverflowError:
+        return math.copysign(math.inf, a1)
+
+
+def _go_pow_special(x: float, y: float) -> float | None:
+    if y == 0 or x == 1:
+        return 1.0
+    if y == 1:
+        return x
+    if math.isnan(x) or math.isnan(y):
+        return math.nan
+    if x == 0:
+        odd_negative_zero = math.copysign(1.0, x) < 0 and _is_odd_int(y)
+        if y < 0:
+            return -math.inf if odd_negative_zero else math.inf
+        return x if odd_negative_zero else 0.0
+    if math.isinf(y):
+        if x == -1:
+            return 1.0
+        return 0.0 if (abs(x) < 1) == (y > 0) else math.inf
+    if math.isinf(x):
+        if x < 0:
+            return _go_pow(-0.0, -y)
+        return 0.0 if y < 0 else math.inf
+    if y == 0.5:
+        return math.sqrt(x) if x >= 0 else math.nan
+    if y == -0.5:
+        return 1 / math.sqrt(x) if x >= 0 else math.nan
+    return None
+
+
+def _go_max(a: float, b: float) -> float:
+    if (math.isinf(a) and a > 0) or (math.isinf(b) and b > 0):
+        return math.inf
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    if a == 0 and b == 0:
+        return b if math.copysign(1.0, a) < 0 else a  # +0 wins over -0
+    return a if a > b else b
+
+
+def _go_min(a: float, b: float) -> float:
+    if (math.isinf(a) and a < 0) or (math.isinf(b) and b < 0):
+        return -math.inf
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    if a == 0 and b == 0:
+        return a if math.copysign(1.0, a) < 0 else b  # -0 wins over +0
+    return a if a < b else b
+
+
+# --- functions ----------------------------------------------------------------------------------
+
+
+def _instant_function(name: str, args: list[Value]) -> Vector:
+    vector = args[0]
+    assert isinstance(vector, list)
+    if name == "abs":
+        return [Element(_drop_name(e.labels), abs(e.value)) for e in vector]
+    if name == "clamp_min":
+        return [Element(_drop_name(e.labels), _go_max(args[1], e.value)) for e in vector]
+    if name == "clamp_max":
+        return [Element(_drop_name(e.labels), _go_min(args[1], e.value)) for e in vector]
+    if name == "clamp":
+        lo, hi = args[1], args[2]
+        if hi < lo:
+            return []
+        return [Element(_drop_name(e.labels), _go_max(lo, _go_min(hi, e.value))) for e in vector]
+    raise UnsupportedConstruct(f"function {name}")
+
+
+RangeImpl = Callable[[list[Point], int, int, int], float | None]
+
+
+def _extrapolated_rate(is_counter: bool, is_rate: bool) -> RangeImpl:
+    """rate/increase/delta: Prometheus 2.42's extrapolatedRate."""
+
+    def compute(
+        points: list[Point], range_start: int, range_end: int, range_ms: int
+    ) -> float | None:
+        if len(points) < 2:
+            return None
+        first_t, first_v = points[0]
+        last_t, last_v = points[-1]
+        result = last_v - first_v
+        if is_counter:
+            previous = first_v
+            for _, value in points[1:]:
+                if value < previous:  # a counter reset: the counter restarted from zero
+                    result += previous
+                previous = value
+        duration_to_start = (first_t - range_start) / 1000
+        duration_to_end = (range_end - last_t) / 1000
+        sampled = (last_t - first_t) / 1000
+        average_step = sampled / (len(points) - 1)
+        if is_counter and result > 0 and first_v >= 0:
+            # Do not extrapolate the counter below zero.
+            duration_to_zero = sampled * (first_v / result)
+            if duration_to_zero < duration_to_start:
+                duration_to_start = duration_to_zero
+        # Extrapolate to a range boundary only when it is within 1.1 average steps of the data;
+        # otherwise extend by half a step.
+        threshold = average_step * 1.1
+        interval = sampled
+        interval += duration_to_start if duration_to_start < threshold else average_step / 2
+        interval += duration_to_end if duration_to_end < threshold else average_step / 2
+        factor = interval / sampled
+        if is_rate:
+            factor /= _duration_seconds(range_ms)
+        return result * factor
+
+    return compute
+
+
+def _duration_seconds(ms: int) -> float:
+    # Go's Duration.Seconds(): whole seconds plus the nanosecond remainder / 1e9.
+    return float(ms // 1000) + float((ms % 1000) * 1_000_000) / 1e9
+
+
+def _kahan_step(inc: float, total: float, c: float) -> tuple[float, float]:
+    """Kahan-Neumaier summation step, as Prometheus' kahanSumInc."""
+    t = total + inc
+    if abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
+def _avg_over_time(points: list[Point], *_: int) -> float:
+    mean = c = 0.0
+    count = 0
+    for _, value in points:
+        count += 1
+        if math.isinf(mean):
+            if math.isinf(value) and (mean > 0) == (value > 0):
+                continue
+            if not math.isinf(value) and not math.isnan(value):
+                continue
+        mean, c = _kahan_step(value / count - mean / count, mean, c)
+    return mean if math.isinf(mean) else mean + c
+
+
+def _sum_over_time(points: list[Point], *_: int) -> float:
+    total = c = 0.0
+    for _, value in points:
+        total, c = _kahan_step(value, total, c)
+    return total if math.isinf(total) else total + c
+
+
+def _max_over_time(points: list[Point], *_: int) -> float:
+    best = points[0][1]
+    for _, value in points:
+        if value > best or math.isnan(best):
+            best = value
+    return best
+
+
+def _min_over_time(points: list[Point], *_: int) -> float:
+    best = points[0][1]
+    for _, value in points:
+        if value < best or math.isnan(best):
+            best = value
+    return best
+
+
+_RANGE_IMPLS: dict[str, RangeImpl] = {
+    "rate": _extrapolated_rate(is_counter=True, is_rate=True),
+    "increase": _extrapolated_rate(is_counter=True, is_rate=False),
+    "delta": _extrapolated_rate(is_counter=False, is_rate=False),
+    "avg_over_time": _avg_over_time,
+    "sum_over_time": _sum_over_time,
+    "min_over_time": _min_over_time,
+    "max_over_time": _max_over_time,
+    "count_over_time": lambda points, *_: float(len(points)),
+    "last_over_time": lambda points, *_: points[-1][1],
+}

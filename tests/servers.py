@@ -1,0 +1,237 @@
+"""Real servers for tests, on 127.0.0.1 only and stopped by PID: Alertmanager, Prometheus
+(Debian packages), and a recording HTTP(S) receiver for webhooks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import ssl
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.daemon import free_port
+from tests.support import require_tool
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: Message
+    body: Any
+
+
+class Recorder:
+    """HTTP(S) server on 127.0.0.1 that records each POST and answers with scripted codes."""
+
+    def __init__(
+        self, port: int = 0, statuses: Sequence[int] = (), tls: ssl.SSLContext | None = None
+    ) -> None:
+        self.requests: list[Received] = []
+        self._statuses = deque(statuses)
+        self._cond = threading.Condition()
+        self._server = _QuietServer(("127.0.0.1", port), self._handler_class())
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
+        self.port = self._server.server_address[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,))
+
+    def __enter__(self) -> Recorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def wait_for(self, count: int, timeout: float = 5.0) -> list[Received]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.requests) >= count, timeout):
+                raise AssertionError(f"got {len(self.requests)} requests, expected {count}")
+            return list(self.requests)
+
+    def _record(self, path: str, headers: Message, body: bytes) -> int:
+        with self._cond:
+            self.requests.append(Received(path, headers, json.loads(body)))
+            self._cond.notify_all()
+            return self._statuses.popleft() if self._statuses else 200
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                status = recorder._record(self.path, self.headers, body)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # refused TLS handshakes and dropped clients are what some tests provoke
+
+
+# --- the real Alertmanager -----------------------------------------------------------------
+
+AM_CONFIG = """\
+route:
+  receiver: hook
+  group_by: ['...']
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 1h
+receivers:
+- name: hook
+  webhook_configs:
+  - url: {webhook}
+    send_resolved: true
+"""
+
+
+@contextlib.contextmanager
+def alertmanager(workdir: Path, webhook: str, port: int | None = None) -> Iterator[str]:
+    """A real Alertmanager on 127.0.0.1 (no cluster port), stopped by PID; yields its url."""
+    binary = require_tool("prometheus-alertmanager")
+    port = port or free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "am.yml").write_text(AM_CONFIG.format(webhook=webhook))
+    log_path = workdir / "am.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={workdir / 'am.yml'}",
+                f"--storage.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(process, url, log_path, "alertmanager")
+        yield url
+    finally:
+        _stop(process)
+
+
+def _wait_ready(process: subprocess.Popen[bytes], url: str, log_path: Path, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"{what} exited:\n{log_path.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not ready:\n{log_path.read_text()}")
+
+
+def am_alerts(url: str, alertname: str | None = None) -> list[dict[str, Any]]:
+    params = {"filter": f'alertname="{alertname}"'} if alertname else {}
+    response = httpx.get(f"{url}/api/v2/alerts", params=params, timeout=5)
+    response.raise_for_status()
+    return response.json()
+
+
+def webhook_messages(hook: Recorder, status: str, timeout: float = 6.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [r.body for r in hook.requests if r.body.get("status") == status]
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no {status} webhook; got {[r.body for r in hook.requests]}")
+
+
+PROMETHEUS_CONFIG = """\
+global:
+  scrape_interval: 1s
+  scrape_timeout: 900ms
+  evaluation_interval: 1s
+rule_files: [{rules}]
+alerting:
+  alertmanagers:
+  - static_configs:
+    - targets: ['{alertmanager}']
+scrape_configs:
+- job_name: gpu-exporter
+  static_configs:
+  - targets: ['{target}']
+  relabel_configs:
+  - target_label: node
+    replacement: {node}
+  metric_relabel_configs:
+  - action: labeldrop
+    regex: instance|job
+"""
+
+
+@contextlib.contextmanager
+def prometheus(
+    workdir: Path, target: str, rules: Path, alertmanager_url: str, node: str
+) -> Iterator[str]:
+    """A real Prometheus scraping `target` every second and evaluating `rules`; yields its url.
+
+    Series get `node` from relabeling (as the ServiceMonitor does) and lose job/instance, so
+    its alerts carry the same labels as the daemon's (which add `node` as an external label).
+    """
+    binary = require_tool("prometheus")
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = PROMETHEUS_CONFIG.format(
+        rules=rules,
+        alertmanager=alertmanager_url.removeprefix("http://"),
+        target=target,
+        node=node,
+    )
+    (workdir / "prometheus.yml").write_text(config)
+    log_path = workdir / "prometheus.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                f"--web.external-url=http://127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(process, url, log_path, "prometheus")
+        yield url
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

@@ -1,0 +1,175 @@
+"""End to end with real servers: the daemon on `--simulate mixed` evaluates rules and sends
+alerts to a real Alertmanager (webhook receiver in the test); a real Prometheus scrapes the
+daemon and evaluates the exported PrometheusRule; both must raise the same alerts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.daemon import free_port, serve
+from tests.servers import Recorder, alertmanager, prometheus
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "tests/e2e/alerts.rules.yaml"
+NODE = "e2e-node"
+LAUNCH_BOUND, COMPUTE_BOUND, THERMAL, POWER_BRAKE = "4", "1", "5", "6"
+
+
+def exported_rules(tmp_path: Path) -> Path:
+    """`gpu-exporter rules export` -> the PrometheusRule's spec as a Prometheus rule file."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", "rules", "export", str(RULES)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    manifest = yaml.safe_load(result.stdout)
+    assert manifest["kind"] == "PrometheusRule"
+    path = tmp_path / "exported.rules.yaml"
+    path.write_text(yaml.safe_dump(manifest["spec"]))
+    return path
+
+
+def firing(url: str) -> set[tuple[tuple[str, str], ...]]:
+    alerts = httpx.get(f"{url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+    return {tuple(sorted(a["labels"].items())) for a in alerts if a["state"] == "firing"}
+
+
+def by_gpu(alerts: set[tuple[tuple[str, str], ...]], name: str) -> set[str]:
+    return {dict(a)["gpu"] for a in alerts if dict(a)["alertname"] == name}
+
+
+def webhook_alerts(hook: Recorder) -> list[dict[str, Any]]:
+    return [alert for request in hook.requests for alert in request.body.get("alerts", [])]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_daemon_and_prometheus_raise_the_same_alerts(tmp_path: Path) -> None:
+    with (
+        Recorder() as hook,
+        alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url,
+        serve(
+            tmp_path,
+            "--simulate",
+            "mixed",
+            "--interval",
+            "0.5",
+            "--rules",
+            str(RULES),
+            "--alertmanager-url",
+            am_url,
+            "--external-label",
+            f"node={NODE}",
+        ) as daemon,
+    ):
+        daemon.wait_ready()
+        with prometheus(
+            tmp_path / "prom", f"127.0.0.1:{daemon.port}", exported_rules(tmp_path), am_url, NODE
+        ) as prom_url:
+            expected = {
+                ("GpuBusyButIdle", LAUNCH_BOUND),
+                ("GpuThermalSlowdown", THERMAL),
+                ("GpuPowerBrakeSlowdown", POWER_BRAKE),
+            }
+
+            def both_fire() -> bool:
+                ours, theirs = firing(daemon.url), firing(prom_url)
+                return all(
+                    gpu in by_gpu(ours, name) and gpu in by_gpu(theirs, name)
+                    for name, gpu in expected
+                )
+
+            wait_for(both_fire, 60, "both paths to fire the expected alerts")
+            ours, theirs = firing(daemon.url), firing(prom_url)
+            # The daemon's alerts get `node` as an external label when sent; Prometheus' series
+            # get it from relabeling. With it added, the label sets are the same.
+            ours_sent = {tuple(sorted((*a, ("node", NODE)))) for a in ours}
+            for name, _ in expected:
+                mine = {a for a in ours_sent if dict(a)["alertname"] == name}
+                prom = {a for a in theirs if dict(a)["alertname"] == name}
+                assert mine == prom, (name, mine ^ prom)
+            assert COMPUTE_BOUND not in by_gpu(ours, "GpuBusyButIdle")
+            assert COMPUTE_BOUND not in by_gpu(ours, "GpuThermalSlowdown")
+
+            # Alertmanager's webhook received them, with the daemon's external label.
+            def delivered() -> bool:
+                got = {
+                    (a["labels"]["alertname"], a["labels"].get("gpu"))
+                    for a in webhook_alerts(hook)
+                    if a["status"] == "firing" and a["labels"].get("node") == NODE
+                }
+                return expected <= got
+
+            wait_for(delivered, 30, "the webhook to receive the alerts")
+            received = webhook_alerts(hook)
+            assert not [
+                a for a in received
+                if a["labels"]["alertname"] == "GpuBusyButIdle"
+                and a["labels"]["gpu"] == COMPUTE_BOUND
+            ]  # fmt: skip
+
+
+def test_alerts_survive_alertmanager_downtime(tmp_path: Path) -> None:
+    am_port = free_port()
+    late_rule = tmp_path / "late.rules.yaml"
+    late_rule.write_text(
+        "groups:\n- name: late\n  rules:\n"
+        "  - alert: GpuLateAlert\n    expr: gpu_up == 1\n    for: 8s\n"
+        "    labels: {severity: info}\n"
+    )
+    config = tmp_path / "daemon.yaml"
+    config.write_text("alerting:\n  resend_delay_seconds: 600\n")  # no help from resending
+    with Recorder() as hook:
+        am_url = f"http://127.0.0.1:{am_port}"
+        with serve(
+            tmp_path,
+            "--simulate",
+            "mixed",
+            "--interval",
+            "0.5",
+            "--config",
+            str(config),
+            "--rules",
+            str(late_rule),
+            "--alertmanager-url",
+            am_url,
+        ) as daemon:
+            daemon.wait_ready()
+            # Alertmanager is down when the alert starts firing (after 8 s) ...
+            wait_for(lambda: by_gpu(firing(daemon.url), "GpuLateAlert"), 20, "the alert to fire")
+            metrics = daemon.metrics_text()
+            assert "gpu_exporter_notifications_queue_length{" in metrics
+            # ... and comes up later: the queued alerts are delivered.
+            with alertmanager(tmp_path / "am", f"{hook.url}/hook", port=am_port):
+
+                def all_eight() -> bool:
+                    gpus = {
+                        a["labels"]["gpu"]
+                        for a in webhook_alerts(hook)
+                        if a["labels"]["alertname"] == "GpuLateAlert"
+                    }
+                    return gpus == {str(i) for i in range(8)}
+
+                wait_for(all_eight, 30, "the queued alerts after Alertmanager started")
+            text = daemon.metrics_text()
+            errors = [
+                line for line in text.splitlines()
+                if line.startswith("gpu_exporter_notifications_errors_total{")
+            ]  # fmt: skip
+            assert errors and float(errors[0].rsplit(" ", 1)[1]) > 0, "the failed POSTs counted"

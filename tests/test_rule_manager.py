@@ -1,0 +1,202 @@
+"""The daemon's rule engine: loading, refusing what it cannot evaluate, reloading safely,
+evaluating snapshots, and handing alerts to the notifier as Prometheus would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_exporter.rules.loader import RuleFileError, load_rule_files, parse_duration
+from gpu_exporter.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot, TickStats
+
+GOOD = """\
+groups:
+  - name: g
+    rules:
+      - alert: Hot
+        expr: gpu_temperature_celsius > 80
+        for: 2s
+        labels: {severity: warning}
+        annotations: {summary: "GPU {{ $labels.gpu }} at {{ $value }}C"}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "rules.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def snapshot(t: float, temperature: float, gpus: int = 1) -> Snapshot:
+    devices = tuple(
+        DeviceSample(
+            i,
+            f"GPU-{i}",
+            {"model": "H200"},
+            True,
+            (Reading("gpu_temperature_celsius", temperature, (("sensor", "gpu"),)),),
+        )
+        for i in range(gpus)
+    )
+    return Snapshot(t, devices, stats=TickStats(last_tick_timestamp=t, ticks=1))
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, alerts) -> None:
+        self.sent.extend(alerts)
+
+
+def test_duration_parsing() -> None:
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("0s") == 0
+    assert parse_duration("250ms") == 0.25
+    with pytest.raises(ValueError):
+        parse_duration("5 minutes")
+
+
+@pytest.mark.parametrize(
+    ("expr", "construct"),
+    [
+        ("histogram_quantile(0.9, rate(x_bucket[5m]))", "histogram_quantile"),
+        ("max_over_time(x[5m:1m])", "subquery"),
+        ("topk(3, x)", "topk"),
+    ],
+)
+def test_unsupported_construct_is_refused_with_file_rule_and_construct(
+    tmp_path: Path, expr: str, construct: str
+) -> None:
+    path = write(tmp_path, f"groups:\n- name: g\n  rules:\n  - alert: Bad\n    expr: '{expr}'\n")
+    with pytest.raises(RuleFileError) as err:
+        load_rule_files([path])
+    message = str(err.value)
+    assert f"{path}:5" in message
+    assert "alert Bad" in message
+    assert construct in message
+
+
+def test_rule_file_problems_are_all_reported(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "groups:\n- name: g\n  rules:\n"
+        "  - alert: A\n    expr: 'up >'\n"
+        "  - record: 'bad name'\n    expr: up\n"
+        "  - alert: C\n    expr: up\n    for: soon\n"
+        "  - alert: D\n    expr: up\n    annotations: {x: '{{ .Nope }'}\n",
+    )
+    with pytest.raises(RuleFileError) as err:
+        load_rule_files([path])
+    problems = err.value.problems
+    assert len(problems) == 4, problems
+    assert any("invalid PromQL" in p for p in problems)
+    assert any("not a valid metric name" in p for p in problems)
+    assert any("not a duration" in p for p in problems)
+    assert any("template" in p for p in problems)
+
+
+def test_a_glob_matching_nothing_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(RuleFileError, match="no rule file matches"):
+        load_rule_files([str(tmp_path / "*.yaml")])
+
+
+def test_alert_goes_pending_then_firing_and_is_sent_then_resolved(tmp_path: Path) -> None:
+    sink = Sink()
+    manager = RuleManager(
+        RuleSettings(files=[str(write(tmp_path, GOOD))], evaluation_interval=1.0), sink
+    )
+    manager.load()
+    manager.on_snapshot(snapshot(1000.0, 90))
+    assert [a["state"] for a in manager.alerts_json()] == ["pending"]
+    assert sink.sent == []  # pending alerts are not sent
+    manager.on_snapshot(snapshot(1001.0, 91))
+    manager.on_snapshot(snapshot(1002.0, 92))
+    assert [a["state"] for a in manager.alerts_json()] == ["firing"]
+    assert len(sink.sent) == 1
+    sent = sink.sent[0]
+    assert sent.labels == {
+        "alertname": "Hot",
+        "gpu": "0",
+        "uuid": "GPU-0",
+        "sensor": "gpu",
+        "severity": "warning",
+    }
+    assert sent.annotations == {"summary": "GPU 0 at 92C"}
+    assert sent.ends_at > 1002.0  # in the future while firing
+    manager.on_snapshot(snapshot(1003.0, 50))
+    assert manager.alerts_json() == []
+    resolved = sink.sent[-1]
+    assert resolved.ends_at == 1003.0
+
+
+def test_a_broken_reload_keeps_the_last_good_rules(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD)
+    manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=0.01))
+    manager.load()
+    manager.on_snapshot(snapshot(1000.0, 90))
+    path.write_text(GOOD.replace("gpu_temperature_celsius > 80", "histogram_quantile(0.9, x)"))
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    time.sleep(0.02)
+    manager.on_snapshot(snapshot(1001.0, 91))
+    assert manager.last_reload_success is False
+    assert "histogram_quantile" in manager.last_reload_error
+    assert [a["state"] for a in manager.alerts_json()] == ["pending"]  # still evaluated
+    rules = manager.rules_json()[0]["rules"]
+    assert rules[0]["query"] == "gpu_temperature_celsius > 80"
+
+
+def test_reload_on_request_keeps_state_of_unchanged_rules(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD)
+    manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=3600))
+    manager.load()
+    manager.on_snapshot(snapshot(1000.0, 90))
+    path.write_text(GOOD + "      - alert: Cold\n        expr: gpu_temperature_celsius < 10\n")
+    manager.request_reload()  # what SIGHUP does
+    manager.on_snapshot(snapshot(1001.0, 90))
+    names = [r["name"] for r in manager.rules_json()[0]["rules"]]
+    assert names == ["Hot", "Cold"]
+    alert = manager.alerts_json()[0]
+    assert alert["activeAt"].startswith("1970-01-01T00:16:40")  # from before the reload
+
+
+def test_rules_check_command(tmp_path: Path) -> None:
+    good, bad = write(tmp_path, GOOD, "good.yaml"), write(tmp_path, "groups: 3\n", "bad.yaml")
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", "rules", "check", str(good), str(bad)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"Checking {good}\n  SUCCESS: 1 rules found" in result.stdout
+    assert f"Checking {bad}\n  FAILED:" in result.stdout
+
+
+def test_export_is_a_prometheusrule_promtool_accepts(tmp_path: Path) -> None:
+    import yaml
+
+    from tests.support import require_tool
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", "rules", "export", "--namespace", "monitoring"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    manifest = yaml.safe_load(result.stdout)
+    assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+    assert manifest["metadata"]["namespace"] == "monitoring"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(manifest["spec"]))
+    checked = subprocess.run(
+        [require_tool("promtool"), "check", "rules", str(spec)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 21 rules found" in checked.stdout

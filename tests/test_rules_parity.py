@@ -1,0 +1,78 @@
+"""Parity: every promtool unit-test file gives the same verdict from promtool and from
+`gpu-exporter rules test` — the shipped pack's tests, the semantic tests in tests/promql/,
+and deliberately broken copies of them (which both must fail)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import require_tool
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_FILES = sorted((ROOT / "rules/tests").glob("*.yaml")) + sorted(
+    (ROOT / "tests/promql").glob("*.test.yaml")
+)
+
+
+def promtool(*files: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require_tool("promtool"), "test", "rules", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def ours(*files: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", "rules", "test", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_there_are_test_files() -> None:
+    assert len(TEST_FILES) >= 3
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_both_pass(path: Path) -> None:
+    theirs, mine = promtool(path), ours(path)
+    assert theirs.returncode == 0, theirs.stdout + theirs.stderr
+    assert mine.returncode == 0, mine.stdout + mine.stderr
+
+
+# (file, text to replace, replacement): each makes an expectation wrong in a different way.
+MUTATIONS = [
+    ("efficiency.test.yaml", "      - eval_time: 9m\n", "      - eval_time: 10m\n"),
+    ("efficiency.test.yaml", "values: '0.12x40'", "values: '0.35x40'"),
+    ("health.test.yaml", "2m 0s ago", "3m 0s ago"),
+    (
+        "health.test.yaml",
+        '{gpu: "2", uuid: GPU-2, severity: warning}',
+        '{gpu: "2", uuid: GPU-2, state: current, severity: warning}',
+    ),
+    ("throttling.test.yaml", "'0+6x40'", "'0+1x40'"),
+    ("throttling.test.yaml", "      - eval_time: 21m\n", "      - eval_time: 22m\n"),
+]
+
+
+@pytest.mark.parametrize(("name", "old", "new"), MUTATIONS)
+def test_both_fail_on_a_wrong_expectation(tmp_path: Path, name: str, old: str, new: str) -> None:
+    (tmp_path / "tests").mkdir()
+    shutil.copy(ROOT / "rules/gpu-exporter.rules.yaml", tmp_path)
+    text = (ROOT / "rules/tests" / name).read_text()
+    assert old in text, f"mutation target {old!r} not found"
+    broken = tmp_path / "tests" / name
+    broken.write_text(text.replace(old, new, 1))
+    theirs, mine = promtool(broken), ours(broken)
+    assert theirs.returncode == 1, theirs.stdout
+    assert mine.returncode == 1, mine.stdout
