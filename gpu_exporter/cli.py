@@ -113,6 +113,8 @@ def serve(args: argparse.Namespace) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # APScheduler logs every run of every job at INFO: once a second is noise, not news.
+    logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
     simulator = None
     if config.simulate:
         from gpu_exporter import sim
