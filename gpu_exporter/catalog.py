@@ -212,6 +212,59 @@ FAMILIES: tuple[Family, ...] = (
         unit="seconds",
     ),
     Family("gpu_numa_node", G, "Host NUMA node nearest the GPU."),
+    Family(
+        "gpu_cpu_affinity_info",
+        Kind.INFO,
+        "CPUs nearest the GPU (NVML CPU affinity); value is always 1.",
+        ("cpus",),
+        source="topology",
+    ),
+    Family(
+        "gpu_topology_link_info",
+        Kind.INFO,
+        "How this GPU reaches a peer GPU (nvlink, single/multiple PCIe switch, hostbridge, "
+        "node, system), as nvidia-smi topo -m; value is always 1.",
+        ("peer_gpu", "peer_uuid", "link"),
+        source="topology",
+    ),
+    Family(
+        "gpu_topology_nvlink_links",
+        G,
+        "NVLink links connecting this GPU directly to a peer GPU.",
+        ("peer_gpu", "peer_uuid"),
+        source="topology",
+    ),
+    Family(
+        "gpu_p2p_supported",
+        G,
+        "1 when peer-to-peer access to the peer GPU is possible, by capability.",
+        ("peer_gpu", "peer_uuid", "capability"),
+        source="topology",
+    ),
+    Family(
+        "gpu_bottleneck",
+        G,
+        "Bottleneck class of the GPU over the last seconds, as a state set: 1 for the current "
+        "class (idle, throttled, launch_bound, link_bound, memory_bound, tensor_bound, "
+        "compute_bound, unknown), 0 for the others.",
+        ("class",),
+        source="classifier",
+    ),
+    Family(
+        "gpu_bottleneck_seconds_total",
+        C,
+        "Time the GPU spent in each bottleneck class.",
+        ("class",),
+        unit="seconds",
+        source="classifier",
+    ),
+    Family(
+        "gpu_pod_info",
+        Kind.INFO,
+        "Pod and container the GPU is allocated to (kubelet PodResources); value is always 1.",
+        ("namespace", "pod", "container"),
+        source="kubernetes",
+    ),
     # Self-telemetry.
     Family(
         "gpu_exporter_build_info",
@@ -335,6 +388,29 @@ FAMILIES: tuple[Family, ...] = (
         "Alerts waiting to be delivered to each Alertmanager.",
         ("alertmanager",),
         source="notifier",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_attribution_up",
+        G,
+        "1 when the last kubelet PodResources refresh succeeded.",
+        source="kubernetes",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_attribution_refreshes_total",
+        C,
+        "kubelet PodResources refreshes, by result (success, error).",
+        ("result",),
+        source="kubernetes",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_attribution_last_success_timestamp_seconds",
+        G,
+        "Unix time of the last successful kubelet PodResources refresh.",
+        unit="seconds",
+        source="kubernetes",
         per_device=False,
     ),
     Family(
