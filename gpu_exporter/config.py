@@ -167,6 +167,27 @@ class AlertingConfig(_Strict):
         return self
 
 
+class KubernetesConfig(_Strict):
+    # auto: on when the kubelet socket exists at start (a DaemonSet), off elsewhere.
+    enabled: Literal["auto", "true", "false"] | bool = "auto"
+    socket_path: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    refresh_seconds: float = Field(10.0, ge=1, le=3600)
+    timeout_seconds: float = Field(2.0, gt=0, le=60)
+    resource_names: list[str] = ["nvidia.com/gpu"]
+    resource_prefixes: list[str] = ["nvidia.com/mig-"]
+    # labels: namespace/pod/container on every per-GPU series; info: only gpu_pod_info.
+    mode: Literal["labels", "info"] = "labels"
+
+    _lists = field_validator("resource_names", "resource_prefixes", mode="before")(_split_commas)
+
+    def active(self) -> bool:
+        if self.enabled in (True, "true"):
+            return True
+        if self.enabled in (False, "false"):
+            return False
+        return os.path.exists(self.socket_path)
+
+
 class Config(_Strict):
     listen_address: str = DEFAULT_LISTEN
     interval_seconds: float = Field(1.0, ge=0.2, le=3600)  # GPM needs >= 100 ms windows
@@ -175,6 +196,7 @@ class Config(_Strict):
     nvml: NvmlConfig = NvmlConfig()
     rules: RulesConfig = RulesConfig()
     alerting: AlertingConfig = AlertingConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
     def external_labels(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         environ = os.environ if environ is None else environ

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 Listener = Callable[[Snapshot], None]
+# Turns one tick's device samples into enriched ones (e.g. the bottleneck classifier).
+Processor = Callable[[list[DeviceSample], float], list[DeviceSample]]
 
 
 class Collector(Protocol):
@@ -64,6 +66,7 @@ class Sampler:
         self._device_labels = device_labels or dict
         self._accounting = _TickAccounting()
         self._listeners: list[Listener] = []
+        self._processors: list[Processor] = []
         self._collectors: list[Collector] = []
         self._scheduler: BackgroundScheduler | None = None
         self._tick_lock = threading.Lock()
@@ -71,6 +74,10 @@ class Sampler:
         self.rendered: RenderedMetrics | None = None
         self.last_tick_monotonic: float | None = None
         self.started_monotonic: float | None = None
+
+    def add_processor(self, processor: Processor) -> None:
+        """Runs on every tick's device samples before the snapshot is built."""
+        self._processors.append(processor)
 
     def add_listener(self, listener: Listener) -> None:
         """Called with each snapshot before it is rendered (the rule engine)."""
@@ -94,8 +101,14 @@ class Sampler:
                     DeviceSample(d.index, d.uuid, d.info, False, (), "source failed")
                     for d in devices
                 ]
-            elapsed = time.perf_counter() - started
             now = self._wall_clock()
+            for processor in self._processors:
+                try:
+                    devices = processor(devices, now)
+                except Exception:  # a broken enrichment must not cost the raw telemetry
+                    log.exception("processor %r failed", processor)
+                    self.errors.add("exporter", "processor", "exception")
+            elapsed = time.perf_counter() - started
             sequence = self.latest.sequence + 1 if self.latest else 1
             snapshot = Snapshot(
                 timestamp=now,

@@ -90,6 +90,7 @@ class _RecoveryResult:
     node_info: dict[str, str] = field(default_factory=dict)
     error: str = ""
     incomplete: bool = False  # NVML listed a GPU whose handle or UUID could not be read
+    topology: Any = None
 
 
 @dataclass
@@ -120,6 +121,9 @@ class NvmlSource:
     clock: Callable[[], float] = time.monotonic
     record_timings: bool = False
     name: str = "nvml"
+    # Reads GPU-to-GPU topology from [(uuid, index, handle)]; returns an object with
+    # readings_for(uuid). Run at start and after a full re-init, never per tick.
+    topology_reader: Callable[[list[tuple[str, int, Any]]], Any] | None = None
 
     def __post_init__(self) -> None:
         self._devices: dict[str, _Device] = {}
@@ -132,6 +136,7 @@ class NvmlSource:
         self._recovery = _Recovery(self.settings.recovery_initial_backoff_seconds)
         self._recovery_worker = Worker("nvml-recovery")
         self.timings: dict[str, list[float]] = {}
+        self.topology: Any = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -158,6 +163,9 @@ class NvmlSource:
                 self._recovery.incomplete = True
                 continue
             self._bind(uuid, _Found(index, handle), full=False)
+        self.topology = self._read_topology(
+            {uuid: _Found(d.reader.index, d.reader.handle) for uuid, d in self._devices.items()}
+        )
         self._start_xid()
         self.started = True
 
@@ -278,6 +286,7 @@ class NvmlSource:
                 except N.NVMLError as exc:
                     result.incomplete = True
                     self.errors.add(self.name, "device_handle", error_name(exc))
+            result.topology = self._read_topology(result.found)
         except N.NVMLError as exc:
             result.incomplete = True
             result.error = error_name(exc)
@@ -305,7 +314,19 @@ class NvmlSource:
             self._bind(uuid, found, full=result.full)
             log.info("GPU %s answering again (index %d)", uuid, found.index)
         if result.full and self._initialised:
+            if result.topology is not None:
+                self.topology = result.topology
             self._start_xid()
+
+    def _read_topology(self, found: dict[str, _Found]) -> Any:
+        if self.topology_reader is None:
+            return None
+        try:
+            return self.topology_reader([(uuid, f.index, f.handle) for uuid, f in found.items()])
+        except Exception:  # topology is a nicety: never let it stop sampling
+            log.exception("reading the GPU topology failed")
+            self.errors.add(self.name, "topology", "exception")
+            return None
 
     # -- sampling --------------------------------------------------------------------------------
 
@@ -394,6 +415,8 @@ class NvmlSource:
             log.exception("GPU %d: unexpected error while reading", reader.index)
             return self._down(device, f"read failed: {type(exc).__name__}")
         device.down_reason = ""
+        if self.topology is not None:
+            readings = [*readings, *self.topology.readings_for(uuid)]
         return DeviceSample(reader.index, uuid, dict(reader.info), True, tuple(readings))
 
     @staticmethod
