@@ -65,6 +65,8 @@ def load_yaml_file(path: str | Path) -> LocatedYaml:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise YamlFileError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise YamlFileError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
     return load_yaml(text, str(path))
 
 

@@ -39,8 +39,20 @@ def ours(*files: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+FAILING_FILES = sorted((ROOT / "tests/promql/failing").glob("*.test.yaml"))
+
+
 def test_there_are_test_files() -> None:
     assert len(TEST_FILES) >= 3
+    assert FAILING_FILES
+
+
+@pytest.mark.parametrize("path", FAILING_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_both_fail(path: Path) -> None:
+    """Files whose evaluation errors (e.g. a group limit exceeded): promtool fails them."""
+    theirs, mine = promtool(path), ours(path)
+    assert theirs.returncode == 1, theirs.stdout + theirs.stderr
+    assert mine.returncode == 1, mine.stdout + mine.stderr
 
 
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(ROOT)))

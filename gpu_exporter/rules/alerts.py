@@ -55,6 +55,7 @@ class AlertingRule:
     rule: Rule
     external_labels: Mapping[str, str] = field(default_factory=dict)
     external_url: str = ""
+    limit: int = 0  # the group's `limit`: more alerts than this fail the evaluation
     active: dict[Labels, Alert] = field(default_factory=dict)
     last_error: str = ""
     last_evaluation: float = 0.0
@@ -117,6 +118,10 @@ class AlertingRule:
             if alert.state is State.PENDING and now - alert.active_at >= self.rule.for_seconds:
                 alert.state = State.FIRING
                 alert.fired_at = now
+        live = len(self.alerts())
+        if self.limit and live > self.limit:
+            self.active = {}  # as Prometheus: the rule's alerts are dropped, the eval fails
+            raise RuleEvaluationError(f"exceeded limit of {self.limit} with {live} alerts")
 
     def _keep_firing(self, alert: Alert, now: float) -> bool:
         if alert.state is not State.FIRING or self.rule.keep_firing_for_seconds <= 0:
@@ -124,6 +129,15 @@ class AlertingRule:
         if not alert.keep_firing_since:
             alert.keep_firing_since = now
         return now - alert.keep_firing_since < self.rule.keep_firing_for_seconds
+
+    def alert_series(self) -> list[tuple[Labels, float]]:
+        """Prometheus' ALERTS and ALERTS_FOR_STATE samples for the active alerts."""
+        out = []
+        for alert in self.alerts():
+            pairs = (*alert.labels, ("alertstate", alert.state.value))
+            out.append((make_labels("ALERTS", pairs), 1.0))
+            out.append((make_labels("ALERTS_FOR_STATE", alert.labels), alert.active_at))
+        return out
 
     def alerts(self, *states: State) -> list[Alert]:
         wanted = set(states) or {State.PENDING, State.FIRING}

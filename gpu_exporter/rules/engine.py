@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RecordingRule:
     rule: Rule
+    limit: int = 0
     previous: set[Labels] = field(default_factory=set)
     last_error: str = ""
     last_evaluation: float = 0.0
@@ -39,6 +40,8 @@ class RecordingRule:
             if series in current:
                 raise RuleEvaluationError("vector contains metrics with the same labelset")
             current[series] = value
+        if self.limit and len(current) > self.limit:
+            raise RuleEvaluationError(f"exceeded limit {self.limit} with {len(current)} series")
         for series, value in current.items():
             store.append(series, now, value)
         for series in self.previous - current.keys():
@@ -66,31 +69,34 @@ class GroupEvaluator:
         external_url: str = "",
         lookback: float = 300.0,
         previous: GroupEvaluator | None = None,
+        write_alert_series: bool = False,
     ) -> None:
         self.store = store
         self.lookback = lookback
         self.external_labels = dict(external_labels or {})
-        old = previous.rule_index() if previous else {}
+        # promtool (and Prometheus) write ALERTS/ALERTS_FOR_STATE; the daemon has no use for them.
+        self.write_alert_series = write_alert_series
+        self._alert_series: dict[int, set[Labels]] = {}  # per rule: same-name rules are common
+        kept = previous.state_by_identity() if previous else {}
         self.groups: list[GroupState] = []
         for group in groups:
             states: list[RuleState] = []
             for rule in group.rules:
                 if rule.is_alert:
-                    state = AlertingRule(rule, self.external_labels, external_url)
-                    kept = old.get((group.file, group.name, rule.name, rule.expr_text))
-                    if isinstance(kept, AlertingRule):
-                        state.active = kept.active  # a reload keeps alerts of unchanged rules
-                    states.append(state)
+                    state = AlertingRule(rule, self.external_labels, external_url, group.limit)
                 else:
-                    states.append(RecordingRule(rule))
+                    state = RecordingRule(rule, group.limit)
+                _copy_state(kept.get(_identity(rule), []), state)
+                states.append(state)
             self.groups.append(GroupState(group, states))
 
-    def rule_index(self) -> dict[tuple[str, str, str, str], RuleState]:
-        return {
-            (g.group.file, g.group.name, r.rule.name, r.rule.expr_text): r
-            for g in self.groups
-            for r in g.rules
-        }
+    def state_by_identity(self) -> dict[tuple, list[RuleState]]:
+        """Rules by name and labels, in order (Prometheus' CopyState keys rules the same way)."""
+        found: dict[tuple, list[RuleState]] = {}
+        for group in self.groups:
+            for state in group.rules:
+                found.setdefault(_identity(state.rule), []).append(state)
+        return found
 
     def alerting_rules(self) -> list[AlertingRule]:
         return [r for g in self.groups for r in g.rules if isinstance(r, AlertingRule)]
@@ -117,6 +123,8 @@ class GroupEvaluator:
                 else:
                     state.evaluate(now, elements, self.store)
                 state.last_error = ""
+                if self.write_alert_series and isinstance(state, AlertingRule):
+                    self._write_alert_series(state, now)
             except (promql.PromQLError, RuleEvaluationError) as exc:
                 state.last_error = str(exc)
                 problems.append(f"{state.rule.name}, err: {exc}")
@@ -125,6 +133,14 @@ class GroupEvaluator:
         group.last_evaluation = now
         group.last_duration = time.perf_counter() - started
         return problems
+
+    def _write_alert_series(self, rule: AlertingRule, now: float) -> None:
+        current = dict(rule.alert_series())
+        for labels, value in current.items():
+            self.store.append(labels, now, value)
+        for labels in self._alert_series.get(id(rule), set()) - current.keys():
+            self.store.append(labels, now, STALE_NAN)
+        self._alert_series[id(rule)] = set(current)
 
     def referenced_metrics(self) -> frozenset[str] | None:
         """Metric names any rule reads (None: some selector has no fixed name)."""
@@ -157,3 +173,21 @@ class GroupEvaluator:
                 if isinstance(state, RecordingRule):
                     needs.setdefault(state.rule.name, 0.0)
         return {name: seconds + self.lookback + 60.0 for name, seconds in needs.items()}
+
+
+def _identity(rule: Rule) -> tuple:
+    return (rule.kind, rule.name, tuple(sorted(rule.labels.items())))
+
+
+def _copy_state(candidates: list[RuleState], state: RuleState) -> None:
+    """Take over the state of the first unused rule with the same identity (then consume it)."""
+    for index, old in enumerate(candidates):
+        if type(old) is not type(state):
+            continue
+        if isinstance(state, AlertingRule):
+            # A copy, never the same dict: two rules must not share (and fight over) alerts.
+            state.active = dict(old.active)
+        else:
+            state.previous = set(old.previous)
+        del candidates[index]
+        return

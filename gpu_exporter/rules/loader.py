@@ -24,7 +24,7 @@ _DURATION = re.compile(
 _UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_GROUP_KEYS = {"name", "interval", "limit", "rules", "query_offset"}
+_GROUP_KEYS = {"name", "interval", "limit", "rules"}  # Prometheus 2.42's rulefmt
 _ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 _RECORD_KEYS = {"record", "expr", "labels"}
 

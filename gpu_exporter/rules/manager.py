@@ -94,7 +94,7 @@ class RuleManager:
     def reload(self) -> bool:
         try:
             groups = load_rule_files(self.settings.files)
-        except RuleFileError as exc:
+        except Exception as exc:  # RuleFileError, or anything unexpected: keep the old rules
             self.last_reload_success = False
             self.last_reload_error = str(exc)
             self.reloads_failed_total += 1
@@ -189,8 +189,8 @@ class RuleManager:
         interval = self._interval(group)
         outgoing = []
         for rule in group.rules:
-            if not isinstance(rule, AlertingRule):
-                continue
+            if not isinstance(rule, AlertingRule) or rule.last_error:
+                continue  # as Prometheus: a failed evaluation sends nothing
             for alert in rule.to_send(now, self.settings.resend_delay, interval):
                 outgoing.append(
                     OutgoingAlert(
@@ -232,12 +232,12 @@ class RuleManager:
     def collect(self) -> Iterator[Metric]:
         """Self-metrics of rule evaluation, for the exposition."""
         counts: dict[tuple[str, str], int] = {}
-        for rule in self.alerting_rules():
-            for state in (State.PENDING, State.FIRING):
-                counts[(rule.name, state.value)] = counts.get((rule.name, state.value), 0)
-            for alert in rule.alerts():
-                key = (rule.name, alert.state.value)
-                counts[key] += 1
+        with self._lock:
+            for rule in self.evaluator.alerting_rules():
+                for state in (State.PENDING, State.FIRING):
+                    counts[(rule.name, state.value)] = counts.get((rule.name, state.value), 0)
+                for alert in rule.alerts():
+                    counts[(rule.name, alert.state.value)] += 1
         alerts = GaugeMetricFamily(
             "gpu_exporter_alerts",
             BY_NAME["gpu_exporter_alerts"].help,

@@ -96,41 +96,53 @@ def _run_test(test: dict[str, Any], index: int, groups, default_interval: float)
 
 def _run_test_case(test: dict[str, Any], index: int, groups, default_interval: float) -> list[str]:
     if not isinstance(test, dict) or set(test) - _TEST_KEYS:
-        raise RuleTestFileError(f"tests[{index}]: unknown keys {sorted(set(test) - _TEST_KEYS)}")
-    interval = parse_duration(str(test.get("interval", f"{default_interval}s")))
-    store = SeriesStore(retention_seconds=math.inf)
+        unknown = sorted(set(test) - _TEST_KEYS) if isinstance(test, dict) else test
+        raise RuleTestFileError(f"tests[{index}]: unknown keys {unknown}")
+    # Without `interval`, promtool loads every input value at time 0 (and the first one wins):
+    # checked against promtool 2.42; it is not the evaluation interval.
+    interval = parse_duration(str(test["interval"])) if "interval" in test else 0.0
     alert_tests = test.get("alert_rule_test") or []
     expr_tests = test.get("promql_expr_test") or []
-    eval_times = {parse_duration(str(t["eval_time"])) for t in alert_tests}
-    max_time = max([*eval_times, *(parse_duration(str(t["eval_time"])) for t in expr_tests), 0.0])
-    steps = int(max_time // default_interval) if default_interval else 0
+    for kind, cases, keys in (
+        ("alert_rule_test", alert_tests, ("eval_time", "alertname")),
+        ("promql_expr_test", expr_tests, ("eval_time", "expr")),
+    ):
+        for i, case in enumerate(cases):
+            missing = [key for key in keys if not isinstance(case, dict) or key not in case]
+            if missing:
+                raise RuleTestFileError(f"tests[{index}].{kind}[{i}]: missing {missing}")
+    # Integer milliseconds: 3 x 0.1 s must land exactly on 0.3 s.
+    step_ms = round(default_interval * 1000)
+    alert_times = {_ms(case["eval_time"]) for case in alert_tests}
+    max_ms = max([*alert_times, *(_ms(case["eval_time"]) for case in expr_tests), 0])
+    steps = max_ms // step_ms if step_ms else 0
+    store = SeriesStore(retention_seconds=math.inf)
     # promtool loads input one evaluation step at a time, up to the last step at or before the
     # largest eval_time: later samples are invisible to it, so they must be to us.
-    load_input_series(
-        store, test.get("input_series") or [], interval, until=steps * default_interval
-    )
+    load_input_series(store, test.get("input_series") or [], interval, until=steps * step_ms / 1000)
     evaluator = GroupEvaluator(
         groups,
         store,
         external_labels=test.get("external_labels") or {},
         external_url=test.get("external_url") or "",
+        write_alert_series=True,
     )
-    alert_tests = test.get("alert_rule_test") or []
-    expr_tests = test.get("promql_expr_test") or []
-    eval_times = {parse_duration(str(t["eval_time"])) for t in alert_tests}
-    max_time = max([*eval_times, *(parse_duration(str(t["eval_time"])) for t in expr_tests), 0.0])
     errors: list[str] = []
-    got_at: dict[float, dict[str, list]] = {}
-    steps = round(max_time / default_interval) if default_interval else 0
+    got_at: dict[int, dict[str, list]] = {}
     for step in range(steps + 1):
-        t = step * default_interval
-        for problem in evaluator.evaluate_all(t):
-            errors.append(f"    rule: {problem}, time: {_fmt_duration(t)}")
-        if t in eval_times:
-            got_at[t] = {
-                rule.name: [_alert_key(a.labels, a.annotations) for a in rule.alerts(State.FIRING)]
-                for rule in evaluator.alerting_rules()
-            }
+        t_ms = step * step_ms
+        for problem in evaluator.evaluate_all(t_ms / 1000):
+            errors.append(f"    rule: {problem}, time: {_fmt_duration(t_ms / 1000)}")
+        # As promtool: an eval_time between two steps sees the alerts of the step before it.
+        for wanted in alert_times:
+            if t_ms <= wanted < t_ms + step_ms:
+                got: dict[str, list] = {}
+                for rule in evaluator.alerting_rules():
+                    alerts = [
+                        _alert_key(a.labels, a.annotations) for a in rule.alerts(State.FIRING)
+                    ]
+                    got.setdefault(rule.name, []).extend(alerts)  # same-name rules add up
+                got_at[wanted] = got
     for case in alert_tests:
         errors += _check_alerts(case, got_at)
     for case in expr_tests:
@@ -138,12 +150,16 @@ def _run_test_case(test: dict[str, Any], index: int, groups, default_interval: f
     return errors
 
 
+def _ms(duration: Any) -> int:
+    return round(parse_duration(str(duration)) * 1000)
+
+
 def _alert_key(labels: Labels | Mapping[str, str], annotations: Mapping[str, str]) -> tuple:
     pairs = labels.items() if isinstance(labels, Mapping) else labels
     return (tuple(sorted(pairs)), tuple(sorted(annotations.items())))
 
 
-def _check_alerts(case: dict[str, Any], got_at: dict[float, dict[str, list]]) -> list[str]:
+def _check_alerts(case: dict[str, Any], got_at: dict[int, dict[str, list]]) -> list[str]:
     t = parse_duration(str(case["eval_time"]))
     name = case["alertname"]
     expected = sorted(
@@ -154,7 +170,7 @@ def _check_alerts(case: dict[str, Any], got_at: dict[float, dict[str, list]]) ->
         )
         for a in case.get("exp_alerts") or []
     )  # fmt: skip
-    got = sorted(got_at.get(t, {}).get(name, []))
+    got = sorted(got_at.get(round(t * 1000), {}).get(name, []))
     if expected == got:
         return []
     return [
@@ -176,7 +192,7 @@ def _check_expr(case: dict[str, Any], store: SeriesStore) -> list[str]:
     else:
         got = [(element.labels, element.value) for element in result]
     expected = [
-        (parse_series(str(sample.get("labels", "{}"))), float(sample["value"]))
+        (_expected_labels(sample.get("labels")), float(sample["value"]))
         for sample in case.get("exp_samples") or []
     ]
     if _same_samples(expected, got):
@@ -186,6 +202,13 @@ def _check_expr(case: dict[str, Any], store: SeriesStore) -> list[str]:
         f"        exp: {_fmt_samples(expected)}",
         f"        got: {_fmt_samples(got)}",
     ]
+
+
+def _expected_labels(text: Any) -> Labels:
+    """`exp_samples.labels`: a series like `m{a="b"}`, or nothing / `{}` for no labels."""
+    if text is None or not str(text).strip() or str(text).strip() == "{}":
+        return ()
+    return parse_series(str(text))
 
 
 def _same_samples(expected: list[tuple[Labels, float]], got: list[tuple[Labels, float]]) -> bool:
