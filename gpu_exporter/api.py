@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from gpu_exporter import __version__
 from gpu_exporter.exposition import (
@@ -18,6 +18,7 @@ from gpu_exporter.exposition import (
 )
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.snapshot import DeviceSample
+from gpu_exporter.status_page import render_status_page, status_page_headers
 
 # Liveness fails only when the sampler has clearly stopped: several missed ticks, never one.
 STALE_TICKS = 5
@@ -85,6 +86,10 @@ def create_app(
                 },
             }
         )
+
+    @app.get("/", include_in_schema=False)
+    def status_page() -> Response:
+        return HTMLResponse(render_status_page(), headers=status_page_headers())
 
     @app.get("/api/v1/rules")
     def rules_endpoint() -> Response:

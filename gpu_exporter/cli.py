@@ -138,7 +138,15 @@ def serve(args: argparse.Namespace) -> int:
         print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
         source.close()
         return EXIT_USAGE
+    attribution = _start_attribution(config)
     sampler = Sampler(source, errors, interval=config.interval_seconds)
+    if attribution is not None:
+        from gpu_exporter.k8s.labels import device_labels_source, pod_info_processor
+
+        sampler.add_processor(pod_info_processor(attribution))
+        sampler.add_collector(attribution)
+        if config.kubernetes.mode == "labels":
+            sampler.set_device_labels(device_labels_source(attribution))
     try:
         rule_manager, notifier = _start_alerting(config, sampler)
     except ValueError as exc:  # RuleFileError, bad Alertmanager settings
@@ -158,10 +166,33 @@ def serve(args: argparse.Namespace) -> int:
         sampler.stop()
         if notifier is not None:
             notifier.stop()
+        if attribution is not None:
+            attribution.stop()
         source.close()
         if simulator is not None:
             sim.uninstall()
     return 0
+
+
+def _start_attribution(config):
+    """kubelet PodResources client, refreshed on its own thread (never on the scrape path)."""
+    if not config.kubernetes.active():
+        return None
+    from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
+
+    k8s = config.kubernetes
+    attribution = PodAttribution(
+        AttributionSettings(
+            socket_path=k8s.socket_path,
+            resource_names=tuple(k8s.resource_names),
+            resource_prefixes=tuple(k8s.resource_prefixes),
+            refresh_seconds=k8s.refresh_seconds,
+            timeout_seconds=k8s.timeout_seconds,
+        )
+    )
+    attribution.start()
+    log.info("pod attribution from %s (%s mode)", k8s.socket_path, k8s.mode)
+    return attribution
 
 
 def _start_alerting(config, sampler):

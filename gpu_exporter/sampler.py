@@ -75,6 +75,10 @@ class Sampler:
         self.last_tick_monotonic: float | None = None
         self.started_monotonic: float | None = None
 
+    def set_device_labels(self, source: Callable[[], Mapping[str, Labels]]) -> None:
+        """Extra labels per GPU UUID for every series (pod attribution), read once per tick."""
+        self._device_labels = source
+
     def add_processor(self, processor: Processor) -> None:
         """Runs on every tick's device samples before the snapshot is built."""
         self._processors.append(processor)
@@ -118,6 +122,7 @@ class Sampler:
                 tick_seconds=elapsed,
                 sequence=sequence,
                 stats=self._accounting.observe(elapsed, now),
+                device_labels=self._device_labels(),
             )
             for listener in self._listeners:
                 try:
@@ -125,7 +130,7 @@ class Sampler:
                 except Exception:  # a rule-engine bug must not stop sampling
                     log.exception("snapshot listener %r failed", listener)
                     self.errors.add("exporter", "listener", "exception")
-            rendered = RenderedMetrics(snapshot, self._device_labels(), self._collectors)
+            rendered = RenderedMetrics(snapshot, snapshot.device_labels, self._collectors)
             self.latest, self.rendered = snapshot, rendered  # readers see both or neither
             self.last_tick_monotonic = time.monotonic()
             return snapshot

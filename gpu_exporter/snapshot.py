@@ -84,6 +84,8 @@ class Snapshot:
     tick_seconds: float = 0.0
     sequence: int = 0
     stats: TickStats = field(default_factory=TickStats)
+    # Pod attribution in force for this tick: GPU UUID -> namespace/pod/container labels.
+    device_labels: Mapping[str, Labels] = field(default_factory=dict)
 
     def device(self, index: int) -> DeviceSample | None:
         for device in self.devices:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Set up everything the tests need and run the whole suite: lint, format check, pytest.
-# Installs the Debian packages prometheus (promtool, server), prometheus-alertmanager and
-# openssl when they are missing (as root, or through sudo). Extra arguments go to pytest.
+# Installs the Debian packages prometheus (promtool, server), prometheus-alertmanager,
+# openssl and chromium when they are missing (as root, or through sudo). Extra arguments go to pytest.
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
 need_debs=()
 command -v promtool >/dev/null 2>&1 || need_debs+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need_debs+=(prometheus-alertmanager)
 command -v openssl >/dev/null 2>&1 || need_debs+=(openssl)  # test TLS certificates
+command -v chromium >/dev/null 2>&1 || need_debs+=(chromium)  # status page browser test
 if [ "${#need_debs[@]}" -gt 0 ]; then
   echo "installing Debian packages: ${need_debs[*]}"
   as_root apt-get update -qq

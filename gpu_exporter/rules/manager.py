@@ -24,7 +24,6 @@ from gpu_exporter.rules.alerts import Alert, AlertingRule, State, ends_at
 from gpu_exporter.rules.engine import GroupEvaluator, GroupState
 from gpu_exporter.rules.loader import RuleFileError, expand_paths, load_rule_files
 from gpu_exporter.rules.pack import default_rule_files
-from gpu_exporter.snapshot import Labels as SnapshotLabels
 from gpu_exporter.snapshot import Snapshot
 from gpu_exporter.store import Labels, SeriesStore, make_labels
 
@@ -45,11 +44,10 @@ class RuleSettings:
     reload_check_seconds: float = 5.0
 
 
-def snapshot_samples(
-    snapshot: Snapshot, device_labels: dict[str, SnapshotLabels] | None = None
-) -> Iterator[tuple[Labels, float]]:
-    """The snapshot as the series Prometheus would scrape (same names and labels)."""
-    device_labels = device_labels or {}
+def snapshot_samples(snapshot: Snapshot) -> Iterator[tuple[Labels, float]]:
+    """The snapshot as the series Prometheus would scrape (same names and labels, pod labels
+    included, so both alert paths carry the same label sets)."""
+    device_labels = snapshot.device_labels
     for device in snapshot.devices:
         base = (*device.labels, *device_labels.get(device.uuid, ()))
         yield make_labels("gpu_info", (*base, *device.info.items())), 1.0
@@ -154,10 +152,10 @@ class RuleManager:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def on_snapshot(self, snapshot: Snapshot, device_labels=None) -> None:
+    def on_snapshot(self, snapshot: Snapshot) -> None:
         now = snapshot.timestamp
         self.reload_if_changed(time.monotonic())
-        self.store.ingest(now, snapshot_samples(snapshot, device_labels))
+        self.store.ingest(now, snapshot_samples(snapshot))
         with self._lock:
             evaluator = self.evaluator
             for group in evaluator.groups:

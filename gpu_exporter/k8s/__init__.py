@@ -1,0 +1,1 @@
+"""Kubernetes integration: pod attribution from the kubelet PodResources API."""

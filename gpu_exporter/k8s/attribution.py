@@ -1,0 +1,232 @@
+"""Which pod holds which GPU: the kubelet PodResources v1 API, polled on its own thread.
+
+The kubelet serves `List()` on a unix socket (default
+/var/lib/kubelet/pod-resources/kubelet.sock). Every container's devices of the configured
+resources (`nvidia.com/gpu`, `nvidia.com/mig-*`, extras) are mapped device id -> pods. The map
+is rebuilt every `refresh_seconds` on a background thread and swapped in atomically, so a
+scrape only ever reads a finished, immutable snapshot and never waits on the kubelet.
+
+Device ids, as the NVIDIA device plugin reports them to the kubelet (its internal/rm/devices.go
+and api/config/v1/replicas.go): the device's UUID, `GPU-<uuid>` or `MIG-<uuid>` (older drivers:
+`MIG-GPU-<uuid>/<gi>/<ci>`), whatever `deviceIDStrategy` is (that flag only changes what the
+plugin hands to the container). With time-slicing or MPS sharing each physical device is
+advertised `replicas` times as `<uuid>::<n>`; we strip `::<n>` so every replica lands on the
+physical device, and pods sharing it are listed together. Anything else (an index such as
+"0", another plugin's naming) is kept as given, so a consumer can still match it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpu_exporter.catalog import BY_NAME
+from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+UP = "gpu_exporter_attribution_up"
+REFRESHES = "gpu_exporter_attribution_refreshes_total"
+LAST_SUCCESS = "gpu_exporter_attribution_last_success_timestamp_seconds"
+
+# "<device id>::<replica>", the NVIDIA device plugin's id for one share of a time-sliced or
+# MPS-shared device.
+_REPLICA_SUFFIX = re.compile(r"::\d+$")
+_OK = "ok"
+
+
+@dataclass(frozen=True, order=True)
+class PodRef:
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass
+class AttributionSettings:
+    socket_path: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
+    resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+    refresh_seconds: float = 10.0
+    timeout_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        # The config layer hands over lists; tuples keep the settings hashable and unshared.
+        self.resource_names = tuple(self.resource_names)
+        self.resource_prefixes = tuple(self.resource_prefixes)
+
+    def wants(self, resource_name: str) -> bool:
+        return resource_name in self.resource_names or resource_name.startswith(
+            self.resource_prefixes
+        )
+
+
+DeviceMap = Mapping[str, tuple[PodRef, ...]]
+_NO_PODS: DeviceMap = MappingProxyType({})
+
+
+def normalize_device_id(device_id: str) -> str:
+    """The physical device behind a kubelet device id: `GPU-x::3` -> `GPU-x`; others as given."""
+    return _REPLICA_SUFFIX.sub("", device_id.strip())
+
+
+def map_devices(
+    pods: Iterable[api_pb2.PodResources], settings: AttributionSettings
+) -> dict[str, tuple[PodRef, ...]]:
+    """Device id -> every container holding it, sorted (shared devices have several)."""
+    holders: defaultdict[str, set[PodRef]] = defaultdict(set)
+    for pod in pods:
+        for container in pod.containers:
+            ref = PodRef(pod.namespace, pod.name, container.name)
+            for devices in container.devices:
+                if not settings.wants(devices.resource_name):
+                    continue
+                for device_id in devices.device_ids:
+                    if device := normalize_device_id(device_id):
+                        holders[device].add(ref)
+    return {device: tuple(sorted(refs)) for device, refs in sorted(holders.items())}
+
+
+@dataclass(frozen=True)
+class _Status:
+    """Self-telemetry, replaced as a whole so `collect` reads a consistent set without a lock."""
+
+    up: bool = False
+    successes: int = 0
+    errors: int = 0
+    last_success: float = 0.0  # Unix time; 0 until the first success
+
+
+def _explain(error: Exception) -> tuple[str, str]:
+    """(state key, log message) for a failed refresh; the key decides when to log again."""
+    if isinstance(error, FileNotFoundError):
+        return "missing", "socket missing"
+    if not isinstance(error, grpc.Call):
+        return type(error).__name__, f"unexpected error: {error!r}"
+    code = error.code()
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return (
+            code.name,
+            "the kubelet does not serve the PodResources v1 API (Kubernetes older than 1.20?)",
+        )
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return code.name, "the kubelet did not answer List() in time"
+    return code.name, f"{code.name}: {error.details()}"
+
+
+class PodAttribution:
+    """Polls the kubelet and keeps the latest device -> pods map; see the module docstring."""
+
+    def __init__(
+        self, settings: AttributionSettings, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._by_device: DeviceMap = _NO_PODS
+        self._status = _Status()
+        self._state: str | None = None  # _OK or an error key; a change is logged once
+        self._refresh_lock = threading.Lock()  # the thread and a caller may refresh at once
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Refresh now and then every `refresh_seconds` on a daemon thread."""
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="pod-attribution", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            # An in-flight List() ends at its deadline at the latest.
+            thread.join(timeout=self.settings.timeout_seconds + 1.0)
+
+    def _run(self) -> None:
+        while True:
+            self.refresh()
+            if self._stopping.wait(self.settings.refresh_seconds):
+                return
+
+    def refresh(self) -> bool:
+        """One List() call; True when the map now reflects the kubelet. Never raises."""
+        with self._refresh_lock:
+            try:
+                by_device = map_devices(self._list().pod_resources, self.settings)
+            except Exception as error:  # the refresh thread must survive anything
+                self._failed(error)
+                return False
+            self._succeeded(by_device)
+            return True
+
+    def pods_by_device(self) -> DeviceMap:
+        """Read-only snapshot: device id (GPU or MIG UUID, as given) -> pods holding it."""
+        return self._by_device
+
+    def collect(self) -> Iterator[Metric]:
+        status = self._status
+        up = GaugeMetricFamily(UP, BY_NAME[UP].help)
+        up.add_metric([], 1.0 if status.up else 0.0)
+        yield up
+        refreshes = CounterMetricFamily(
+            BY_NAME[REFRESHES].base_name, BY_NAME[REFRESHES].help, labels=["result"]
+        )
+        refreshes.add_metric(["success"], status.successes)
+        refreshes.add_metric(["error"], status.errors)
+        yield refreshes
+        last = GaugeMetricFamily(
+            LAST_SUCCESS, BY_NAME[LAST_SUCCESS].help, unit=BY_NAME[LAST_SUCCESS].unit
+        )
+        last.add_metric([], status.last_success)
+        yield last
+
+    def _list(self) -> api_pb2.ListPodResourcesResponse:
+        path = self.settings.socket_path
+        if not os.path.exists(path):
+            raise FileNotFoundError(path)
+        # A fresh channel per refresh: a long-lived one backs off for up to two minutes after
+        # a kubelet restart, while a unix-socket connect every few seconds costs nothing.
+        with grpc.insecure_channel("unix://" + os.path.abspath(path)) as channel:
+            stub = api_pb2_grpc.PodResourcesListerStub(channel)
+            request = api_pb2.ListPodResourcesRequest()
+            return stub.List(request, timeout=self.settings.timeout_seconds)
+
+    def _succeeded(self, by_device: dict[str, tuple[PodRef, ...]]) -> None:
+        # Pods absent from this answer (finished, evicted) lose their labels here.
+        self._by_device = MappingProxyType(by_device)
+        old = self._status
+        self._status = _Status(True, old.successes + 1, old.errors, self._clock())
+        if self._state != _OK:
+            log.info(
+                "pod attribution: kubelet PodResources answered at %s (%d devices held by pods)",
+                self.settings.socket_path,
+                len(by_device),
+            )
+        self._state = _OK
+
+    def _failed(self, error: Exception) -> None:
+        # Stale labels are worse than none: a GPU would keep reporting a pod that has finished
+        # while another pod uses it. So an unreachable kubelet clears the map.
+        self._by_device = _NO_PODS
+        old = self._status
+        self._status = _Status(False, old.successes, old.errors + 1, old.last_success)
+        state, message = _explain(error)
+        if state != self._state:
+            log.warning(
+                "pod attribution: no pod labels until the kubelet answers at %s: %s",
+                self.settings.socket_path,
+                message,
+            )
+        self._state = state

@@ -1,0 +1,1 @@
+"""Generated kubelet PodResources API stubs (see scripts/gen-podresources.sh)."""

@@ -1,0 +1,402 @@
+"""The status page at `/`: one self-contained HTML document for `kubectl port-forward` debugging.
+
+No external assets (inline CSS and JS, system fonts, no framework). The script polls
+`api/v1/devices` and `api/v1/alerts` every 2 s through relative URLs, so the page also works
+behind a path prefix, and puts every value into the DOM with `textContent`, never as markup.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import re
+
+from gpu_exporter import __version__
+
+REFRESH_SECONDS = 2
+
+_PAGE = r"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
+<title>gpu-exporter status</title>
+<style>
+:root {
+  --bg: #ffffff; --fg: #1b1f24; --muted: #57606a; --line: #d0d7de; --head: #f6f8fa;
+  --bar: #e6e9ee; --fill: #2f6fdd; --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700;
+  --warn-bg: #fff8c5; --bad-bg: #ffebe9; --chip: #eef1f5;
+}
+@media (prefers-color-scheme: dark) {
+  :root {
+    --bg: #0d1117; --fg: #e6edf3; --muted: #8d96a0; --line: #30363d; --head: #161b22;
+    --bar: #262c36; --fill: #4c8fff; --ok: #3fb950; --bad: #ff7b72; --warn: #d29922;
+    --warn-bg: #3b2e0a; --bad-bg: #4a1414; --chip: #21262d;
+  }
+}
+* { box-sizing: border-box; }
+body {
+  margin: 0; padding: 1rem 1.25rem; background: var(--bg); color: var(--fg);
+  font: 14px/1.4 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+}
+header { display: flex; flex-wrap: wrap; align-items: baseline; gap: .5rem 1.5rem; }
+h1 { font-size: 1.3rem; margin: 0; }
+h2 { font-size: 1.05rem; margin: 1.5rem 0 .5rem; }
+.muted { color: var(--muted); }
+#error {
+  margin: .75rem 0; padding: .6rem .8rem; border: 1px solid var(--bad);
+  background: var(--bad-bg); color: var(--fg); border-radius: 6px; font-weight: 600;
+}
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; width: 100%; }
+caption { text-align: left; color: var(--muted); padding-bottom: .3rem; }
+th, td { padding: .3rem .45rem; border-bottom: 1px solid var(--line); text-align: left;
+  vertical-align: middle; white-space: nowrap; }
+thead th { background: var(--head); font-weight: 600; white-space: normal;
+  vertical-align: bottom; }
+tbody th { font-weight: 600; }
+.stale { opacity: .55; }
+.num { font-variant-numeric: tabular-nums; }
+.na { color: var(--muted); font-style: italic; }
+.state-up { color: var(--ok); font-weight: 600; }
+.state-down { color: var(--bad); font-weight: 600; }
+tr.down td, tr.down th { background: var(--bad-bg); }
+.bar { display: block; width: 5rem; height: .45rem; margin-top: .2rem; background: var(--bar);
+  border-radius: 3px; overflow: hidden; }
+.bar > span { display: block; height: 100%; background: var(--fill); }
+.bar.hot > span { background: var(--warn); }
+.chip { display: inline-block; white-space: nowrap; margin: 0 .25rem .15rem 0; padding: 0 .45rem;
+  border-radius: 999px; background: var(--warn-bg); color: var(--fg);
+  border: 1px solid var(--warn); font-size: .85em; }
+.class { display: inline-block; padding: 0 .45rem; border-radius: 4px; background: var(--chip);
+  font-weight: 600; }
+.firing { color: var(--bad); font-weight: 600; }
+.pending { color: var(--warn); font-weight: 600; }
+td.summary { white-space: normal; min-width: 20rem; }
+td.throttle { white-space: normal; min-width: 9rem; }
+.line { display: block; }
+footer { margin-top: 1.5rem; font-size: .85em; }
+</style>
+</head>
+<body>
+<header>
+  <h1>gpu-exporter</h1>
+  <span id="node" class="muted"></span>
+  <span>Last updated: <time id="updated">never</time></span>
+</header>
+<div id="error" role="alert" hidden></div>
+<noscript><p>This page needs JavaScript; the raw data is at
+  <a href="api/v1/devices">api/v1/devices</a> and <a href="api/v1/alerts">api/v1/alerts</a>.
+</p></noscript>
+
+<h2 id="gpus-title">GPUs</h2>
+<div class="scroll">
+<table id="gpus" aria-labelledby="gpus-title">
+  <caption>Activity values are fractions of the last sample period; n/a means the GPU
+    or driver cannot measure it.</caption>
+  <thead><tr>
+    <th scope="col">GPU</th>
+    <th scope="col">Model</th>
+    <th scope="col">State</th>
+    <th scope="col">Bottleneck</th>
+    <th scope="col">Utilization</th>
+    <th scope="col">SM activity</th>
+    <th scope="col">Tensor activity</th>
+    <th scope="col">DRAM activity</th>
+    <th scope="col">Power / limit</th>
+    <th scope="col">SM clock / max</th>
+    <th scope="col">Temperature</th>
+    <th scope="col">Throttle reasons</th>
+  </tr></thead>
+  <tbody><tr><td colspan="12" class="muted">Loading&hellip;</td></tr></tbody>
+</table>
+</div>
+
+<h2 id="alerts-title">Alerts <span id="alert-count" class="muted"></span></h2>
+<div class="scroll">
+<table id="alerts" aria-labelledby="alerts-title">
+  <thead><tr>
+    <th scope="col">State</th>
+    <th scope="col">Alert</th>
+    <th scope="col">Severity</th>
+    <th scope="col">GPU</th>
+    <th scope="col">Summary</th>
+  </tr></thead>
+  <tbody><tr><td colspan="5" class="muted">Loading&hellip;</td></tr></tbody>
+</table>
+</div>
+
+<footer class="muted">gpu-exporter __VERSION__ &middot; refreshes every __REFRESH__ s &middot;
+  <a href="metrics">metrics</a> &middot; <a href="api/v1/devices">devices</a> &middot;
+  <a href="api/v1/alerts">alerts</a> &middot; <a href="api/v1/rules">rules</a></footer>
+
+<script>
+"use strict";
+(() => {
+  const REFRESH_MS = __REFRESH__ * 1000;
+  const TIMEOUT_MS = 5000;
+  // data-col names, in column order: stable hooks for tests and user styles.
+  const GPU_COLS = ["gpu", "model", "state", "bottleneck", "util", "sm", "tensor", "dram",
+    "power", "clock", "temp", "throttle"];
+  const ALERT_COLS = ["state", "alertname", "severity", "gpu", "summary"];
+  let lastOk = null;  // when the device data last arrived
+
+  // Every value goes through textContent: API data is never parsed as markup.
+  function el(tag, text, cls) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (cls) node.className = cls;
+    return node;
+  }
+  const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : null);
+  const list = (m, family) => (Array.isArray(m[family]) ? m[family] : []);
+  const labelOf = (s, key) => (s && s.labels && s.labels[key] != null ? String(s.labels[key]) : "");
+
+  function labelled(m, family, key, want) {
+    for (const s of list(m, family)) if (labelOf(s, key) === want) return num(s.value);
+    return null;
+  }
+  function activeLabels(m, family, key) {
+    return list(m, family).filter((s) => s && s.value === 1).map((s) => labelOf(s, key));
+  }
+  function bottleneck(m) {
+    if (!Array.isArray(m.gpu_bottleneck)) return null;  // no classifier output: unknown
+    return activeLabels(m, "gpu_bottleneck", "class")[0] || "unknown";
+  }
+
+  function bar(fraction, hot) {
+    const outer = el("span", null, hot ? "bar hot" : "bar");
+    outer.setAttribute("aria-hidden", "true");
+    const inner = el("span");
+    inner.style.width = (Math.max(0, Math.min(1, fraction)) * 100).toFixed(1) + "%";
+    outer.append(inner);
+    return outer;
+  }
+  function naCell(cls) {
+    const td = el("td", "n/a", "na " + cls);
+    td.title = "not measured on this GPU";
+    return td;
+  }
+  function pctCell(v, cls) {
+    if (v === null) return naCell(cls);
+    const td = el("td", null, "num " + cls);
+    td.append(el("span", Math.round(v * 100) + "%", "val"), bar(v, false));
+    return td;
+  }
+  function ratioCell(value, limit, unit, cls, hotAt) {
+    if (value === null) return naCell(cls);
+    const td = el("td", null, "num " + cls);
+    const fmt = (x) => Math.round(x).toLocaleString("en-US");
+    const text = (limit === null ? fmt(value) : fmt(value) + " / " + fmt(limit)) + " " + unit;
+    td.append(el("span", text, "val"));
+    if (limit !== null && limit > 0) td.append(bar(value / limit, value / limit >= hotAt));
+    return td;
+  }
+
+  function deviceRow(d) {
+    const m = d.metrics && typeof d.metrics === "object" ? d.metrics : {};
+    const tr = el("tr");
+    tr.dataset.gpu = String(d.index);
+    if (!d.up) tr.className = "down";
+    const idx = el("th", d.index, "num index");
+    idx.scope = "row";
+    tr.append(idx, el("td", (d.info && d.info.model) || "—", "model"));
+
+    const state = el("td", null, "state");
+    if (d.up) state.append(el("span", "up", "state-up"));
+    else {
+      state.append(el("span", "down", "state-down"));
+      if (d.down_reason) state.append(el("span", ": " + d.down_reason, "reason"));
+    }
+    tr.append(state);
+
+    const cls = bottleneck(m);
+    const clsCell = el("td", null, "bottleneck");
+    if (cls === null) {
+      clsCell.append(el("span", "—", "na"));
+      clsCell.title = "unknown: no bottleneck class reported";
+    } else clsCell.append(el("span", cls, "class"));
+    tr.append(clsCell);
+
+    tr.append(
+      pctCell(num(m.gpu_utilization_ratio), "util"),
+      pctCell(num(m.gpu_sm_active_ratio), "sm"),
+      pctCell(num(m.gpu_tensor_active_ratio), "tensor"),
+      pctCell(num(m.gpu_dram_active_ratio), "dram"),
+      ratioCell(num(m.gpu_power_watts), num(m.gpu_power_limit_watts), "W", "power", 0.95),
+    );
+    const mhz = (v) => (v === null ? null : v / 1e6);
+    tr.append(ratioCell(mhz(labelled(m, "gpu_clock_hertz", "clock", "sm")),
+      mhz(labelled(m, "gpu_clock_max_hertz", "clock", "sm")), "MHz", "clock", 2));
+
+    const gpuTemp = labelled(m, "gpu_temperature_celsius", "sensor", "gpu");
+    const memTemp = labelled(m, "gpu_temperature_celsius", "sensor", "memory");
+    if (gpuTemp === null && memTemp === null) tr.append(naCell("temp"));
+    else {
+      const td = el("td", null, "num temp");
+      if (gpuTemp !== null) td.append(el("span", Math.round(gpuTemp) + " °C", "line"));
+      if (memTemp !== null) td.append(el("span", "memory " + Math.round(memTemp) + " °C", "line"));
+      tr.append(td);
+    }
+
+    // Active clock-event reasons; gpu_idle is normal, not throttling.
+    if (!Array.isArray(m.gpu_clock_event_active)) tr.append(naCell("throttle"));
+    else {
+      const td = el("td", null, "throttle");
+      const reasons = activeLabels(m, "gpu_clock_event_active", "reason")
+        .filter((r) => r !== "gpu_idle");
+      if (reasons.length === 0) td.append(el("span", "none", "muted"));
+      for (const r of reasons) td.append(el("span", r, "chip"));
+      tr.append(td);
+    }
+    GPU_COLS.forEach((name, i) => { tr.children[i].dataset.col = name; });
+    return tr;
+  }
+
+  function messageRow(text, columns) {
+    const td = el("td", text, "muted");
+    td.colSpan = columns;
+    const tr = el("tr");
+    tr.append(td);
+    return tr;
+  }
+
+  function renderDevices(data) {
+    const devices = Array.isArray(data.devices) ? data.devices.slice() : [];
+    devices.sort((a, b) => a.index - b.index);
+    const body = document.querySelector("#gpus tbody");
+    const rows = devices.map(deviceRow);
+    if (rows.length === 0) rows.push(messageRow("No GPUs found.", GPU_COLS.length));
+    body.replaceChildren(...rows);
+    const node = data.node || {};
+    const up = devices.filter((d) => d.up).length;
+    let text = up + " of " + devices.length + " GPUs up";
+    if (node.driver_version) text += " · driver " + node.driver_version;
+    if (typeof data.timestamp === "number") {
+      text += " · snapshot " + new Date(data.timestamp * 1000).toLocaleTimeString();
+    }
+    document.getElementById("node").textContent = text;
+  }
+
+  const STATE_ORDER = { firing: 0, pending: 1 };
+  function renderAlerts(data) {
+    const alerts = Array.isArray(data.alerts) ? data.alerts.slice() : [];
+    const gpuOf = (a) => labelOf(a, "gpu");
+    alerts.sort((a, b) =>
+      (STATE_ORDER[a.state] ?? 2) - (STATE_ORDER[b.state] ?? 2) ||
+      (Number(gpuOf(a)) || 0) - (Number(gpuOf(b)) || 0) ||
+      labelOf(a, "alertname").localeCompare(labelOf(b, "alertname")));
+    const rows = alerts.map((a) => {
+      const tr = el("tr");
+      const ann = a.annotations || {};
+      tr.append(
+        el("td", a.state, "state " + (a.state === "firing" ? "firing" : "pending")),
+        el("td", labelOf(a, "alertname"), "alertname"),
+        el("td", labelOf(a, "severity") || "—", "severity"),
+        el("td", gpuOf(a) || "—", "num gpu"),
+        el("td", ann.summary || ann.description || "", "summary"),
+      );
+      ALERT_COLS.forEach((name, i) => { tr.children[i].dataset.col = name; });
+      return tr;
+    });
+    if (rows.length === 0) rows.push(messageRow("No firing or pending alerts.", ALERT_COLS.length));
+    document.querySelector("#alerts tbody").replaceChildren(...rows);
+    const firing = alerts.filter((a) => a.state === "firing").length;
+    document.getElementById("alert-count").textContent =
+      "(" + firing + " firing, " + (alerts.length - firing) + " pending)";
+  }
+
+  async function getData(url) {
+    const ctl = new AbortController();
+    const timer = setTimeout(() => ctl.abort(), TIMEOUT_MS);
+    try {
+      const resp = await fetch(url, { cache: "no-store", signal: ctl.signal,
+        headers: { Accept: "application/json" } });
+      let body = null;
+      try { body = await resp.json(); } catch (e) { /* not JSON: reported below */ }
+      if (!resp.ok || !body || body.status !== "success" || !body.data) {
+        const why = (body && body.error) || (resp.ok ? "not an API response" : "");
+        throw new Error(why ? why + " (HTTP " + resp.status + ")" : "HTTP " + resp.status);
+      }
+      return body.data;
+    } catch (e) {
+      const why = e && e.name === "AbortError" ? "timed out" : (e && e.message) || String(e);
+      throw new Error(url + ": " + why);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async function refresh() {
+    const [devices, alerts] = await Promise.allSettled(
+      [getData("api/v1/devices"), getData("api/v1/alerts")]);
+    const problems = [];
+    for (const [result, render, table, columns] of [
+      [devices, renderDevices, "gpus", GPU_COLS.length],
+      [alerts, renderAlerts, "alerts", ALERT_COLS.length]]) {
+      const ok = result.status === "fulfilled";
+      if (ok) {
+        try { render(result.value); } catch (e) { problems.push("bad data: " + e.message); }
+      } else problems.push(result.reason.message);
+      const node = document.getElementById(table);
+      node.classList.toggle("stale", !ok);
+      if (!ok && !node.dataset.loaded) {  // never had data: say so instead of "Loading"
+        node.tBodies[0].replaceChildren(messageRow("No data: the API did not answer.", columns));
+      }
+      if (ok) node.dataset.loaded = "1";
+    }
+    if (devices.status === "fulfilled") {
+      lastOk = new Date();
+      const t = document.getElementById("updated");
+      t.textContent = lastOk.toLocaleTimeString();
+      t.dateTime = lastOk.toISOString();
+    }
+    const banner = document.getElementById("error");
+    if (problems.length) {
+      banner.textContent = "Cannot reach the exporter API (" + problems.join("; ") + "). " +
+        (lastOk ? "Showing data from " + lastOk.toLocaleTimeString() + ". " : "") +
+        "Retrying every " + REFRESH_MS / 1000 + " s.";
+      banner.hidden = false;
+    } else banner.hidden = true;
+    setTimeout(refresh, REFRESH_MS);
+  }
+  refresh();
+})();
+</script>
+</body>
+</html>
+"""
+
+
+def render_status_page() -> str:
+    """The whole page; static apart from the version, so it can be served from memory."""
+    return _PAGE.replace("__VERSION__", html.escape(__version__)).replace(
+        "__REFRESH__", str(REFRESH_SECONDS)
+    )
+
+
+def _inline_hash(page: str, tag: str) -> str:
+    body = re.search(rf"<{tag}>(.*?)</{tag}>", page, re.S)
+    if body is None:
+        raise ValueError(f"status page has no <{tag}> block")
+    digest = hashlib.sha256(body.group(1).encode()).digest()
+    return f"'sha256-{base64.b64encode(digest).decode()}'"
+
+
+def status_page_headers() -> dict[str, str]:
+    """Response headers for the page: a CSP that allows only its own inline script and style
+    (by hash) and requests to the same origin, so even a missed escape could not run code."""
+    page = render_status_page()
+    csp = (
+        f"default-src 'none'; script-src {_inline_hash(page, 'script')}; "
+        f"style-src {_inline_hash(page, 'style')}; connect-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return {
+        "Content-Security-Policy": csp,
+        "Cache-Control": "no-store",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+    }

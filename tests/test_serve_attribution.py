@@ -1,0 +1,114 @@
+"""The daemon with a fake kubelet: pod labels on allocated GPUs' series, none on free ones,
+labels gone when the pod is, and every metric still served without a kubelet."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.daemon import parse_samples, serve
+from tests.fake_kubelet import FakeKubelet, pod
+from tests.support import promtool_check_metrics
+
+
+def uuids(daemon) -> list[str]:
+    devices = httpx.get(f"{daemon.url}/api/v1/devices", timeout=5).json()["data"]["devices"]
+    return [d["uuid"] for d in devices]
+
+
+def config(tmp_path: Path, kubelet: FakeKubelet | None, mode: str = "labels") -> Path:
+    socket_path = kubelet.socket_path if kubelet else "/nonexistent/kubelet.sock"
+    path = tmp_path / f"k8s-{mode}.yaml"
+    path.write_text(
+        "kubernetes:\n"
+        "  enabled: true\n"
+        f"  socket_path: {socket_path}\n"
+        "  refresh_seconds: 1\n"
+        f"  mode: {mode}\n"
+    )
+    return path
+
+
+def text_with(daemon, needle: str) -> str:
+    """The exposition once it contains `needle`."""
+
+    def check() -> str | None:
+        text = daemon.metrics_text()
+        return text if needle in text else None
+
+    return wait_for(check)
+
+
+def wait_for(predicate, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def test_pod_labels_follow_the_kubelet(tmp_path: Path) -> None:
+    kubelet = FakeKubelet().start()
+    try:
+        with serve(
+            tmp_path, "--simulate", "mixed", "--interval", "0.5", "--config",
+            str(config(tmp_path, kubelet)),
+        ) as daemon:  # fmt: skip
+            daemon.wait_ready()
+            gpu = uuids(daemon)
+            kubelet.set_pods(
+                [
+                    pod("ml", "trainer-0", {"main": [("nvidia.com/gpu", [gpu[4], gpu[5]])]}),
+                    pod("web", "infer-1", {"srv": [("nvidia.com/gpu", [gpu[1]])]}),
+                ]
+            )
+            labelled = 'gpu_sm_active_ratio{container="main",gpu="4",namespace="ml",pod="trainer-0"'
+            text = text_with(daemon, labelled)
+            assert promtool_check_metrics(text.encode()).returncode == 0
+            assert 'gpu_power_watts{container="srv",gpu="1",namespace="web",pod="infer-1"' in text
+            # Free GPUs carry no pod: the labels are empty, which Prometheus reads as absent.
+            assert 'gpu_power_watts{container="",gpu="0",namespace="",pod=""' in text
+            samples = parse_samples(text)
+            info = [k for k in samples if k.startswith("gpu_pod_info{")]
+            assert len(info) == 3  # trainer-0 holds two GPUs, infer-1 one
+            # The pod finishes: its labels disappear at the next refresh.
+            kubelet.set_pods([pod("web", "infer-1", {"srv": [("nvidia.com/gpu", [gpu[1]])]})])
+            wait_for(lambda: 'pod="trainer-0"' not in daemon.metrics_text())
+            assert "gpu_attribution_up" not in daemon.metrics_text()
+            assert "gpu_exporter_attribution_up 1.0" in daemon.metrics_text()
+    finally:
+        kubelet.close()
+
+
+def test_info_mode_only_adds_the_join_metric(tmp_path: Path) -> None:
+    kubelet = FakeKubelet().start()
+    try:
+        with serve(
+            tmp_path, "--simulate", "mixed", "--interval", "0.5", "--config",
+            str(config(tmp_path, kubelet, mode="info")),
+        ) as daemon:  # fmt: skip
+            daemon.wait_ready()
+            gpu = uuids(daemon)
+            kubelet.set_pods([pod("ml", "trainer-0", {"main": [("nvidia.com/gpu", [gpu[2]])]})])
+            text = text_with(daemon, "gpu_pod_info{")
+            assert 'gpu_pod_info{container="main",gpu="2",namespace="ml",pod="trainer-0"' in text
+            assert 'namespace="ml"' not in text.split("gpu_pod_info")[0]  # no labels elsewhere
+    finally:
+        kubelet.close()
+
+
+def test_without_a_kubelet_every_metric_is_still_served(tmp_path: Path) -> None:
+    with serve(
+        tmp_path, "--simulate", "mixed", "--interval", "0.5", "--config",
+        str(config(tmp_path, None)),
+    ) as daemon:  # fmt: skip
+        daemon.wait_ready()
+        text = text_with(daemon, "gpu_sm_active_ratio{")
+        assert "gpu_exporter_attribution_up 0.0" in text
+        assert 'gpu_exporter_attribution_refreshes_total{result="error"}' in text
+        assert "pod=" not in text
+        assert sum(1 for line in text.splitlines() if line.startswith("gpu_up{")) == 8
