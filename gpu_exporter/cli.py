@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="label added to every alert sent (node defaults to $NODE_NAME), repeatable",
     )
     _add_rules_commands(commands)
+    from gpu_exporter import diagnose
+
+    diagnose.add_parser(commands)
     return parser
 
 
@@ -126,7 +129,13 @@ def serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         log.info("simulating scenario %r", config.simulate)
     errors = ErrorLog()
-    source = NvmlSource(settings=config.nvml.settings(config.interval_seconds), errors=errors)
+    from gpu_exporter.topology import read_topology
+
+    source = NvmlSource(
+        settings=config.nvml.settings(config.interval_seconds),
+        errors=errors,
+        topology_reader=read_topology,
+    )
     try:
         source.start()
     except SourceUnavailableError as exc:
@@ -140,6 +149,7 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     attribution = _start_attribution(config)
     sampler = Sampler(source, errors, interval=config.interval_seconds)
+    sampler.add_processor(_classifier(config).process)
     if attribution is not None:
         from gpu_exporter.k8s.labels import device_labels_source, pod_info_processor
 
@@ -172,6 +182,14 @@ def serve(args: argparse.Namespace) -> int:
         if simulator is not None:
             sim.uninstall()
     return 0
+
+
+def _classifier(config):
+    from gpu_exporter.classify import Classifier, Thresholds
+
+    settings = config.classifier.model_dump()
+    window = settings.pop("window_seconds") or max(5.0, 3 * config.interval_seconds)
+    return Classifier(Thresholds(**settings), window_seconds=window)
 
 
 def _start_attribution(config):
@@ -269,6 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_exporter.rules import commands
 
         return commands.run(args)
+    if args.command == "diagnose":
+        from gpu_exporter import diagnose
+
+        return diagnose.run(args)
     parser.print_help(sys.stderr)
     return EXIT_USAGE
 

@@ -188,6 +188,18 @@ class KubernetesConfig(_Strict):
         return os.path.exists(self.socket_path)
 
 
+class ClassifierConfig(_Strict):
+    """Bottleneck-class thresholds; the defaults and their reasons are in classify.Thresholds."""
+
+    idle_utilization: float = Field(0.05, ge=0, le=1)
+    throttle_fraction: float = Field(0.2, ge=0, le=1)
+    sm_active_low: float = Field(0.5, ge=0, le=1)
+    dram_active_high: float = Field(0.7, ge=0, le=1)
+    tensor_active_high: float = Field(0.5, ge=0, le=1)
+    link_utilization_high: float = Field(0.6, ge=0, le=1)
+    window_seconds: float | None = Field(None, gt=0, le=3600)  # default: max(5, 3 intervals)
+
+
 class Config(_Strict):
     listen_address: str = DEFAULT_LISTEN
     interval_seconds: float = Field(1.0, ge=0.2, le=3600)  # GPM needs >= 100 ms windows
@@ -197,6 +209,7 @@ class Config(_Strict):
     rules: RulesConfig = RulesConfig()
     alerting: AlertingConfig = AlertingConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
+    classifier: ClassifierConfig = ClassifierConfig()
 
     def external_labels(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         environ = os.environ if environ is None else environ

@@ -204,3 +204,64 @@ def test_sighup_reloads_rules_and_a_broken_file_keeps_the_last_good_ones(tmp_pat
         )
         assert names() == ["Second"]
         assert daemon.process.poll() is None
+
+
+def test_firing_and_resolution_during_an_alertmanager_restart_are_delivered(
+    tmp_path: Path,
+) -> None:
+    """Alertmanager runs, stops, and comes back: an alert that fired and resolved while it
+    was down still reaches it (nothing is dropped while the queue has room)."""
+    scenario = tmp_path / "blip.yaml"
+    scenario.write_text(
+        "name: blip\n"
+        "defaults: {model: NVIDIA H200, values: {utilization: 0.5}}\n"
+        "devices: [{label: a}, {label: b}]\n"
+        "faults: [{at: 6, device: 1, kind: gpu_lost, until: 10}]\n"
+    )
+    rules = tmp_path / "down.rules.yaml"
+    rules.write_text("groups:\n- name: down\n  rules:\n  - alert: GpuDown\n    expr: gpu_up == 0\n")
+    config = tmp_path / "daemon.yaml"
+    config.write_text(
+        "alerting:\n  resend_delay_seconds: 600\n"
+        "nvml:\n  recovery_initial_backoff_seconds: 0.5\n  recovery_max_backoff_seconds: 1\n"
+    )
+    am_port = free_port()
+    with Recorder() as hook:
+        with alertmanager(tmp_path / "am1", f"{hook.url}/hook", port=am_port) as am_url:
+            daemon_cm = serve(
+                tmp_path, "--simulate", str(scenario), "--interval", "0.5", "--config",
+                str(config), "--rules", str(rules), "--alertmanager-url", am_url,
+            )  # fmt: skip
+            daemon = daemon_cm.__enter__()
+        try:
+            daemon.wait_ready()
+            # Alertmanager is gone before the GPU is lost (6 s) and back after it recovered.
+            wait_for(lambda: by_gpu(firing(daemon.url), "GpuDown") == {"1"}, 20, "GpuDown")
+            wait_for(lambda: not by_gpu(firing(daemon.url), "GpuDown"), 20, "the resolution")
+            with alertmanager(tmp_path / "am2", f"{hook.url}/hook", port=am_port):
+
+                def sent() -> float:
+                    for line in daemon.metrics_text().splitlines():
+                        if line.startswith("gpu_exporter_notifications_sent_total{"):
+                            return float(line.rsplit(" ", 1)[1])
+                    return 0.0
+
+                # The firing and the resolved notification, both queued while it was down,
+                # are accepted by Alertmanager. (Its webhook stays quiet: Alertmanager does not
+                # announce the resolution of an alert it never announced as firing.)
+                wait_for(lambda: sent() >= 2, 20, "both notifications to be delivered")
+            text = daemon.metrics_text()
+            errors = [
+                line for line in text.splitlines()
+                if line.startswith("gpu_exporter_notifications_errors_total{")
+            ]  # fmt: skip
+            assert float(errors[0].rsplit(" ", 1)[1]) > 0, "POSTs failed while it was down"
+            text = daemon.metrics_text()
+            assert 'gpu_exporter_notifications_dropped_total{alertmanager="' in text
+            dropped = [
+                line for line in text.splitlines()
+                if line.startswith("gpu_exporter_notifications_dropped_total{")
+            ]  # fmt: skip
+            assert float(dropped[0].rsplit(" ", 1)[1]) == 0
+        finally:
+            daemon_cm.__exit__(None, None, None)

@@ -348,9 +348,6 @@ class DeviceReader:
         if ecc is not None:
             out.append(Reading("gpu_ecc_enabled", float(ecc[0] == N.NVML_FEATURE_ENABLED)))
         out += self._read_retired_pages()
-        numa = self.call("numa_node", N.nvmlDeviceGetNumaNodeId, h)
-        if numa is not None and numa >= 0:
-            out.append(Reading("gpu_numa_node", numa))
         out += self._read_nvlink_state()
         return out
 

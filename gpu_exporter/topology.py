@@ -1,0 +1,465 @@
+"""GPU-to-GPU topology, P2P capabilities, CPU and NUMA affinity: `nvidia-smi topo -m` as data.
+
+"Topology before GPU count" (seed): whether two GPUs talk over NVLink or cross PCIe switches,
+host bridges or sockets decides multi-GPU speed; the CPU/NUMA affinity decides where data
+loaders should run. Read once at start-up and after every full NVML re-init (indices can change
+then), never per tick: a pair query can take hundreds of milliseconds on real drivers
+(k8s-device-plugin#774).
+
+Every NVML call is guarded on its own: NotSupported / FunctionNotFound make that item absent,
+any other error is noted in `Topology.errors` and the item is absent; nothing here raises.
+
+NVLink: each active link's far end is asked for (`nvmlDeviceGetNvLinkRemoteDeviceType`).
+A link to a GPU is attributed to that GPU by its PCI bus id
+(`nvmlDeviceGetNvLinkRemotePciInfo`). A link to an NVSwitch reaches every GPU on the switch
+fabric, so two GPUs that both have links to switches are connected by NVLink with
+min(links of one, links of the other) links: what `nvidia-smi topo -m` shows as NV18 on an
+HGX H100/H200 board, and the smaller count shows a pair slowed by a link that is down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml as N
+
+from gpu_exporter.snapshot import Reading
+from gpu_exporter.sources.nvml_device import error_name, field_value, normalise_bus_id
+
+# NVML_TOPOLOGY_* -> (metric label, nvidia-smi topo -m abbreviation)
+LEVELS: Mapping[int, tuple[str, str]] = {
+    N.NVML_TOPOLOGY_INTERNAL: ("internal", "INT"),
+    N.NVML_TOPOLOGY_SINGLE: ("single", "PIX"),
+    N.NVML_TOPOLOGY_MULTIPLE: ("multiple", "PXB"),
+    N.NVML_TOPOLOGY_HOSTBRIDGE: ("hostbridge", "PHB"),
+    N.NVML_TOPOLOGY_NODE: ("node", "NODE"),
+    N.NVML_TOPOLOGY_SYSTEM: ("system", "SYS"),
+}
+ABBREVIATIONS = {label: abbrev for label, abbrev in LEVELS.values()}
+
+# pynvml defines NVML_P2P_CAPS_INDEX_READ as the tuple (0,) (a trailing comma): use literals.
+P2P_CAPABILITIES: tuple[tuple[str, int], ...] = (
+    ("read", 0),
+    ("write", 1),
+    ("nvlink", 2),
+    ("atomics", 3),
+)
+P2P_STATUS: Mapping[int, str] = {
+    N.NVML_P2P_STATUS_OK: "ok",
+    N.NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED: "chipset_not_supported",
+    N.NVML_P2P_STATUS_GPU_NOT_SUPPORTED: "gpu_not_supported",
+    N.NVML_P2P_STATUS_IOH_TOPOLOGY_NOT_SUPPORTED: "ioh_topology_not_supported",
+    N.NVML_P2P_STATUS_DISABLED_BY_REGKEY: "disabled_by_regkey",
+    N.NVML_P2P_STATUS_NOT_SUPPORTED: "not_supported",
+    N.NVML_P2P_STATUS_UNKNOWN: "unknown",
+}
+
+LEGEND = """\
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks"""  # noqa: E501 - nvidia-smi's own text
+EXTRA_LEGEND = {
+    "INT": "  INT  = Both GPUs on one board (NVML_TOPOLOGY_INTERNAL)",
+    "N/A": "  N/A  = Not reported by the driver",
+}
+
+_ABSENT = (N.NVMLError_NotSupported, N.NVMLError_FunctionNotFound)
+_CPU_WORDS = max(16, -(-(os.cpu_count() or 1) // 64))  # 64 CPUs per word; >= 1024 CPUs
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNode:
+    """One GPU's place on the host."""
+
+    uuid: str
+    index: int
+    pci_bus_id: str = ""  # sysfs form, 0000:18:00.0
+    cpu_affinity: str | None = None  # "0-55,112-167"
+    numa_node: int | None = None  # host NUMA node nearest the GPU
+    gpu_numa_id: int | None = None  # the GPU's memory as a NUMA node (Grace systems)
+    nvlink_links: int | None = None  # links the GPU has; None = could not be read
+    nvlink_active: int | None = None
+    nvlink_switch_links: int = 0  # active links ending at an NVSwitch
+    nvlink_gpu_links: Mapping[str, int] = field(default_factory=dict)  # remote bus id -> links
+
+
+@dataclass(frozen=True, slots=True)
+class PeerLink:
+    """How `uuid` reaches `peer_uuid`."""
+
+    index: int
+    uuid: str
+    peer_index: int
+    peer_uuid: str
+    pcie_level: str | None  # LEVELS label, None when not reported
+    nvlink_links: int | None  # None when this GPU's NVLink state is unknown
+    p2p: Mapping[str, str]  # capability -> P2P_STATUS name
+
+    @property
+    def link(self) -> str | None:
+        """`nvlink` when NVLink connects them, else the PCIe level (as nvidia-smi topo -m)."""
+        return "nvlink" if self.nvlink_links else self.pcie_level
+
+    def abbreviation(self) -> str:
+        if self.nvlink_links:
+            return f"NV{self.nvlink_links}"
+        return ABBREVIATIONS.get(self.pcie_level or "", "N/A")
+
+
+@dataclass(frozen=True)
+class Topology:
+    gpus: tuple[GpuNode, ...]
+    peers: tuple[PeerLink, ...]
+    errors: tuple[str, ...] = ()
+
+    def gpu(self, uuid: str) -> GpuNode | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    def peers_of(self, uuid: str) -> list[PeerLink]:
+        return sorted((p for p in self.peers if p.uuid == uuid), key=lambda p: p.peer_index)
+
+    def readings_for(self, uuid: str) -> list[Reading]:
+        """Catalog readings for one GPU: link type, NVLink count and P2P per peer, affinity."""
+        gpu = self.gpu(uuid)
+        if gpu is None:
+            return []
+        out: list[Reading] = []
+        for peer in self.peers_of(uuid):
+            out += _peer_readings(peer)
+        if gpu.cpu_affinity:
+            out.append(Reading("gpu_cpu_affinity_info", 1.0, (("cpus", gpu.cpu_affinity),)))
+        if gpu.numa_node is not None:
+            out.append(Reading("gpu_numa_node", float(gpu.numa_node)))
+        return out
+
+    def matrix_text(self) -> str:
+        """The matrix in the shape of `nvidia-smi topo -m`, with its legend."""
+        gpus = sorted(self.gpus, key=lambda g: g.index)
+        links = {(p.uuid, p.peer_uuid): p.abbreviation() for p in self.peers}
+        header = ["", *(f"GPU{g.index}" for g in gpus)]
+        header += ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+        rows = [header]
+        for gpu in gpus:
+            cells = [f"GPU{gpu.index}"]
+            cells += [
+                " X" if peer.uuid == gpu.uuid else links.get((gpu.uuid, peer.uuid), "N/A")
+                for peer in gpus
+            ]
+            cells += [
+                gpu.cpu_affinity or "N/A",
+                _or_na(gpu.numa_node),
+                _or_na(gpu.gpu_numa_id),
+            ]
+            rows.append(cells)
+        used = {cell for row in rows[1:] for cell in row[1 : len(gpus) + 1]}
+        legend = [LEGEND, *(text for key, text in EXTRA_LEGEND.items() if key in used)]
+        return _columns(rows) + "\n\n" + "\n".join(legend) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (used by `diagnose --json`)."""
+        return {
+            "gpus": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "pci_bus_id": g.pci_bus_id,
+                    "cpu_affinity": g.cpu_affinity,
+                    "numa_node": g.numa_node,
+                    "gpu_numa_id": g.gpu_numa_id,
+                    "nvlink_links": g.nvlink_links,
+                    "nvlink_links_active": g.nvlink_active,
+                }
+                for g in sorted(self.gpus, key=lambda g: g.index)
+            ],
+            "links": [
+                {
+                    "gpu": p.index,
+                    "peer_gpu": p.peer_index,
+                    "link": p.link,
+                    "pcie_level": p.pcie_level,
+                    "nvlink_links": p.nvlink_links,
+                    "p2p": dict(p.p2p),
+                }
+                for p in sorted(self.peers, key=lambda p: (p.index, p.peer_index))
+            ],
+            "errors": list(self.errors),
+        }
+
+
+def _peer_readings(peer: PeerLink) -> list[Reading]:
+    labels = (("peer_gpu", str(peer.peer_index)), ("peer_uuid", peer.peer_uuid))
+    out = []
+    if peer.link is not None:
+        out.append(Reading("gpu_topology_link_info", 1.0, (*labels, ("link", peer.link))))
+    if peer.nvlink_links is not None:
+        out.append(Reading("gpu_topology_nvlink_links", float(peer.nvlink_links), labels))
+    for capability, status in peer.p2p.items():
+        value = float(status == "ok")
+        out.append(Reading("gpu_p2p_supported", value, (*labels, ("capability", capability))))
+    return out
+
+
+def _or_na(value: int | None) -> str:
+    return "N/A" if value is None else str(value)
+
+
+def _columns(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+class _Calls:
+    """Runs NVML calls for the topology; collects what failed instead of raising."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def __call__(self, what: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        """The result, or None when absent (NotSupported, FunctionNotFound) or failed."""
+        value, _ = self.attempt(what, fn, *args)
+        return value
+
+    def attempt(
+        self, what: str, fn: Callable[..., Any] | None, *args: Any, expected: tuple[str, ...] = ()
+    ) -> tuple[Any, str]:
+        """(result, "") on success; (None, error name) otherwise, noting unexpected failures."""
+        if fn is None:  # this nvidia-ml-py predates the call
+            return None, "FunctionNotFound"
+        try:
+            return fn(*args), ""
+        except _ABSENT as exc:
+            return None, error_name(exc)
+        except N.NVMLError as exc:
+            name = error_name(exc)
+            if name not in expected:
+                self.errors.append(f"{what}: {name}")
+            return None, name
+
+
+def read_topology(
+    devices: Sequence[tuple[str, int, Any]], sysfs_root: Path | str = "/sys"
+) -> Topology:
+    """Read the topology of these (uuid, index, NVML handle) GPUs. Never raises NVMLError."""
+    calls = _Calls()
+    nodes = [
+        _read_gpu(calls, uuid, index, handle, Path(sysfs_root)) for uuid, index, handle in devices
+    ]
+    handles = {uuid: handle for uuid, _, handle in devices}
+    levels = _read_levels(calls, devices)
+    peers = [_peer(calls, a, b, handles, levels) for a in nodes for b in nodes if a.uuid != b.uuid]
+    return Topology(tuple(nodes), tuple(peers), tuple(calls.errors))
+
+
+def _read_levels(
+    calls: _Calls, devices: Sequence[tuple[str, int, Any]]
+) -> dict[frozenset[str], str | None]:
+    """PCIe common-ancestor level of each unordered pair (symmetric, asked once)."""
+    levels: dict[frozenset[str], str | None] = {}
+    for i, (uuid_a, index_a, handle_a) in enumerate(devices):
+        for uuid_b, index_b, handle_b in devices[i + 1 :]:
+            level = calls(
+                f"GPU{index_a}-GPU{index_b} common ancestor",
+                N.nvmlDeviceGetTopologyCommonAncestor,
+                handle_a,
+                handle_b,
+            )
+            known = LEVELS.get(level) if level is not None else None
+            levels[frozenset((uuid_a, uuid_b))] = known[0] if known else None
+    return levels
+
+
+def _peer(
+    calls: _Calls,
+    a: GpuNode,
+    b: GpuNode,
+    handles: Mapping[str, Any],
+    levels: Mapping[frozenset[str], str | None],
+) -> PeerLink:
+    p2p: dict[str, str] = {}
+    for capability, index in P2P_CAPABILITIES:
+        status = calls(
+            f"GPU{a.index}-GPU{b.index} P2P {capability}",
+            N.nvmlDeviceGetP2PStatus,
+            handles[a.uuid],
+            handles[b.uuid],
+            index,
+        )
+        if status is not None:
+            p2p[capability] = P2P_STATUS.get(status, "unknown")
+    return PeerLink(
+        index=a.index,
+        uuid=a.uuid,
+        peer_index=b.index,
+        peer_uuid=b.uuid,
+        pcie_level=levels.get(frozenset((a.uuid, b.uuid))),
+        nvlink_links=_nvlinks_between(a, b),
+        p2p=p2p,
+    )
+
+
+def _nvlinks_between(a: GpuNode, b: GpuNode) -> int | None:
+    if a.nvlink_active is None:
+        return None
+    direct = a.nvlink_gpu_links.get(b.pci_bus_id, 0) if b.pci_bus_id else 0
+    switched = min(a.nvlink_switch_links, b.nvlink_switch_links)
+    return direct + switched
+
+
+def _read_gpu(calls: _Calls, uuid: str, index: int, handle: Any, sysfs: Path) -> GpuNode:
+    pci = calls(f"GPU{index} PCI info", N.nvmlDeviceGetPciInfo, handle)
+    bus_id = normalise_bus_id(pci.busId) if pci is not None else ""
+    links, active, switch_links, gpu_links = _read_nvlink(calls, index, handle)
+    gpu_numa = calls(f"GPU{index} NUMA id", N.nvmlDeviceGetNumaNodeId, handle)
+    return GpuNode(
+        uuid=uuid,
+        index=index,
+        pci_bus_id=bus_id,
+        cpu_affinity=_cpu_affinity(calls, index, handle),
+        numa_node=_numa_node(calls, index, handle, bus_id, sysfs),
+        gpu_numa_id=gpu_numa if gpu_numa is not None and gpu_numa >= 0 else None,
+        nvlink_links=links,
+        nvlink_active=active,
+        nvlink_switch_links=switch_links,
+        nvlink_gpu_links=gpu_links,
+    )
+
+
+def _cpu_affinity(calls: _Calls, index: int, handle: Any) -> str | None:
+    words = calls(f"GPU{index} CPU affinity", N.nvmlDeviceGetCpuAffinity, handle, _CPU_WORDS)
+    if words is None:
+        return None
+    return cpu_list(_bits(words)) or None
+
+
+def _numa_node(calls: _Calls, index: int, handle: Any, bus_id: str, sysfs: Path) -> int | None:
+    """Host NUMA node nearest the GPU: NVML memory affinity, else the PCI device in sysfs.
+
+    Not nvmlDeviceGetNumaNodeId: that is the GPU's *own* memory node on platforms where GPU
+    memory is a NUMA node (Grace), and NotSupported on ordinary x86 hosts (nvml.h).
+    """
+    words = calls(
+        f"GPU{index} memory affinity",
+        N.nvmlDeviceGetMemoryAffinity,
+        handle,
+        1,
+        N.NVML_AFFINITY_SCOPE_NODE,
+    )
+    nodes = _bits(words) if words is not None else []
+    if len(nodes) == 1:
+        return nodes[0]
+    return sysfs_numa_node(sysfs, bus_id)
+
+
+def sysfs_numa_node(sysfs: Path, bus_id: str) -> int | None:
+    """/sys/bus/pci/devices/<bdf>/numa_node; -1 (no affinity known) and absence give None."""
+    if not bus_id:
+        return None
+    try:
+        node = int((sysfs / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def _bits(words: Iterable[int]) -> list[int]:
+    return [i * 64 + bit for i, word in enumerate(words) for bit in range(64) if word >> bit & 1]
+
+
+def cpu_list(cpus: Iterable[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8" (the kernel's cpulist format)."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+
+
+def _read_nvlink(
+    calls: _Calls, index: int, handle: Any
+) -> tuple[int | None, int | None, int, dict[str, int]]:
+    """(links, active links, active links to a switch, {remote GPU bus id: links})."""
+    count = _nvlink_count(calls, index, handle)
+    if count is None:
+        return None, None, 0, {}
+    active = switch = 0
+    gpus: Counter[str] = Counter()
+    for link in range(count):
+        state = calls(f"GPU{index} NVLink {link} state", N.nvmlDeviceGetNvLinkState, handle, link)
+        if state is None:
+            return count, None, 0, {}  # a partial picture would understate the links
+        if state != N.NVML_FEATURE_ENABLED:
+            continue
+        active += 1
+        remote = _remote_end(calls, index, handle, link)
+        if remote == "switch":
+            switch += 1
+        elif remote:
+            gpus[remote] += 1
+    return count, active, switch, dict(gpus)
+
+
+def _nvlink_count(calls: _Calls, index: int, handle: Any) -> int | None:
+    """Links this GPU has: field NVLINK_LINK_COUNT, else probe link 0 (None: unknown)."""
+    values = calls(
+        f"GPU{index} NVLink count",
+        N.nvmlDeviceGetFieldValues,
+        handle,
+        [N.NVML_FI_DEV_NVLINK_LINK_COUNT],
+    )
+    if values is not None and values[0].nvmlReturn == N.NVML_SUCCESS:
+        return int(field_value(values[0]))
+    count = 0
+    for link in range(N.NVML_NVLINK_MAX_LINKS):
+        _, error = calls.attempt(
+            f"GPU{index} NVLink {link} state",
+            N.nvmlDeviceGetNvLinkState,
+            handle,
+            link,
+            expected=("InvalidArgument",),  # the link after the last one
+        )
+        if error in ("NotSupported", "InvalidArgument", "FunctionNotFound"):
+            return count  # past the last link (or no NVLink at all)
+        if error:
+            return None
+        count += 1
+    return count
+
+
+def _remote_end(calls: _Calls, index: int, handle: Any, link: int) -> str:
+    """ "switch", the remote GPU's bus id, or "" (CPU, unknown, unreadable)."""
+    kind = calls(
+        f"GPU{index} NVLink {link} remote type",
+        getattr(N, "nvmlDeviceGetNvLinkRemoteDeviceType", None),
+        handle,
+        link,
+    )
+    if kind == N.NVML_NVLINK_DEVICE_TYPE_SWITCH:
+        return "switch"
+    if kind not in (None, N.NVML_NVLINK_DEVICE_TYPE_GPU):
+        return ""  # IBM NPU (a CPU) or unknown
+    pci = calls(
+        f"GPU{index} NVLink {link} remote PCI",
+        getattr(N, "nvmlDeviceGetNvLinkRemotePciInfo", None),
+        handle,
+        link,
+    )
+    return normalise_bus_id(pci.busId) if pci is not None else ""

@@ -1,0 +1,181 @@
+"""`gpu-exporter diagnose` end to end on the fake NVML (real time, short profiles)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from gpu_exporter import diagnose
+
+ANSI = re.compile(r"\x1b\[")
+MIXED_INTENT = {
+    0: "idle",
+    1: "compute_bound",
+    2: "tensor_bound",
+    3: "memory_bound",
+    4: "launch_bound",
+    5: "throttled",
+    6: "throttled",
+    7: "link_bound",
+}
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    """Through add_parser, as cli.py wires it."""
+    parser = argparse.ArgumentParser(prog="gpu-exporter")
+    diagnose.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["diagnose", *argv])
+
+
+def run_json(capsys, *argv: str) -> tuple[int, dict[str, Any]]:
+    status = diagnose.run(parse(*argv, "--json"))
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_mixed_classifies_every_gpu_as_the_scenario_intends(capsys) -> None:
+    status, report = run_json(capsys, "--simulate", "mixed", "--duration", "3", "--interval", "0.5")
+    classes = {d["index"]: d["class"] for d in report["devices"]}
+    assert classes == MIXED_INTENT
+    assert status == report["exit_status"] == diagnose.EXIT_ATTENTION
+    assert report["needs_attention"] is True
+    attention = {d["index"] for d in report["devices"] if d["problems"]}
+    assert attention == {4, 5, 6, 7}  # launch-, link-bound and throttled; the rest is fine
+
+    assert report["schema_version"] == 1 and report["simulated"] == "mixed"
+    assert report["versions"]["driver"] == "570.124.06"
+    assert report["versions"]["cuda_driver"] == "12.8"
+    assert report["versions"]["exporter"]
+    assert report["profile"]["samples"] == 7
+    assert "NV18" in report["topology"]["matrix"]
+    assert len(report["topology"]["links"]) == 8 * 7
+
+    launch = report["devices"][4]
+    assert launch["model"] == "NVIDIA H200" and launch["up"] is True
+    assert launch["profile"]["utilization"] > 0.9 > 0.2 > launch["profile"]["sm_active"]
+    assert any("Nsight Systems" in step for step in launch["next_steps"])
+    assert launch["problems"][0].startswith("launch_bound")
+    assert launch["profile"]["class_seconds"]["launch_bound"] > 1.0
+    throttled = report["devices"][5]
+    assert "hw_thermal_slowdown" in throttled["state"]["clock_events_active"]
+    assert throttled["state"]["sm_clock_hz"] < 0.6 * throttled["state"]["sm_clock_max_hz"]
+    assert throttled["state"]["pcie"] == {
+        "generation": 5,
+        "max_generation": 5,
+        "width": 16,
+        "max_width": 16,
+    }
+    assert throttled["state"]["nvlink_links"] == 18
+    assert throttled["state"]["health"]["xid_errors"] == {}
+    assert report["devices"][7]["profile"]["link_utilization"] > 0.6
+    assert report["devices"][0]["next_steps"] and not report["devices"][0]["problems"]
+
+
+def test_pre_hopper_activity_is_unknown_not_guessed(capsys) -> None:
+    status, report = run_json(
+        capsys, "--simulate", "pre-hopper", "--duration", "1.5", "--interval", "0.5"
+    )
+    classes = {d["index"]: d["class"] for d in report["devices"]}
+    # GPU 1 ran no kernel at all (utilization 0): idle is a fact, not an activity guess.
+    assert classes == {0: "unknown", 1: "idle", 2: "unknown", 3: "unknown"}
+    for device in report["devices"]:
+        assert device["profile"]["sm_active"] is None
+        assert device["profile"]["tensor_active"] is None
+    assert any("DCGM" in step for step in report["devices"][0]["next_steps"])
+    assert status == diagnose.EXIT_OK and report["needs_attention"] is False
+    assert report["versions"]["cuda_driver"] == "12.2"
+
+
+def test_health_problems_need_attention(capsys, tmp_path: Path) -> None:
+    scenario = tmp_path / "sick.yaml"
+    scenario.write_text(
+        "name: sick\n"
+        "defaults: {model: NVIDIA H200, values: {utilization: 0.98, sm_active: 0.9,"
+        " tensor_active: 0.6, dram_active: 0.4}}\n"
+        "devices:\n"
+        "  - {}\n"
+        "  - values: {row_remap_pending: 1, ecc_uncorrected_total: 2, pcie_generation: 3}\n"
+    )
+    status, report = run_json(capsys, "--simulate", str(scenario), "--duration", "1")
+    healthy, sick = report["devices"]
+    assert healthy["class"] == "tensor_bound" and healthy["problems"] == []
+    problems = " | ".join(sick["problems"])
+    assert "2 uncorrectable ECC" in problems
+    assert "row remap is pending" in problems
+    assert "PCIe link at Gen3 while busy; it can do Gen5" in problems
+    assert status == diagnose.EXIT_ATTENTION
+
+
+def test_terminal_report_has_the_matrix_and_no_colour_off_a_tty() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter.diagnose", "--simulate", "--duration", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    out = result.stdout
+    assert result.returncode == diagnose.EXIT_ATTENTION, result.stderr
+    assert not ANSI.search(out)
+    for heading in ("1. Versions", "2. Topology", "3. GPU state", "4. Activity profile"):
+        assert heading in out
+    assert re.search(r"^  GPU0\s+X\s+NV18", out, re.MULTILINE)
+    assert "CPU Affinity" in out and "Legend:" in out
+    assert "5. What to look at next" in out and "Exit status 1" in out
+    assert re.search(r"^  4\s.*launch_bound$", out, re.MULTILINE)
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_colour_only_on_a_tty_and_when_allowed(monkeypatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert diagnose.use_colour(parse(), _Tty())
+    assert not diagnose.use_colour(parse(), io.StringIO())
+    assert not diagnose.use_colour(parse("--no-color"), _Tty())
+    assert not diagnose.use_colour(parse("--json"), _Tty())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not diagnose.use_colour(parse(), _Tty())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--duration", "0"], "--duration"),
+        (["--duration", "-3"], "--duration"),
+        (["--interval", "0.05"], "--interval"),
+        (["--duration", "1", "--interval", "2"], "must not exceed"),
+        (["--simulate", "no-such-scenario"], "no such scenario"),
+    ],
+)
+def test_bad_input_exits_2(capsys, argv: list[str], message: str) -> None:
+    assert diagnose.run(parse(*argv)) == diagnose.EXIT_USAGE
+    assert message in capsys.readouterr().err
+
+
+def test_bad_flag_exits_2() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        diagnose.main(["--duration", "soon"])
+    assert exit_info.value.code == 2
+
+
+def test_no_driver_exits_3_with_a_hint(capsys, monkeypatch) -> None:
+    def no_library() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_library)
+    assert diagnose.run(parse("--duration", "1")) == diagnose.EXIT_NO_DRIVER
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "libnvidia-ml.so.1 was not found" in captured.err
+    assert "gpu-exporter diagnose --simulate" in captured.err

@@ -1,0 +1,236 @@
+"""Topology on the fake NVML: the matrix, the readings, NVLink vs PCIe, errors per pair."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml as N
+import pytest
+
+from gpu_exporter.sources.base import ErrorLog
+from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.topology import Topology, cpu_list, read_topology
+from tests.conftest import ManualClock
+
+Devices = list[tuple[str, int, Any]]
+
+PCIE_ONLY = {
+    "name": "pcie-only",
+    "defaults": {"model": "NVIDIA H200", "nvlink_links": 0},
+    "devices": [
+        {"numa_node": 0},
+        {"numa_node": 0},
+        {"numa_node": 0},
+        {"numa_node": 1, "cpus": "56-111,168-223"},
+    ],
+    "topology": [{"gpus": [0, 1], "level": "single"}, {"gpus": [0, 2], "level": "hostbridge"}],
+}
+
+
+@pytest.fixture
+def devices(fake_nvml, clock: ManualClock) -> Iterator[Callable[[Any], Devices]]:
+    """Install a scenario and return its GPUs as (uuid, index, handle)."""
+    initialised = []
+
+    def _devices(scenario: Any) -> Devices:
+        fake_nvml.install(scenario, clock=clock)
+        N.nvmlInit()
+        initialised.append(True)
+        found = []
+        for index in range(N.nvmlDeviceGetCount()):
+            handle = N.nvmlDeviceGetHandleByIndex(index)
+            found.append((N.nvmlDeviceGetUUID(handle), index, handle))
+        return found
+
+    yield _devices
+    for _ in initialised:
+        N.nvmlShutdown()
+
+
+def readings(topology: Topology, uuid: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(r.family, r.labels): r.value for r in topology.readings_for(uuid)}
+
+
+def matrix_rows(text: str) -> dict[str, list[str]]:
+    lines = text.split("\n\n")[0].splitlines()
+    return {line.split()[0]: line.split()[1:] for line in lines[1:]}
+
+
+def test_mixed_is_an_nvswitch_board(devices) -> None:
+    found = devices("mixed")
+    topology = read_topology(found, sysfs_root="/nonexistent")
+    assert topology.errors == ()
+    text = topology.matrix_text()
+    header = text.splitlines()[0].split()
+    assert header[:8] == [f"GPU{i}" for i in range(8)]
+    assert text.splitlines()[0].rstrip().endswith("CPU Affinity  NUMA Affinity  GPU NUMA ID")
+    rows = matrix_rows(text)
+    assert rows["GPU0"][:8] == ["X", *["NV18"] * 7]
+    assert rows["GPU5"][5] == "X"
+    assert rows["GPU0"][8:] == ["0-55", "0", "0"]
+    assert rows["GPU4"][8:] == ["56-111", "1", "1"]
+    assert "Legend:" in text and "NV#  = Connection traversing a bonded set of # NVLinks" in text
+    assert "N/A  =" not in text  # only explained when used
+
+    uuid0, uuid3 = found[0][0], found[3][0]
+    got = readings(topology, uuid0)
+    peer3 = (("peer_gpu", "3"), ("peer_uuid", uuid3))
+    assert got[("gpu_topology_link_info", (*peer3, ("link", "nvlink")))] == 1.0
+    assert got[("gpu_topology_nvlink_links", peer3)] == 18.0
+    for capability in ("read", "write", "nvlink", "atomics"):
+        assert got[("gpu_p2p_supported", (*peer3, ("capability", capability)))] == 1.0
+    assert got[("gpu_cpu_affinity_info", (("cpus", "0-55"),))] == 1.0
+    assert got[("gpu_numa_node", ())] == 0.0
+    families = [r.family for r in topology.readings_for(uuid0)]
+    assert families.count("gpu_topology_link_info") == 7
+    assert families.count("gpu_p2p_supported") == 28
+    assert topology.readings_for("GPU-not-here") == []
+
+
+def test_pre_hopper_a100_has_twelve_links(devices) -> None:
+    topology = read_topology(devices("pre-hopper"), sysfs_root="/nonexistent")
+    rows = matrix_rows(topology.matrix_text())
+    assert rows["GPU1"][:4] == ["NV12", "X", "NV12", "NV12"]
+    assert {g.nvlink_links for g in topology.gpus} == {12}
+    assert {g.nvlink_active for g in topology.gpus} == {12}
+
+
+def test_pcie_only_levels_and_p2p(devices) -> None:
+    found = devices(PCIE_ONLY)
+    topology = read_topology(found, sysfs_root="/nonexistent")
+    rows = matrix_rows(topology.matrix_text())
+    assert rows["GPU0"][:4] == ["X", "PIX", "PHB", "SYS"]
+    assert rows["GPU1"][:4] == ["PIX", "X", "NODE", "SYS"]
+    assert rows["GPU3"][4:] == ["56-111,168-223", "1", "1"]
+    uuid0, uuid1, uuid3 = found[0][0], found[1][0], found[3][0]
+    got = readings(topology, uuid0)
+    peer1 = (("peer_gpu", "1"), ("peer_uuid", uuid1))
+    peer3 = (("peer_gpu", "3"), ("peer_uuid", uuid3))
+    assert got[("gpu_topology_link_info", (*peer1, ("link", "single")))] == 1.0
+    assert got[("gpu_topology_link_info", (*peer3, ("link", "system")))] == 1.0
+    assert got[("gpu_topology_nvlink_links", peer1)] == 0.0  # known: no NVLink
+    assert got[("gpu_p2p_supported", (*peer1, ("capability", "read")))] == 1.0
+    assert got[("gpu_p2p_supported", (*peer1, ("capability", "nvlink")))] == 0.0
+    assert got[("gpu_p2p_supported", (*peer3, ("capability", "read")))] == 0.0  # across sockets
+    link = next(p for p in topology.peers_of(uuid0) if p.peer_index == 3)
+    assert link.p2p["read"] == "chipset_not_supported" and link.link == "system"
+    assert topology.gpu(uuid0).nvlink_links == 0  # type: ignore[union-attr]
+
+
+def test_unsupported_topology_is_absent_not_an_error(devices) -> None:
+    scenario = {**PCIE_ONLY, "topology": []}
+    scenario["devices"] = [*PCIE_ONLY["devices"][:3], {"numa_node": 1, "unsupported": ["topology"]}]
+    found = devices(scenario)
+    topology = read_topology(found, sysfs_root="/nonexistent")
+    assert topology.errors == ()
+    rows = matrix_rows(topology.matrix_text())
+    assert rows["GPU0"][3] == "N/A" and rows["GPU3"][0] == "N/A"
+    assert rows["GPU0"][1] == "NODE"
+    assert "N/A  = Not reported by the driver" in topology.matrix_text()
+    got = readings(topology, found[0][0])
+    peer3 = (("peer_gpu", "3"), ("peer_uuid", found[3][0]))
+    assert not any(f == "gpu_topology_link_info" and labels[:2] == peer3 for f, labels in got)
+    assert ("gpu_p2p_supported", (*peer3, ("capability", "write"))) in got
+
+
+def test_a_lost_gpu_costs_only_its_own_pairs(devices, clock: ManualClock) -> None:
+    scenario = {**PCIE_ONLY, "faults": [{"at": 5, "device": 2, "kind": "gpu_lost"}]}
+    found = devices(scenario)
+    clock.advance(6)  # handles were taken before the loss
+    topology = read_topology(found, sysfs_root="/nonexistent")
+    assert topology.errors, "the failing calls are reported"
+    assert all("GpuIsLost" in error for error in topology.errors)
+    assert all("GPU2" in error for error in topology.errors)
+    rows = matrix_rows(topology.matrix_text())
+    assert rows["GPU0"][:4] == ["X", "PIX", "N/A", "SYS"]
+    assert rows["GPU2"][:4] == ["N/A", "N/A", "X", "N/A"]
+    assert rows["GPU2"][4:] == ["N/A", "N/A", "N/A"]
+    assert topology.readings_for(found[2][0]) == []
+
+
+def test_numa_node_from_sysfs_when_nvml_cannot_say(devices, tmp_path: Path) -> None:
+    scenario = {
+        "name": "no-numa",
+        "defaults": {"model": "NVIDIA H200", "nvlink_links": 0, "unsupported": ["numa"]},
+        "devices": [{}, {}, {}],
+    }
+    for bus_id, node in (("0000:18:00.0", "1\n"), ("0000:2a:00.0", "-1\n")):
+        folder = tmp_path / "bus" / "pci" / "devices" / bus_id
+        folder.mkdir(parents=True)
+        (folder / "numa_node").write_text(node)
+    found = devices(scenario)
+    topology = read_topology(found, sysfs_root=tmp_path)
+    nodes = {g.index: g.numa_node for g in topology.gpus}
+    assert nodes == {0: 1, 1: None, 2: None}  # -1 = unknown; no file = unknown
+    assert readings(topology, found[0][0])[("gpu_numa_node", ())] == 1.0
+    assert not any(f == "gpu_numa_node" for f, _ in readings(topology, found[1][0]))
+    assert not any(f == "gpu_cpu_affinity_info" for f, _ in readings(topology, found[0][0]))
+    rows = matrix_rows(topology.matrix_text())
+    assert rows["GPU0"][3:] == ["N/A", "1", "N/A"]
+
+
+def test_direct_gpu_to_gpu_nvlinks_are_counted_per_peer(devices, monkeypatch) -> None:
+    scenario = {"name": "bridged", "defaults": {"model": "NVIDIA H200", "nvlink_links": 4}}
+    scenario["devices"] = [{}, {}, {}, {}]
+    found = devices(scenario)
+    bus = {index: N.nvmlDeviceGetPciInfo(handle).busId for _, index, handle in found}
+
+    def remote_pci(handle: Any, link: int) -> Any:
+        # Links 0-1 go to the GPU index ^ 1, links 2-3 to index ^ 2: 0-1 and 0-2 have NV2.
+        index = N.nvmlDeviceGetIndex(handle)
+        return SimpleNamespace(busId=bus[index ^ (1 if link < 2 else 2)])
+
+    monkeypatch.setattr(
+        N, "nvmlDeviceGetNvLinkRemoteDeviceType", lambda h, link: N.NVML_NVLINK_DEVICE_TYPE_GPU
+    )
+    monkeypatch.setattr(N, "nvmlDeviceGetNvLinkRemotePciInfo", remote_pci)
+    topology = read_topology(found, sysfs_root="/nonexistent")
+    rows = matrix_rows(topology.matrix_text())
+    assert rows["GPU0"][:4] == ["X", "NV2", "NV2", "NODE"]
+    assert rows["GPU3"][:4] == ["NODE", "NV2", "NV2", "X"]
+    got = readings(topology, found[0][0])
+    peer3 = (("peer_gpu", "3"), ("peer_uuid", found[3][0]))
+    assert got[("gpu_topology_nvlink_links", peer3)] == 0.0
+    assert got[("gpu_topology_link_info", (*peer3, ("link", "node")))] == 1.0
+
+
+def test_a_down_nvlink_shows_in_the_pair_count(devices, monkeypatch) -> None:
+    found = devices("mixed")
+    real_state = N.nvmlDeviceGetNvLinkState
+    lost = found[1][2]
+
+    def state(handle: Any, link: int) -> int:
+        if handle is lost and link == 17:
+            return N.NVML_FEATURE_DISABLED
+        return real_state(handle, link)
+
+    monkeypatch.setattr(N, "nvmlDeviceGetNvLinkState", state)
+    topology = read_topology(found, sysfs_root="/nonexistent")
+    rows = matrix_rows(topology.matrix_text())
+    assert rows["GPU0"][:3] == ["X", "NV17", "NV18"]
+    assert rows["GPU1"][:3] == ["NV17", "X", "NV17"]
+    assert topology.gpu(found[1][0]).nvlink_active == 17  # type: ignore[union-attr]
+
+
+def test_nvml_source_attaches_topology_readings(fake_nvml, clock: ManualClock) -> None:
+    fake_nvml.install("mixed", clock=clock)
+    source = NvmlSource(errors=ErrorLog(), clock=clock, topology_reader=read_topology)
+    source.start()
+    try:
+        assert isinstance(source.topology, Topology)
+        device = source.sample()[2]
+        links = [r for r in device.readings if r.family == "gpu_topology_link_info"]
+        assert len(links) == 7 and all(dict(r.labels)["link"] == "nvlink" for r in links)
+        assert device.value("gpu_cpu_affinity_info", cpus="0-55") == 1.0
+    finally:
+        source.close()
+
+
+def test_cpu_list() -> None:
+    assert cpu_list([]) == ""
+    assert cpu_list([3]) == "3"
+    assert cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert cpu_list([*range(64, 96), *range(0, 32)]) == "0-31,64-95"
