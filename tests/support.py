@@ -4,8 +4,29 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float, what: str = "a condition", interval: float = 0.2
+) -> T:
+    """Poll until `predicate()` is truthy and return it; fail naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    value = predicate()
+    if value:
+        return value
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def require_tool(name: str) -> str:

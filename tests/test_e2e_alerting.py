@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import yaml
 
 from tests.daemon import free_port, serve
 from tests.servers import Recorder, alertmanager, prometheus
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "tests/e2e/alerts.rules.yaml"
@@ -48,16 +48,6 @@ def by_gpu(alerts: set[tuple[tuple[str, str], ...]], name: str) -> set[str]:
 
 def webhook_alerts(hook: Recorder) -> list[dict[str, Any]]:
     return [alert for request in hook.requests for alert in request.body.get("alerts", [])]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_daemon_and_prometheus_raise_the_same_alerts(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from tests.daemon import command, parse_samples, serve
-from tests.support import promtool_check_metrics
+from tests.support import promtool_check_metrics, wait_for
 
 REQUIRED_FAMILIES = (
     "gpu_info",
@@ -37,16 +37,6 @@ def gpu_value(samples: dict[str, float], family: str, gpu: int, **labels: str) -
         if all(f'{k}="{v}"' in rest for k, v in labels.items()):
             return value
     return None
-
-
-def wait_for(predicate, timeout: float, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(interval)
-    return predicate()
 
 
 def test_mixed_scenario_serves_valid_metrics_matching_the_scenario(tmp_path: Path) -> None:

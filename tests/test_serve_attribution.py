@@ -3,14 +3,13 @@ labels gone when the pod is, and every metric still served without a kubelet."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
 
 from tests.daemon import parse_samples, serve
 from tests.fake_kubelet import FakeKubelet, pod
-from tests.support import promtool_check_metrics
+from tests.support import promtool_check_metrics, wait_for
 
 
 def uuids(daemon) -> list[str]:
@@ -38,17 +37,7 @@ def text_with(daemon, needle: str) -> str:
         text = daemon.metrics_text()
         return text if needle in text else None
 
-    return wait_for(check)
-
-
-def wait_for(predicate, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("timed out")
+    return wait_for(check, 15, f"{needle!r} in /metrics")
 
 
 def test_pod_labels_follow_the_kubelet(tmp_path: Path) -> None:
@@ -77,7 +66,9 @@ def test_pod_labels_follow_the_kubelet(tmp_path: Path) -> None:
             assert len(info) == 3  # trainer-0 holds two GPUs, infer-1 one
             # The pod finishes: its labels disappear at the next refresh.
             kubelet.set_pods([pod("web", "infer-1", {"srv": [("nvidia.com/gpu", [gpu[1]])]})])
-            wait_for(lambda: 'pod="trainer-0"' not in daemon.metrics_text())
+            wait_for(
+                lambda: 'pod="trainer-0"' not in daemon.metrics_text(), 15, "the pod's labels to go"
+            )
             assert "gpu_attribution_up" not in daemon.metrics_text()
             assert "gpu_exporter_attribution_up 1.0" in daemon.metrics_text()
     finally:
