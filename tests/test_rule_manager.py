@@ -199,7 +199,7 @@ def test_export_is_a_prometheusrule_promtool_accepts(tmp_path: Path) -> None:
         [require_tool("promtool"), "check", "rules", str(spec)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    from gpu_exporter.rules.pack import default_rule_files
+    from gpu_exporter.rules.pack import all_pack_files
 
-    shipped = sum(len(group.rules) for group in load_rule_files(default_rule_files()))
+    shipped = sum(len(group.rules) for group in load_rule_files(all_pack_files()))
     assert f"SUCCESS: {shipped} rules found" in checked.stdout

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from gpu_exporter.rules.loader import RuleFileError, expand_paths, load_rule_files
-from gpu_exporter.rules.pack import default_rule_files
+from gpu_exporter.rules.pack import all_pack_files
 from gpu_exporter.rules.unit_tests import run_test_files
 from gpu_exporter.yamlfile import YamlFileError, load_yaml_file
 
@@ -40,7 +40,7 @@ def test(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """A PrometheusRule whose spec is the rule files' groups, unchanged."""
-    patterns = args.files or default_rule_files()
+    patterns = args.files or all_pack_files()
     try:
         load_rule_files(patterns)  # refuse to export what the daemon would refuse to load
         groups: list[Any] = []

@@ -8,4 +8,11 @@ PACK_DIR = Path(__file__).resolve().parent.parent / "rulepack"  # a link to ../r
 
 
 def default_rule_files() -> list[str]:
+    """What the daemon evaluates by default: the alerting rules. The recording rules feed the
+    fleet dashboards in Prometheus; the daemon exposes no recorded series, so it skips them."""
+    return [str(PACK_DIR / "gpu-exporter.rules.yaml")]
+
+
+def all_pack_files() -> list[str]:
+    """Everything shipped, as `gpu-exporter rules export` renders it into the PrometheusRule."""
     return [str(PACK_DIR / "*.yaml")]

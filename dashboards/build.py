@@ -1,0 +1,1958 @@
+"""Generate gpu-exporter's Grafana dashboards (Grafana JSON model, schemaVersion 39).
+
+    python dashboards/build.py           # (re)write dashboards/*.json
+    python dashboards/build.py --check   # exit 1 when a committed file differs from the output
+
+Standard library only: a dashboard is a plain dict, and the helpers below are the small part of
+Grafana's model we use. grafana-foundation-sdk would add builders but no validation (it accepts
+`{"gridPos": {"h": "x"}}` silently, reference/tooling.md section 5); tests/test_dashboards.py
+type-checks the output against @grafana/schema instead.
+
+Three dashboards:
+- gpu-efficiency.json  is each GPU doing useful work, and if not, why (bottleneck class)?
+- gpu-health.json      throttling, clocks, power, temperature, links, errors, exporter health;
+- gpu-fleet.json       cluster-wide efficiency, waste by namespace, top offenders, down GPUs;
+                       built on rules/gpu-exporter.recording.yaml.
+
+Conventions every panel follows (tests/test_dashboards.py checks them):
+- queries go to the `${datasource}` variable; every panel has a unit and a description;
+- per-GPU queries honour the cluster/node/gpu variables through `sel()` and the namespace/pod
+  variables through `scoped()`, which works in both pod-attribution modes of the exporter;
+- a missing series that means zero is shown as 0 (`or ... * 0`, `or vector(0)`); one that means
+  "not measured" (activity metrics before Hopper, ECC when disabled) stays empty, and the
+  panel's description says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SCHEMA_VERSION = 39  # Grafana 11; newer versions migrate it on load
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+TAGS = ["gpu", "gpu-exporter"]
+
+Json = dict[str, Any]
+
+# --- PromQL vocabulary ---------------------------------------------------------------------------
+
+CLUSTER = 'cluster=~"$cluster"'
+GPU_MATCHERS = 'cluster=~"$cluster", node=~"$node", gpu=~"$gpu"'
+POD_MATCHERS = 'cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"'
+BY_GPU = "cluster, node, gpu, uuid"
+GPU_LEGEND = "{{node}} GPU {{gpu}}"
+
+# A GPU is in scope when the pod holding it matches the namespace/pod variables (gpu_pod_info,
+# emitted in both attribution modes), or when no pod holds it and the variables are All: gpu_up
+# has no namespace/pod, and the empty value matches their ".*" All value.
+IN_SCOPE = f"(gpu_pod_info{{{POD_MATCHERS}}} or gpu_up{{{POD_MATCHERS}}})"
+
+# Whom to charge a GPU's readings that carry no pod labels, one series per (GPU, pod): the pods
+# holding it by gpu_pod_info in "info" mode; nobody (empty namespace and pod) for a free GPU and
+# in "labels" mode, where such readings were taken while no pod held the GPU (a GPU whose
+# current readings carry pod labels is in labels mode).
+UNLABELLED_OWNER = (
+    f"(max by (cluster, uuid, namespace, pod) (gpu_pod_info{{{POD_MATCHERS}}})"
+    ' unless on (uuid) gpu_utilization_ratio{pod!=""}'
+    f" or on (uuid) max by (cluster, uuid) (gpu_up{{{POD_MATCHERS}}}) * 0 + 1)"
+)
+
+# Bottleneck classes (gpu_exporter/classify.py, DESIGN.md section 6), with the code the
+# state-timeline panels encode each class as, and its colour.
+CLASSES: tuple[tuple[str, str, str], ...] = (
+    ("idle", "idle", "#808080"),
+    ("throttled", "throttled", "red"),
+    ("launch_bound", "launch-bound", "orange"),
+    ("link_bound", "link-bound", "purple"),
+    ("memory_bound", "memory-bound", "yellow"),
+    ("tensor_bound", "tensor-bound", "green"),
+    ("compute_bound", "compute-bound", "blue"),
+    ("unknown", "unknown", "#4d4d4d"),
+)
+BUSY_BUT_IDLE = 'class=~"launch_bound|link_bound"'
+
+# Clock-event reasons that slow a GPU down, mildest first, as the health state timeline
+# encodes them (SW power cap is normal operation at the limit; the others are protective).
+SLOWDOWN_REASONS: tuple[tuple[str, str, str], ...] = (
+    ("sw_power_cap", "SW power cap", "blue"),
+    ("sw_thermal_slowdown", "SW thermal", "orange"),
+    ("hw_slowdown", "HW slowdown", "red"),
+    ("hw_thermal_slowdown", "HW thermal", "red"),
+    ("hw_power_brake_slowdown", "HW power brake", "dark-red"),
+)
+INFORMATIONAL_REASONS = "gpu_idle|sync_boost|applications_clocks_setting|display_clock_setting"
+
+
+def eq(label: str, value: str) -> str:
+    return f'{label}="{value}"'
+
+
+def matches(label: str, pattern: str) -> str:
+    return f'{label}=~"{pattern}"'
+
+
+def sel(metric: str, *matchers: str) -> str:
+    """`metric{...}` restricted to the cluster/node/gpu variables (and extra matchers)."""
+    return f"{metric}{{{', '.join((GPU_MATCHERS, *matchers))}}}"
+
+
+def scoped(expr: str) -> str:
+    """Per-GPU `expr`, kept only for GPUs whose pod matches the namespace/pod variables."""
+    return f"({expr}) and on (uuid) {IN_SCOPE}"
+
+
+def over(function: str, selector: str, window: str) -> str:
+    """`function(selector[window])`, e.g. over("rate", sel("x"), "$__rate_interval")."""
+    return f"{function}({selector}[{window}])"
+
+
+def per_gpu(expr: str, agg: str = "max", by: str = BY_GPU) -> str:
+    """`expr` scoped and reduced to one series per GPU (drops pod labels in "labels" mode)."""
+    return f"{agg} by ({by}) ({scoped(expr)})"
+
+
+def zero_filled(expr: str, by: str) -> str:
+    """`expr`, a `sum by (by)` of per-GPU series, or 0 for each in-scope group it lacks."""
+    return f"{expr} or {per_gpu(sel('gpu_up'), by=by)} * 0"
+
+
+def per_pod(selector_for: Callable[[str], str]) -> str:
+    """Sum by namespace/pod of a per-GPU expression, charged to the pod holding the GPU.
+
+    `selector_for(matchers)` builds the per-GPU expression with extra matchers. Series with pod
+    labels ("labels" mode) keep them, which stays right for pods that ended within the range;
+    the others are charged through UNLABELLED_OWNER.
+    """
+    unlabelled = selector_for('pod=""')
+    labelled = selector_for('pod!="", namespace=~"$namespace", pod=~"$pod"')
+    return (
+        f"sum by (cluster, namespace, pod) ({UNLABELLED_OWNER} * on (uuid) group_left "
+        f"sum by (uuid) ({unlabelled}) or {labelled})"
+    )
+
+
+def no_pod(expr: str) -> str:
+    """Name the empty namespace (GPUs no pod holds) so a table row does not look blank."""
+    return f'label_replace({expr}, "namespace", "(no pod)", "namespace", "")'
+
+
+def class_code() -> str:
+    """One series per GPU whose value is the code (1..8) of its current bottleneck class."""
+    parts = " or ".join(
+        f"{sel('gpu_bottleneck', eq('class', name))} * {code}"
+        for code, (name, _, _) in enumerate(CLASSES, start=1)
+    )
+    return f"sum by ({BY_GPU}) ({scoped(parts)})"
+
+
+def slowdown_code() -> str:
+    """One series per GPU: the code of the most severe slowdown reason active now (0: none)."""
+    parts = " or ".join(
+        f"{sel('gpu_clock_event_active', eq('reason', name))} * {code}"
+        for code, (name, _, _) in enumerate(SLOWDOWN_REASONS, start=1)
+    )
+    return f"max by ({BY_GPU}) ({scoped(parts)})"
+
+
+def gpu_hours(recorded: str) -> str:
+    """GPU-hours over the dashboard range from a recorded rate of GPU-seconds per second.
+
+    The sum of the recorded samples times the rules' evaluation interval; the interval is the
+    range divided by the samples cluster:gpu:count (same rule group) has in it.
+    """
+    interval = f"($__range_s / count_over_time(cluster:gpu:count{{{CLUSTER}}}[$__range]))"
+    return f"sum_over_time({recorded}[$__range]) * on (cluster) group_left () {interval} / 3600"
+
+
+# --- Grafana JSON model --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Q:
+    """One panel query."""
+
+    expr: str
+    legend: str = ""
+
+
+def thresholds(base: str, *steps: tuple[float, str]) -> Json:
+    return {
+        "mode": "absolute",
+        "steps": [{"color": base, "value": None}]
+        + [{"color": color, "value": value} for value, color in steps],
+    }
+
+
+NEUTRAL = thresholds("blue")
+# NVIDIA's DCGM guidance: SM activity >= 0.8 is necessary for efficient use, < 0.5 likely
+# means ineffective use.
+SM_ACTIVITY = thresholds("red", (0.5, "orange"), (0.8, "green"))
+ANY_IS_BAD = thresholds("green", (1, "red"))
+
+
+def value_map(entries: Sequence[tuple[int | str, str, str]]) -> Json:
+    return {
+        "type": "value",
+        "options": {
+            str(value): {"text": text, "color": color, "index": index}
+            for index, (value, text, color) in enumerate(entries)
+        },
+    }
+
+
+CLASS_MAP = value_map(
+    [(0, "no class", "transparent")]
+    + [(code, text, color) for code, (_, text, color) in enumerate(CLASSES, start=1)]
+)
+SLOWDOWN_MAP = value_map(
+    [(0, "none", "green")]
+    + [(code, text, color) for code, (_, text, color) in enumerate(SLOWDOWN_REASONS, start=1)]
+)
+UP_MAP = value_map([(1, "up", "green"), (0, "down", "red")])
+OFF_ON_MAP = value_map([(0, "no", "green"), (1, "yes", "red")])
+
+
+def override(name: str, matcher: str = "byName", **properties: Any) -> Json:
+    """Field override; property ids use `__` for `.` (custom__lineStyle -> custom.lineStyle)."""
+    return {
+        "matcher": {"id": matcher, "options": name},
+        "properties": [{"id": k.replace("__", "."), "value": v} for k, v in properties.items()],
+    }
+
+
+DASHED = {"dash": [10, 10], "fill": "dash"}
+
+
+def _targets(queries: Sequence[Q], *, instant: bool, table: bool) -> list[Json]:
+    return [
+        {
+            "datasource": DATASOURCE,
+            "editorMode": "code",
+            "expr": query.expr,
+            "format": "table" if table else "time_series",
+            "instant": instant,
+            "legendFormat": query.legend or "__auto",
+            "range": not instant,
+            "refId": chr(ord("A") + index),
+        }
+        for index, query in enumerate(queries)
+    ]
+
+
+def _panel(
+    kind: str,
+    title: str,
+    description: str,
+    targets: list[Json],
+    *,
+    unit: str,
+    options: Json,
+    custom: Json | None = None,
+    color: Json | None = None,
+    limits: tuple[float | None, float | None] = (None, None),
+    thresholds_: Json = NEUTRAL,
+    mappings: Sequence[Json] = (),
+    overrides: Sequence[Json] = (),
+    transformations: Sequence[Json] = (),
+    decimals: int | None = None,
+    no_value: str | None = None,
+) -> Json:
+    defaults: Json = {"unit": unit, "thresholds": thresholds_, "mappings": list(mappings)}
+    if color is not None:
+        defaults["color"] = color
+    if custom is not None:
+        defaults["custom"] = custom
+    if limits[0] is not None:
+        defaults["min"] = limits[0]
+    if limits[1] is not None:
+        defaults["max"] = limits[1]
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    if no_value is not None:
+        defaults["noValue"] = no_value
+    panel: Json = {
+        "type": kind,
+        "title": title,
+        "description": " ".join(description.split()),
+        "datasource": DATASOURCE,
+        "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
+        "options": options,
+    }
+    if transformations:
+        panel["transformations"] = list(transformations)
+    return panel
+
+
+def _legend(*, table: bool = False, calcs: Sequence[str] = ()) -> Json:
+    return {
+        "showLegend": True,
+        "displayMode": "table" if table else "list",
+        "placement": "bottom",
+        "calcs": list(calcs),
+    }
+
+
+def timeseries(
+    title: str,
+    description: str,
+    queries: Sequence[Q],
+    *,
+    unit: str,
+    limits: tuple[float | None, float | None] = (None, None),
+    thresholds_: Json = NEUTRAL,
+    threshold_lines: bool = False,
+    stack: bool = False,
+    bars: bool = False,
+    legend_calcs: Sequence[str] = ("mean", "max"),
+    overrides: Sequence[Json] = (),
+    decimals: int | None = None,
+) -> Json:
+    custom = {
+        "drawStyle": "bars" if bars else "line",
+        "lineWidth": 1,
+        "fillOpacity": 30 if stack or bars else 10,
+        "gradientMode": "none",
+        "showPoints": "never",
+        "spanNulls": False,
+        "axisSoftMin": 0,
+        "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        "thresholdsStyle": {"mode": "dashed" if threshold_lines else "off"},
+    }
+    return _panel(
+        "timeseries",
+        title,
+        description,
+        _targets(queries, instant=False, table=False),
+        unit=unit,
+        custom=custom,
+        color={"mode": "palette-classic"},
+        limits=limits,
+        thresholds_=thresholds_,
+        overrides=overrides,
+        decimals=decimals,
+        options={
+            "legend": _legend(table=bool(legend_calcs), calcs=legend_calcs),
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    )
+
+
+def _reduce(calc: str = "lastNotNull") -> Json:
+    return {"calcs": [calc], "fields": "", "values": False}
+
+
+def stat(
+    title: str,
+    description: str,
+    query: Q,
+    *,
+    unit: str,
+    thresholds_: Json = NEUTRAL,
+    mappings: Sequence[Json] = (),
+    decimals: int | None = None,
+) -> Json:
+    return _panel(
+        "stat",
+        title,
+        description,
+        _targets([query], instant=True, table=False),
+        unit=unit,
+        color={"mode": "thresholds"},
+        thresholds_=thresholds_,
+        mappings=mappings,
+        decimals=decimals,
+        options={
+            "reduceOptions": _reduce(),
+            "orientation": "auto",
+            "textMode": "auto",
+            "colorMode": "value",
+            "graphMode": "none",
+            "justifyMode": "auto",
+            "wideLayout": True,
+            "showPercentChange": False,
+            "percentChangeColorMode": "standard",
+        },
+    )
+
+
+def bargauge(
+    title: str,
+    description: str,
+    query: Q,
+    *,
+    unit: str,
+    limits: tuple[float | None, float | None] = (0, None),
+    thresholds_: Json = NEUTRAL,
+    overrides: Sequence[Json] = (),
+) -> Json:
+    return _panel(
+        "bargauge",
+        title,
+        description,
+        _targets([query], instant=True, table=False),
+        unit=unit,
+        color={"mode": "thresholds"},
+        limits=limits,
+        thresholds_=thresholds_,
+        overrides=overrides,
+        options={
+            "reduceOptions": _reduce(),
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "valueMode": "color",
+            "namePlacement": "auto",
+            "showUnfilled": True,
+            "sizing": "auto",
+            "minVizWidth": 8,
+            "minVizHeight": 16,
+            "maxVizHeight": 300,
+            "legend": {
+                "showLegend": False,
+                "displayMode": "list",
+                "placement": "bottom",
+                "calcs": [],
+            },
+        },
+    )
+
+
+def state_timeline(
+    title: str,
+    description: str,
+    queries: Sequence[Q],
+    *,
+    mappings: Sequence[Json],
+    overrides: Sequence[Json] = (),
+) -> Json:
+    return _panel(
+        "state-timeline",
+        title,
+        description,
+        _targets(queries, instant=False, table=False),
+        unit="none",
+        custom={"fillOpacity": 80, "lineWidth": 0},
+        color={"mode": "thresholds"},
+        mappings=mappings,
+        overrides=overrides,
+        options={
+            "mergeValues": True,
+            "showValue": "auto",
+            "alignValue": "left",
+            "rowHeight": 0.9,
+            "legend": {
+                "showLegend": False,
+                "displayMode": "list",
+                "placement": "bottom",
+                "calcs": [],
+            },
+            "tooltip": {"mode": "single", "sort": "none"},
+        },
+    )
+
+
+def table(
+    title: str,
+    description: str,
+    columns: Sequence[tuple[str, Q]],
+    *,
+    unit: str,
+    thresholds_: Json = NEUTRAL,
+    overrides: Sequence[Json] = (),
+    hide: Iterable[str] = ("Time", "uuid"),
+    sort_by: str | None = None,
+    mappings: Sequence[Json] = (),
+    no_value: str | None = None,
+) -> Json:
+    """Instant queries, one value column each (named by `columns`), merged on their labels."""
+    queries = [query for _, query in columns]
+    if len(columns) == 1:
+        rename = {"Value": columns[0][0]}
+    else:
+        rename = {f"Value #{chr(ord('A') + i)}": name for i, (name, _) in enumerate(columns)}
+    options: Json = {"showHeader": True, "cellHeight": "sm", "frameIndex": 0}
+    if sort_by is not None:
+        options["sortBy"] = [{"displayName": sort_by, "desc": True}]
+    return _panel(
+        "table",
+        title,
+        description,
+        _targets(queries, instant=True, table=True),
+        unit=unit,
+        custom={"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
+        color={"mode": "thresholds"},
+        thresholds_=thresholds_,
+        mappings=mappings,
+        overrides=overrides,
+        no_value=no_value,
+        transformations=[
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {name: True for name in hide},
+                    "indexByName": {},
+                    "renameByName": rename,
+                },
+            },
+        ],
+        options=options,
+    )
+
+
+def colored_cells(name: str, unit: str, thresholds_: Json) -> Json:
+    return override(
+        name,
+        unit=unit,
+        thresholds=thresholds_,
+        custom__cellOptions={"type": "color-background", "mode": "gradient"},
+    )
+
+
+# --- layout ----------------------------------------------------------------------------------
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid and numbers them."""
+
+    WIDTH = 24
+
+    def __init__(self) -> None:
+        self.panels: list[Json] = []
+        self._x = self._y = self._line_height = 0
+
+    def _next_id(self) -> int:
+        return len(self.panels) + 1
+
+    def _new_line(self) -> None:
+        self._y += self._line_height
+        self._x = self._line_height = 0
+
+    def row(self, title: str) -> None:
+        self._new_line()
+        self.panels.append(
+            {
+                "type": "row",
+                "id": self._next_id(),
+                "title": title,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"h": 1, "w": self.WIDTH, "x": 0, "y": self._y},
+            }
+        )
+        self._y += 1
+
+    def add(self, panel: Json, w: int, h: int = 8, **extra: Any) -> None:
+        if self._x + w > self.WIDTH:
+            self._new_line()
+        self.panels.append(
+            {
+                "id": self._next_id(),
+                **panel,
+                "gridPos": {"h": h, "w": w, "x": self._x, "y": self._y},
+            }
+            | extra
+        )
+        self._x += w
+        self._line_height = max(self._line_height, h)
+
+
+# --- variables and the dashboard shell ------------------------------------------------------------
+
+
+def datasource_variable() -> Json:
+    return {
+        "name": "datasource",
+        "label": "Data source",
+        "type": "datasource",
+        "query": "prometheus",
+        "hide": 0,
+        "includeAll": False,
+        "multi": False,
+        "options": [],
+        "refresh": 1,
+        "regex": "",
+    }
+
+
+def query_variable(name: str, label: str, query: str, description: str) -> Json:
+    """Multi-value variable with an All value of `.*`, which also matches an absent label."""
+    return {
+        "name": name,
+        "label": label,
+        "description": description,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": query,
+        "current": {"text": ["All"], "value": ["$__all"]},
+        "hide": 0,
+        "includeAll": True,
+        "allValue": ".*",
+        "multi": True,
+        "options": [],
+        "refresh": 2,
+        "regex": "",
+        "sort": 7,
+    }
+
+
+CLUSTER_VARIABLE = query_variable(
+    "cluster",
+    "Cluster",
+    "label_values(gpu_up, cluster)",
+    "Only where series carry a cluster label (a multi-cluster Prometheus); otherwise All.",
+)
+NODE_VARIABLE = query_variable(
+    "node", "Node", 'label_values(gpu_up{cluster=~"$cluster"}, node)', "Kubernetes node."
+)
+NAMESPACE_VARIABLE = query_variable(
+    "namespace",
+    "Namespace",
+    'label_values({__name__=~"gpu_pod_info|gpu_up", cluster=~"$cluster"}, namespace)',
+    "Namespace of the pod holding the GPU (All includes GPUs no pod holds).",
+)
+POD_VARIABLE = query_variable(
+    "pod",
+    "Pod",
+    'label_values({__name__=~"gpu_pod_info|gpu_up", cluster=~"$cluster", '
+    'namespace=~"$namespace"}, pod)',
+    "Pod holding the GPU.",
+)
+GPU_VARIABLE = query_variable(
+    "gpu",
+    "GPU",
+    'label_values(gpu_up{cluster=~"$cluster", node=~"$node"}, gpu)',
+    "NVML index of the GPU on its node.",
+)
+PER_GPU_VARIABLES = [
+    datasource_variable(),
+    CLUSTER_VARIABLE,
+    NODE_VARIABLE,
+    NAMESPACE_VARIABLE,
+    POD_VARIABLE,
+    GPU_VARIABLE,
+]
+
+
+def dashboard(
+    uid: str, title: str, description: str, variables: list[Json], layout: Layout
+) -> Json:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": TAGS,
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "fiscalYearStartMonth": 0,
+        "weekStart": "",
+        "liveNow": False,
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "links": [
+            {
+                "title": "GPU dashboards",
+                "type": "dashboards",
+                "tags": ["gpu-exporter"],
+                "asDropdown": True,
+                "includeVars": True,
+                "keepTime": True,
+                "icon": "external link",
+                "targetBlank": False,
+                "tooltip": "",
+                "url": "",
+            }
+        ],
+        "templating": {"list": variables},
+        "panels": layout.panels,
+    }
+
+
+# --- GPU efficiency --------------------------------------------------------------------------
+
+ACTIVITY_NOTE = (
+    "SM, Tensor and DRAM activity come from NVML GPM (Hopper and newer) or DCGM; on older GPUs "
+    "they are absent, which means unknown, not idle, and their lines and cells stay empty."
+)
+CLASS_NOTE = (
+    "Classes come from the exporter's classifier (ordered checks over a few seconds: idle, "
+    "throttled, launch-bound, link-bound, memory-bound, tensor-bound, compute-bound, unknown; "
+    "see DESIGN.md section 6)."
+)
+BUSY_BUT_IDLE_NOTE = (
+    "Busy but idle = the launch-bound and link-bound classes: kernels run while most SMs have "
+    "no work (tiny kernels, syncs, input stalls, waiting on transfers)."
+)
+
+
+def efficiency() -> Json:
+    def range_mean(metric: str) -> Q:
+        return Q(per_gpu(over("avg_over_time", sel(metric), "$__range")))
+
+    def class_seconds(classes: str) -> Callable[[str], str]:
+        def selector(pod_matchers: str) -> str:
+            matchers = (classes, pod_matchers) if classes else (pod_matchers,)
+            return over("increase", sel("gpu_bottleneck_seconds_total", *matchers), "$__range")
+
+        return selector
+
+    busy_but_idle_share = over(
+        "rate", sel("gpu_bottleneck_seconds_total", BUSY_BUT_IDLE), "$__range"
+    )
+    board = Layout()
+    board.row("Now")
+    board.add(
+        stat(
+            "GPUs",
+            "GPUs in scope of the variables, answering or not.",
+            Q(f"count({scoped(sel('gpu_up'))})"),
+            unit="short",
+        ),
+        w=3,
+        h=4,
+    )
+    board.add(
+        stat(
+            "Mean utilization",
+            "NVML utilization averaged over the GPUs in scope: the share of time any kernel ran. "
+            "It says the GPU was busy, not that it did useful work: compare SM activity.",
+            Q(f"avg({scoped(sel('gpu_utilization_ratio'))})"),
+            unit="percentunit",
+            decimals=0,
+        ),
+        w=4,
+        h=4,
+    )
+    board.add(
+        stat(
+            "Mean SM activity",
+            "Share of cycles the SMs had work, averaged over the GPUs in scope that report it. "
+            "NVIDIA's guidance: 80% or more is needed for efficient use; under 50% is likely "
+            f"ineffective. {ACTIVITY_NOTE}",
+            Q(f"avg({scoped(sel('gpu_sm_active_ratio'))})"),
+            unit="percentunit",
+            thresholds_=SM_ACTIVITY,
+            decimals=0,
+        ),
+        w=4,
+        h=4,
+    )
+    board.add(
+        stat(
+            "Mean Tensor activity",
+            f"Share of cycles any Tensor Core pipe was active, averaged. {ACTIVITY_NOTE}",
+            Q(f"avg({scoped(sel('gpu_tensor_active_ratio'))})"),
+            unit="percentunit",
+            decimals=0,
+        ),
+        w=4,
+        h=4,
+    )
+    board.add(
+        stat(
+            "Busy-but-idle GPUs",
+            f"GPUs classified busy but idle now. {BUSY_BUT_IDLE_NOTE} Empty when the exporter "
+            "does not classify (unknown), 0 when none is.",
+            Q(f"sum({scoped(sel('gpu_bottleneck', BUSY_BUT_IDLE))})"),
+            unit="short",
+            thresholds_=thresholds("green", (1, "orange")),
+        ),
+        w=4,
+        h=4,
+    )
+    board.add(
+        stat(
+            "Firing alerts",
+            "Alerts Prometheus is firing now for the GPUs in scope (and GPU-independent ones), "
+            "from the shipped rule pack.",
+            Q(
+                'count(ALERTS{alertstate="firing", cluster=~"$cluster", node=~"$node", '
+                'gpu=~"$gpu"}) or vector(0)'
+            ),
+            unit="short",
+            thresholds_=ANY_IS_BAD,
+        ),
+        w=5,
+        h=4,
+    )
+
+    board.row("Activity per GPU")
+    board.add(
+        timeseries(
+            "GPU $gpu: utilization vs SM, Tensor and DRAM activity",
+            "Utilization (dashed) only says a kernel was running. SM activity says how many SMs "
+            "had work, Tensor activity how much of that used the Tensor Cores, DRAM activity "
+            "how much memory bandwidth was used. High utilization with low SM activity is "
+            f"busy-but-idle. One panel per GPU index; pick a node to see one GPU per panel. "
+            f"{ACTIVITY_NOTE}",
+            [
+                Q(scoped(sel("gpu_utilization_ratio")), "{{node}} utilization"),
+                Q(scoped(sel("gpu_sm_active_ratio")), "{{node}} SM active"),
+                Q(scoped(sel("gpu_tensor_active_ratio")), "{{node}} Tensor active"),
+                Q(scoped(sel("gpu_dram_active_ratio")), "{{node}} DRAM active"),
+            ],
+            unit="percentunit",
+            limits=(0, 1),
+            legend_calcs=("mean",),
+            overrides=[
+                override(".*utilization", "byRegexp", custom__lineStyle=DASHED),
+            ],
+        ),
+        w=6,
+        h=8,
+        repeat="gpu",
+        repeatDirection="h",
+        maxPerRow=4,
+    )
+    board.add(
+        table(
+            "Efficiency per GPU (averages over the range)",
+            "Per GPU: mean utilization and SM/Tensor/DRAM activity over the dashboard range, the "
+            "share of that time it was busy but idle, and its bottleneck class now. "
+            f"{BUSY_BUT_IDLE_NOTE} {ACTIVITY_NOTE}",
+            [
+                ("Utilization", range_mean("gpu_utilization_ratio")),
+                ("SM active", range_mean("gpu_sm_active_ratio")),
+                ("Tensor active", range_mean("gpu_tensor_active_ratio")),
+                ("DRAM active", range_mean("gpu_dram_active_ratio")),
+                ("Busy but idle", Q(per_gpu(busy_but_idle_share, "sum"))),
+                ("Class now", Q(class_code())),
+            ],
+            unit="percentunit",
+            overrides=[
+                colored_cells("SM active", "percentunit", SM_ACTIVITY),
+                colored_cells(
+                    "Busy but idle",
+                    "percentunit",
+                    thresholds("green", (0.1, "orange"), (0.5, "red")),
+                ),
+                override("Class now", unit="none", mappings=[CLASS_MAP]),
+            ],
+            sort_by="Busy but idle",
+        ),
+        w=24,
+        h=9,
+    )
+
+    board.row("Bottleneck classes")
+    board.add(
+        state_timeline(
+            "Bottleneck class per GPU",
+            f"What limits each GPU, over time. {CLASS_NOTE} 'unknown' means the activity data "
+            "needed to judge is absent or stuck; a GPU that is down has no class.",
+            [Q(class_code(), GPU_LEGEND)],
+            mappings=[CLASS_MAP],
+        ),
+        w=24,
+        h=9,
+    )
+    board.add(
+        timeseries(
+            "GPUs per bottleneck class",
+            f"How many GPUs in scope are in each class, over time. {CLASS_NOTE}",
+            [Q(f"sum by (class) ({scoped(sel('gpu_bottleneck'))})", "{{class}}")],
+            unit="short",
+            stack=True,
+            legend_calcs=("mean",),
+            overrides=[
+                override(name, color={"mode": "fixed", "fixedColor": color})
+                for name, _, color in CLASSES
+            ],
+        ),
+        w=12,
+        h=8,
+    )
+    seconds = scoped(over("increase", sel("gpu_bottleneck_seconds_total"), "$__range"))
+    board.add(
+        bargauge(
+            "Share of GPU time by class (range)",
+            "Share of the GPU time in scope spent in each class over the dashboard range, from "
+            f"gpu_bottleneck_seconds_total; a class never seen shows 0. {CLASS_NOTE}",
+            Q(
+                f"sort_desc(sum by (class) ({seconds}) / ignoring (class) group_left "
+                f"sum({seconds}))",
+                "{{class}}",
+            ),
+            unit="percentunit",
+            limits=(0, 1),
+        ),
+        w=12,
+        h=8,
+    )
+
+    observed = per_pod(class_seconds(""))
+    busy_but_idle = per_pod(class_seconds(BUSY_BUT_IDLE))
+    board.add(
+        table(
+            "Busy-but-idle GPU-hours by namespace and pod (range)",
+            "GPU-hours over the dashboard range per pod holding the GPUs: observed, busy but "
+            f"idle, and idle. {BUSY_BUT_IDLE_NOTE} '(no pod)' is time of GPUs no pod held. With "
+            "pod attribution in 'info' mode a GPU's time is charged to the pod holding it now; "
+            "in 'labels' mode to the pod that held it then. A GPU shared by several pods is "
+            "charged to each.",
+            [
+                ("GPU-hours", Q(no_pod(f"{observed} / 3600"))),
+                ("Busy-but-idle GPU-hours", Q(no_pod(f"{busy_but_idle} / 3600"))),
+                (
+                    "Idle GPU-hours",
+                    Q(no_pod(f"{per_pod(class_seconds(eq('class', 'idle')))} / 3600")),
+                ),
+                ("Busy-but-idle share", Q(no_pod(f"{busy_but_idle} / {observed}"))),
+            ],
+            unit="h",
+            hide=("Time",),
+            overrides=[
+                colored_cells(
+                    "Busy-but-idle share",
+                    "percentunit",
+                    thresholds("green", (0.1, "orange"), (0.5, "red")),
+                )
+            ],
+            sort_by="Busy-but-idle GPU-hours",
+        ),
+        w=24,
+        h=8,
+    )
+
+    board.row("Inside the SMs and memory")
+    board.add(
+        timeseries(
+            "Pipe activity (FP64, FP32, FP16, integer)",
+            "Share of cycles each non-tensor pipe was active. Which pipe is hot tells whether "
+            "work runs in the intended precision (FP32 where bf16/fp16 was meant, say). "
+            + ACTIVITY_NOTE,
+            [Q(scoped(sel("gpu_pipe_active_ratio")), GPU_LEGEND + " {{pipe}}")],
+            unit="percentunit",
+            limits=(0, 1),
+            legend_calcs=("mean",),
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "SM occupancy",
+            "Resident warps as a share of the theoretical maximum: low occupancy with high SM "
+            f"activity points at register or shared-memory limits. {ACTIVITY_NOTE}",
+            [Q(scoped(sel("gpu_sm_occupancy_ratio")), GPU_LEGEND)],
+            unit="percentunit",
+            limits=(0, 1),
+            legend_calcs=("mean",),
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "Device memory used and reserved",
+            "Memory allocated by processes (used) and held by the driver and firmware "
+            "(reserved), per GPU. A framework's caching allocator keeps memory it freed, so "
+            "'used' is an upper bound of what the model needs. Reserved needs memory info v2 "
+            "(newer drivers).",
+            [
+                Q(scoped(sel("gpu_memory_used_bytes")), GPU_LEGEND + " used"),
+                Q(scoped(sel("gpu_memory_reserved_bytes")), GPU_LEGEND + " reserved"),
+            ],
+            unit="bytes",
+            legend_calcs=("max",),
+            overrides=[override(".* reserved", "byRegexp", custom__lineStyle=DASHED)],
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "Device memory used (share of total)",
+            "Used memory over total per GPU. Near 100% the next allocation fails (CUDA out of "
+            "memory) or the framework starts evicting its cache.",
+            [
+                Q(
+                    f"{scoped(sel('gpu_memory_used_bytes'))} / {sel('gpu_memory_total_bytes')}",
+                    GPU_LEGEND,
+                )
+            ],
+            unit="percentunit",
+            limits=(0, 1),
+            thresholds_=thresholds("green", (0.9, "orange"), (0.97, "red")),
+            threshold_lines=True,
+            legend_calcs=("max",),
+        ),
+        w=12,
+        h=8,
+    )
+
+    board.row("Alerts")
+    board.add(
+        table(
+            "Alerts firing and pending",
+            "Prometheus' ALERTS for the GPUs in scope: the shipped rule pack's efficiency, "
+            "throttling and health alerts, pending ones included (they fire once their `for` "
+            "has passed). Runbook: docs/runbook.md. Empty when nothing is wrong.",
+            [
+                (
+                    "Active",
+                    Q(
+                        'ALERTS{cluster=~"$cluster", node=~"$node", gpu=~"$gpu", '
+                        'namespace=~"$namespace", pod=~"$pod"}'
+                    ),
+                )
+            ],
+            unit="short",
+            hide=("Time", "__name__", "Active"),
+            no_value="No alerts",
+        ),
+        w=24,
+        h=8,
+    )
+    return dashboard(
+        "gpu-exporter-efficiency",
+        "GPU efficiency",
+        "Is each GPU doing useful work, and if not, why: utilization against SM, Tensor and DRAM "
+        "activity, bottleneck classes, busy-but-idle GPU-hours by pod. gpu-exporter.",
+        PER_GPU_VARIABLES,
+        board,
+    )
+
+
+# --- GPU health & throttling -----------------------------------------------------------------
+
+
+def health() -> Json:
+    def throttle_rate(window: str) -> str:
+        return over("rate", sel("gpu_clock_event_seconds_total"), window)
+
+    sm_and_memory = matches("clock", "sm|memory")
+    energy = over("increase", sel("gpu_energy_joules_total"), "$__range")
+    nvlink_rate = over("rate", sel("gpu_nvlink_bytes_total"), "$__rate_interval")
+    uncorrected = eq("error", "uncorrected")
+    ecc_increase = over("increase", sel("gpu_ecc_errors_total"), "$__rate_interval")
+    board = Layout()
+    board.row("Throttling")
+    board.add(
+        state_timeline(
+            "Worst clock-event reason per GPU",
+            "The most severe reason holding each GPU's clocks down, over time: SW power cap "
+            "(at the power limit, normal under load) < SW thermal < HW slowdown < HW thermal < "
+            "HW power brake. 'none' when no such reason is active; empty for a GPU that reports "
+            "no clock-event reasons.",
+            [Q(slowdown_code(), GPU_LEGEND)],
+            mappings=[SLOWDOWN_MAP],
+        ),
+        w=24,
+        h=9,
+    )
+    board.add(
+        state_timeline(
+            "Clock-event reasons, each GPU and reason",
+            "Every clock-event reason the driver reports, per GPU: red while a reason that "
+            "slows the GPU holds, blue for informational ones (GPU idle, sync boost, "
+            "application/display clock settings). Pick a GPU to keep this readable.",
+            [Q(scoped(sel("gpu_clock_event_active")), GPU_LEGEND + " {{reason}}")],
+            mappings=[value_map([(0, "off", "transparent"), (1, "active", "red")])],
+            overrides=[
+                override(
+                    f".*({INFORMATIONAL_REASONS})",
+                    "byRegexp",
+                    mappings=[value_map([(0, "off", "transparent"), (1, "active", "blue")])],
+                )
+            ],
+        ),
+        w=24,
+        h=10,
+    )
+    board.add(
+        timeseries(
+            "Throttle time share by reason",
+            "Share of time each reason held the clocks down (rate of "
+            "gpu_clock_event_seconds_total), per GPU; 0 when it did not. HW slowdown has no "
+            "time counter in NVML: see the state timelines. The shipped alerts fire at 5% "
+            "(HW thermal) and 25% (SW thermal).",
+            [
+                Q(
+                    "sum by (cluster, node, gpu, reason) "
+                    f"({scoped(throttle_rate('$__rate_interval'))})",
+                    GPU_LEGEND + " {{reason}}",
+                )
+            ],
+            unit="percentunit",
+            limits=(0, 1),
+            thresholds_=thresholds("green", (0.05, "orange"), (0.25, "red")),
+            threshold_lines=True,
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        bargauge(
+            "Most throttled GPUs and reasons (range)",
+            "The ten GPU/reason pairs with the largest share of the dashboard range spent "
+            "throttled; 0 when none was.",
+            Q(
+                "topk(10, sum by (cluster, node, gpu, reason) "
+                f"({scoped(throttle_rate('$__range'))}))",
+                GPU_LEGEND + " {{reason}}",
+            ),
+            unit="percentunit",
+            limits=(0, 1),
+            thresholds_=thresholds("green", (0.05, "orange"), (0.25, "red")),
+        ),
+        w=12,
+        h=8,
+    )
+
+    board.row("Clocks, power, temperature")
+    board.add(
+        timeseries(
+            "Clocks as a share of their maximum",
+            "Current SM and memory clock over the maximum the GPU supports. Busy GPUs below "
+            "60% of the max SM clock are throttled (GpuClocksLowWhileBusy); idle GPUs park "
+            "their clocks low on purpose.",
+            [
+                Q(
+                    scoped(
+                        f"{sel('gpu_clock_hertz', sm_and_memory)} / "
+                        f"{sel('gpu_clock_max_hertz', sm_and_memory)}"
+                    ),
+                    GPU_LEGEND + " {{clock}}",
+                )
+            ],
+            unit="percentunit",
+            limits=(0, 1),
+            thresholds_=thresholds("red", (0.6, "green")),
+            threshold_lines=True,
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "SM clock and its maximum",
+            "Current SM clock per GPU (solid) and the maximum it supports (dashed).",
+            [
+                Q(scoped(sel("gpu_clock_hertz", eq("clock", "sm"))), GPU_LEGEND),
+                Q(scoped(sel("gpu_clock_max_hertz", eq("clock", "sm"))), GPU_LEGEND + " max"),
+            ],
+            unit="hertz",
+            legend_calcs=("mean", "min"),
+            overrides=[override(".* max", "byRegexp", custom__lineStyle=DASHED)],
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "Power draw and limit",
+            "Power draw per GPU (1 s average on Ampere and newer) and its enforced limit "
+            "(dashed), after every limiter (application, default, host).",
+            [
+                Q(scoped(sel("gpu_power_watts")), GPU_LEGEND),
+                Q(scoped(sel("gpu_power_limit_watts")), GPU_LEGEND + " limit"),
+            ],
+            unit="watt",
+            overrides=[override(".* limit", "byRegexp", custom__lineStyle=DASHED)],
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "Power as a share of the limit",
+            "Draw over enforced limit. At 95% or more the GPU is power-capped: clocks drop to "
+            "stay under the limit (SW power cap), which costs throughput on compute-bound work.",
+            [Q(scoped(f"{sel('gpu_power_watts')} / {sel('gpu_power_limit_watts')}"), GPU_LEGEND)],
+            unit="percentunit",
+            limits=(0, 1),
+            thresholds_=thresholds("green", (0.95, "orange")),
+            threshold_lines=True,
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "Temperatures",
+            "GPU die and memory (HBM) temperature per GPU. Hopper starts slowing down in the "
+            "upper 80s °C (die) and 95 °C (HBM); the exact limits are per SKU.",
+            [Q(scoped(sel("gpu_temperature_celsius")), GPU_LEGEND + " {{sensor}}")],
+            unit="celsius",
+            thresholds_=thresholds("green", (85, "orange"), (90, "red")),
+            threshold_lines=True,
+            legend_calcs=("mean", "max"),
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        bargauge(
+            "Energy per GPU (range)",
+            "Energy each GPU used over the dashboard range, from the driver's energy counter "
+            "(Volta and newer).",
+            Q(
+                f"sort_desc(sum by (cluster, node, gpu) ({scoped(energy)}) / 3.6e6)",
+                GPU_LEGEND,
+            ),
+            unit="kwatth",
+        ),
+        w=8,
+        h=8,
+    )
+    board.add(
+        stat(
+            "Energy, all GPUs in scope (range)",
+            "Total energy the GPUs in scope used over the dashboard range.",
+            Q(f"sum({scoped(energy)}) / 3.6e6"),
+            unit="kwatth",
+            decimals=2,
+        ),
+        w=4,
+        h=8,
+    )
+
+    board.row("Links and topology")
+    pcie_rate = (
+        f"{over('rate', sel('gpu_pcie_bytes_total'), '$__rate_interval')} "
+        f"or on (uuid, direction) {sel('gpu_pcie_throughput_bytes_per_second')}"
+    )
+    board.add(
+        timeseries(
+            "PCIe throughput",
+            "Bytes per second over PCIe per GPU and direction, from the byte counters; on "
+            "older drivers from the 20 ms throughput sample instead. Host-to-device copies and "
+            "data loading show up here.",
+            [
+                Q(
+                    f"sum by (cluster, node, gpu, direction) ({scoped(pcie_rate)})",
+                    GPU_LEGEND + " {{direction}}",
+                )
+            ],
+            unit="Bps",
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "NVLink throughput",
+            "Bytes per second over all NVLink links per GPU and direction. Empty for GPUs "
+            "without NVLink.",
+            [
+                Q(
+                    f"sum by (cluster, node, gpu, direction) ({scoped(nvlink_rate)})",
+                    GPU_LEGEND + " {{direction}}",
+                )
+            ],
+            unit="Bps",
+        ),
+        w=12,
+        h=8,
+    )
+
+    def link(metric: str, state: str) -> Q:
+        return Q(per_gpu(sel(metric, eq("state", state))))
+
+    width_degraded = (
+        f"{sel('gpu_pcie_link_width', eq('state', 'current'))} < bool ignoring (state) "
+        f"{sel('gpu_pcie_link_width', eq('state', 'max'))}"
+    )
+    board.add(
+        table(
+            "Link state per GPU",
+            "PCIe generation and width now and at most, whether the width trained below its "
+            "maximum (a seating, riser or retimer problem; a lower generation is normal on an "
+            "idle GPU, which saves power), PCIe replays over the range (link-level "
+            "retransmissions), active NVLink links (empty without NVLink) and the host NUMA "
+            "node nearest the GPU.",
+            [
+                ("PCIe gen", link("gpu_pcie_link_generation", "current")),
+                ("PCIe gen max", link("gpu_pcie_link_generation", "max")),
+                ("Width", link("gpu_pcie_link_width", "current")),
+                ("Width max", link("gpu_pcie_link_width", "max")),
+                ("Width degraded", Q(per_gpu(width_degraded))),
+                (
+                    "PCIe replays",
+                    Q(per_gpu(over("increase", sel("gpu_pcie_replay_total"), "$__range"))),
+                ),
+                ("NVLink links", Q(per_gpu(sel("gpu_nvlink_links_active")))),
+                ("NUMA node", Q(per_gpu(sel("gpu_numa_node")))),
+            ],
+            unit="none",
+            overrides=[
+                override("Width degraded", mappings=[OFF_ON_MAP]),
+                colored_cells(
+                    "PCIe replays", "short", thresholds("green", (1, "orange"), (100, "red"))
+                ),
+            ],
+        ),
+        w=24,
+        h=8,
+    )
+    board.add(
+        table(
+            "Topology: how each GPU reaches its peers",
+            "Link type between each GPU and each peer, as nvidia-smi topo -m shows it: nvlink, "
+            "single or multiple PCIe switches, host bridge, same NUMA node, across sockets. "
+            "Collective communication is fastest over NVLink.",
+            [("Link", Q(per_gpu(sel("gpu_topology_link_info"), by=f"{BY_GPU}, peer_gpu, link")))],
+            unit="none",
+            hide=("Time", "uuid", "Link"),
+        ),
+        w=24,
+        h=8,
+    )
+
+    board.row("Errors")
+    xid = scoped(over("increase", sel("gpu_xid_errors_total"), "$__rate_interval"))
+    board.add(
+        timeseries(
+            "XID errors",
+            "XID errors per GPU (NVML events; the exporter sees only XIDs after it started). 0 "
+            "when none happened. Critical XIDs (48, 63, 64, 74, 79, 92, 94, 95, ...) raise "
+            "GpuXidCritical; see docs/runbook.md.",
+            [
+                Q(
+                    zero_filled(f"sum by (cluster, node, gpu) ({xid})", "cluster, node, gpu"),
+                    GPU_LEGEND,
+                )
+            ],
+            unit="short",
+            bars=True,
+            legend_calcs=("sum",),
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        table(
+            "XID errors by code (range)",
+            "Each XID code per GPU over the dashboard range and when it last happened. Lists "
+            "only XIDs that happened; empty when there were none.",
+            [
+                (
+                    "Count",
+                    Q(
+                        "sum by (cluster, node, gpu, xid) "
+                        f"({scoped(over('increase', sel('gpu_xid_errors_total'), '$__range'))})"
+                    ),
+                ),
+                (
+                    "Last seen",
+                    Q(
+                        "max by (cluster, node, gpu, xid) "
+                        f"({scoped(sel('gpu_xid_last_timestamp_seconds'))}) * 1000"
+                    ),
+                ),
+            ],
+            unit="short",
+            overrides=[override("Last seen", unit="dateTimeAsIso")],
+            no_value="No XID errors",
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "ECC errors",
+            "Corrected and uncorrected ECC errors per GPU (volatile counters, since the driver "
+            "loaded). Empty where ECC is off or not supported: unknown, not zero. Any "
+            "uncorrected error raises GpuUncorrectableEccErrors.",
+            [
+                Q(
+                    f"sum by (cluster, node, gpu, error) ({scoped(ecc_increase)})",
+                    GPU_LEGEND + " {{error}}",
+                )
+            ],
+            unit="short",
+            bars=True,
+            legend_calcs=("sum",),
+        ),
+        w=12,
+        h=8,
+    )
+    memory_flags = (
+        f"{sel('gpu_row_remap_pending')} or {sel('gpu_row_remap_failure')} or "
+        f"{sel('gpu_retired_pages_pending')}"
+    )
+    board.add(
+        stat(
+            "GPUs needing a reset or service",
+            "GPUs with a row remap or page retirement pending (reset or reboot needed) or a "
+            "failed row remap (service needed). Empty where the GPU reports none of these.",
+            Q(
+                f"count(max by (uuid) ({scoped(memory_flags)}) == 1) or on () "
+                f"0 * count({scoped(memory_flags)})"
+            ),
+            unit="short",
+            thresholds_=ANY_IS_BAD,
+        ),
+        w=4,
+        h=8,
+    )
+    board.add(
+        table(
+            "Memory health per GPU",
+            "ECC mode, uncorrected ECC errors over the range, remapped rows (Ampere and newer) "
+            "and retired pages (older GPUs), and whether a reset is pending or a remap failed. "
+            "Cells stay empty where the GPU does not report the quantity.",
+            [
+                ("ECC on", Q(per_gpu(sel("gpu_ecc_enabled")))),
+                (
+                    "Uncorrected ECC",
+                    Q(
+                        per_gpu(
+                            over("increase", sel("gpu_ecc_errors_total", uncorrected), "$__range")
+                        )
+                    ),
+                ),
+                ("Remapped rows", Q(per_gpu(sel("gpu_remapped_rows_total"), "sum"))),
+                ("Remap pending", Q(per_gpu(sel("gpu_row_remap_pending")))),
+                ("Remap failed", Q(per_gpu(sel("gpu_row_remap_failure")))),
+                ("Retired pages", Q(per_gpu(sel("gpu_retired_pages_total"), "sum"))),
+                ("Retirement pending", Q(per_gpu(sel("gpu_retired_pages_pending")))),
+            ],
+            unit="short",
+            overrides=[
+                override(
+                    "ECC on", mappings=[value_map([(1, "on", "green"), (0, "off", "orange")])]
+                ),
+                colored_cells("Uncorrected ECC", "short", ANY_IS_BAD),
+                *(
+                    override(name, mappings=[OFF_ON_MAP])
+                    for name in ("Remap pending", "Remap failed", "Retirement pending")
+                ),
+            ],
+        ),
+        w=20,
+        h=8,
+    )
+
+    board.row("Exporter")
+    board.add(
+        state_timeline(
+            "GPU answering",
+            "Whether each GPU answered NVML in the exporter's tick: down when lost "
+            "(GPU_IS_LOST, fallen off the bus) or hung past the deadline.",
+            [Q(scoped(sel("gpu_up")), GPU_LEGEND)],
+            mappings=[UP_MAP],
+        ),
+        w=24,
+        h=7,
+    )
+    exporter = 'cluster=~"$cluster", node=~"$node"'
+    board.add(
+        stat(
+            "Seconds since the last sample",
+            "Age of each exporter's latest sample, per node. More than a few sampling "
+            "intervals means the sampler is stuck (GpuExporterNotSampling).",
+            Q(
+                "time() - max by (cluster, node) "
+                f"(gpu_exporter_last_tick_timestamp_seconds{{{exporter}}})"
+            ),
+            unit="s",
+            thresholds_=thresholds("green", (5, "orange"), (30, "red")),
+            decimals=1,
+        ),
+        w=6,
+        h=7,
+    )
+    board.add(
+        timeseries(
+            "Sampler tick duration",
+            "How long one sampling tick (every GPU read concurrently) takes, 50th and 99th "
+            "percentile per node. Near the sampling interval, ticks are skipped.",
+            [
+                Q(
+                    f"histogram_quantile({q}, sum by (cluster, node, le) "
+                    f"(rate(gpu_exporter_tick_duration_seconds_bucket{{{exporter}}}"
+                    "[$__rate_interval])))",
+                    "{{node}} p" + label,
+                )
+                for q, label in (("0.5", "50"), ("0.99", "99"))
+            ],
+            unit="s",
+            thresholds_=thresholds("green", (0.8, "orange")),
+            threshold_lines=True,
+        ),
+        w=9,
+        h=7,
+    )
+    board.add(
+        timeseries(
+            "Read errors",
+            "Failed NVML reads per second by source, field and error (Timeout, GpuIsLost, "
+            "NoPermission, ...). Unsupported fields are learned once and not counted again. 0 "
+            "when there are none.",
+            [
+                Q(
+                    "sum by (cluster, node, source, field, error) "
+                    f"(rate(gpu_exporter_errors_total{{{exporter}}}[$__rate_interval])) "
+                    'or on () label_replace(vector(0), "error", "none", "", "")',
+                    "{{node}} {{source}} {{field}} {{error}}",
+                )
+            ],
+            unit="cps",
+        ),
+        w=9,
+        h=7,
+    )
+    notification_series = (
+        ("sent", "gpu_exporter_notifications_sent_total"),
+        ("failed", "gpu_exporter_notifications_errors_total"),
+        ("rejected", "gpu_exporter_notifications_rejected_total"),
+        ("dropped", "gpu_exporter_notifications_dropped_total"),
+    )
+    board.add(
+        timeseries(
+            "Alert notifications from the daemon",
+            "Alerts the daemon's own rule evaluation delivered to Alertmanager per second: "
+            "sent, failed (retried), rejected (4xx) and dropped (queue full). 0 when the "
+            "daemon sends nothing.",
+            [
+                Q(
+                    f"sum by (cluster, node) (rate({metric}{{{exporter}}}[$__rate_interval])) "
+                    f'or on () label_replace(vector(0), "node", "all", "", "")',
+                    "{{node}} " + name,
+                )
+                for name, metric in notification_series
+            ],
+            unit="cps",
+            overrides=[
+                override(
+                    ".* (dropped|rejected)",
+                    "byRegexp",
+                    color={"mode": "fixed", "fixedColor": "red"},
+                )
+            ],
+        ),
+        w=12,
+        h=7,
+    )
+    board.add(
+        stat(
+            "In-daemon alerts firing",
+            "Alerts the daemon's own rule evaluation fires now, over all exporters in scope.",
+            Q(f'sum(gpu_exporter_alerts{{{exporter}, state="firing"}}) or vector(0)'),
+            unit="short",
+            thresholds_=ANY_IS_BAD,
+        ),
+        w=4,
+        h=7,
+    )
+    board.add(
+        stat(
+            "Pod attribution",
+            "Whether each exporter's last kubelet PodResources refresh succeeded. Down means no "
+            "pod labels until the kubelet answers again; metrics keep flowing. Empty where "
+            "attribution is not enabled.",
+            Q(f"min by (cluster, node) (gpu_exporter_attribution_up{{{exporter}}})"),
+            unit="none",
+            mappings=[value_map([(1, "OK", "green"), (0, "failing", "red")])],
+        ),
+        w=4,
+        h=7,
+    )
+    board.add(
+        stat(
+            "Rule evaluation failures (range)",
+            "Rule evaluations in the daemon that failed over the range (the rule keeps its last "
+            "good state).",
+            Q(
+                "sum(increase(gpu_exporter_rule_evaluation_failures_total"
+                f"{{{exporter}}}[$__range])) or vector(0)"
+            ),
+            unit="short",
+            thresholds_=ANY_IS_BAD,
+            decimals=0,
+        ),
+        w=4,
+        h=7,
+    )
+    board.add(
+        table(
+            "GPU inventory",
+            "Model, architecture, compute capability, PCI bus id and driver of every GPU in "
+            "scope, and the exporter build per node.",
+            [("GPUs", Q(scoped(sel("gpu_info"))))],
+            unit="none",
+            hide=("Time", "GPUs", "__name__"),
+        ),
+        w=24,
+        h=8,
+    )
+    return dashboard(
+        "gpu-exporter-health",
+        "GPU health & throttling",
+        "What slows the GPUs down and what is failing: clock-event (throttle) reasons and time, "
+        "clocks, power, temperature, PCIe/NVLink, XID/ECC/row remapping, exporter health. "
+        "gpu-exporter.",
+        PER_GPU_VARIABLES,
+        board,
+    )
+
+
+# --- Fleet -----------------------------------------------------------------------------------
+
+
+def fleet() -> Json:
+    in_cluster = f"{{{CLUSTER}}}"
+    in_namespace = f'{{{CLUSTER}, namespace=~"$namespace"}}'
+    in_node = f'{{{CLUSTER}, node=~"$node"}}'
+    held = f'{{{CLUSTER}, namespace!=""}}'  # GPUs some pod holds
+    pods = f'{{{CLUSTER}, namespace=~"$namespace", namespace!=""}}'
+    board = Layout()
+    board.row("Fleet now")
+    for title, description, expr, unit, limits in (
+        (
+            "GPUs",
+            "GPUs the exporters know, answering or not.",
+            f"sum(cluster:gpu:count{in_cluster})",
+            "short",
+            NEUTRAL,
+        ),
+        (
+            "GPUs down",
+            "GPUs lost or not answering NVML now.",
+            f"sum(cluster:gpu_down:count{in_cluster})",
+            "short",
+            ANY_IS_BAD,
+        ),
+        (
+            "Throttled GPUs",
+            "GPUs held down now by HW slowdown, HW/SW thermal slowdown or the power brake.",
+            f"sum(cluster:gpu_throttled:count{in_cluster})",
+            "short",
+            thresholds("green", (1, "orange")),
+        ),
+        (
+            "Busy-but-idle GPUs",
+            f"GPUs classified busy but idle now. {BUSY_BUT_IDLE_NOTE}",
+            f"sum(cluster_class:gpu_bottleneck:count{{{CLUSTER}, {BUSY_BUT_IDLE}}})",
+            "short",
+            thresholds("green", (1, "orange")),
+        ),
+        (
+            "Firing alerts",
+            "Alerts Prometheus fires now (shipped rule pack).",
+            f'count(ALERTS{{alertstate="firing", {CLUSTER}}}) or vector(0)',
+            "short",
+            ANY_IS_BAD,
+        ),
+    ):
+        board.add(stat(title, description, Q(expr), unit=unit, thresholds_=limits), w=3, h=4)
+    board.add(
+        stat(
+            "Mean utilization",
+            "NVML utilization averaged over all GPUs: busy, not necessarily useful.",
+            Q(f"avg(cluster:gpu_utilization:avg{in_cluster})"),
+            unit="percentunit",
+            decimals=0,
+        ),
+        w=3,
+        h=4,
+    )
+    board.add(
+        stat(
+            "Mean SM activity",
+            f"SM activity averaged over the GPUs that report it. {ACTIVITY_NOTE}",
+            Q(f"avg(cluster:gpu_sm_active:avg{in_cluster})"),
+            unit="percentunit",
+            thresholds_=SM_ACTIVITY,
+            decimals=0,
+        ),
+        w=3,
+        h=4,
+    )
+    board.add(
+        stat(
+            "Wasted GPU-hours (range)",
+            "GPU-hours over the range that GPUs held by pods spent idle or busy but idle.",
+            Q(f"sum({gpu_hours(f'namespace:gpu_waste_seconds:rate5m{held}')})"),
+            unit="h",
+            thresholds_=thresholds("green", (1, "orange")),
+            decimals=1,
+        ),
+        w=3,
+        h=4,
+    )
+
+    board.row("Efficiency")
+    board.add(
+        timeseries(
+            "Fleet activity",
+            "Fleet-wide mean utilization (dashed) against SM, Tensor and DRAM activity. The gap "
+            f"between utilization and SM activity is GPU time spent without work. {ACTIVITY_NOTE}",
+            [
+                Q(f"cluster:gpu_utilization:avg{in_cluster}", "{{cluster}} utilization"),
+                Q(f"cluster:gpu_sm_active:avg{in_cluster}", "{{cluster}} SM active"),
+                Q(f"cluster:gpu_tensor_active:avg{in_cluster}", "{{cluster}} Tensor active"),
+                Q(f"cluster:gpu_dram_active:avg{in_cluster}", "{{cluster}} DRAM active"),
+            ],
+            unit="percentunit",
+            limits=(0, 1),
+            legend_calcs=("mean",),
+            overrides=[override(".*utilization", "byRegexp", custom__lineStyle=DASHED)],
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "GPUs per bottleneck class",
+            f"How many GPUs are in each class, over time. {CLASS_NOTE}",
+            [Q(f"sum by (class) (cluster_class:gpu_bottleneck:count{in_cluster})", "{{class}}")],
+            unit="short",
+            stack=True,
+            legend_calcs=("mean",),
+            overrides=[
+                override(name, color={"mode": "fixed", "fixedColor": color})
+                for name, _, color in CLASSES
+            ],
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        table(
+            "Efficiency and waste by namespace",
+            "Per namespace: GPUs held now, mean utilization and SM/Tensor activity now, and "
+            "GPU-hours over the range spent busy but idle and wasted (idle or busy but idle). "
+            f"{BUSY_BUT_IDLE_NOTE} '(no pod)' is GPUs no pod holds: their idle time is spare "
+            f"capacity, not waste. {ACTIVITY_NOTE}",
+            [
+                ("GPUs", Q(no_pod(f"namespace:gpu:count{in_namespace}"))),
+                ("Utilization", Q(no_pod(f"namespace:gpu_utilization:avg{in_namespace}"))),
+                ("SM active", Q(no_pod(f"namespace:gpu_sm_active:avg{in_namespace}"))),
+                ("Tensor active", Q(no_pod(f"namespace:gpu_tensor_active:avg{in_namespace}"))),
+                (
+                    "Busy-but-idle GPU-hours",
+                    Q(
+                        no_pod(
+                            gpu_hours(f"namespace:gpu_busy_but_idle_seconds:rate5m{in_namespace}")
+                        )
+                    ),
+                ),
+                (
+                    "Wasted GPU-hours",
+                    Q(no_pod(gpu_hours(f"namespace:gpu_waste_seconds:rate5m{in_namespace}"))),
+                ),
+            ],
+            unit="percentunit",
+            overrides=[
+                override("GPUs", unit="short"),
+                colored_cells("SM active", "percentunit", SM_ACTIVITY),
+                override("Busy-but-idle GPU-hours", unit="h", decimals=1),
+                colored_cells(
+                    "Wasted GPU-hours", "h", thresholds("green", (1, "orange"), (24, "red"))
+                ),
+            ],
+            sort_by="Wasted GPU-hours",
+        ),
+        w=14,
+        h=9,
+    )
+    board.add(
+        bargauge(
+            "Wasted GPU-hours by namespace (range)",
+            "GPU-hours over the range that each namespace's GPUs spent idle or busy but idle.",
+            Q(
+                f"sort_desc({gpu_hours(f'namespace:gpu_waste_seconds:rate5m{pods}')})",
+                "{{namespace}}",
+            ),
+            unit="h",
+            thresholds_=thresholds("green", (1, "orange"), (24, "red")),
+        ),
+        w=10,
+        h=9,
+    )
+
+    board.row("Top offenders")
+    top_waste = f"topk(10, {gpu_hours(f'namespace_pod:gpu_waste_seconds:rate5m{pods}')})"
+    board.add(
+        table(
+            "Top 10 pods by wasted GPU-hours (range)",
+            "The pods whose GPUs spent the most GPU-hours idle or busy but idle over the range, "
+            "and how much of it was busy but idle (kernels running, SMs empty: look at the "
+            "code) rather than idle (nothing running: release the GPU). Tip: a pod with a "
+            "high busy-but-idle share is where profiling pays off.",
+            [
+                ("Wasted GPU-hours", Q(top_waste)),
+                (
+                    "Busy-but-idle GPU-hours",
+                    Q(
+                        f"{gpu_hours(f'namespace_pod:gpu_busy_but_idle_seconds:rate5m{pods}')} "
+                        f"and on (cluster, namespace, pod) {top_waste}"
+                    ),
+                ),
+            ],
+            unit="h",
+            overrides=[
+                colored_cells(
+                    "Wasted GPU-hours", "h", thresholds("green", (1, "orange"), (24, "red"))
+                )
+            ],
+            sort_by="Wasted GPU-hours",
+        ),
+        w=14,
+        h=9,
+    )
+    board.add(
+        bargauge(
+            "Busy-but-idle GPUs now, top 10 pods",
+            "Pods with the most GPUs busy but idle, averaged over the last 5 minutes. "
+            f"{BUSY_BUT_IDLE_NOTE}",
+            Q(
+                f"topk(10, namespace_pod:gpu_busy_but_idle_seconds:rate5m{pods})",
+                "{{namespace}}/{{pod}}",
+            ),
+            unit="short",
+            thresholds_=thresholds("green", (0.5, "orange"), (2, "red")),
+        ),
+        w=10,
+        h=9,
+    )
+
+    board.row("Health")
+    board.add(
+        timeseries(
+            "Throttled GPUs per node",
+            "GPUs per node held down by HW slowdown, HW/SW thermal slowdown or the power brake "
+            "(SW power cap at the power limit is normal and not counted). A whole node "
+            "throttling at once points at cooling or power delivery, not at the workload.",
+            [Q(f"node:gpu_throttled:count{in_node}", "{{node}}")],
+            unit="short",
+            stack=True,
+            legend_calcs=("max",),
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "GPUs down per node",
+            "GPUs per node that are lost or not answering NVML; 0 while all answer.",
+            [Q(f"node:gpu_down:count{in_node}", "{{node}}")],
+            unit="short",
+            thresholds_=ANY_IS_BAD,
+            legend_calcs=("max",),
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        table(
+            "Nodes",
+            "Per node: GPUs, GPUs down and GPUs throttled now, worst first.",
+            [
+                ("GPUs", Q(f"node:gpu:count{in_node}")),
+                ("Down", Q(f"node:gpu_down:count{in_node}")),
+                ("Throttled", Q(f"node:gpu_throttled:count{in_node}")),
+            ],
+            unit="short",
+            overrides=[
+                colored_cells("Down", "short", ANY_IS_BAD),
+                colored_cells("Throttled", "short", thresholds("green", (1, "orange"))),
+            ],
+            sort_by="Down",
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "Fleet power draw and limit",
+            "Sum of all GPUs' power draw and of their enforced limits (dashed).",
+            [
+                Q(f"cluster:gpu_power_watts:sum{in_cluster}", "{{cluster}} draw"),
+                Q(f"cluster:gpu_power_limit_watts:sum{in_cluster}", "{{cluster}} limit"),
+            ],
+            unit="watt",
+            overrides=[override(".*limit", "byRegexp", custom__lineStyle=DASHED)],
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        table(
+            "Alerts by name",
+            "Firing and pending alerts of the shipped rule pack, counted by name and severity. "
+            "Empty when nothing is wrong.",
+            [
+                (
+                    "Alerts",
+                    Q(f"count by (alertname, alertstate, severity) (ALERTS{in_cluster})"),
+                )
+            ],
+            unit="short",
+            sort_by="Alerts",
+            no_value="No alerts",
+        ),
+        w=24,
+        h=7,
+    )
+    return dashboard(
+        "gpu-exporter-fleet",
+        "GPU fleet",
+        "Cluster-wide GPU efficiency and waste by namespace, top offenders, throttled and down "
+        "GPUs per node. Needs rules/gpu-exporter.recording.yaml loaded into Prometheus. "
+        "gpu-exporter.",
+        [datasource_variable(), CLUSTER_VARIABLE, NODE_VARIABLE, NAMESPACE_VARIABLE],
+        board,
+    )
+
+
+# --- output ----------------------------------------------------------------------------------
+
+DASHBOARDS: dict[str, Callable[[], Json]] = {
+    "gpu-efficiency.json": efficiency,
+    "gpu-health.json": health,
+    "gpu-fleet.json": fleet,
+}
+
+
+def render(build: Callable[[], Json]) -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if a committed file differs")
+    parser.add_argument("--out", type=Path, default=HERE, help="output directory")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, build in DASHBOARDS.items():
+        path, text = args.out / name, render(build)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date (run python dashboards/build.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
