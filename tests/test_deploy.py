@@ -1,0 +1,403 @@
+"""Deployment files checked by the real tools: helm, kubectl kustomize, kubernetes-validate,
+promtool and hadolint (scripts/check-deploy.sh runs them; scripts/install-tools.sh installs
+them), plus what the rendered objects must say: the DaemonSet tolerates GPU taints, runs without
+capabilities on a read-only root filesystem, mounts pod-resources read-only and probes
+/healthz and /readyz; the ServiceMonitor relabels `node`; generated files are up to date.
+
+A missing tool fails these tests: CI installs the tools, and a check that quietly skips is a
+check that never runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "gpu-exporter"
+TOOLS = ROOT / ".tools" / "bin"
+VENV_BIN = Path(sys.executable).parent
+HELM = TOOLS / "helm"
+SCRIPT = ROOT / "scripts" / "check-deploy.sh"
+
+# check-deploy.sh render writes these; deploy-* come from kustomize, chart-* from helm.
+VARIANTS = [
+    "deploy",
+    "deploy-restricted",
+    "deploy-no-operator",
+    "chart-default",
+    "chart-operator",
+    "chart-all-on",
+    "chart-restricted",
+]
+ATTRIBUTION_OFF = {"deploy-restricted", "chart-restricted"}
+OPERATOR = {"deploy", "chart-operator", "chart-all-on"}
+
+
+def _env() -> dict[str, str]:
+    # check-deploy.sh finds the venv tools through _venv.sh: point it at this interpreter's venv.
+    return {**os.environ, "GPU_EXPORTER_DEV_VENV": str(VENV_BIN.parent)}
+
+
+def run_step(*steps: str, out: Path | None = None) -> subprocess.CompletedProcess[str]:
+    args = ["bash", str(SCRIPT), *steps] + (["-o", str(out)] if out else [])
+    result = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (
+        f"check-deploy.sh {' '.join(steps)}:\n{result.stdout}{result.stderr}"
+    )
+    return result
+
+
+@pytest.fixture(scope="session")
+def tools() -> None:
+    missing = [
+        str(path)
+        for path in (
+            HELM,
+            TOOLS / "kubectl",
+            VENV_BIN / "kubernetes-validate",
+            VENV_BIN / "hadolint",
+        )
+        if not os.access(path, os.X_OK)
+    ]
+    if shutil.which("promtool") is None:
+        missing.append("promtool (Debian package prometheus)")
+    assert not missing, f"missing: {', '.join(missing)}; run scripts/install-tools.sh"
+
+
+@pytest.fixture(scope="session")
+def rendered(tools, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("rendered")
+    run_step("render", out=out)
+    return out
+
+
+def docs(rendered: Path, variant: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((rendered / f"{variant}.yaml").read_text()) if d]
+
+
+def one(objects: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, f"expected one {kind}*{suffix}, found {len(found)}"
+    return found[0]
+
+
+def helm_template(*args: str, chart: Path = CHART) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [str(HELM), "template", "gpu-exporter", str(chart), "-n", "gpu-exporter", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+# --- the tools' own verdicts ----------------------------------------------------------------
+
+
+def test_generated_files_are_up_to_date(tools):
+    run_step("generated")
+
+
+def test_helm_lint_strict(tools):
+    run_step("lint")
+
+
+def test_kubernetes_validate_strict_oldest_and_newest(rendered):
+    run_step("validate", out=rendered)
+
+
+def test_promtool_checks_and_tests_the_rendered_rules(rendered):
+    run_step("rules", out=rendered)
+
+
+def test_hadolint(tools):
+    run_step("hadolint")
+
+
+# --- what the rendered objects say ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_daemonset_defaults(rendered, variant):
+    daemonset = one(docs(rendered, variant), "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+
+    tolerations = pod["tolerations"]
+    assert any(
+        t.get("key") == "nvidia.com/gpu" and t.get("operator") == "Exists" and "effect" not in t
+        for t in tolerations
+    ), tolerations
+    assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod.get("hostPID", False) is False and pod.get("hostNetwork", False) is False
+    assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "nvidia.com/gpu" not in json.dumps(container.get("resources", {}))  # no GPU requested
+
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security.get("privileged", False) is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert not security["capabilities"].get("add")
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+    limits = container["resources"]["limits"]
+    assert limits["memory"] == "256Mi" and container["resources"]["requests"]["memory"]
+
+
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - ATTRIBUTION_OFF))
+def test_pod_attribution_mounts_pod_resources_read_only(rendered, variant):
+    objects = docs(rendered, variant)
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert volumes["pod-resources"]["hostPath"] == {
+        "path": "/var/lib/kubelet/pod-resources",
+        "type": "Directory",
+    }
+    assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["pod-resources"]["readOnly"] is True
+    # Every other hostPath would be a surprise.
+    assert [v["name"] for v in pod["volumes"] if "hostPath" in v] == ["pod-resources"]
+    # The kubelet's socket is root-only (directory 0750, socket 0755, root:root): UID 0, but
+    # with no capabilities at all (asserted above), so it cannot bypass file permissions.
+    assert pod["securityContext"]["runAsUser"] == 0
+    config = yaml.safe_load(one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"])
+    assert config["kubernetes"]["enabled"] is True
+    assert config["kubernetes"]["socket_path"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+@pytest.mark.parametrize("variant", sorted(ATTRIBUTION_OFF))
+def test_without_attribution_runs_as_non_root_without_host_paths(rendered, variant):
+    objects = docs(rendered, variant)
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    config = yaml.safe_load(one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"])
+    assert config["kubernetes"]["enabled"] is False
+
+
+@pytest.mark.parametrize("variant", sorted(OPERATOR))
+def test_servicemonitor_relabels_node_and_sets_a_scrape_timeout(rendered, variant):
+    monitor = one(docs(rendered, variant), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    relabel = endpoint["relabelings"][0]
+    assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    assert relabel["targetLabel"] == "node"
+    assert relabel.get("action", "replace") == "replace"
+
+    def seconds(duration: str) -> int:
+        return int(duration[:-1]) * {"s": 1, "m": 60}[duration[-1]]
+
+    assert seconds(endpoint["scrapeTimeout"]) < seconds(endpoint["interval"])
+    # Pod attribution: the exporter pod's own namespace/pod/container target labels must not
+    # push the workload's labels aside (exported_pod).
+    drop = {"action": "labeldrop", "regex": "(namespace|pod|container|service|endpoint)"}
+    assert drop in endpoint["relabelings"]
+    # Alert parity with the daemon (README "Alerting", tests/test_e2e_alerting.py): the scraped
+    # series lose job and instance, so both paths raise alerts with the same labels.
+    assert endpoint["metricRelabelings"][0] == {"action": "labeldrop", "regex": "(instance|job)"}
+    service = one(docs(rendered, variant), "Service")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["spec"]["selector"].items()
+
+
+def test_no_operator_component_drops_only_the_operator_resources(rendered):
+    kinds = sorted(o["kind"] for o in docs(rendered, "deploy-no-operator"))
+    assert kinds == ["ConfigMap", "DaemonSet", "Namespace", "Service", "ServiceAccount"]
+
+
+def test_deploy_prometheusrule_is_the_exported_pack(rendered):
+    """deploy/prometheusrule.yaml has every group of rules/*.yaml, unchanged."""
+    rule = one(docs(rendered, "deploy"), "PrometheusRule")
+    pack = [
+        g
+        for f in sorted((ROOT / "rules").glob("*.yaml"))
+        for g in yaml.safe_load(f.read_text())["groups"]
+    ]
+    assert sorted(g["name"] for g in rule["spec"]["groups"]) == sorted(g["name"] for g in pack)
+    by_name = {g["name"]: g for g in rule["spec"]["groups"]}
+    for group in pack:
+        assert by_name[group["name"]] == group
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_configuration_is_accepted_by_the_daemon(rendered, variant):
+    from gpu_exporter.config import load_config
+
+    objects = docs(rendered, variant)
+    text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    # The daemon checks that credential files exist: stand in for the mounted Secret.
+    secrets = rendered / f"{variant}.secrets"
+    for name in ("password", "ca.crt", "token"):
+        (secrets / "am").mkdir(parents=True, exist_ok=True)
+        (secrets / "am" / name).write_text("x\n")
+    text = text.replace("/etc/gpu-exporter/secrets/", f"{secrets}/")
+    path = rendered / f"{variant}.config.yaml"
+    path.write_text(text)
+    config = load_config(path, environ={})
+    assert config.listen_address.endswith(":9449")
+    if config.rules.enabled and variant.startswith("chart"):
+        assert config.rules.files == ["/etc/gpu-exporter/rules/*.yaml"]
+
+
+@pytest.mark.parametrize("variant", ["chart-default", "chart-all-on"])
+def test_rules_configmap_is_accepted_by_the_daemon(rendered, variant, tmp_path):
+    from gpu_exporter.rules.loader import load_rule_files
+
+    data = one(docs(rendered, variant), "ConfigMap", "-rules")["data"]
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    groups = load_rule_files([str(tmp_path / "*.yaml")])
+    names = {g.name for g in groups}
+    if variant == "chart-all-on":
+        assert "site-gpu" in names
+        alerts = {
+            r.get("alert")
+            for t in data.values()
+            for g in yaml.safe_load(t)["groups"]
+            for r in g["rules"]
+        }
+        assert "GpuTensorCoresIdle" not in alerts and "GpuBusyButIdle" in alerts
+
+
+def test_rule_overrides_reach_the_prometheusrule(rendered):
+    rule = one(docs(rendered, "chart-all-on"), "PrometheusRule")
+    rules = {r.get("alert") or r["record"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    busy = rules["GpuBusyButIdle"]
+    assert busy["for"] == "30m"
+    assert busy["labels"] == {"severity": "critical", "team": "ml-platform"}
+    assert busy["annotations"]["runbook_url"] == (
+        "https://example.org/gpu-exporter/docs/runbook.md#gpubusybutidle"
+    )
+    assert "GpuTensorCoresIdle" not in rules
+    assert "GpuTooHot" in rules and "cluster:gpu_utilization_ratio:avg" in rules
+    assert rule["metadata"]["namespace"] == "monitoring"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("rules.disabledGroups[0]=no-such-group", "no group"),
+        ("rules.disabledAlerts[0]=NoSuchAlert", "no alert"),
+        ("rules.alertOverrides.NoSuchAlert.for=5m", "no alert"),
+        ("podAttribution.mode=everything", "podAttribution.mode"),
+        ("unknownKey=1", "unknownKey"),
+    ],
+)
+def test_bad_values_fail_the_render(tools, setting, message):
+    result = subprocess.run(
+        [str(HELM), "template", "x", str(CHART), "--set", setting],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+def test_dashboard_configmaps_follow_the_charts_files(tools, tmp_path):
+    chart = tmp_path / "gpu-exporter"
+    shutil.copytree(CHART, chart)
+    dashboards = chart / "files" / "dashboards"
+    shutil.rmtree(dashboards, ignore_errors=True)
+    assert not [
+        o
+        for o in helm_template("--set", "dashboards.enabled=true", chart=chart)
+        if "dashboard" in o["metadata"]["name"]
+    ]
+
+    dashboards.mkdir(parents=True)
+    (dashboards / "GPU_Overview.json").write_text(
+        json.dumps({"title": "GPU overview", "panels": []})
+    )
+    objects = helm_template(
+        "--set",
+        "dashboards.enabled=true",
+        "--set",
+        "dashboards.label=my_dashboard",
+        "--set",
+        "dashboards.annotations.grafana_folder=GPU",
+        chart=chart,
+    )
+    (config_map,) = [
+        o for o in objects if o["metadata"]["name"].startswith("gpu-exporter-dashboard-")
+    ]
+    assert config_map["metadata"]["name"] == "gpu-exporter-dashboard-gpu-overview"
+    assert config_map["metadata"]["labels"]["my_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+    assert json.loads(config_map["data"]["GPU_Overview.json"])["title"] == "GPU overview"
+    assert not [o for o in helm_template(chart=chart) if "dashboard" in o["metadata"]["name"]]
+
+
+def test_helm_test_hook_fetches_readyz(tools):
+    objects = helm_template("--show-only", "templates/tests/test-connection.yaml")
+    (pod,) = objects
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    command = " ".join(pod["spec"]["containers"][0]["command"])
+    assert command.startswith("wget ") and command.endswith(":9449/readyz")
+
+
+def test_config_changes_restart_the_pods_but_rule_changes_do_not(tools):
+    def checksum(*args: str) -> str:
+        daemonset = one(helm_template(*args), "DaemonSet")
+        return daemonset["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+
+    base = checksum()
+    assert checksum("--set", "config.logLevel=debug") != base
+    assert checksum("--set", "rules.disabledAlerts[0]=GpuTensorCoresIdle") == base
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        [
+            "--set",
+            "podAttribution.enabled=false",
+            "--api-versions",
+            "monitoring.coreos.com/v1/ServiceMonitor",
+        ],
+        ["-f", str(CHART / "ci" / "all-on-values.yaml")],
+    ],
+)
+def test_notes_render(tools, tmp_path, args):
+    """NOTES.txt only renders on install; wrap it in a template to render it offline."""
+    chart = tmp_path / "gpu-exporter"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        '{{- define "notes" }}' + notes + "{{- end }}\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "notes" . | quote }}}\n'
+    )
+    objects = helm_template("--show-only", "templates/zz-notes.yaml", *args, chart=chart)
+    text = objects[0]["data"]["notes"]
+    assert "kubectl -n gpu-exporter get daemonset gpu-exporter" in text
+    if "podAttribution.enabled=false" in args:
+        assert "UID 65532" in text and "serviceMonitor.enabled=false" in text
+    else:
+        assert "UID 0 without capabilities" in text
