@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pynvml as N
 
+from gpu_exporter.classify import Classifier
 from gpu_exporter.snapshot import DeviceSample
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
@@ -429,11 +430,21 @@ def acceptance_checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
             _mean(report, "tiny_kernels", "gpu_sm_active_ratio"), lambda v: v < 0.3),
         "matmul: energy rate close to power": (
             _ratio(report, "matmul_bf16"), lambda v: 0.8 < v < 1.2),
+        "tiny kernels (sync): classified launch_bound": (
+            _class(report, "tiny_kernels_sync"), lambda v: v == "launch_bound"),
+        "matmul: classified tensor_bound or compute_bound": (
+            _class(report, "matmul_bf16"), lambda v: v in ("tensor_bound", "compute_bound")),
+        "d2d copy: classified memory_bound": (
+            _class(report, "copy_d2d"), lambda v: v == "memory_bound"),
     }  # fmt: skip
     return {
         name: {"value": value, "passed": None if value is None else bool(test(value))}
         for name, (value, test) in checks.items()
     }
+
+
+def _class(report: dict[str, Any], workload: str) -> str | None:
+    return report["workloads"].get(workload, {}).get("class", {}).get("0")
 
 
 def _ratio(report: dict[str, Any], workload: str) -> float | None:
@@ -457,16 +468,25 @@ def _measure_phase(
     worker.start(name, args.seconds + args.warmup)
     time.sleep(args.warmup)
     samples: list[tuple[float, list[DeviceSample]]] = []
+    classifier = Classifier(window_seconds=max(5.0, 3 * args.interval))  # as the daemon's
+    classes: dict[str, list[str]] = defaultdict(list)
     phase_end = time.monotonic() + args.seconds
     while time.monotonic() < phase_end:
         tick = time.monotonic()
-        samples.append((tick, source.sample()))
+        devices = classifier.process(source.sample(), tick)
+        samples.append((tick, devices))
+        for device in devices:
+            current = [r.labels[0][1] for r in device.readings if r.family == "gpu_bottleneck"
+                       and r.value == 1.0]  # fmt: skip
+            classes[str(device.index)] += current
         time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
     reply = worker.expect("done")
     summary: dict[str, Any] = {
         "samples": len(samples),
         "devices": summarise_samples(samples),
         "series_gpu0": raw_series(samples, 0),
+        # The class the daemon would show, most of the phase (after its window filled).
+        "class": {gpu: max(set(seen), key=seen.count) for gpu, seen in classes.items() if seen},
     }
     if reply.startswith("error"):
         summary["workload_error"] = reply.removeprefix("error ")
@@ -550,7 +570,8 @@ def render_summary(report: dict[str, Any]) -> str:
     lines += ["", f"GPM supported: {gpm.get('supported')}; short windows: {gpm.get('windows')}"]
     lines += ["", "| check | value | passed |", "|---|---|---|"]
     for name, check in report.get("checks", {}).items():
-        value = "—" if check["value"] is None else f"{check['value']:.3g}"
+        value = check["value"]
+        value = "—" if value is None else value if isinstance(value, str) else f"{value:.3g}"
         lines.append(f"| {name} | {value} | {check['passed']} |")
     if "failure" in report:
         lines += ["", f"**Run failed part-way:** {report['failure']}"]

@@ -29,7 +29,7 @@ def gv():
 
 def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_nvml) -> None:
     output = tmp_path / "out" / "validation.json"
-    argv = ["--simulate", "mixed", "--seconds", "1.2", "--warmup", "0.1", "--interval", "0.3"]
+    argv = ["--simulate", "mixed", "--seconds", "2.5", "--warmup", "0.1", "--interval", "0.3"]
     argv += ["--calls", "10", "--workloads", "idle", "tiny_kernels", "--output", str(output)]
     assert gv.main(argv) == 0
     report = json.loads(output.read_text())
@@ -42,6 +42,9 @@ def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_n
     assert gpu4["gpu_sm_active_ratio"]["mean"] < 0.2
     assert gpu4["gpu_energy_joules_total"]["rate_per_second"] == pytest.approx(190, rel=0.15)
     assert phase["series_gpu0"][0]["up"] is True
+    # The daemon's classifier runs on the samples: the fake's launch-bound GPU 4 is named so.
+    assert phase["class"]["4"] == "launch_bound"
+    assert phase["class"]["0"] == "idle"
     assert report["fields"]["hw_thermal_ns"]["return"] == 0
     assert report["gpm_short_windows"]["supported"] is True
     assert report["memory_info"]["v2"]["reserved"] > 0
