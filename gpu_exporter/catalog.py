@@ -277,7 +277,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_exporter_tick_duration_seconds",
         Kind.HISTOGRAM,
-        "Time one sampler tick took.",
+        "Time the NVML reads (all GPUs, concurrently) and the enrichment of one tick took; rule "
+        "evaluation and rendering come after and are not included.",
         unit="seconds",
         source="exporter",
         per_device=False,

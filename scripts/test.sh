@@ -17,7 +17,7 @@ if [ "${#need_debs[@]}" -gt 0 ]; then
     "${need_debs[@]}" >/dev/null
 fi
 
-ensure_venv "[test]"
+ensure_venv "[test,bench]"  # bench: the harness's own tests run its nvitop-exporter launcher
 bash "$ROOT/scripts/install-dashboard-tools.sh"  # @grafana/schema + typescript, pinned
 bash "$ROOT/scripts/install-tools.sh"  # helm, kubectl (pinned, sha256), kubernetes-validate, hadolint
 cd "$ROOT"

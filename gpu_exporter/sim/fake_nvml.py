@@ -874,7 +874,10 @@ class FakeNvmlLib:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return TIMEOUT
-            time.sleep(min(0.01, remaining))  # poll; the lock is not held while sleeping
+            # Poll (the lock is not held while sleeping). Real NVML blocks in the kernel; 100 ms
+            # keeps the fake's own CPU out of the daemon's benchmarks while XIDs still arrive
+            # within a tick.
+            time.sleep(min(0.1, remaining))
 
     def _next_event(self, event_set: _EventSet, t: float) -> FaultSpec | None:
         """The earliest due, undelivered XID for a registered device (caller holds the lock)."""

@@ -1,0 +1,172 @@
+"""The daemon's tick pipeline in this process, on a manual clock (no HTTP server).
+
+`build` wires the production classes as `gpu_exporter.cli.serve` does, with its own helpers
+(NvmlSource with topology -> Sampler with the classifier -> RuleManager listener and collector
+-> Notifier), but the fake NVML, the source, the sampler's timestamps and the rule engine all
+read one manual clock that `Pipeline.tick` advances by the interval before each tick. Ticks
+then run back to back: the scenario and the rule engine see a 1 s cadence while the
+benchmark spends only the CPU time the ticks need.
+Also here: `FakeCpuMeter`, which measures the CPU time spent inside the fake NVML itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from gpu_exporter import cli, sim
+from gpu_exporter.config import load_config
+from gpu_exporter.rules.manager import RuleManager, snapshot_samples
+from gpu_exporter.sampler import Sampler
+from gpu_exporter.sim.fake_nvml import FakeNvmlLib, implemented_functions
+from gpu_exporter.snapshot import Snapshot
+from gpu_exporter.sources.base import ErrorLog
+from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.store import SeriesStore
+from gpu_exporter.topology import read_topology
+
+
+class ManualClock:
+    """Scenario seconds, advanced by hand."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Pipeline:
+    fake: FakeNvmlLib
+    clock: ManualClock
+    source: NvmlSource
+    sampler: Sampler
+    interval: float
+    manager: RuleManager | None = None
+    notifier: Any = None
+    _closed: bool = field(default=False, repr=False)
+
+    def tick(self) -> None:
+        self.clock.advance(self.interval)
+        self.sampler.tick()
+
+    def prefill(self, seconds: float) -> int:
+        """Give the rule engine `seconds` of history at once (see `backfill`); needs two
+        ticks first (GPM activity needs two samples). Returns the history steps written."""
+        snapshot = self.sampler.latest
+        if self.manager is None or snapshot is None:
+            return 0
+        return backfill(self.manager.store, snapshot, seconds, self.interval)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.notifier is not None:
+            self.notifier.stop(timeout=2.0)
+        self.source.close()
+        sim.uninstall()
+
+
+def backfill(store: SeriesStore, snapshot: Snapshot, seconds: float, interval: float) -> int:
+    """Rewrite the rule engine's store as if the daemon had been running for `seconds`.
+
+    The store is emptied, then `snapshot`'s series (as `snapshot_samples` gives them to the
+    rule engine) are written once per `interval` up to and including the snapshot's own
+    timestamp; later ticks continue from there. Range functions then read full windows, so
+    evaluation costs what it costs at steady state, without minutes of ticking. The history
+    is flat (every value as in `snapshot`), and recording rules' outputs get none: they are
+    written only by evaluations. Returns the number of steps written.
+    """
+    steps = int(seconds / interval)
+    samples = list(snapshot_samples(snapshot))
+    with store._lock:  # the bench may reach inside: there is no public "clear"
+        store._by_name.clear()
+        store._present = set()
+    for step in range(steps, -1, -1):
+        store.ingest(snapshot.timestamp - step * interval, samples)
+    return steps
+
+
+def build(
+    scenario: Mapping[str, Any] | str,
+    *,
+    interval: float = 1.0,
+    rules: list[str] | None = None,
+    alertmanager_url: str | None = None,
+    xid_events: bool = False,
+    start: float = 0.0,
+) -> Pipeline:
+    """The daemon's tick pipeline, wired by the CLI's own helpers from a configuration built
+    as `serve`'s flags would build it. `rules=None`: the shipped pack; `rules=[]`: none.
+    The XID thread is off by default (it waits in real time; see `overhead.xid_polling_cpu`).
+    """
+    clock = ManualClock(start)
+    fake = sim.install(scenario, clock=clock)
+    flags: dict[str, Any] = {"interval_seconds": interval, "nvml.xid_events": xid_events}
+    if rules == []:
+        flags["rules.enabled"] = False
+    elif rules is not None:
+        flags["rules.files"] = rules
+    if alertmanager_url:
+        flags["alerting.alertmanagers"] = [alertmanager_url]
+    config = load_config(None, flags, environ={})
+    errors = ErrorLog()
+    source = NvmlSource(
+        settings=config.nvml.settings(interval),
+        errors=errors,
+        clock=clock,
+        topology_reader=read_topology,
+    )
+    source.start()
+    epoch = time.time() - start
+    sampler = Sampler(source, errors, interval=interval, wall_clock=lambda: epoch + clock())
+    sampler.add_processor(cli._classifier(config).process)
+    manager, notifier = cli._start_alerting(config, sampler)
+    return Pipeline(fake, clock, source, sampler, interval, manager, notifier)
+
+
+class FakeCpuMeter:
+    """Thread CPU time spent inside the fake's C-symbol entry points (sleeps excluded).
+
+    Wraps the instance's entry points and clears pynvml's function-pointer cache, so every
+    later pynvml call goes through the wrapper. The wrapper's own cost (two
+    `time.thread_time()` calls) lands outside the measured part.
+    """
+
+    def __init__(self, fake: FakeNvmlLib) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+        self._lock = threading.Lock()
+        for name in implemented_functions():
+            entry = getattr(fake, name, None)
+            if entry is not None:
+                setattr(fake, name, self._wrap(entry))
+        with pynvml.libLoadLock:
+            pynvml._nvmlGetFunctionPointer_cache.clear()
+
+    def _wrap(self, entry: Callable[..., int]) -> Callable[..., int]:
+        def measured(*args: Any) -> int:
+            started = time.thread_time()
+            try:
+                return entry(*args)
+            finally:
+                spent = time.thread_time() - started
+                with self._lock:
+                    self.seconds += spent
+                    self.calls += 1
+
+        return measured
+
+    def reset(self) -> None:
+        with self._lock:
+            self.seconds, self.calls = 0.0, 0

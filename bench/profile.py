@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Profiles behind the missed targets, written as text next to the results.
+
+    python bench/profile.py [--out bench/results/profiles] [--only tick,scrape,imports]
+
+- `tick`, `tick64`: pyinstrument over steady-state ticks (8 or 64 GPUs of `mixed`, shipped
+  rules, 16 minutes of rule history prefilled) in this process: where a tick's CPU goes.
+- `scrape`: py-spy samples the real daemon while 32 scrapers load `/metrics`: which frames
+  the event loop thread spends its time in (needs py-spy and permission to ptrace).
+- `imports`: resident memory of a fresh interpreter after importing each dependency (and
+  the daemon's own modules): where the RSS comes from before the first tick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import loadgen, scenarios  # noqa: E402
+from bench.inproc import build  # noqa: E402
+from bench.procs import OUR_TICK_FAMILY, OURS, free_port, our_command, running  # noqa: E402
+
+PROFILES = ROOT / "bench" / "results" / "profiles"
+IMPORTS = (
+    ("python alone", "pass"),
+    ("pynvml", "import pynvml"),
+    ("yaml", "import yaml"),
+    ("prometheus_client", "import prometheus_client"),
+    ("promql_parser", "import promql_parser"),
+    ("pydantic", "import pydantic"),
+    ("httpx", "import httpx"),
+    ("apscheduler", "import apscheduler.schedulers.background"),
+    ("uvicorn", "import uvicorn"),
+    ("starlette", "import starlette.applications"),
+    ("fastapi", "import fastapi"),
+    ("gpu_exporter.config", "import gpu_exporter.config"),
+    ("gpu_exporter.rules.manager", "import gpu_exporter.rules.manager"),
+    ("gpu_exporter.api", "import gpu_exporter.api"),
+    (
+        "everything serve imports",
+        "import uvicorn, gpu_exporter.api, gpu_exporter.config, gpu_exporter.sampler, "
+        "gpu_exporter.sources.nvml, gpu_exporter.rules.manager, gpu_exporter.notify, "
+        "gpu_exporter.sim, gpu_exporter.topology, gpu_exporter.classify",
+    ),
+)
+_RSS = "import re; print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])"
+
+
+def profile_tick(ticks: int = 30, devices: int = 8) -> str:
+    from pyinstrument import Profiler
+
+    pipeline = build(scenarios.generate(devices, name="bench-profile"))
+    try:
+        pipeline.tick()
+        pipeline.tick()
+        pipeline.prefill(960)
+        pipeline.tick()
+        profiler = Profiler(interval=0.0005)
+        profiler.start()
+        for _ in range(ticks):
+            pipeline.tick()
+        profiler.stop()
+    finally:
+        pipeline.close()
+    return profiler.output_text(unicode=False, color=False, show_all=False)
+
+
+def import_rss() -> str:
+    lines = ["| imports | VmRSS (MiB) |", "| --- | --- |"]
+    for label, statement in IMPORTS:
+        out = subprocess.run(
+            [sys.executable, "-c", f"{statement}\n{_RSS}"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONPATH": str(ROOT)},
+        )
+        lines.append(f"| {label} | {int(out.stdout.strip()) / 1024:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+# Leaf frames of a thread that waits rather than works.
+IDLE_LEAVES = ("Condition.wait", "Event.wait", "Queue.get", "EpollSelector.select", "select")
+
+
+def summarize_collapsed(text: str, thread_marker: str, top: int = 40) -> str:
+    """Inclusive share of each frame among the busy samples of stacks containing
+    `thread_marker` (py-spy's raw format: `frame;frame;... count` per line)."""
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or thread_marker not in stack:
+            continue
+        if stack.rsplit(";", 1)[-1].split(" (")[0] in IDLE_LEAVES:
+            continue
+        n = int(count)
+        total += n
+        for frame in dict.fromkeys(f.split(" (")[0] for f in stack.split(";")):
+            inclusive[frame] += n
+    rows = [f"{n / total * 100:5.1f}%  {frame}" for frame, n in inclusive.most_common(top)]
+    return f"samples: {total}\n" + "\n".join(rows) + "\n"
+
+
+def profile_scrape(workdir: Path, seconds: float = 8.0) -> str:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        return "py-spy not installed\n"
+    scenario = scenarios.write_yaml(scenarios.generate(8), workdir / "scenario.yaml")
+    port = free_port()
+    raw = workdir / "scrape.txt"
+    with running(OURS, our_command(scenario, port, 1.0), port, workdir, OUR_TICK_FAMILY) as d:
+        d.wait_ready(ticks=3)
+        record = [py_spy, "record", "--pid", str(d.process.pid), "--rate", "250"]
+        record += ["--format", "raw", "--output", str(raw), "--duration", f"{seconds:g}"]
+        spy = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        time.sleep(1.0)
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set():
+                loadgen.run_scrape_load(d.url, 32, 10)
+
+        loader = threading.Thread(target=load)
+        loader.start()
+        spy.wait(timeout=seconds + 30)
+        stop.set()
+        loader.join()
+    if not raw.exists():
+        return "py-spy produced no output (ptrace not permitted?)\n"
+    return summarize_collapsed(raw.read_text(), "asyncio")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=PROFILES)
+    parser.add_argument("--only", default="tick,tick64,scrape,imports")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    chosen = args.only.split(",")
+    with tempfile.TemporaryDirectory(prefix="gpu-exporter-profile-") as tmp:
+        jobs = {
+            "tick": lambda: profile_tick(),
+            "tick64": lambda: profile_tick(ticks=4, devices=64),
+            "scrape": lambda: profile_scrape(Path(tmp)),
+            "imports": import_rss,
+        }
+        for name, job in jobs.items():
+            if name in chosen:
+                print(f"== {name}", file=sys.stderr, flush=True)
+                (args.out / f"{name}.txt").write_text(job())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

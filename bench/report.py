@@ -1,0 +1,467 @@
+"""Markdown tables from the results, and the verdict on each target of issue 6."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+OURS, OURS_STEADY, PEER = "gpu-exporter", "gpu-exporter-steady", "nvitop-exporter"
+
+# -- formatting ----------------------------------------------------------------------------------
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def fmt(value: Any, unit: str = "", digits: int = 2) -> str:
+    """A number with a unit; "ms" and "us" take seconds; "n/a" for missing values."""
+    if _missing(value):
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    scale = {"ms": 1e3, "us": 1e6}.get(unit, 1.0)
+    number = value * scale
+    if unit == "x":
+        return f"{number:.{digits}f}x"
+    if unit in ("", "count"):
+        return f"{number:.0f}" if float(number).is_integer() else f"{number:.{digits}f}"
+    return f"{number:.{digits}f} {unit}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub Markdown table; cells are str()-ed, pipes escaped, columns padded."""
+    cells = [[str(c).replace("|", "\\|") for c in row] for row in rows]
+    head = [str(h).replace("|", "\\|") for h in headers]
+    for row in cells:
+        if len(row) != len(head):
+            raise ValueError(f"row has {len(row)} cells, header has {len(head)}")
+    widths = [max(len(c) for c in column) for column in zip(head, *cells, strict=True)]
+    widths = [max(w, 3) for w in widths]
+
+    def line(row: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+
+    rule = "| " + " | ".join("-" * w for w in widths) + " |"
+    return "\n".join([line(head), rule, *(line(r) for r in cells)])
+
+
+def _get(data: Mapping[str, Any] | None, *path: str) -> Any:
+    node: Any = data
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+# -- sections ------------------------------------------------------------------------------------
+
+PEER_ROWS: tuple[tuple[str, str, str], ...] = (
+    # (label, key in summary, unit)
+    ("CPU per tick (process, idle window)", "cpu_seconds_per_tick", "ms"),
+    ("CPU, % of one core", "cpu_percent_of_core", "%"),
+    ("wall time per tick", "wall_seconds_per_tick", "ms"),
+    ("  of which reading the GPUs", "reads_seconds_per_tick", "ms"),
+    ("/metrics p50, 1 scraper", "scrape_1_p50", "ms"),
+    ("/metrics p99, 1 scraper", "scrape_1_p99", "ms"),
+    ("/metrics p50, 32 scrapers", "scrape_32_p50", "ms"),
+    ("/metrics p99, 32 scrapers", "scrape_32_p99", "ms"),
+    ("/metrics p99, Prometheus' headers", "scrape_prometheus_headers_p99", "ms"),
+    ("resident memory (after load)", "rss_mib", "MiB"),
+    ("peak resident memory (VmHWM)", "hwm_mib", "MiB"),
+    ("bytes per scrape", "bytes_per_scrape", "count"),
+    ("families declared", "families_declared", "count"),
+    ("families with samples", "families_with_samples", "count"),
+    ("GPU families with samples", "gpu_families", "count"),
+)
+
+
+def peer_section(peer: Mapping[str, Any]) -> str:
+    summary = peer.get("summary", {})
+    young, steady = summary.get(OURS, {}), summary.get(OURS_STEADY, {})
+    theirs = summary.get(PEER, {})
+    ratios, ratios_young = peer.get("ratios") or {}, peer.get("ratios_young") or {}
+    rows = []
+    for label, key, unit in PEER_ROWS:
+        rows.append(
+            [
+                label,
+                fmt(young.get(key), unit),
+                fmt(steady.get(key), unit),
+                fmt(theirs.get(key), unit),
+                fmt(ratios.get(key), "x") if key in ratios else "",
+                fmt(ratios_young.get(key), "x") if key in ratios_young else "",
+            ]
+        )
+    headers = ["", "ours, young", "ours, steady", PEER, "steady / peer", "young / peer"]
+    text = table(headers, rows)
+    if peer.get("peer_unavailable"):
+        text += f"\n\nPeer not measured: {peer['peer_unavailable']}."
+    return text
+
+
+def coverage_section(peer: Mapping[str, Any]) -> str:
+    coverage = peer.get("coverage")
+    if not coverage:
+        return "Coverage needs both exporters."
+    rows = []
+    for quantity in coverage[OURS]:
+        ours, theirs = coverage[OURS][quantity], coverage[PEER][quantity]
+        rows.append([quantity, ", ".join(ours) or "-", ", ".join(theirs) or "-"])
+    return table(["quantity", OURS, PEER], rows)
+
+
+def scaling_section(scaling: Mapping[str, Any]) -> str:
+    rows = []
+    for name, result in scaling.get("configs", {}).items():
+        tick, scrape = result["tick"], result["scrape"]
+        rows.append(
+            [
+                name,
+                fmt(_get(tick, "young", "cpu_seconds_per_tick"), "ms"),
+                fmt(_get(tick, "steady", "cpu_seconds_per_tick"), "ms"),
+                fmt(_get(tick, "steady", "wall", "p50"), "ms"),
+                fmt(_get(tick, "steady", "wall", "max"), "ms"),
+                fmt(tick.get("store_samples"), "count"),
+                fmt(scrape.get("scrape_1_p50"), "ms"),
+                fmt(scrape.get("scrape_1_p99"), "ms"),
+                fmt(scrape.get("scrape_32_p99"), "ms"),
+                fmt(scrape.get("bytes_per_scrape"), "count"),
+                fmt(scrape.get("rss_mib"), "MiB"),
+            ]
+        )
+    headers = [
+        "configuration",
+        "tick CPU young",
+        "tick CPU steady",
+        "tick wall p50",
+        "tick wall max",
+        "store samples",
+        "scrape p50 (1)",
+        "scrape p99 (1)",
+        "scrape p99 (32)",
+        "bytes",
+        "RSS",
+    ]
+    text = table(headers, rows)
+    per_device = per_device_cost(scaling)
+    if per_device:
+        text += "\n\nTick CPU per device (steady): " + ", ".join(
+            f"{devices} GPUs {fmt(cost, 'ms')}" for devices, cost in per_device.items()
+        )
+        text += " (flat if cost is linear in devices)."
+    return text
+
+
+def per_device_cost(scaling: Mapping[str, Any]) -> dict[int, float]:
+    """Steady tick CPU / devices for the 1, 8 and 64-GPU configurations that ran."""
+    out = {}
+    for name, devices in (("1gpu", 1), ("8gpu", 8), ("64gpu", 64)):
+        cpu = _get(scaling, "configs", name, "tick", "steady", "cpu_seconds_per_tick")
+        if not _missing(cpu):
+            out[devices] = cpu / devices
+    return out
+
+
+OVERHEAD_VARIANTS = (
+    ("bare_sequential", "bare pynvml loop, one thread"),
+    ("bare_concurrent", "bare pynvml loop, thread per GPU"),
+    ("source_only", "daemon: NVML source only"),
+    ("tick_no_rules", "daemon: tick, rules off"),
+    ("tick_shipped_rules", "daemon: tick, shipped rules"),
+)
+
+
+def overhead_section(overhead: Mapping[str, Any]) -> str:
+    parts = []
+    for model, data in overhead.get("models", {}).items():
+        rows = []
+        for key, label in OVERHEAD_VARIANTS:
+            v = data["variants"][key]
+            rows.append(
+                [
+                    label,
+                    fmt(v["wall"]["mean"], "ms"),
+                    fmt(v["wall"]["p99"], "ms"),
+                    fmt(v["cpu_seconds_per_tick"], "ms"),
+                    fmt(v["fake_cpu_seconds_per_tick"], "ms"),
+                    fmt(v["cpu_net_of_fake_per_tick"], "ms"),
+                ]
+            )
+        headers = ["variant", "wall mean", "wall p99", "CPU", "of which fake", "CPU net of fake"]
+        parts.append(f"Latency model `{model}`:\n\n" + table(headers, rows))
+        ratio_rows = [
+            [k, fmt(v, "ms") if k.endswith("_seconds_per_tick") else fmt(v, "x")]
+            for k, v in data["ratios"].items()
+            if "net_of_fake" not in k  # older results: a ratio of two near-zero numbers
+        ]
+        bare_cpu = data["variants"]["bare_sequential"]["cpu_seconds_per_tick"]
+        for key, _ in OVERHEAD_VARIANTS[2:]:
+            own = data["variants"][key]["cpu_seconds_per_tick"] - bare_cpu
+            if f"{key}_own_cpu_seconds_per_tick" not in data["ratios"]:
+                ratio_rows.append([f"{key}_own_cpu_seconds_per_tick", fmt(own, "ms")])
+        same = data["same_calls"]
+        parts.append(
+            table(["ratio", "value"], ratio_rows)
+            + f"\n\nSame NVML calls per tick as the daemon's source: {fmt(same['same'])}"
+            + (f" (differences: {same['differences']})" if not same["same"] else "")
+        )
+    polling = overhead.get("fake_xid_polling_cpu_seconds_per_second")
+    if polling is not None:
+        parts.append(
+            f"The fake's `nvmlEventSetWait` polls every 10 ms (real NVML blocks in the kernel): "
+            f"{fmt(polling, 'ms')} CPU per second while the XID thread waits."
+        )
+    return "\n\n".join(parts)
+
+
+def soak_section(soak: Mapping[str, Any]) -> str:
+    rows = []
+    for mode in ("accelerated", "realtime"):
+        data = soak.get(mode)
+        if not data:
+            continue
+        memory = data.get("memory", {})
+        unit = memory.get("slope_unit")
+        per = 10_000 if unit == "tick" else 3600
+        slope_value = memory.get("slope_second_half_mib_per_unit")
+        rows.append(
+            [
+                mode,
+                fmt(data.get("ticks"), "count"),
+                fmt(data.get("scenario_hours") or data.get("seconds", 0) / 3600, "h"),
+                fmt(memory.get("rss_start_mib"), "MiB"),
+                fmt(memory.get("rss_peak_mib"), "MiB"),
+                fmt(memory.get("rss_end_mib"), "MiB"),
+                fmt(None if _missing(slope_value) else slope_value * per, "MiB")
+                + (" / 10k ticks" if unit == "tick" else " / hour"),
+                fmt(data.get("alerts_sent"), "count"),
+            ]
+        )
+    headers = [
+        "mode",
+        "ticks",
+        "daemon time",
+        "RSS start",
+        "RSS peak",
+        "RSS end",
+        "slope (2nd half)",
+        "alerts sent",
+    ]
+    return table(headers, rows)
+
+
+def detection_section(detection: Mapping[str, Any]) -> str:
+    if detection.get("unavailable"):
+        return f"Not measured: {detection['unavailable']}."
+    rows = [
+        [
+            r["rule"],
+            r["gpu"],
+            fmt(r["fault_at_scenario_seconds"], "s", 0),
+            r["path"],
+            fmt(r["latency_seconds"], "s", 1),
+        ]
+        for r in detection.get("rows", [])
+    ]
+    return table(["rule", "GPU", "fault at", "path", "fault -> webhook"], rows)
+
+
+# -- targets -------------------------------------------------------------------------------------
+
+
+def _percent(cpu_seconds_per_tick: float | None, interval: float = 1.0) -> float | None:
+    return None if _missing(cpu_seconds_per_tick) else 100 * cpu_seconds_per_tick / interval
+
+
+def _fake_calls_per_tick(results: Mapping[str, Any]) -> float | None:
+    variant = _get(results, "overhead", "models", "mixed", "variants", "tick_shipped_rules")
+    return _get(variant, "fake_cpu_seconds_per_tick")
+
+
+def fake_cpu_per_second(results: Mapping[str, Any]) -> float | None:
+    """CPU/s the fake itself costs the daemon at 1 s: its calls plus its event polling."""
+    calls = _fake_calls_per_tick(results)
+    polling = _get(results, "overhead", "fake_xid_polling_cpu_seconds_per_second")
+    if _missing(calls) or _missing(polling):
+        return None
+    return calls + polling
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**missed**")
+
+
+def _le(value: float | None, limit: float) -> bool | None:
+    return None if _missing(value) else value <= limit
+
+
+Target = tuple[str, str, str, bool | None]
+
+
+def _net_cpu_target(name: str, gross: float | None, fake: float | None, note: str) -> Target:
+    net = None if _missing(gross) or _missing(fake) else gross - 100 * fake
+    return (name, fmt(net, "%"), f"gross {fmt(gross, '%')}; {note}", _le(net, 2.0))
+
+
+def _cpu_targets(results: Mapping[str, Any]) -> list[Target]:
+    summary = _get(results, "peer", "summary") or {}
+    fake = fake_cpu_per_second(results)
+    soak_tick = _get(results, "soak", "accelerated", "steady_cpu_seconds_per_tick")
+    return [
+        _net_cpu_target(
+            "CPU <= 2 % of a core, net of the fake (process, young)",
+            _get(summary, OURS, "cpu_percent_of_core"),
+            fake,
+            "first minute after start",
+        ),
+        _net_cpu_target(
+            "CPU <= 2 % of a core, net of the fake (process, steady)",
+            _get(summary, OURS_STEADY, "cpu_percent_of_core"),
+            fake,
+            "rule history prefilled",
+        ),
+        _net_cpu_target(
+            "CPU <= 2 % of a core, net of the fake (tick only, soak end)",
+            _percent(soak_tick),
+            _fake_calls_per_tick(results),
+            "accelerated soak, history filled by ticking",
+        ),
+    ]
+
+
+def _limit(name: str, value: float | None, unit: str, limit: float, note: str = "") -> Target:
+    return (name, fmt(value, unit), note, _le(value, limit))
+
+
+def _ours(results: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The steady daemon's peer figures, else the young one's."""
+    summary = _get(results, "peer", "summary") or {}
+    return summary.get(OURS_STEADY) or summary.get(OURS) or {}
+
+
+def _memory_targets(results: Mapping[str, Any]) -> list[Target]:
+    # Not the steady daemon's RSS: its prefilled history repeats one float object per series,
+    # so it holds far less memory than a history of real readings. The soak measures that.
+    ours = _get(results, "peer", "summary", OURS) or {}
+    realtime = _get(results, "soak", "realtime", "memory") or {}
+    accel = _get(results, "soak", "accelerated", "memory") or {}
+    growth = accel["rss_end_mib"] - accel["rss_start_mib"] if accel else None
+    rss = ours.get("rss_mib")
+    projected = None if _missing(rss) or growth is None else rss + growth
+    slope_value = accel.get("slope_second_half_mib_per_unit")
+    per_day = None if _missing(slope_value) else slope_value * 86_400
+    return [
+        _limit("RSS <= 80 MiB (process, young)", rss, "MiB", 80),
+        _limit(
+            "RSS <= 80 MiB (process + history growth)",
+            projected,
+            "MiB",
+            80,
+            f"+{fmt(growth, 'MiB')} until the rule history is full (accelerated soak)",
+        ),
+        _limit("RSS peak, realtime soak", realtime.get("rss_peak_mib"), "MiB", 80),
+        (
+            "RSS flat over the soak (second half)",
+            fmt(per_day, "MiB") + " per day of ticks",
+            "flat = under 5 MiB per 86,400 ticks",
+            None if per_day is None else abs(per_day) < 5,
+        ),
+    ]
+
+
+def _latency_targets(results: Mapping[str, Any]) -> list[Target]:
+    ours = _ours(results)
+    pcie = _get(results, "scaling", "configs", "8gpu-pcie-20ms-call", "tick", "steady", "wall")
+    plain = _get(results, "scaling", "configs", "8gpu", "tick", "steady", "wall")
+    return [
+        _limit("/metrics p99 <= 5 ms, 1 scraper", ours.get("scrape_1_p99"), "ms", 0.005),
+        _limit("/metrics p99 <= 50 ms, 32 scrapers", ours.get("scrape_32_p99"), "ms", 0.050),
+        _limit(
+            "tick <= 30 % of 1 s, PCIe via the 20 ms call",
+            _get(pcie, "max"),
+            "ms",
+            0.3,
+            f"max of steady ticks; p50 {fmt(_get(pcie, 'p50'), 'ms')}",
+        ),
+        _limit(
+            "tick <= 30 % of 1 s, byte counters",
+            _get(plain, "max"),
+            "ms",
+            0.3,
+            "max of steady ticks",
+        ),
+    ]
+
+
+def _overhead_targets(results: Mapping[str, Any]) -> list[Target]:
+    ratios = _get(results, "overhead", "models", "mixed", "ratios") or {}
+    return [
+        _limit(
+            "overhead over bare NVML <= 1.25x (full tick, CPU)",
+            ratios.get("tick_shipped_rules_cpu_vs_bare"),
+            "x",
+            1.25,
+            "fake included on both sides",
+        ),
+        _limit(
+            "overhead over bare NVML <= 1.25x (NVML source only, CPU)",
+            ratios.get("source_only_cpu_vs_bare"),
+            "x",
+            1.25,
+        ),
+    ]
+
+
+def _peer_targets(results: Mapping[str, Any]) -> list[Target]:
+    ratios = _get(results, "peer", "ratios") or {}
+    out: list[Target] = []
+    for key, value in ratios.items():
+        better_when_higher = key == "gpu_families"
+        ok = None if _missing(value) else (value >= 1 if better_when_higher else value <= 1)
+        out.append((f"as good as nvitop-exporter: {key}", fmt(value, "x"), "ours / peer", ok))
+    return out
+
+
+TARGET_GROUPS: tuple[Callable[[Mapping[str, Any]], list[Target]], ...] = (
+    _cpu_targets,
+    _memory_targets,
+    _latency_targets,
+    _overhead_targets,
+    _peer_targets,
+)
+
+
+def evaluate_targets(results: Mapping[str, Any]) -> list[Target]:
+    return [row for group in TARGET_GROUPS for row in group(results)]
+
+
+def targets_section(results: Mapping[str, Any]) -> str:
+    targets = evaluate_targets(results)
+    rows = [[name, value, note, _verdict(ok)] for name, value, note, ok in targets]
+    return table(["target", "measured", "note", "verdict"], rows)
+
+
+SECTIONS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("peer", "Ours vs nvitop-exporter (same fake NVML, 8-GPU mixed, 1 s)", peer_section),
+    ("peer", "Quantities covered (families with samples)", coverage_section),
+    ("scaling", "Scaling", scaling_section),
+    ("overhead", "Overhead over bare NVML (in-process, 8 GPUs)", overhead_section),
+    ("soak", "Soak", soak_section),
+    ("detection", "Detection latency (fault -> webhook)", detection_section),
+)
+
+
+def render(results: Mapping[str, Any], machine: Mapping[str, Any] | None = None) -> str:
+    parts = ["# Benchmark summary"]
+    if machine:
+        parts.append(", ".join(f"{k}: {v}" for k, v in machine.items()))
+    for key, title, section in SECTIONS:
+        if key in results:
+            parts.append(f"## {title}\n\n{section(results[key])}")
+    parts.append(f"## Targets\n\n{targets_section(results)}")
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,187 @@
+"""Scaling: tick and scrape cost at 1, 8 and 64 devices and with 1, 100 and 1,000 rule series.
+
+MIG instances are not simulated by the fake, so 64 devices are 64 full GPUs (the device mix
+of `mixed`, repeated). A "rule series" is one alerting rule selecting one series of one GPU
+(see `scenarios.rule_file`). Two more configurations check two claims: scrape cost does not
+depend on NVML latency (0.36 ms per call), and a tick stays well inside the interval when
+the driver lacks PCIe byte counters and each PCIe throughput call takes its 20 ms.
+
+Tick cost is measured in this process (`bench.inproc`, manual clock): "young" over the first
+ticks, and "steady" after the rule engine's store was given a full history (`prefill`), since
+range functions cost in proportion to the samples in their window. Scrape cost is measured on
+the real daemon (`gpu-exporter serve`) with the same scenario and rules.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import loadgen, scenarios
+from bench.inproc import build
+from bench.procs import OUR_TICK_FAMILY, OURS, free_port, our_command, running
+from bench.stats import summarize
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    devices: int = 8
+    rules: str = "shipped"  # "shipped", "none", or a number of generated rule series
+    latency: str = "mixed"  # "mixed" (scenario's own) or "nvml-like"
+    pcie_byte_fields: bool = True
+
+    def scenario(self) -> dict[str, Any]:
+        latency = scenarios.NVML_LIKE_LATENCY if self.latency == "nvml-like" else None
+        return scenarios.generate(
+            self.devices,
+            name=f"bench-{self.name}",
+            latency=latency,
+            pcie_byte_fields=self.pcie_byte_fields,
+        )
+
+    def rule_files(self, workdir: Path) -> list[str] | None:
+        """None: the shipped pack; []: no rules; else generated files."""
+        if self.rules == "shipped":
+            return None
+        if self.rules == "none":
+            return []
+        path = workdir / f"rules-{self.rules}.yaml"
+        scenarios.write_yaml(scenarios.rule_file(int(self.rules), self.devices), path)
+        return [str(path)]
+
+
+CONFIGS = (
+    Config("1gpu", devices=1),
+    Config("8gpu", devices=8),
+    Config("64gpu", devices=64),
+    Config("8gpu-no-rules", rules="none"),
+    Config("8gpu-1-rule-series", rules="1"),
+    Config("8gpu-100-rule-series", rules="100"),
+    Config("8gpu-1000-rule-series", rules="1000"),
+    Config("8gpu-nvml-latency", latency="nvml-like"),
+    Config("8gpu-pcie-20ms-call", pcie_byte_fields=False),
+)
+DEVICE_SERIES = ("1gpu", "8gpu", "64gpu")
+
+
+@dataclass(frozen=True)
+class ScalingSettings:
+    young_ticks: int = 10
+    steady_ticks: int = 10
+    history_seconds: float = 960.0  # the shipped rules' longest window plus lookback
+    single_requests: int = 100
+    concurrent_scrapers: int = 32
+    concurrent_requests_each: int = 5
+    configs: tuple[str, ...] = tuple(c.name for c in CONFIGS)
+
+    @classmethod
+    def quick(cls) -> ScalingSettings:
+        return cls(
+            young_ticks=3,
+            steady_ticks=2,
+            history_seconds=60.0,
+            single_requests=10,
+            concurrent_requests_each=1,
+            configs=("1gpu", "8gpu", "8gpu-1-rule-series"),
+        )
+
+
+def _ticks(pipeline: Any, count: int) -> dict[str, Any]:
+    walls = []
+    gc.collect()
+    cpu0 = time.process_time()
+    for _ in range(count):
+        started = time.perf_counter()
+        pipeline.tick()
+        walls.append(time.perf_counter() - started)
+    return {
+        "wall": summarize(walls),
+        "cpu_seconds_per_tick": (time.process_time() - cpu0) / max(count, 1),
+    }
+
+
+def tick_cost(config: Config, settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
+    pipeline = build(config.scenario(), rules=config.rule_files(workdir))
+    try:
+        pipeline.tick()
+        pipeline.tick()
+        young = _ticks(pipeline, settings.young_ticks)
+        steps = pipeline.prefill(settings.history_seconds)
+        pipeline.tick()  # the first evaluation over the full history
+        steady = _ticks(pipeline, settings.steady_ticks)
+        store = pipeline.manager.store if pipeline.manager is not None else None
+        return {
+            "young": young,
+            "steady": steady,
+            "history_steps": steps,
+            "store_series": store.series_count() if store else 0,
+            "store_samples": store.sample_count() if store else 0,
+        }
+    finally:
+        pipeline.close()
+
+
+def scrape_cost(config: Config, settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
+    scenario = scenarios.write_yaml(config.scenario(), workdir / f"{config.name}.yaml")
+    files = config.rule_files(workdir)
+    extra: list[str] = []
+    for path in files or []:
+        extra += ["--rules", path]
+    env = {"GPU_EXPORTER_RULES__ENABLED": "false"} if files == [] else None
+    port = free_port()
+    argv = our_command(scenario, port, 1.0, extra)
+    with running(OURS, argv, port, workdir, OUR_TICK_FAMILY, env) as target:
+        target.wait_ready(ticks=3)
+        single = loadgen.run_scrape_load(target.url, 1, settings.single_requests)
+        many = loadgen.run_scrape_load(
+            target.url, settings.concurrent_scrapers, settings.concurrent_requests_each
+        )
+        counters = target.counters()
+        memory = target.memory()
+    one, more = summarize(single.latencies), summarize(many.latencies)
+    return {
+        "scrape_1_p50": one["p50"],
+        "scrape_1_p99": one["p99"],
+        "scrape_32_p50": more["p50"],
+        "scrape_32_p99": more["p99"],
+        "errors": single.errors + many.errors,
+        "bytes_per_scrape": single.bytes_received / max(len(single.latencies), 1),
+        "daemon_young_tick_mean": counters.tick_sum / counters.tick_count
+        if counters.tick_count
+        else None,
+        "rss_mib": memory.rss_mib,
+    }
+
+
+def growth(results: dict[str, Any], phase: str = "steady") -> dict[str, float]:
+    """CPU per tick divided by the device count, for each of the 1/8/64-device runs: flat
+    when cost is linear in devices, rising when it grows faster."""
+    return {
+        str(cfg.devices): results[cfg.name]["tick"][phase]["cpu_seconds_per_tick"] / cfg.devices
+        for cfg in CONFIGS
+        if cfg.name in DEVICE_SERIES and cfg.name in results
+    }
+
+
+def run(settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    for config in CONFIGS:
+        if config.name not in settings.configs:
+            continue
+        results[config.name] = {
+            "config": config.__dict__,
+            "tick": tick_cost(config, settings, workdir),
+            "scrape": scrape_cost(config, settings, workdir),
+        }
+    return {
+        "settings": settings.__dict__ | {"configs": list(settings.configs)},
+        "configs": results,
+        "growth_steady": growth(results, "steady"),
+        "growth_young": growth(results, "young"),
+        "note": "MIG is not simulated: 64 devices are 64 full GPUs.",
+    }

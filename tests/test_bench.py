@@ -1,0 +1,342 @@
+"""The benchmark harness (bench/) computes what it claims to: statistics, /proc parsing,
+exposition parsing, generated scenarios and rules, Markdown, target verdicts, the bare-NVML
+loop, and one short end-to-end run. No timing is asserted anywhere."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from bench import loadgen, overhead, peer, promtext, report, run_all, scenarios, soak
+from bench.procfs import Probe, parse_stat, parse_status
+from bench.stats import percentile, ratio, slope, summarize
+from gpu_exporter import sim
+from gpu_exporter.rules.loader import load_rule_files
+
+# -- statistics ------------------------------------------------------------------------------
+
+
+def test_percentile_interpolates_linearly_between_ranks() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0], 0) == 1.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 100) == 4.0
+    assert percentile([float(v) for v in range(1, 101)], 99) == pytest.approx(99.01)
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summary_ratio_and_slope() -> None:
+    stats = summarize([1.0, 2.0, 3.0])
+    assert stats["count"] == 3 and stats["mean"] == 2.0 and stats["max"] == 3.0
+    assert math.isnan(summarize([])["p99"])
+    assert ratio(1.0, 4.0) == 0.25
+    assert ratio(1.0, 0.0) is None and ratio(None, 1.0) is None and ratio(math.nan, 1.0) is None
+    assert slope([0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(2.0)
+    assert slope([1.0], [1.0]) == 0.0 and slope([2.0, 2.0], [1.0, 5.0]) == 0.0
+
+
+# -- /proc -----------------------------------------------------------------------------------
+
+STAT = (
+    "4242 (python3 (bench) x) S 1 4242 4242 0 -1 4194560 12345 0 0 0 "
+    "250 50 0 0 20 0 7 0 123456 987654321 17000 18446744073709551615 1 1 0 0 0 0 0 "
+    "16781312 16386 0 0 0 17 1 0 0 0 0 0\n"
+)
+STATUS = """\
+Name:\tpython3
+State:\tS (sleeping)
+VmPeak:\t  300000 kB
+VmHWM:\t   81920 kB
+VmRSS:\t   65536 kB
+Threads:\t7
+"""
+
+
+def test_stat_fields_are_counted_from_the_last_parenthesis() -> None:
+    times = parse_stat(STAT, clock_ticks=100)
+    assert (times.user_seconds, times.system_seconds, times.total) == (2.5, 0.5, 3.0)
+    with pytest.raises(ValueError):
+        parse_stat("4242 python3 S 1", clock_ticks=100)
+
+
+def test_status_gives_rss_and_peak_in_bytes() -> None:
+    memory = parse_status(STATUS)
+    assert memory.rss_bytes == 65536 * 1024 and memory.rss_mib == 64.0
+    assert memory.hwm_mib == 80.0
+    with pytest.raises(ValueError):
+        parse_status("Name:\tx\nVmRSS:\t1 kB\n")
+
+
+def test_probe_reads_this_process() -> None:
+    probe = Probe("self")
+    assert probe.memory().rss_bytes > 0
+    assert probe.cpu().total >= 0
+
+
+# -- exposition ------------------------------------------------------------------------------
+
+EXPOSITION = """\
+# HELP gpu_energy_joules_total Energy.
+# TYPE gpu_energy_joules_total counter
+gpu_energy_joules_total{gpu="0"} 12.5
+# HELP gpu_fan_speed_Percentage Fan.
+# TYPE gpu_fan_speed_Percentage gauge
+gpu_fan_speed_Percentage{gpu="0"} NaN
+# HELP gpu_exporter_tick_duration_seconds Tick.
+# TYPE gpu_exporter_tick_duration_seconds histogram
+gpu_exporter_tick_duration_seconds_bucket{le="0.1"} 3.0
+gpu_exporter_tick_duration_seconds_bucket{le="+Inf"} 4.0
+gpu_exporter_tick_duration_seconds_sum 0.5
+gpu_exporter_tick_duration_seconds_count 4.0
+# HELP gpu_sm_active_ratio SM.
+# TYPE gpu_sm_active_ratio gauge
+"""
+
+
+def test_families_count_only_those_with_numeric_samples() -> None:
+    declared = promtext.declared_families(EXPOSITION)
+    assert declared["gpu_energy_joules_total"] == "counter"
+    assert len(declared) == 4
+    assert promtext.families_with_samples(EXPOSITION) == {
+        "gpu_energy_joules_total",
+        "gpu_exporter_tick_duration_seconds",
+    }
+    assert promtext.sum_and_count(EXPOSITION, "gpu_exporter_tick_duration_seconds") == (0.5, 4.0)
+    assert promtext.sum_and_count(EXPOSITION, "absent") is None
+
+
+def test_coverage_maps_quantities_to_families() -> None:
+    found = promtext.coverage(["gpu_power_usage_W", "gpu_xid_errors_total", "gpu_clock_sm_MHz"])
+    assert found["power"] == ["gpu_power_usage_W"]
+    assert found["xid"] == ["gpu_xid_errors_total"]
+    assert found["clocks"] == ["gpu_clock_sm_MHz"]
+    assert found["tensor"] == []
+    assert set(found) == set(promtext.QUANTITIES)
+
+
+def test_gpu_families_leave_out_self_metrics() -> None:
+    names = {"gpu_power_watts", "gpu_exporter_devices", "host_uptime_Second"}
+    assert peer.gpu_families(names) == {"gpu_power_watts"}
+
+
+# -- generated scenarios and rules ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("devices", [1, 8, 64])
+def test_generated_scenarios_load(devices: int) -> None:
+    scenario = sim.load_scenario(scenarios.generate(devices))
+    assert len(scenario.devices) == devices
+    assert len({d.pci_bus_id for d in scenario.devices}) == devices
+    assert len({d.uuid for d in scenario.devices}) == devices
+
+
+def test_generated_scenario_options() -> None:
+    data = scenarios.generate(
+        8,
+        latency=scenarios.NVML_LIKE_LATENCY,
+        pcie_byte_fields=False,
+        faults=[{"at": 3, "device": 3, "kind": "xid", "xid": 31}],
+    )
+    scenario = sim.load_scenario(data)
+    assert {197, 198} <= scenario.driver.unsupported_fields
+    assert scenario.latency.seconds("nvmlDeviceGetPowerUsage") == pytest.approx(0.00036)
+    assert scenario.latency.seconds("nvmlDeviceGetPcieThroughput") == pytest.approx(0.020)
+    assert [f.kind for f in scenario.faults] == ["xid"]
+    with pytest.raises(ValueError):
+        scenarios.generate(0)
+
+
+def test_thermal_faults_step_on_at_the_given_time() -> None:
+    scenario = sim.load_scenario(scenarios.thermal_faults(8, [(2, 20.0)]))
+    reasons = scenario.devices[2].values["clock_event_reasons"]
+    assert reasons.value_at(19.9) == 0
+    assert int(reasons.value_at(20.0)) & 0x40  # hw_thermal_slowdown
+    assert sim.load_scenario(peer.peer_scenario()).faults[0].at == 3
+
+
+@pytest.mark.parametrize("series", [1, 100, 1000])
+def test_generated_rule_files_load_with_one_rule_per_series(series: int, tmp_path: Path) -> None:
+    path = scenarios.write_yaml(scenarios.rule_file(series), tmp_path / "rules.yaml")
+    groups = load_rule_files([str(path)])
+    rules = [rule for group in groups for rule in group.rules]
+    assert len(rules) == series
+    assert len({rule.name for rule in rules}) == series
+
+
+def test_detection_rules_load(tmp_path: Path) -> None:
+    shipped = scenarios.shipped_rule("GpuThermalSlowdown")
+    path = tmp_path / "detection.yaml"
+    scenarios.write_yaml(scenarios.detection_rule_file(shipped), path)
+    names = [rule.name for group in load_rule_files([str(path)]) for rule in group.rules]
+    assert names == ["BenchHwThermalSlowdown", "GpuThermalSlowdown"]
+    with pytest.raises(KeyError):
+        scenarios.shipped_rule("NoSuchAlert")
+
+
+# -- Markdown and verdicts --------------------------------------------------------------------
+
+
+def test_table_renders_padded_github_markdown() -> None:
+    text = report.table(["name", "value"], [["a|b", 1], ["longer", "2.50 ms"]])
+    assert text.splitlines() == [
+        "| name   | value   |",
+        "| ------ | ------- |",
+        "| a\\|b   | 1       |",
+        "| longer | 2.50 ms |",
+    ]
+    with pytest.raises(ValueError):
+        report.table(["a"], [["1", "2"]])
+
+
+def test_fmt_units() -> None:
+    assert report.fmt(0.00125, "ms") == "1.25 ms"
+    assert report.fmt(1.5, "x") == "1.50x"
+    assert report.fmt(42.0, "count") == "42"
+    assert report.fmt(None, "ms") == "n/a" and report.fmt(math.nan) == "n/a"
+    assert report.fmt(True) == "yes"
+
+
+def test_targets_get_verdicts_from_the_results() -> None:
+    results = {
+        "peer": {
+            "summary": {
+                "gpu-exporter": {
+                    "scrape_1_p99": 0.002,
+                    "scrape_32_p99": 0.080,
+                    "rss_mib": 60.0,
+                    "cpu_percent_of_core": 1.0,
+                }
+            },
+            "ratios": {"rss_mib": 1.5, "gpu_families": 2.0, "wall_seconds_per_tick": None},
+        }
+    }
+    verdicts = {name: ok for name, _, _, ok in report.evaluate_targets(results)}
+    assert verdicts["/metrics p99 <= 5 ms, 1 scraper"] is True
+    assert verdicts["/metrics p99 <= 50 ms, 32 scrapers"] is False
+    assert verdicts["as good as nvitop-exporter: rss_mib"] is False
+    assert verdicts["as good as nvitop-exporter: gpu_families"] is True
+    assert verdicts["as good as nvitop-exporter: wall_seconds_per_tick"] is None
+    assert verdicts["overhead over bare NVML <= 1.25x (full tick, CPU)"] is None
+    markdown = report.render(results, {"cpu": "test"})
+    assert "## Targets" in markdown and "**missed**" in markdown
+
+
+def test_per_device_cost_and_soak_memory_summary() -> None:
+    costs = {"1gpu": 0.008, "8gpu": 0.064, "64gpu": 1.28}
+    configs = {name: {"tick": {"steady": {"cpu_seconds_per_tick": c}}} for name, c in costs.items()}
+    per_device = report.per_device_cost({"configs": configs})
+    assert per_device == pytest.approx({1: 0.008, 8: 0.008, 64: 0.02})
+    points = [{"tick": t, "rss_mib": 50.0 + min(t, 3)} for t in range(6)]
+    memory = soak.memory_summary(points, "tick")
+    assert memory["rss_start_mib"] == 50.0
+    assert memory["rss_peak_mib"] == memory["rss_end_mib"] == 53.0
+    assert memory["slope_second_half_mib_per_unit"] == 0.0
+    assert soak.memory_summary([], "tick") == {}
+
+
+def test_cpu_model_from_cpuinfo() -> None:
+    assert run_all.cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 9454\n") == "AMD EPYC 9454"
+    assert run_all.cpu_model("") == "unknown"
+
+
+# -- load generator ---------------------------------------------------------------------------
+
+
+def test_response_head_parsing() -> None:
+    version, status, headers = loadgen.parse_head(b"HTTP/1.0 200 OK\r\nContent-Length: 3")
+    assert (version, status, headers) == ("HTTP/1.0", 200, {"content-length": "3"})
+    assert loadgen.keeps_alive("HTTP/1.1", {}) is True
+    assert loadgen.keeps_alive("HTTP/1.1", {"connection": "close"}) is False
+    assert loadgen.keeps_alive("HTTP/1.0", {}) is False
+    with pytest.raises(loadgen.HttpError):
+        loadgen.parse_head(b"garbage")
+    with pytest.raises(ValueError):
+        loadgen.Client("http://example.com/metrics")
+
+
+@pytest.fixture
+def tiny_server() -> Iterator[str]:
+    """HTTP/1.0 (closes after each response, like wsgiref) and HTTP/1.1 chunked paths."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/chunked":
+                self.protocol_version = "HTTP/1.1"
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,))
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_scrape_load_counts_every_request(tiny_server: str) -> None:
+    result = loadgen.run_scrape_load(f"{tiny_server}/metrics", concurrency=4, requests_each=3)
+    assert result.errors == 0
+    assert len(result.latencies) == 12
+    assert result.bytes_received == 12 * 5
+    assert loadgen.fetch(f"{tiny_server}/chunked").body == b"abcde"
+
+
+# -- bare NVML loop and short runs -------------------------------------------------------------
+
+
+def test_bare_loop_makes_the_daemons_nvml_calls(fake_nvml: object) -> None:
+    settings = overhead.OverheadSettings(ticks=3, warmup_ticks=2, latency_models=("mixed",))
+    scenario = overhead.scenario_for("mixed", 2)
+    bare = overhead.measure_variant("bare_sequential", scenario, settings)
+    daemon = overhead.measure_variant("source_only", scenario, settings)
+    assert bare["calls"], "the bare loop made no NVML calls"
+    assert overhead.same_calls(bare["calls"], daemon["calls"]) == {"same": True, "differences": {}}
+
+
+def test_quick_peer_run_writes_json_and_summary(tmp_path: Path) -> None:
+    argv = ["--quick", "--only", "peer", "--targets", "gpu-exporter", "--results", str(tmp_path)]
+    assert run_all.main(argv) == 0
+    result = json.loads((tmp_path / "peer.json").read_text())
+    assert set(result) >= {"settings", "order", "phases", "summary", "duration_seconds"}
+    phase = result["phases"]["gpu-exporter"][0]
+    assert set(phase) >= {"idle", "scrape_1", "scrape_32", "rss_mib_idle", "families"}
+    assert set(phase["idle"]) >= {"ticks", "cpu_seconds_per_tick", "wall_seconds_per_tick"}
+    assert phase["scrape_1"]["errors"] == 0 and phase["scrape_32"]["errors"] == 0
+    assert phase["families"]["coverage"]["xid"]  # the scenario's XID was exported
+    assert set(result["summary"]["gpu-exporter"]) >= {"cpu_seconds_per_tick", "rss_mib"}
+    assert json.loads((tmp_path / "machine.json").read_text())["quick"] is True
+    assert "# Benchmark summary" in (tmp_path / "summary.md").read_text()
+
+
+def test_nvitop_exporter_runs_on_the_fake(tmp_path: Path) -> None:
+    pytest.importorskip("nvitop_exporter")
+    settings = peer.PeerSettings.quick(targets=("nvitop-exporter",))
+    result = peer.run(settings, tmp_path)
+    phase = result["phases"]["nvitop-exporter"][0]
+    assert phase["idle"]["ticks"] > 0
+    assert phase["families"]["coverage"]["power"] == ["gpu_power_usage_W"]
+    report_data = phase["nvml_report"]
+    assert report_data["calls"]["nvmlDeviceGetPowerUsage"] > 0
+    assert "nvmlDeviceGetFanSpeed" in report_data["missing_symbols"]
