@@ -130,13 +130,13 @@ def alertmanager(workdir: Path, webhook: str, port: int | None = None) -> Iterat
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(process, url, log_path, "alertmanager")
+        wait_ready(process, url, log_path, "alertmanager")
         yield url
     finally:
-        _stop(process)
+        stop_process(process)
 
 
-def _wait_ready(process: subprocess.Popen[bytes], url: str, log_path: Path, what: str) -> None:
+def wait_ready(process: subprocess.Popen[bytes], url: str, log_path: Path, what: str) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -222,13 +222,13 @@ def prometheus(
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(process, url, log_path, "prometheus")
+        wait_ready(process, url, log_path, "prometheus")
         yield url
     finally:
-        _stop(process)
+        stop_process(process)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
         process.wait(timeout=10)

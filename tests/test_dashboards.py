@@ -35,7 +35,7 @@ import yaml
 from gpu_exporter.catalog import FAMILIES, Kind
 from tests.daemon import Daemon, free_port, serve
 from tests.fake_kubelet import FakeKubelet, pod
-from tests.servers import _stop, _wait_ready
+from tests.servers import stop_process, wait_ready
 from tests.support import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -449,10 +449,10 @@ def prometheus(workdir: Path, targets: dict[str, str], rules: Path) -> Iterator[
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(process, url, log_path, "prometheus")
+        wait_ready(process, url, log_path, "prometheus")
         yield url
     finally:
-        _stop(process)
+        stop_process(process)
 
 
 def rule_file(path: Path) -> Path:
