@@ -197,15 +197,22 @@ def prometheus(
     Series get `node` from relabeling (as the ServiceMonitor does) and lose job/instance, so
     its alerts carry the same labels as the daemon's (which add `node` as an external label).
     """
-    binary = require_tool("prometheus")
-    port = free_port()
-    workdir.mkdir(parents=True, exist_ok=True)
     config = PROMETHEUS_CONFIG.format(
         rules=rules,
         alertmanager=alertmanager_url.removeprefix("http://"),
         target=target,
         node=node,
     )
+    with prometheus_with_config(workdir, config) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def prometheus_with_config(workdir: Path, config: str) -> Iterator[str]:
+    """A real Prometheus on 127.0.0.1 with this configuration, stopped by PID; yields its url."""
+    binary = require_tool("prometheus")
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prometheus.yml").write_text(config)
     log_path = workdir / "prometheus.log"
     with log_path.open("wb") as log:

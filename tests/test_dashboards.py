@@ -33,10 +33,9 @@ import pytest
 import yaml
 
 from gpu_exporter.catalog import FAMILIES, Kind
-from tests.daemon import Daemon, free_port, serve
+from tests.daemon import Daemon, serve
 from tests.fake_kubelet import FakeKubelet, pod
-from tests.servers import stop_process, wait_ready
-from tests.support import require_tool
+from tests.servers import prometheus_with_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_DIR = ROOT / "dashboards"
@@ -426,33 +425,13 @@ scrape_configs:
 @contextlib.contextmanager
 def prometheus(workdir: Path, targets: dict[str, str], rules: Path) -> Iterator[str]:
     """A real Prometheus on 127.0.0.1 scraping `targets` (node -> address); yields its url."""
-    binary = require_tool("prometheus")
-    port = free_port()
-    workdir.mkdir(parents=True, exist_ok=True)
     static = "".join(
         f"  - targets: ['{address}']\n    labels: {{node: {node}}}\n"
         for node, address in targets.items()
     )
-    config = workdir / "prometheus.yml"
-    config.write_text(PROMETHEUS_CONFIG.format(rules=rules, targets=static.rstrip("\n")))
-    log_path = workdir / "prometheus.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(process, url, log_path, "prometheus")
+    config = PROMETHEUS_CONFIG.format(rules=rules, targets=static.rstrip("\n"))
+    with prometheus_with_config(workdir, config) as url:
         yield url
-    finally:
-        stop_process(process)
 
 
 def rule_file(path: Path) -> Path:
