@@ -344,6 +344,22 @@ def timeseries(
     )
 
 
+def class_counts(description: str, expr: str) -> dict[str, Any]:
+    """Stacked GPU counts per bottleneck class, each class in its own fixed colour."""
+    return timeseries(
+        "GPUs per bottleneck class",
+        description,
+        [Q(expr, "{{class}}")],
+        unit="short",
+        stack=True,
+        legend_calcs=("mean",),
+        overrides=[
+            override(name, color={"mode": "fixed", "fixedColor": color})
+            for name, _, color in CLASSES
+        ],
+    )
+
+
 def _reduce(calc: str = "lastNotNull") -> Json:
     return {"calcs": [calc], "fields": "", "values": False}
 
@@ -870,17 +886,9 @@ def efficiency() -> Json:
         h=9,
     )
     board.add(
-        timeseries(
-            "GPUs per bottleneck class",
+        class_counts(
             f"How many GPUs in scope are in each class, over time. {CLASS_NOTE}",
-            [Q(f"sum by (class) ({scoped(sel('gpu_bottleneck'))})", "{{class}}")],
-            unit="short",
-            stack=True,
-            legend_calcs=("mean",),
-            overrides=[
-                override(name, color={"mode": "fixed", "fixedColor": color})
-                for name, _, color in CLASSES
-            ],
+            f"sum by (class) ({scoped(sel('gpu_bottleneck'))})",
         ),
         w=12,
         h=8,
@@ -1718,17 +1726,9 @@ def fleet() -> Json:
         h=8,
     )
     board.add(
-        timeseries(
-            "GPUs per bottleneck class",
+        class_counts(
             f"How many GPUs are in each class, over time. {CLASS_NOTE}",
-            [Q(f"sum by (class) (cluster_class:gpu_bottleneck:count{in_cluster})", "{{class}}")],
-            unit="short",
-            stack=True,
-            legend_calcs=("mean",),
-            overrides=[
-                override(name, color={"mode": "fixed", "fixedColor": color})
-                for name, _, color in CLASSES
-            ],
+            f"sum by (class) (cluster_class:gpu_bottleneck:count{in_cluster})",
         ),
         w=12,
         h=8,

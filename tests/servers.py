@@ -111,26 +111,28 @@ receivers:
 @contextlib.contextmanager
 def alertmanager(workdir: Path, webhook: str, port: int | None = None) -> Iterator[str]:
     """A real Alertmanager on 127.0.0.1 (no cluster port), stopped by PID; yields its url."""
-    binary = require_tool("prometheus-alertmanager")
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "am.yml").write_text(AM_CONFIG.format(webhook=webhook))
-    log_path = workdir / "am.log"
+    args = [
+        f"--config.file={workdir / 'am.yml'}",
+        f"--storage.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+    ]
+    with _running("prometheus-alertmanager", args, workdir / "am.log", port) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _running(tool: str, args: list[str], log_path: Path, port: int) -> Iterator[str]:
+    """Start `tool` with `args`, wait for /-/ready on 127.0.0.1:`port`, stop it by PID."""
+    binary = require_tool(tool)
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={workdir / 'am.yml'}",
-                f"--storage.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--cluster.listen-address=",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        process = subprocess.Popen([binary, *args], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(process, url, log_path, "alertmanager")
+        wait_ready(process, url, log_path, tool)
         yield url
     finally:
         stop_process(process)
@@ -210,29 +212,17 @@ def prometheus(
 @contextlib.contextmanager
 def prometheus_with_config(workdir: Path, config: str) -> Iterator[str]:
     """A real Prometheus on 127.0.0.1 with this configuration, stopped by PID; yields its url."""
-    binary = require_tool("prometheus")
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "prometheus.yml").write_text(config)
-    log_path = workdir / "prometheus.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={workdir / 'prometheus.yml'}",
-                f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--web.external-url=http://127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(process, url, log_path, "prometheus")
+    args = [
+        f"--config.file={workdir / 'prometheus.yml'}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.external-url=http://127.0.0.1:{port}",
+    ]
+    with _running("prometheus", args, workdir / "prometheus.log", port) as url:
         yield url
-    finally:
-        stop_process(process)
 
 
 def stop_process(process: subprocess.Popen[bytes]) -> None:

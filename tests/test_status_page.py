@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 
 from gpu_exporter import sim
 from gpu_exporter.api import create_app
+from gpu_exporter.classify import CLASSES
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog
@@ -47,16 +48,6 @@ HEADERS = (
     "SM clock / max",
     "Temperature",
     "Throttle reasons",
-)
-CLASSES = (
-    "idle",
-    "throttled",
-    "launch_bound",
-    "link_bound",
-    "memory_bound",
-    "tensor_bound",
-    "compute_bound",
-    "unknown",
 )
 # Runs its handler if it is ever parsed as markup; the test then finds data-pwned on <body>.
 PROBE = '<img src=x onerror="document.body.dataset.pwned=1">'
