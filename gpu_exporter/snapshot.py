@@ -63,6 +63,19 @@ class ErrorCount:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """How one producer of series did in one tick (gpu_exporter_collector_success/_duration).
+
+    `success` is False when the producer raised; its families are then missing for that tick
+    only. `duration_seconds` is the time it took, summed over GPUs for per-GPU collectors.
+    """
+
+    collector: str
+    success: bool
+    duration_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class TickStats:
     """The sampler's own timing, cumulative since start (exported as a histogram)."""
 
@@ -86,6 +99,9 @@ class Snapshot:
     stats: TickStats = field(default_factory=TickStats)
     # Pod attribution in force for this tick: GPU UUID -> namespace/pod/container labels.
     device_labels: Mapping[str, Labels] = field(default_factory=dict)
+    # Per-tick outcome of every producer that ran before the snapshot was built (the NVML
+    # collectors, processors such as the classifier); the series builder adds its own.
+    collectors: tuple[CollectorStatus, ...] = ()
 
     def device(self, index: int) -> DeviceSample | None:
         for device in self.devices:

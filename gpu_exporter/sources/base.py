@@ -6,7 +6,7 @@ import threading
 from collections import Counter
 from typing import Protocol
 
-from gpu_exporter.snapshot import DeviceSample, ErrorCount
+from gpu_exporter.snapshot import CollectorStatus, DeviceSample, ErrorCount
 
 
 class SourceUnavailableError(RuntimeError):
@@ -51,6 +51,9 @@ class Source(Protocol):
 
     def node_info(self) -> dict[str, str]:
         """Node-level facts (driver version, ...)."""
+
+    def collector_status(self) -> tuple[CollectorStatus, ...]:
+        """How each of the source's collectors did in the last `sample()`, one per collector."""
 
     def close(self) -> None:
         """Release everything; safe to call twice."""

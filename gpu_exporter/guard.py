@@ -1,0 +1,66 @@
+"""Running a producer of series so that its failure costs only its own output.
+
+Every producer (an NVML collector, topology, the classifier, attribution, the rule manager,
+the notifier, the self-metrics) runs through `Guard.run`: an exception is caught, logged once
+per distinct error (a bug that fires every tick must not flood the log), and reported as
+`CollectorStatus(success=False)`, which becomes `gpu_exporter_collector_success{collector} 0`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from gpu_exporter.snapshot import CollectorStatus
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Guard:
+    """Thread-safe: per-GPU collectors run on one worker thread per GPU."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logged: set[tuple[str, str, str]] = set()
+
+    def run(
+        self, collector: str, produce: Callable[[], T], fallback: T
+    ) -> tuple[T, CollectorStatus]:
+        """`produce()`, or `fallback` when it raises; and how it went."""
+        started = time.perf_counter()
+        try:
+            result = produce()
+        except Exception as exc:  # the point of the guard: any bug in a producer
+            self._log_once(collector, exc)
+            return fallback, CollectorStatus(collector, False, time.perf_counter() - started)
+        return result, CollectorStatus(collector, True, time.perf_counter() - started)
+
+    def _log_once(self, collector: str, exc: Exception) -> None:
+        key = (collector, type(exc).__name__, str(exc))
+        with self._lock:
+            if key in self._logged:
+                return
+            if len(self._logged) < 1000:  # bounded: an error text with a counter in it
+                self._logged.add(key)
+        log.error("collector %s failed; its series are missing this tick", collector, exc_info=exc)
+
+
+def merge(statuses: list[CollectorStatus]) -> tuple[CollectorStatus, ...]:
+    """One status per collector: failed if it failed anywhere, durations summed, sorted."""
+    merged: dict[str, CollectorStatus] = {}
+    for status in statuses:
+        seen = merged.get(status.collector)
+        if seen is None:
+            merged[status.collector] = status
+        else:
+            merged[status.collector] = CollectorStatus(
+                status.collector,
+                seen.success and status.success,
+                seen.duration_seconds + status.duration_seconds,
+            )
+    return tuple(merged[name] for name in sorted(merged))
