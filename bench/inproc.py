@@ -21,10 +21,10 @@ import pynvml
 
 from gpu_exporter import cli, sim
 from gpu_exporter.config import load_config
-from gpu_exporter.rules.manager import RuleManager, snapshot_samples
+from gpu_exporter.rules.manager import RuleManager, store_samples
 from gpu_exporter.sampler import Sampler
+from gpu_exporter.series import SeriesSet
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib, implemented_functions
-from gpu_exporter.snapshot import Snapshot
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
 from gpu_exporter.store import SeriesStore
@@ -62,10 +62,10 @@ class Pipeline:
     def prefill(self, seconds: float) -> int:
         """Give the rule engine `seconds` of history at once (see `backfill`); needs two
         ticks first (GPM activity needs two samples). Returns the history steps written."""
-        snapshot = self.sampler.latest
-        if self.manager is None or snapshot is None:
+        series_set = self.sampler.series
+        if self.manager is None or series_set is None:
             return 0
-        return backfill(self.manager.store, snapshot, seconds, self.interval)
+        return backfill(self.manager.store, series_set, seconds, self.interval)
 
     def close(self) -> None:
         if self._closed:
@@ -77,23 +77,24 @@ class Pipeline:
         sim.uninstall()
 
 
-def backfill(store: SeriesStore, snapshot: Snapshot, seconds: float, interval: float) -> int:
+def backfill(store: SeriesStore, series_set: SeriesSet, seconds: float, interval: float) -> int:
     """Rewrite the rule engine's store as if the daemon had been running for `seconds`.
 
-    The store is emptied, then `snapshot`'s series (as `snapshot_samples` gives them to the
-    rule engine) are written once per `interval` up to and including the snapshot's own
+    The store is emptied, then the tick's series (as `store_samples` gives them to the rule
+    engine) are written once per `interval` up to and including the tick's own
     timestamp; later ticks continue from there. Range functions then read full windows, so
     evaluation costs what it costs at steady state, without minutes of ticking. The history
     is flat (every value as in `snapshot`), and recording rules' outputs get none: they are
     written only by evaluations. Returns the number of steps written.
     """
     steps = int(seconds / interval)
-    samples = list(snapshot_samples(snapshot))
+    samples = list(store_samples(series_set))
     with store._lock:  # the bench may reach inside: there is no public "clear"
         store._by_name.clear()
-        store._present = set()
     for step in range(steps, -1, -1):
-        store.ingest(snapshot.timestamp - step * interval, samples)
+        store.ingest(series_set.timestamp - step * interval, samples, group="backfill")
+    with store._lock:  # the next real ingest must not mark the backfilled series stale
+        store._present.clear()
     return steps
 
 
@@ -130,7 +131,7 @@ def build(
     source.start()
     epoch = time.time() - start
     sampler = Sampler(source, errors, interval=interval, wall_clock=lambda: epoch + clock())
-    sampler.add_processor(cli._classifier(config).process)
+    sampler.add_processor("classifier", cli._classifier(config).process)
     manager, notifier = cli._start_alerting(config, sampler)
     return Pipeline(fake, clock, source, sampler, interval, manager, notifier)
 

@@ -4,10 +4,9 @@
     python bench/run_daemon.py --scenario FILE [--epoch UNIX_SECONDS]
                                [--prefill-history SECONDS] -- serve-args...
 
-Every whole tick (NVML reads, rule evaluation, rendering) is timed and exported as the
-summary `bench_gpu_exporter_tick_seconds` (one tick late: a tick's exposition is rendered
-before that tick ends). The daemon's own `gpu_exporter_tick_duration_seconds` times only the
-NVML reads. The bench leaves `bench_*` families out of every count.
+Whole ticks (NVML reads, rule evaluation, rendering) are timed by the daemon itself
+(`gpu_exporter_full_tick_duration_seconds`, one tick late: a tick's exposition is rendered
+before that tick ends); its `gpu_exporter_tick_duration_seconds` times only the NVML reads.
 
 - `--epoch`: scenario time t happens at wall time `epoch + t`, so a fault scheduled at
   t = 20 s happens at a wall time the benchmark knows exactly, whenever the daemon got round
@@ -25,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,67 +32,24 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from prometheus_client.core import Metric, SummaryMetricFamily  # noqa: E402
-
 from bench.inproc import backfill  # noqa: E402
 from gpu_exporter import cli, sim  # noqa: E402
 from gpu_exporter.rules.manager import RuleManager  # noqa: E402
-from gpu_exporter.sampler import Sampler  # noqa: E402
-
-BENCH_TICK_FAMILY = "bench_gpu_exporter_tick_seconds"
 
 
 def prefill_at_second_tick(seconds: float) -> None:
-    """Patch RuleManager.on_snapshot (before the CLI binds it) to backfill once."""
-    original = RuleManager.on_snapshot
+    """Patch RuleManager.on_series (before the CLI binds it) to backfill once."""
+    original = RuleManager.on_series
     calls = 0
 
-    def on_snapshot(self: RuleManager, snapshot: Any, *args: Any, **kwargs: Any) -> None:
+    def on_series(self: RuleManager, series_set: Any, *args: Any, **kwargs: Any) -> None:
         nonlocal calls
-        original(self, snapshot, *args, **kwargs)
+        original(self, series_set, *args, **kwargs)
         calls += 1
         if calls == 2:
-            backfill(self.store, snapshot, seconds, self.settings.evaluation_interval)
+            backfill(self.store, series_set, seconds, self.settings.evaluation_interval)
 
-    RuleManager.on_snapshot = on_snapshot  # type: ignore[method-assign]
-
-
-class TickTimer:
-    """A collector: count and sum of whole `Sampler.tick` calls."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0.0
-
-    def collect(self) -> Iterator[Metric]:
-        yield SummaryMetricFamily(
-            BENCH_TICK_FAMILY,
-            "bench only: whole sampler ticks (reads, rules, rendering)",
-            count_value=self.count,
-            sum_value=self.total,
-        )
-
-
-def time_ticks() -> None:
-    """Patch Sampler so that each one times its whole ticks and exports the result."""
-    original_init, original_tick = Sampler.__init__, Sampler.tick
-
-    def init(self: Sampler, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        self._bench_timer = TickTimer()  # type: ignore[attr-defined]
-        self.add_collector(self._bench_timer)  # type: ignore[attr-defined]
-
-    def tick(self: Sampler) -> Any:
-        started = time.perf_counter()
-        try:
-            return original_tick(self)
-        finally:
-            timer = self._bench_timer  # type: ignore[attr-defined]
-            timer.count += 1
-            timer.total += time.perf_counter() - started
-
-    Sampler.__init__ = init  # type: ignore[method-assign]
-    Sampler.tick = tick  # type: ignore[method-assign]
+    RuleManager.on_series = on_series  # type: ignore[method-assign]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,7 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     epoch = time.time() if args.epoch is None else args.epoch
     sim.install(sim.load_scenario(args.scenario), clock=lambda: time.time() - epoch)
-    time_ticks()
     if args.prefill_history > 0:
         prefill_at_second_tick(args.prefill_history)
     return cli.main(["serve", *args.serve_args])

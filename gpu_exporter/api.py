@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from gpu_exporter import __version__
+from gpu_exporter.catalog import BY_NAME
 from gpu_exporter.exposition import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_TEXT,
@@ -17,7 +18,7 @@ from gpu_exporter.exposition import (
     wants_openmetrics,
 )
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.snapshot import DeviceSample
+from gpu_exporter.series import DeviceView
 from gpu_exporter.status_page import render_status_page, status_page_headers
 
 # Liveness fails only when the sampler has clearly stopped: several missed ticks, never one.
@@ -74,8 +75,8 @@ def create_app(
 
     @app.get("/api/v1/devices")
     def devices() -> Response:
-        snapshot = sampler.latest
-        if snapshot is None:
+        snapshot, series_set = sampler.latest, sampler.series
+        if snapshot is None or series_set is None:
             return JSONResponse({"status": "error", "error": "no snapshot yet"}, 503)
         return JSONResponse(
             {
@@ -84,7 +85,7 @@ def create_app(
                     "timestamp": snapshot.timestamp,
                     "sequence": snapshot.sequence,
                     "node": dict(snapshot.node_info),
-                    "devices": [device_json(d) for d in snapshot.devices],
+                    "devices": [device_json(view) for view in series_set.devices()],
                 },
             }
         )
@@ -106,11 +107,13 @@ def create_app(
     return app
 
 
-def device_json(device: DeviceSample) -> dict[str, Any]:
+def device_json(device: DeviceView) -> dict[str, Any]:
+    """One GPU as the tick's series show it: `labels` are its attribution labels (labels
+    mode), `metrics` its families keyed by name, with their catalog labels."""
     metrics: dict[str, Any] = {}
     for reading in device.readings:
         value = reading.value if math.isfinite(reading.value) else None
-        if reading.labels:
+        if BY_NAME[reading.family].labels:
             metrics.setdefault(reading.family, []).append(
                 {"labels": dict(reading.labels), "value": value}
             )
@@ -122,5 +125,6 @@ def device_json(device: DeviceSample) -> dict[str, Any]:
         "up": device.up,
         "down_reason": device.down_reason or None,
         "info": dict(device.info),
+        "labels": dict(device.labels),
         "metrics": metrics,
     }

@@ -284,6 +284,15 @@ FAMILIES: tuple[Family, ...] = (
         per_device=False,
     ),
     Family(
+        "gpu_exporter_full_tick_duration_seconds",
+        Kind.HISTOGRAM,
+        "Time whole ticks took: NVML reads, enrichment, rule evaluation and rendering. A tick "
+        "is counted from the next tick's exposition on, since it is rendered before it ends.",
+        unit="seconds",
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
         "gpu_exporter_last_tick_timestamp_seconds",
         G,
         "Unix time the last sampler tick finished.",
@@ -295,6 +304,24 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_exporter_ticks_total",
         C,
         "Sampler ticks completed.",
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_collector_success",
+        G,
+        "1 when the collector produced its series in the last tick, 0 when it failed (its "
+        "series are then missing for that tick only).",
+        ("collector",),
+        source="exporter",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_collector_duration_seconds",
+        G,
+        "Time the collector took in the last tick (summed over GPUs for per-GPU collectors).",
+        ("collector",),
+        unit="seconds",
         source="exporter",
         per_device=False,
     ),

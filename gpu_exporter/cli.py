@@ -149,12 +149,12 @@ def serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     attribution = _start_attribution(config)
     sampler = Sampler(source, errors, interval=config.interval_seconds)
-    sampler.add_processor(_classifier(config).process)
+    sampler.add_processor("classifier", _classifier(config).process)
     if attribution is not None:
         from gpu_exporter.k8s.labels import device_labels_source, pod_info_processor
 
-        sampler.add_processor(pod_info_processor(attribution))
-        sampler.add_collector(attribution)
+        sampler.add_processor("pod_info", pod_info_processor(attribution))
+        sampler.add_producer(attribution.producer())
         if config.kubernetes.mode == "labels":
             sampler.set_device_labels(device_labels_source(attribution))
     try:
@@ -263,21 +263,17 @@ def _start_alerting(config, sampler):
         notifier,
     )
     manager.load()
-    sampler.add_listener(manager.on_snapshot)
-    sampler.add_collector(manager)
+    sampler.add_listener(manager)
+    sampler.add_late_producer(manager.producer())
     if notifier is not None:
-        sampler.add_collector(notifier_collector(notifier))
+        from gpu_exporter.notify.metrics import notifier_producer
+
+        sampler.add_late_producer(notifier_producer(notifier))
         notifier.start()
     # SIGHUP asks for a reload at the next tick (no work in the signal handler).
     signal.signal(signal.SIGHUP, lambda *_: manager.request_reload())
     log.info("loaded %d rule groups", len(manager.evaluator.groups))
     return manager, notifier
-
-
-def notifier_collector(notifier):
-    from gpu_exporter.notify.metrics import NotifierCollector
-
-    return NotifierCollector(notifier)
 
 
 def _cannot_listen(host: str, port: int) -> str:

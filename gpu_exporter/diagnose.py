@@ -37,8 +37,10 @@ from typing import Any, TextIO
 
 from gpu_exporter import __version__
 from gpu_exporter.classify import CLASSES, THROTTLE_REASONS, Classifier, Thresholds, Verdict
-from gpu_exporter.snapshot import DeviceSample
+from gpu_exporter.series import DeviceView, SeriesBuilder
+from gpu_exporter.snapshot import DeviceSample, Snapshot
 from gpu_exporter.topology import Topology, read_topology
+from gpu_exporter.xids import xid_severity
 
 EXIT_OK = 0
 EXIT_ATTENTION = 1
@@ -47,7 +49,6 @@ EXIT_NO_DRIVER = 3
 
 SCHEMA_VERSION = 1
 ATTENTION_CLASSES = frozenset({"throttled", "launch_bound", "link_bound"})
-CRITICAL_XIDS = frozenset({48, 62, 64, 74, 79, 94, 95, 119, 120})  # as the shipped rules
 
 NEXT_STEPS: Mapping[str, tuple[str, ...]] = {
     "idle": (
@@ -207,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 @dataclass
 class _Profile:
     classifier: Classifier
-    last: dict[str, DeviceSample]  # the last sample of each GPU
-    last_up: dict[str, DeviceSample]  # the last sample in which it answered
+    last: dict[str, DeviceView]  # each GPU as the last tick's series show it
+    last_up: dict[str, DeviceView]  # ... as the last tick in which it answered
     ticks: int
 
 
@@ -255,16 +256,18 @@ def _run_profile(
     # One window over the whole profile: the class describes all of it, not its last seconds.
     classifier = Classifier(Thresholds(), window_seconds=duration + interval)
     profile = _Profile(classifier, {}, {}, 0)
+    builder = SeriesBuilder()  # the daemon's own series model: diagnose reads what it exports
     ticks = max(2, round(duration / interval) + 1)  # GPM needs two samples for one window
     start = time.monotonic()
     for tick in range(ticks):
         delay = start + tick * interval - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        for device in classifier.process(sample(), time.monotonic()):
-            profile.last[device.uuid] = device
-            if device.up:
-                profile.last_up[device.uuid] = device
+        devices = classifier.process(sample(), time.monotonic())
+        for view in builder.build(Snapshot(time.time(), tuple(devices))).devices():
+            profile.last[view.uuid] = view
+            if view.up:
+                profile.last_up[view.uuid] = view
         profile.ticks += 1
     return profile
 
@@ -323,7 +326,7 @@ def build_report(
     }
 
 
-def _device_report(last: DeviceSample, profile: _Profile, topology: Topology) -> dict[str, Any]:
+def _device_report(last: DeviceView, profile: _Profile, topology: Topology) -> dict[str, Any]:
     sample = profile.last_up.get(last.uuid, last)
     # A GPU that is down at the end has no class: what limits it now is not known.
     verdict = profile.classifier.verdict(last.uuid) if last.up else None
@@ -347,7 +350,7 @@ def _device_report(last: DeviceSample, profile: _Profile, topology: Topology) ->
     return report
 
 
-def _state(sample: DeviceSample, topology: Topology) -> dict[str, Any]:
+def _state(sample: DeviceView, topology: Topology) -> dict[str, Any]:
     value = sample.value
     node = topology.gpu(sample.uuid)
     return {
@@ -376,7 +379,7 @@ def _state(sample: DeviceSample, topology: Topology) -> dict[str, Any]:
     }
 
 
-def _health(sample: DeviceSample) -> dict[str, Any]:
+def _health(sample: DeviceView) -> dict[str, Any]:
     value = sample.value
     xids = {
         dict(r.labels)["xid"]: int(r.value)
@@ -412,7 +415,7 @@ def _profile_numbers(verdict: Verdict | None, seconds: Mapping[str, float]) -> d
 
 
 def _problems(
-    last: DeviceSample, verdict: Verdict | None, state: Mapping[str, Any], topology: Topology
+    last: DeviceView, verdict: Verdict | None, state: Mapping[str, Any], topology: Topology
 ) -> list[str]:
     if not last.up:
         return [f"GPU not answering: {last.down_reason or 'unknown reason'}"]
@@ -435,7 +438,8 @@ def _health_problems(health: Mapping[str, Any]) -> list[str]:
     if health["retired_pages_pending"]:
         out.append("a page retirement is pending: reset the GPU")
     for xid, count in sorted(health["xid_errors"].items(), key=lambda kv: int(kv[0])):
-        severity = "critical " if int(xid) in CRITICAL_XIDS else ""
+        level = xid_severity(int(xid))  # the rule pack's, from gpu_exporter/xids.py
+        severity = f"{level} " if level else ""
         out.append(f"{severity}XID {xid} seen {count} time(s) during the profile")
     return out
 

@@ -1,8 +1,19 @@
-"""The scheduled tick: read every source, build one immutable Snapshot, render it, publish it.
+"""The scheduled tick: read every source, build one immutable Snapshot, turn it into the tick's
+series, let the rule engine see them, render them, publish them.
 
 APScheduler runs `tick` every `interval` seconds with `max_instances=1` and `coalesce=True`:
-a slow tick delays the next one instead of piling up. Consumers (the HTTP layer, and later
-the rule evaluator) read `latest` / `rendered`, swapped atomically at the end of a tick.
+a slow tick delays the next one instead of piling up. Consumers (the HTTP layer, the rule
+engine) read `latest` / `series` / `rendered`, swapped together at the end of a tick.
+
+Order within a tick, and why:
+  1. the source's collectors read NVML (each guarded inside the source);
+  2. processors enrich the device samples (classifier, pod info), each guarded;
+  3. `SeriesBuilder.build`: the device series, self-metrics and the producers (attribution);
+  4. listeners (the rule manager) ingest those series and evaluate;
+  5. late producers (the rule manager's and notifier's own metrics, which evaluation changes)
+     and the collector statuses are added, and listeners ingest them at the same timestamp;
+  6. the whole set is rendered and published. So the daemon's rules see every series that a
+     scrape of this tick returns, with the same labels and values.
 """
 
 from __future__ import annotations
@@ -11,29 +22,35 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from prometheus_client.core import Metric
 
 from gpu_exporter.exposition import RenderedMetrics
-from gpu_exporter.snapshot import DeviceSample, Labels, Snapshot, TickStats
+from gpu_exporter.guard import Guard
+from gpu_exporter.series import Producer, SeriesBuilder, SeriesSet, with_collector_series
+from gpu_exporter.snapshot import CollectorStatus, DeviceSample, Labels, Snapshot, TickStats
 from gpu_exporter.sources.base import ErrorLog, Source
 
 log = logging.getLogger(__name__)
 
 TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
-Listener = Callable[[Snapshot], None]
 # Turns one tick's device samples into enriched ones (e.g. the bottleneck classifier).
 Processor = Callable[[list[DeviceSample], float], list[DeviceSample]]
 
 
-class Collector(Protocol):
-    def collect(self) -> Iterable[Metric]: ...
+class SeriesListener(Protocol):
+    name: str  # its `collector` label
+
+    def on_series(self, series: SeriesSet) -> None:
+        """The tick's series, before the late families (step 4)."""
+
+    def on_late_series(self, series: SeriesSet) -> None:
+        """The late families of the same tick (step 5)."""
 
 
 @dataclass
@@ -65,12 +82,18 @@ class Sampler:
         self._wall_clock = wall_clock
         self._device_labels = device_labels or dict
         self._accounting = _TickAccounting()
-        self._listeners: list[Listener] = []
-        self._processors: list[Processor] = []
-        self._collectors: list[Collector] = []
+        self._full_accounting = _TickAccounting()
+        self._full_tick_stats = TickStats()
+        self._guard = Guard()
+        self._builder = SeriesBuilder(self._guard)
+        self._listeners: list[SeriesListener] = []
+        self._processors: list[tuple[str, Processor]] = []
+        self._producers: list[Producer] = []
+        self._late_producers: list[Producer] = []
         self._scheduler: BackgroundScheduler | None = None
         self._tick_lock = threading.Lock()
         self.latest: Snapshot | None = None
+        self.series: SeriesSet | None = None
         self.rendered: RenderedMetrics | None = None
         self.last_tick_monotonic: float | None = None
         self.started_monotonic: float | None = None
@@ -79,61 +102,97 @@ class Sampler:
         """Extra labels per GPU UUID for every series (pod attribution), read once per tick."""
         self._device_labels = source
 
-    def add_processor(self, processor: Processor) -> None:
-        """Runs on every tick's device samples before the snapshot is built."""
-        self._processors.append(processor)
+    def add_processor(self, name: str, processor: Processor) -> None:
+        """Runs on every tick's device samples before the snapshot is built; `name` is its
+        `collector` label."""
+        self._processors.append((name, processor))
 
-    def add_listener(self, listener: Listener) -> None:
-        """Called with each snapshot before it is rendered (the rule engine)."""
+    def add_producer(self, producer: Producer) -> None:
+        """Series produced with the device series (step 3), e.g. attribution's health."""
+        self._producers.append(producer)
+
+    def add_late_producer(self, producer: Producer) -> None:
+        """Series that rule evaluation changes (step 5): the rule manager, the notifier."""
+        self._late_producers.append(producer)
+
+    def add_listener(self, listener: SeriesListener) -> None:
+        """Sees each tick's series before they are rendered (the rule engine)."""
         self._listeners.append(listener)
 
-    def add_collector(self, collector: Collector) -> None:
-        """Extra self-metrics rendered into every exposition (rules, notifier)."""
-        self._collectors.append(collector)
-
-    def tick(self) -> Snapshot:
-        """One sample of every device. Never raises: a broken tick is logged and counted."""
+    def tick(self) -> Snapshot | None:
+        """One sample of every device. Never raises: whatever breaks is logged and counted, and
+        the rest of the tick is still published."""
         with self._tick_lock:
-            started = time.perf_counter()
             try:
-                devices: list[DeviceSample] = self.source.sample()
-            except Exception:  # the daemon must outlive any source bug
-                log.exception("source %s failed", self.source.name)
-                self.errors.add(self.source.name, "sample", "exception")
-                devices = list(self.latest.devices) if self.latest else []
-                devices = [
-                    DeviceSample(d.index, d.uuid, d.info, False, (), "source failed")
-                    for d in devices
-                ]
-            now = self._wall_clock()
-            for processor in self._processors:
-                try:
-                    devices = processor(devices, now)
-                except Exception:  # a broken enrichment must not cost the raw telemetry
-                    log.exception("processor %r failed", processor)
-                    self.errors.add("exporter", "processor", "exception")
-            elapsed = time.perf_counter() - started
-            sequence = self.latest.sequence + 1 if self.latest else 1
-            snapshot = Snapshot(
-                timestamp=now,
-                devices=tuple(devices),
-                node_info=self.source.node_info(),
-                errors=self.errors.snapshot(),
-                tick_seconds=elapsed,
-                sequence=sequence,
-                stats=self._accounting.observe(elapsed, now),
-                device_labels=self._device_labels(),
+                return self._tick()
+            except Exception:  # a bug outside every guard must not stop the scheduler
+                log.exception("sampler tick failed")
+                self.errors.add("exporter", "tick", "exception")
+                return None
+
+    def _tick(self) -> Snapshot:
+        started = time.perf_counter()
+        devices, statuses = self._read_devices()
+        now = self._wall_clock()
+        for name, processor in self._processors:
+            devices, status = self._guard.run(
+                name, lambda p=processor, d=devices: p(d, now), fallback=devices
             )
-            for listener in self._listeners:
-                try:
-                    listener(snapshot)
-                except Exception:  # a rule-engine bug must not stop sampling
-                    log.exception("snapshot listener %r failed", listener)
-                    self.errors.add("exporter", "listener", "exception")
-            rendered = RenderedMetrics(snapshot, snapshot.device_labels, self._collectors)
-            self.latest, self.rendered = snapshot, rendered  # readers see both or neither
-            self.last_tick_monotonic = time.monotonic()
-            return snapshot
+            statuses.append(status)
+        elapsed = time.perf_counter() - started
+        sequence = self.latest.sequence + 1 if self.latest else 1
+        snapshot = Snapshot(
+            timestamp=now,
+            devices=tuple(devices),
+            node_info=self.source.node_info(),
+            errors=self.errors.snapshot(),
+            tick_seconds=elapsed,
+            sequence=sequence,
+            stats=self._accounting.observe(elapsed, now),
+            device_labels=self._device_labels(),
+            collectors=tuple(statuses),
+            full_tick_stats=self._full_tick_stats,
+        )
+        first = self._builder.build(snapshot, self._producers)
+        evaluated = [
+            self._guard.run(listener.name, lambda f=listener.on_series: f(first), None)[1]
+            for listener in self._listeners
+        ]
+        late = with_collector_series(
+            self._builder.build_more(now, self._late_producers), [*first.collectors, *evaluated]
+        )
+        for listener in self._listeners:
+            self._notify(listener.on_late_series, late)
+        series_set = first.extended(late)
+        rendered = RenderedMetrics(series_set)
+        self.latest, self.series, self.rendered = snapshot, series_set, rendered
+        self.last_tick_monotonic = time.monotonic()
+        full = time.perf_counter() - started
+        self._full_tick_stats = self._full_accounting.observe(full, self._wall_clock())
+        return snapshot
+
+    def _read_devices(self) -> tuple[list[DeviceSample], list[CollectorStatus]]:
+        try:
+            devices = self.source.sample()
+        except Exception:  # the daemon must outlive any source bug
+            log.exception("source %s failed", self.source.name)
+            self.errors.add(self.source.name, "sample", "exception")
+            known = list(self.latest.devices) if self.latest else []
+            down = [
+                DeviceSample(d.index, d.uuid, d.info, False, (), "source failed") for d in known
+            ]
+            return down, [CollectorStatus(self.source.name, False, 0.0)]
+        statuses, status = self._guard.run(
+            self.source.name, lambda: list(self.source.collector_status()), fallback=[]
+        )
+        return devices, statuses if status.success else [status]
+
+    def _notify(self, callback: Callable[[SeriesSet], None], series_set: SeriesSet) -> None:
+        try:
+            callback(series_set)
+        except Exception:  # a rule-engine bug must not stop sampling
+            log.exception("series listener %r failed", callback)
+            self.errors.add("exporter", "listener", "exception")
 
     def start(self) -> None:
         """Tick now, then every `interval` seconds on a background thread."""

@@ -97,6 +97,7 @@ class Snapshot:
     tick_seconds: float = 0.0
     sequence: int = 0
     stats: TickStats = field(default_factory=TickStats)
+    full_tick_stats: TickStats = field(default_factory=TickStats)  # up to the previous tick
     # Pod attribution in force for this tick: GPU UUID -> namespace/pod/container labels.
     device_labels: Mapping[str, Labels] = field(default_factory=dict)
     # Per-tick outcome of every producer that ran before the snapshot was built (the NVML

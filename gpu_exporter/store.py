@@ -86,7 +86,7 @@ class SeriesStore:
         self.names: frozenset[str] | None = frozenset(names) if names is not None else None
         self.retention_by_name: dict[str, float] = {}
         self._by_name: dict[str, dict[Labels, _Series]] = {}
-        self._present: set[Labels] = set()
+        self._present: dict[str, set[Labels]] = {}  # by ingest group
         self._lock = threading.Lock()
 
     def configure(
@@ -125,16 +125,22 @@ class SeriesStore:
             series.times.popleft()
             series.values.popleft()
 
-    def ingest(self, t: float, samples: Iterable[tuple[Labels, float]]) -> None:
-        """One scrape's worth of samples at time `t`; vanished series get a staleness marker."""
+    def ingest(
+        self, t: float, samples: Iterable[tuple[Labels, float]], group: str = "scrape"
+    ) -> None:
+        """One scrape's worth of samples at time `t`; vanished series get a staleness marker.
+
+        `group` names a part of a scrape ingested separately (a tick's series arrive in two
+        parts, before and after rule evaluation): a series is stale when it vanishes from the
+        next ingest of its own group."""
         with self._lock:
             present: set[Labels] = set()
             for labels, value in samples:
                 present.add(labels)
                 self._append(labels, t, value)
-            for labels in self._present - present:
+            for labels in self._present.get(group, set()) - present:
                 self._append(labels, t, STALE_NAN)
-            self._present = present
+            self._present[group] = present
             self._drop_empty(t)
 
     def _drop_empty(self, now: float) -> None:

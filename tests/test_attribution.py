@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
 
 from gpu_exporter.k8s.attribution import (
     AttributionSettings,
@@ -62,9 +61,12 @@ def wait_until(condition: Callable[[], bool], seconds: float = 3.0) -> bool:
 
 
 def sample(attribution: PodAttribution, name: str, **labels: str) -> float | None:
-    registry = CollectorRegistry()
-    registry.register(attribution)
-    return registry.get_sample_value(name, labels)
+    """A value of attribution's own series, as the exporter would publish it."""
+    wanted = tuple(sorted(labels.items()))
+    for row in attribution.series():
+        if row.name == name and tuple(sorted(row.labels)) == wanted:
+            return row.value
+    return None
 
 
 # --- mapping ---------------------------------------------------------------------------------

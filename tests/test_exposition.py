@@ -6,6 +6,7 @@ import gzip
 
 from gpu_exporter.catalog import BY_NAME, FAMILIES, Kind
 from gpu_exporter.exposition import RenderedMetrics, wants_gzip, wants_openmetrics
+from gpu_exporter.series import SeriesBuilder
 from gpu_exporter.snapshot import DeviceSample, ErrorCount, Reading, Snapshot, TickStats
 from tests.support import promtool_check_metrics
 
@@ -44,8 +45,12 @@ def snapshot() -> Snapshot:
     )
 
 
+def render(snap: Snapshot) -> RenderedMetrics:
+    return RenderedMetrics(SeriesBuilder().build(snap))
+
+
 def test_text_passes_promtool_and_has_expected_series() -> None:
-    rendered = RenderedMetrics(snapshot())
+    rendered = render(snapshot())
     result = promtool_check_metrics(rendered.text)
     assert result.returncode == 0, result.stdout + result.stderr
     text = rendered.text.decode()
@@ -64,7 +69,7 @@ def test_text_passes_promtool_and_has_expected_series() -> None:
 
 
 def test_openmetrics_and_gzip_forms() -> None:
-    rendered = RenderedMetrics(snapshot())
+    rendered = render(snapshot())
     om = rendered.body(openmetrics_format=True, gzipped=False)
     assert om.endswith(b"# EOF\n")
     assert b"# UNIT gpu_power_watts watts" in om
@@ -101,14 +106,16 @@ def test_pod_labels_on_some_gpus_keep_every_label_in_its_place() -> None:
     gpu0 = DeviceSample(
         0, "GPU-aaaa", INFO, True, (Reading("gpu_temperature_celsius", 50, (("sensor", "gpu"),)),)
     )
-    snap = Snapshot(snap.timestamp, (gpu0, gpu1), stats=snap.stats)
     pods = {"GPU-bbbb": (("namespace", "ml"), ("pod", "trainer-0"))}
-    text = RenderedMetrics(snap, pods).text.decode()
+    snap = Snapshot(snap.timestamp, (gpu0, gpu1), stats=snap.stats, device_labels=pods)
+    text = render(snap).text.decode()
     assert (
         'gpu_temperature_celsius{gpu="1",namespace="ml",pod="trainer-0",sensor="gpu",'
         'uuid="GPU-bbbb"} 40.0'
     ) in text
-    assert (
-        'gpu_temperature_celsius{gpu="0",namespace="",pod="",sensor="gpu",uuid="GPU-aaaa"} 50.0'
-    ) in text
+    # An unallocated GPU's series have no pod labels at all (not empty ones).
+    assert 'gpu_temperature_celsius{gpu="0",sensor="gpu",uuid="GPU-aaaa"} 50.0' in text
+    # gpu_up and gpu_info carry the pod labels too: the rule store sees the same series.
+    assert 'gpu_up{gpu="1",namespace="ml",pod="trainer-0",uuid="GPU-bbbb"} 1.0' in text
+    assert 'gpu_up{gpu="0",uuid="GPU-aaaa"} 1.0' in text
     assert promtool_check_metrics(text.encode()).returncode == 0

@@ -13,6 +13,7 @@ import pytest
 
 from gpu_exporter.rules.loader import RuleFileError, load_rule_files, parse_duration
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.series import SeriesBuilder, SeriesSet
 from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot, TickStats
 
 GOOD = """\
@@ -45,6 +46,10 @@ def snapshot(t: float, temperature: float, gpus: int = 1) -> Snapshot:
         for i in range(gpus)
     )
     return Snapshot(t, devices, stats=TickStats(last_tick_timestamp=t, ticks=1))
+
+
+def series_of(snap: Snapshot) -> SeriesSet:
+    return SeriesBuilder().build(snap)
 
 
 class Sink:
@@ -113,11 +118,11 @@ def test_alert_goes_pending_then_firing_and_is_sent_then_resolved(tmp_path: Path
         RuleSettings(files=[str(write(tmp_path, GOOD))], evaluation_interval=1.0), sink
     )
     manager.load()
-    manager.on_snapshot(snapshot(1000.0, 90))
+    manager.on_series(series_of(snapshot(1000.0, 90)))
     assert [a["state"] for a in manager.alerts_json()] == ["pending"]
     assert sink.sent == []  # pending alerts are not sent
-    manager.on_snapshot(snapshot(1001.0, 91))
-    manager.on_snapshot(snapshot(1002.0, 92))
+    manager.on_series(series_of(snapshot(1001.0, 91)))
+    manager.on_series(series_of(snapshot(1002.0, 92)))
     assert [a["state"] for a in manager.alerts_json()] == ["firing"]
     assert len(sink.sent) == 1
     sent = sink.sent[0]
@@ -130,7 +135,7 @@ def test_alert_goes_pending_then_firing_and_is_sent_then_resolved(tmp_path: Path
     }
     assert sent.annotations == {"summary": "GPU 0 at 92C"}
     assert sent.ends_at > 1002.0  # in the future while firing
-    manager.on_snapshot(snapshot(1003.0, 50))
+    manager.on_series(series_of(snapshot(1003.0, 50)))
     assert manager.alerts_json() == []
     resolved = sink.sent[-1]
     assert resolved.ends_at == 1003.0
@@ -140,11 +145,11 @@ def test_a_broken_reload_keeps_the_last_good_rules(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=0.01))
     manager.load()
-    manager.on_snapshot(snapshot(1000.0, 90))
+    manager.on_series(series_of(snapshot(1000.0, 90)))
     path.write_text(GOOD.replace("gpu_temperature_celsius > 80", "histogram_quantile(0.9, x)"))
     os.utime(path, (time.time() + 5, time.time() + 5))
     time.sleep(0.02)
-    manager.on_snapshot(snapshot(1001.0, 91))
+    manager.on_series(series_of(snapshot(1001.0, 91)))
     assert manager.last_reload_success is False
     assert "histogram_quantile" in manager.last_reload_error
     assert [a["state"] for a in manager.alerts_json()] == ["pending"]  # still evaluated
@@ -156,10 +161,10 @@ def test_reload_on_request_keeps_state_of_unchanged_rules(tmp_path: Path) -> Non
     path = write(tmp_path, GOOD)
     manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=3600))
     manager.load()
-    manager.on_snapshot(snapshot(1000.0, 90))
+    manager.on_series(series_of(snapshot(1000.0, 90)))
     path.write_text(GOOD + "      - alert: Cold\n        expr: gpu_temperature_celsius < 10\n")
     manager.request_reload()  # what SIGHUP does
-    manager.on_snapshot(snapshot(1001.0, 90))
+    manager.on_series(series_of(snapshot(1001.0, 90)))
     names = [r["name"] for r in manager.rules_json()[0]["rules"]]
     assert names == ["Hot", "Cold"]
     alert = manager.alerts_json()[0]

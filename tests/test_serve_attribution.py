@@ -59,8 +59,11 @@ def test_pod_labels_follow_the_kubelet(tmp_path: Path) -> None:
             text = text_with(daemon, labelled)
             assert promtool_check_metrics(text.encode()).returncode == 0
             assert 'gpu_power_watts{container="srv",gpu="1",namespace="web",pod="infer-1"' in text
-            # Free GPUs carry no pod: the labels are empty, which Prometheus reads as absent.
-            assert 'gpu_power_watts{container="",gpu="0",namespace="",pod=""' in text
+            # Free GPUs carry no pod labels at all.
+            assert 'gpu_power_watts{gpu="0",uuid=' in text
+            # gpu_up and gpu_info carry the pod too, as every per-GPU family does.
+            assert 'gpu_up{container="srv",gpu="1",namespace="web",pod="infer-1"' in text
+            assert 'gpu_info{architecture="hopper"' in text and 'pod="infer-1",uuid=' in text
             samples = parse_samples(text)
             info = [k for k in samples if k.startswith("gpu_pod_info{")]
             assert len(info) == 3  # trainer-0 holds two GPUs, infer-1 one

@@ -87,7 +87,7 @@ def api_json() -> Iterator[dict[str, Any]]:
         rules = RuleManager(RuleSettings(evaluation_interval=5.0))  # the shipped rule pack
         rules.load()
         sampler = Sampler(source, errors, interval=5.0, wall_clock=lambda: 1.75e9 + clock.now)
-        sampler.add_listener(rules.on_snapshot)
+        sampler.add_listener(rules)
         for _ in range(130):  # 650 s: past the 2-10 min `for:` of the throttling rules
             clock.advance(5.0)
             sampler.tick()

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import grpc
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpu_exporter.catalog import BY_NAME
 from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.series import Producer, Series, series
 
 log = logging.getLogger(__name__)
 
@@ -175,22 +174,16 @@ class PodAttribution:
         """Read-only snapshot: device id (GPU or MIG UUID, as given) -> pods holding it."""
         return self._by_device
 
-    def collect(self) -> Iterator[Metric]:
+    def series(self) -> Iterator[Series]:
+        """Attribution's own health (the `kubernetes` collector)."""
         status = self._status
-        up = GaugeMetricFamily(UP, BY_NAME[UP].help)
-        up.add_metric([], 1.0 if status.up else 0.0)
-        yield up
-        refreshes = CounterMetricFamily(
-            BY_NAME[REFRESHES].base_name, BY_NAME[REFRESHES].help, labels=["result"]
-        )
-        refreshes.add_metric(["success"], status.successes)
-        refreshes.add_metric(["error"], status.errors)
-        yield refreshes
-        last = GaugeMetricFamily(
-            LAST_SUCCESS, BY_NAME[LAST_SUCCESS].help, unit=BY_NAME[LAST_SUCCESS].unit
-        )
-        last.add_metric([], status.last_success)
-        yield last
+        yield series(UP, 1.0 if status.up else 0.0)
+        yield series(REFRESHES, status.successes, (("result", "success"),))
+        yield series(REFRESHES, status.errors, (("result", "error"),))
+        yield series(LAST_SUCCESS, status.last_success)
+
+    def producer(self) -> Producer:
+        return Producer("kubernetes", self.series)
 
     def _list(self) -> api_pb2.ListPodResourcesResponse:
         path = self.settings.socket_path

@@ -1,41 +1,28 @@
-"""The notifier's counters as Prometheus families (one series per Alertmanager URL)."""
+"""The notifier's counters as series (one per Alertmanager URL), names from the catalog."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
-from gpu_exporter.catalog import BY_NAME
 from gpu_exporter.notify.alertmanager import Notifier
+from gpu_exporter.series import Producer, Series, series
 
-_COUNTERS = (
+# catalog family -> the TargetStats attribute it reports
+_FAMILIES = (
     ("gpu_exporter_notifications_sent_total", "sent_total"),
     ("gpu_exporter_notifications_errors_total", "failed_total"),
     ("gpu_exporter_notifications_dropped_total", "dropped_total"),
     ("gpu_exporter_notifications_rejected_total", "rejected_total"),
+    ("gpu_exporter_notifications_queue_length", "queue_length"),
 )
 
 
-@dataclass(eq=False)  # registries key collectors by identity
-class NotifierCollector:
-    notifier: Notifier
-
-    def collect(self) -> Iterator[Metric]:
-        targets = self.notifier.stats().targets.values()
-        for name, attribute in _COUNTERS:
-            family = CounterMetricFamily(
-                name.removesuffix("_total"), BY_NAME[name].help, labels=["alertmanager"]
-            )
-            for target in targets:
-                family.add_metric([target.url], getattr(target, attribute))
-            yield family
-        queue = GaugeMetricFamily(
-            "gpu_exporter_notifications_queue_length",
-            BY_NAME["gpu_exporter_notifications_queue_length"].help,
-            labels=["alertmanager"],
-        )
+def notifier_series(notifier: Notifier) -> Iterator[Series]:
+    targets = notifier.stats().targets.values()
+    for family, attribute in _FAMILIES:
         for target in targets:
-            queue.add_metric([target.url], target.queue_length)
-        yield queue
+            yield series(family, getattr(target, attribute), (("alertmanager", target.url),))
+
+
+def notifier_producer(notifier: Notifier) -> Producer:
+    return Producer("notifier", lambda: notifier_series(notifier))

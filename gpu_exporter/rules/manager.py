@@ -17,14 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
-from gpu_exporter.catalog import BY_NAME
 from gpu_exporter.rules.alerts import Alert, AlertingRule, State, ends_at
 from gpu_exporter.rules.engine import GroupEvaluator, GroupState
 from gpu_exporter.rules.loader import RuleFileError, expand_paths, load_rule_files
 from gpu_exporter.rules.pack import default_rule_files
-from gpu_exporter.snapshot import Snapshot
+from gpu_exporter.series import Producer, Series, SeriesSet, series
 from gpu_exporter.store import Labels, SeriesStore, make_labels
 
 log = logging.getLogger(__name__)
@@ -44,33 +41,20 @@ class RuleSettings:
     reload_check_seconds: float = 5.0
 
 
-def snapshot_samples(
-    snapshot: Snapshot, names: frozenset[str] | None = None
+def store_samples(
+    series_set: SeriesSet, names: frozenset[str] | None = None
 ) -> Iterator[tuple[Labels, float]]:
-    """The snapshot as the series Prometheus would scrape (same names and labels, pod labels
-    included, so both alert paths carry the same label sets). With `names`, only those
-    metrics: building label sets nobody reads is most of the cost of ingesting a tick."""
-    device_labels = snapshot.device_labels
-
-    def wanted(name: str) -> bool:
-        return names is None or name in names
-
-    for device in snapshot.devices:
-        base = (*device.labels, *device_labels.get(device.uuid, ()))
-        if wanted("gpu_info"):
-            yield make_labels("gpu_info", (*base, *device.info.items())), 1.0
-        if wanted("gpu_up"):
-            yield make_labels("gpu_up", base), 1.0 if device.up else 0.0
-        for reading in device.readings:
-            if wanted(reading.family):
-                yield make_labels(reading.family, (*base, *reading.labels)), reading.value
-    stats = snapshot.stats
-    yield make_labels("gpu_exporter_last_tick_timestamp_seconds", ()), stats.last_tick_timestamp
-    yield make_labels("gpu_exporter_ticks_total", ()), float(stats.ticks)
-    yield make_labels("gpu_exporter_devices", ()), float(len(snapshot.devices))
+    """The tick's series as the store keeps them: exactly the names, labels and values a scrape
+    returns. With `names`, only those metrics: building label sets nobody reads is most of the
+    cost of ingesting a tick."""
+    for row in series_set:
+        if names is None or row.name in names:
+            yield make_labels(row.name, row.labels), row.value
 
 
 class RuleManager:
+    name = "rule_evaluation"  # the `collector` label of evaluation; its metrics are "rules"
+
     def __init__(
         self,
         settings: RuleSettings,
@@ -162,10 +146,11 @@ class RuleManager:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def on_snapshot(self, snapshot: Snapshot) -> None:
-        now = snapshot.timestamp
+    def on_series(self, series_set: SeriesSet) -> None:
+        """Ingest the tick's series and evaluate the groups that are due."""
+        now = series_set.timestamp
         self.reload_if_changed(time.monotonic())
-        self.store.ingest(now, snapshot_samples(snapshot, self.store.names))
+        self.store.ingest(now, store_samples(series_set, self.store.names), group="tick")
         with self._lock:
             evaluator = self.evaluator
             for group in evaluator.groups:
@@ -177,6 +162,16 @@ class RuleManager:
                 for problem in problems:
                     log.warning("rule evaluation failed in group %s: %s", group.group.name, problem)
                 self._send(group, now)
+
+    def on_late_series(self, series_set: SeriesSet) -> None:
+        """The same tick's families built after evaluation (this manager's own, the notifier's,
+        the collector statuses), at the same timestamp, as one scrape would have them."""
+        self.store.ingest(
+            series_set.timestamp, store_samples(series_set, self.store.names), group="late"
+        )
+
+    def producer(self) -> Producer:
+        return Producer("rules", self.series)
 
     def _interval(self, group: GroupState) -> float:
         return group.group.interval_seconds or self.settings.evaluation_interval
@@ -237,46 +232,24 @@ class RuleManager:
             for g in groups
         ]
 
-    def collect(self) -> Iterator[Metric]:
-        """Self-metrics of rule evaluation, for the exposition."""
+    def series(self) -> Iterator[Series]:
+        """Self-metrics of rule evaluation."""
         counts: dict[tuple[str, str], int] = {}
         with self._lock:
             for rule in self.evaluator.alerting_rules():
                 for state in (State.PENDING, State.FIRING):
-                    counts[(rule.name, state.value)] = counts.get((rule.name, state.value), 0)
+                    counts.setdefault((rule.name, state.value), 0)
                 for alert in rule.alerts():
                     counts[(rule.name, alert.state.value)] += 1
-        alerts = GaugeMetricFamily(
-            "gpu_exporter_alerts",
-            BY_NAME["gpu_exporter_alerts"].help,
-            labels=["alertname", "state"],
-        )
+            durations = [(g.group.name, g.last_duration) for g in self.evaluator.groups]
         for (name, state), count in sorted(counts.items()):
-            alerts.add_metric([name, state], count)
-        yield alerts
-        for name, value in (
-            ("gpu_exporter_rule_evaluations_total", self.evaluations_total),
-            ("gpu_exporter_rule_evaluation_failures_total", self.evaluation_failures_total),
-            ("gpu_exporter_rule_reload_failures_total", self.reloads_failed_total),
-        ):
-            family = CounterMetricFamily(name.removesuffix("_total"), BY_NAME[name].help)
-            family.add_metric([], value)
-            yield family
-        yield GaugeMetricFamily(
-            "gpu_exporter_rule_reload_success",
-            BY_NAME["gpu_exporter_rule_reload_success"].help,
-            value=1.0 if self.last_reload_success else 0.0,
-        )
-        durations = GaugeMetricFamily(
-            "gpu_exporter_rule_group_duration_seconds",
-            BY_NAME["gpu_exporter_rule_group_duration_seconds"].help,
-            labels=["group"],
-            unit="seconds",
-        )
-        with self._lock:
-            for group in self.evaluator.groups:
-                durations.add_metric([group.group.name], group.last_duration)
-        yield durations
+            yield series("gpu_exporter_alerts", count, (("alertname", name), ("state", state)))
+        yield series("gpu_exporter_rule_evaluations_total", self.evaluations_total)
+        yield series("gpu_exporter_rule_evaluation_failures_total", self.evaluation_failures_total)
+        yield series("gpu_exporter_rule_reload_failures_total", self.reloads_failed_total)
+        yield series("gpu_exporter_rule_reload_success", 1.0 if self.last_reload_success else 0.0)
+        for group, seconds in durations:
+            yield series("gpu_exporter_rule_group_duration_seconds", seconds, (("group", group),))
 
 
 def _rfc3339(unix: float) -> str:
