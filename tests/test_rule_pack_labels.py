@@ -8,11 +8,11 @@ a rule must never drop a label of the series it alerts on: an `on (...)` one-to-
 aggregation that leaves `node` or the pod labels out splits every alert in two.
 
 For every shipped alerting rule, each scenario below gives input series (values taken from
-rules/tests/) that make it fire. The test adds the target labels to the input series, in two
-variants, and expects the alert to carry every label of the scenario's first series (the series
-the alert is about) except those listed in DROPPED_ON_PURPOSE, plus the rule's own labels. It
-runs the expectation on the daemon's evaluator (`gpu-exporter rules test`'s runner) and on
-promtool, from one generated promtool unit-test file, so both must agree.
+rules/tests/) that make it fire. The test adds the target labels to the input series, in three
+variants (VARIANTS), and expects the alert to carry every label of the scenario's first series
+(the series the alert is about) except those listed in DROPPED_ON_PURPOSE, plus the rule's own
+labels. It runs the expectation on the daemon's evaluator (`gpu-exporter rules test`'s runner)
+and on promtool, from the same generated promtool unit-test files, so both must agree.
 
 The recording rules aggregate on purpose (by namespace, node, cluster); what they promise is to
 keep `cluster`, which test_recording_rules_keep_cluster checks on both evaluators.
@@ -55,8 +55,8 @@ TARGET_LABELS = {
 }
 POD_LABELS = ("namespace", "pod", "container")
 GPU_LABELS = {"gpu": "0", "uuid": "GPU-0"}
-# Per-GPU series the exporter does not pod-label in "labels" mode (gpu_exporter/exposition.py).
-NOT_POD_LABELLED = frozenset({"gpu_info", "gpu_up"})
+# Per-GPU families that exporters before gpu_exporter/series.py did not pod-label.
+NOT_POD_LABELLED_BEFORE = frozenset({"gpu_info", "gpu_up"})
 
 # Labels of the alerted series that a rule leaves out on purpose: rule -> {label: reason}.
 # Never a target label: node, namespace, pod, container and cluster must always survive.
@@ -229,22 +229,29 @@ SCENARIOS = [
 
 
 def _every_series(name: str) -> dict[str, str]:
-    """Every target label on every input series (the simplest relabeling picture)."""
+    """Every target label on every input series: pod attribution in "labels" mode, which puts
+    the pod labels on every per-GPU family (gpu_exporter/series.py), behind a relabeling that
+    adds node and cluster (and the exporter pod's own labels on its self-metrics and `up`)."""
     return dict(TARGET_LABELS)
 
 
-def _labels_mode(name: str) -> dict[str, str]:
-    """As scraped from an exporter in pod-attribution "labels" mode: node and cluster on every
-    series, namespace/pod/container on the per-GPU readings only (not gpu_info, gpu_up, the
-    exporter's own series or Prometheus' `up`)."""
+def _info_mode(name: str) -> dict[str, str]:
+    """No pod labels at all (attribution off, or in "info" mode): node and cluster only."""
+    return {k: v for k, v in TARGET_LABELS.items() if k not in POD_LABELS}
+
+
+def _mixed(name: str) -> dict[str, str]:
+    """Pod labels on some families only, as exporters before gpu_exporter/series.py wrote them
+    (on the readings, not on gpu_info or gpu_up): joins across families must not depend on
+    their label sets being equal."""
     labels = dict(TARGET_LABELS)
-    if not _per_gpu(name) or name in NOT_POD_LABELLED:
+    if not _per_gpu(name) or name in NOT_POD_LABELLED_BEFORE:
         for key in POD_LABELS:
             del labels[key]
     return labels
 
 
-VARIANTS = {"every-series": _every_series, "labels-mode": _labels_mode}
+VARIANTS = {"every-series": _every_series, "info-mode": _info_mode, "mixed": _mixed}
 
 
 def _per_gpu(name: str) -> bool:
