@@ -19,7 +19,8 @@ from typing import Any
 
 import pynvml
 
-from gpu_exporter import cli, sim
+from gpu_exporter import sim
+from gpu_exporter.assembly import assemble
 from gpu_exporter.config import load_config
 from gpu_exporter.rules.manager import RuleManager, store_samples
 from gpu_exporter.sampler import Sampler
@@ -130,10 +131,12 @@ def build(
     )
     source.start()
     epoch = time.time() - start
-    sampler = Sampler(source, errors, interval=interval, wall_clock=lambda: epoch + clock())
-    sampler.add_processor("classifier", cli._classifier(config).process)
-    manager, notifier = cli._start_alerting(config, sampler)
-    return Pipeline(fake, clock, source, sampler, interval, manager, notifier)
+    assembly = assemble(config, source, errors, wall_clock=lambda: epoch + clock())
+    if assembly.notifier is not None:
+        assembly.notifier.start()
+    return Pipeline(
+        fake, clock, source, assembly.sampler, interval, assembly.rules, assembly.notifier
+    )
 
 
 class FakeCpuMeter:

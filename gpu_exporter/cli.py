@@ -103,7 +103,6 @@ def serve(args: argparse.Namespace) -> int:
 
     from gpu_exporter.api import create_app
     from gpu_exporter.config import ConfigError, load_config, split_host_port
-    from gpu_exporter.sampler import Sampler
     from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
     from gpu_exporter.sources.nvml import NvmlSource
 
@@ -147,37 +146,25 @@ def serve(args: argparse.Namespace) -> int:
         print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
         source.close()
         return EXIT_USAGE
-    attribution = _start_attribution(config)
-    sampler = Sampler(source, errors, interval=config.interval_seconds)
-    sampler.add_processor("classifier", _classifier(config).process)
-    if attribution is not None:
-        from gpu_exporter.k8s.labels import device_labels_source, pod_info_processor
+    from gpu_exporter.assembly import assemble
 
-        sampler.add_processor("pod_info", pod_info_processor(attribution))
-        sampler.add_producer(attribution.producer())
-        if config.kubernetes.mode == "labels":
-            sampler.set_device_labels(device_labels_source(attribution))
     try:
-        rule_manager, notifier = _start_alerting(config, sampler)
+        assembly = assemble(config, source, errors)
     except ValueError as exc:  # RuleFileError, bad Alertmanager settings
         print(f"rule error: {exc}", file=sys.stderr)
         source.close()
         return EXIT_USAGE
     try:
-        sampler.start()
+        assembly.start()
         # Ready once NVML started, even while a re-init is under way: an unready pod drops out
         # of the Service exactly when Prometheus should be seeing gpu_up 0.
-        app = create_app(sampler, lambda: source.started, rule_manager)
+        app = create_app(assembly.sampler, lambda: source.started, assembly.rules)
         server = _server_class()(
             uvicorn.Config(app, host=host, port=port, log_level=config.log_level, access_log=False)
         )
         server.run()
     finally:
-        sampler.stop()
-        if notifier is not None:
-            notifier.stop()
-        if attribution is not None:
-            attribution.stop()
+        assembly.stop()
         source.close()
         if simulator is not None:
             sim.uninstall()
@@ -202,78 +189,6 @@ def _server_class():
                     self._captured_signals.clear()
 
     return Server
-
-
-def _classifier(config):
-    from gpu_exporter.classify import Classifier, Thresholds
-
-    settings = config.classifier.model_dump()
-    window = settings.pop("window_seconds") or max(5.0, 3 * config.interval_seconds)
-    return Classifier(Thresholds(**settings), window_seconds=window)
-
-
-def _start_attribution(config):
-    """kubelet PodResources client, refreshed on its own thread (never on the scrape path)."""
-    if not config.kubernetes.active():
-        return None
-    from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
-
-    k8s = config.kubernetes
-    attribution = PodAttribution(
-        AttributionSettings(
-            socket_path=k8s.socket_path,
-            resource_names=tuple(k8s.resource_names),
-            resource_prefixes=tuple(k8s.resource_prefixes),
-            refresh_seconds=k8s.refresh_seconds,
-            timeout_seconds=k8s.timeout_seconds,
-        )
-    )
-    attribution.start()
-    log.info("pod attribution from %s (%s mode)", k8s.socket_path, k8s.mode)
-    return attribution
-
-
-def _start_alerting(config, sampler):
-    """Rule manager (if rules are enabled) and notifier (if Alertmanagers are configured)."""
-    import signal
-
-    from gpu_exporter.notify import Notifier, NotifierSettings
-    from gpu_exporter.rules.manager import RuleManager, RuleSettings
-
-    if not config.rules.enabled:
-        return None, None
-    notifier = None
-    if config.alerting.alertmanagers:
-        notifier = Notifier(
-            NotifierSettings(
-                targets=tuple(am.target() for am in config.alerting.alertmanagers),
-                queue_capacity=config.alerting.queue_capacity,
-            ),
-            external_labels=config.external_labels(),
-        )
-    manager = RuleManager(
-        RuleSettings(
-            files=config.rules.files,
-            evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
-            resend_delay=config.alerting.resend_delay_seconds,
-            external_labels=config.external_labels(),
-            external_url=config.alerting.external_url,
-            reload_check_seconds=config.rules.reload_check_seconds,
-        ),
-        notifier,
-    )
-    manager.load()
-    sampler.add_listener(manager)
-    sampler.add_late_producer(manager.producer())
-    if notifier is not None:
-        from gpu_exporter.notify.metrics import notifier_producer
-
-        sampler.add_late_producer(notifier_producer(notifier))
-        notifier.start()
-    # SIGHUP asks for a reload at the next tick (no work in the signal handler).
-    signal.signal(signal.SIGHUP, lambda *_: manager.request_reload())
-    log.info("loaded %d rule groups", len(manager.evaluator.groups))
-    return manager, notifier
 
 
 def _cannot_listen(host: str, port: int) -> str:

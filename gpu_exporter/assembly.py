@@ -1,0 +1,135 @@
+"""Wiring the tick pipeline from a validated configuration: the sampler, its processors and
+producers, pod attribution, the rule manager and the notifier.
+
+`serve`, the benchmarks and the golden-exposition tests all assemble the daemon here, so what
+they measure or pin is what runs in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_exporter.classify import Classifier, Thresholds
+from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
+from gpu_exporter.notify import Notifier, NotifierSettings
+from gpu_exporter.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.sampler import Sampler
+from gpu_exporter.sources.base import ErrorLog, Source
+
+log = logging.getLogger("gpu_exporter")
+
+
+@dataclass
+class Assembly:
+    sampler: Sampler
+    attribution: PodAttribution | None = None
+    rules: RuleManager | None = None
+    notifier: Notifier | None = None
+
+    def start(self) -> None:
+        """Background work: attribution refreshes, notifier delivery, the scheduled tick."""
+        if self.attribution is not None:
+            self.attribution.start()
+        if self.notifier is not None:
+            self.notifier.start()
+        self.sampler.start()
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
+        if self.attribution is not None:
+            self.attribution.stop()
+
+
+def assemble(
+    config: Any,
+    source: Source,
+    errors: ErrorLog,
+    wall_clock: Callable[[], float] = time.time,
+) -> Assembly:
+    """The daemon's pipeline for `config` (a `gpu_exporter.config.Config`); nothing started.
+
+    Raises ValueError (RuleFileError, bad Alertmanager settings) for broken rule input.
+    """
+    sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
+    sampler.add_processor("classifier", classifier(config).process)
+    attribution = _attribution(config, wall_clock)
+    if attribution is not None:
+        from gpu_exporter.k8s.labels import device_labels_source, pod_info_processor
+
+        sampler.add_processor("pod_info", pod_info_processor(attribution))
+        sampler.add_producer(attribution.producer())
+        if config.kubernetes.mode == "labels":
+            sampler.set_device_labels(device_labels_source(attribution))
+    rules, notifier = _alerting(config, sampler)
+    return Assembly(sampler, attribution, rules, notifier)
+
+
+def classifier(config: Any) -> Classifier:
+    settings = config.classifier.model_dump()
+    window = settings.pop("window_seconds") or max(5.0, 3 * config.interval_seconds)
+    return Classifier(Thresholds(**settings), window_seconds=window)
+
+
+def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | None:
+    """kubelet PodResources client (refreshed on its own thread once started)."""
+    if not config.kubernetes.active():
+        return None
+    k8s = config.kubernetes
+    attribution = PodAttribution(
+        AttributionSettings(
+            socket_path=k8s.socket_path,
+            resource_names=tuple(k8s.resource_names),
+            resource_prefixes=tuple(k8s.resource_prefixes),
+            refresh_seconds=k8s.refresh_seconds,
+            timeout_seconds=k8s.timeout_seconds,
+        ),
+        clock=clock,
+    )
+    log.info("pod attribution from %s (%s mode)", k8s.socket_path, k8s.mode)
+    return attribution
+
+
+def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifier | None]:
+    """Rule manager (if rules are enabled) and notifier (if Alertmanagers are configured)."""
+    if not config.rules.enabled:
+        return None, None
+    notifier = None
+    if config.alerting.alertmanagers:
+        notifier = Notifier(
+            NotifierSettings(
+                targets=tuple(am.target() for am in config.alerting.alertmanagers),
+                queue_capacity=config.alerting.queue_capacity,
+            ),
+            external_labels=config.external_labels(),
+        )
+    manager = RuleManager(
+        RuleSettings(
+            files=config.rules.files,
+            evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
+            resend_delay=config.alerting.resend_delay_seconds,
+            external_labels=config.external_labels(),
+            external_url=config.alerting.external_url,
+            reload_check_seconds=config.rules.reload_check_seconds,
+        ),
+        notifier,
+    )
+    manager.load()
+    sampler.add_listener(manager)
+    sampler.add_late_producer(manager.producer())
+    if notifier is not None:
+        from gpu_exporter.notify.metrics import notifier_producer
+
+        sampler.add_late_producer(notifier_producer(notifier))
+    if threading.current_thread() is threading.main_thread():
+        # SIGHUP asks for a reload at the next tick (no work in the signal handler).
+        signal.signal(signal.SIGHUP, lambda *_: manager.request_reload())
+    log.info("loaded %d rule groups", len(manager.evaluator.groups))
+    return manager, notifier

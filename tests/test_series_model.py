@@ -1,0 +1,187 @@
+"""The one series model: the rule store holds exactly what a scrape returns, and a producer
+that breaks loses only its own families for that tick."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_exporter.assembly import Assembly
+from gpu_exporter.rules.manager import RuleManager
+from gpu_exporter.series import Producer, Series, SeriesBuilder, series
+from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot
+from gpu_exporter.store import Matcher
+from tests.golden_exposition import MODES, running
+
+Sample = tuple[str, tuple[tuple[str, str], ...], str]
+
+
+def scraped(text: str) -> set[Sample]:
+    """Every sample of an exposition, as Prometheus' parser reads it (empty labels dropped)."""
+    out = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if v != ""))
+            out.add((sample.name, labels, repr(sample.value)))
+    return out
+
+
+def stored(manager: RuleManager, t: float) -> set[Sample]:
+    """Every series the rule store holds with a sample at exactly `t`."""
+    out = set()
+    for labels, samples in manager.store.select_latest([Matcher("__name__", "=~", ".+")], t):
+        (sample_t, value) = samples[0]
+        if sample_t != t or math.isnan(value):
+            continue
+        name = dict(labels)["__name__"]
+        rest = tuple((k, v) for k, v in labels if k != "__name__")
+        out.add((name, rest, repr(float(value))))
+    return out
+
+
+def keep_everything(assembly: Assembly) -> None:
+    """The store normally keeps only what some rule reads; here it must keep every series."""
+    manager = assembly.rules
+    assert manager is not None
+    original = manager.store.configure
+    manager.store.configure = lambda retention, _names, by_name=None: original(  # type: ignore[method-assign]
+        retention, None, by_name
+    )
+    manager.store.configure(manager.store.retention, None)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_rule_store_holds_exactly_what_a_scrape_returns(mode: str) -> None:
+    with running(mode, keep_everything) as assembly:
+        sampler, manager = assembly.sampler, assembly.rules
+        assert sampler.rendered is not None and sampler.latest is not None and manager
+        exposed = scraped(sampler.rendered.text.decode())
+        in_store = stored(manager, sampler.latest.timestamp)
+    assert len(exposed) > 500
+    only_scraped, only_stored = exposed - in_store, in_store - exposed
+    assert not only_scraped and not only_stored, (
+        f"scraped only: {sorted(only_scraped)[:10]}\nstored only: {sorted(only_stored)[:10]}"
+    )
+    if mode == "labels":  # the case that used to differ: gpu_up / gpu_info with pod labels
+        assert any(
+            name == "gpu_up" and ("pod", "trainer-0") in labels for name, labels, _ in exposed
+        )
+
+
+# -- guarded producers ------------------------------------------------------------------------
+
+
+class Breaks:
+    """A producer that raises on chosen ticks."""
+
+    def __init__(self) -> None:
+        self.broken = True
+        self.calls = 0
+
+    def series(self) -> Iterator[Series]:
+        self.calls += 1
+        if self.broken:
+            raise RuntimeError("collector bug")
+        yield series("gpu_exporter_attribution_up", 1.0)
+
+
+def exposition(assembly: Assembly) -> str:
+    assert assembly.sampler.rendered is not None
+    return assembly.sampler.rendered.text.decode()
+
+
+def test_a_producer_that_raises_loses_only_its_own_families(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    breaks = Breaks()
+
+    def add(assembly: Assembly) -> None:
+        assembly.sampler.add_producer(Producer("kubernetes", breaks.series))
+
+    caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
+    with running("off", add) as assembly:
+        text = exposition(assembly)
+        assert 'gpu_exporter_collector_success{collector="kubernetes"} 0.0' in text
+        assert "gpu_exporter_attribution_up" not in text
+        assert 'gpu_exporter_collector_success{collector="exporter"} 1.0' in text
+        assert text.count("gpu_up{") == 8 and "gpu_sm_active_ratio{" in text
+        assert "gpu_exporter_ticks_total 6.0" in text  # published every tick regardless
+        failures = [r for r in caplog.records if "collector kubernetes failed" in r.getMessage()]
+        assert breaks.calls == 6 and len(failures) == 1, "logged once per distinct error"
+        breaks.broken = False  # the next tick has its families again
+        assembly.sampler.tick()
+        text = exposition(assembly)
+        assert 'gpu_exporter_collector_success{collector="kubernetes"} 1.0' in text
+        assert "gpu_exporter_attribution_up 1.0" in text
+
+
+def test_a_processor_that_raises_costs_its_enrichment_not_the_telemetry() -> None:
+    def broken(devices: list[DeviceSample], now: float) -> list[DeviceSample]:
+        raise ValueError("classifier bug")
+
+    def add(assembly: Assembly) -> None:
+        assembly.sampler._processors = [("classifier", broken)]  # replaces the real one
+
+    with running("off", add) as assembly:
+        text = exposition(assembly)
+    assert 'gpu_exporter_collector_success{collector="classifier"} 0.0' in text
+    assert "gpu_bottleneck{" not in text
+    assert "gpu_utilization_ratio{" in text and "gpu_exporter_alerts{" in text
+
+
+def test_rule_evaluation_and_rule_metrics_that_raise_are_reported() -> None:
+    def add(assembly: Assembly) -> None:
+        manager = assembly.rules
+        assert manager is not None
+
+        def broken_evaluation(_series: object) -> None:
+            raise RuntimeError("evaluator bug")
+
+        def broken_metrics() -> Iterable[Series]:
+            raise RuntimeError("metrics bug")
+
+        manager.on_series = broken_evaluation  # type: ignore[method-assign]
+        manager.series = broken_metrics  # type: ignore[method-assign]
+
+    with running("off", add) as assembly:
+        text = exposition(assembly)
+    assert 'gpu_exporter_collector_success{collector="rule_evaluation"} 0.0' in text
+    assert 'gpu_exporter_collector_success{collector="rules"} 0.0' in text
+    assert "gpu_exporter_alerts" not in text and "gpu_exporter_rule_evaluations_total" not in text
+    assert "gpu_power_watts{" in text and "gpu_exporter_ticks_total 6.0" in text
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (Series("gpu_not_in_catalog", "gpu_not_in_catalog", (), 1.0), "unknown family"),
+        (series("gpu_exporter_alerts", 1.0, (("severity", "x"),)), "not in the catalog"),
+        (Series("gpu_exporter_devices", "gpu_exporter_devices_total", (), 1.0), "sample name"),
+    ],
+)
+def test_series_that_the_catalog_does_not_declare_are_refused(
+    bad: Series, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Self-metrics take names, types and labels from the catalog; a slip loses that
+    producer's families (not the tick) and says why."""
+    good = series("gpu_exporter_rule_reload_success", 1.0)
+    snapshot = Snapshot(
+        1.0, (DeviceSample(0, "GPU-a", {}, True, (Reading("gpu_power_watts", 5),)),)
+    )
+    caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
+    result = SeriesBuilder().build(snapshot, [Producer("rules", lambda: [good, bad])])
+    assert not result.of("gpu_exporter_rule_reload_success")
+    assert result.of("gpu_power_watts") and result.of("gpu_up")
+    assert {s.collector: s.success for s in result.collectors}["rules"] is False
+    assert why in caplog.text
+
+
+def test_a_reading_of_an_unknown_family_costs_the_device_series_not_the_self_metrics() -> None:
+    snapshot = Snapshot(1.0, (DeviceSample(0, "GPU-a", {}, True, (Reading("gpu_bogus", 1),)),))
+    result = SeriesBuilder().build(snapshot)
+    assert {s.collector: s.success for s in result.collectors}["devices"] is False
+    assert result.of("gpu_exporter_build_info")
