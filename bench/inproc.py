@@ -25,24 +25,12 @@ from gpu_exporter.config import load_config
 from gpu_exporter.rules.manager import RuleManager, store_samples
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.series import SeriesSet
+from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib, implemented_functions
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
 from gpu_exporter.store import SeriesStore
 from gpu_exporter.topology import read_topology
-
-
-class ManualClock:
-    """Scenario seconds, advanced by hand."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass

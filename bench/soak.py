@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from bench.inproc import build
 from bench.procfs import Probe
 from bench.procs import OUR_TICK_FAMILY, OURS, ROOT, free_port, our_command, running
 from bench.stats import slope
+from tests.localserver import LocalServer
 
 
 class CountingSink:
@@ -43,10 +44,8 @@ class CountingSink:
         self.posts = 0
         self.alerts = 0
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,))
+        self._server = LocalServer(self._handler())
+        self.url = self._server.url
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         sink = self
@@ -71,13 +70,11 @@ class CountingSink:
         return Handler
 
     def __enter__(self) -> CountingSink:
-        self._thread.start()
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._server.__exit__(*exc)
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpu_exporter.sim.clock import ManualClock
 
-class ManualClock:
-    """Scenario time under the test's control (seconds since the fake driver loaded)."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+__all__ = ["ManualClock"]  # tests import it from here too
 
 
 @pytest.fixture

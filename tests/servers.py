@@ -13,13 +13,14 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.daemon import free_port
+from tests.localserver import LocalServer
 from tests.support import require_tool
 
 
@@ -39,21 +40,15 @@ class Recorder:
         self.requests: list[Received] = []
         self._statuses = deque(statuses)
         self._cond = threading.Condition()
-        self._server = _QuietServer(("127.0.0.1", port), self._handler_class())
-        if tls is not None:
-            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
-        self.port = self._server.server_address[1]
-        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,))
+        self._server = LocalServer(self._handler_class(), port, tls)
+        self.port, self.url = self._server.port, self._server.url
 
     def __enter__(self) -> Recorder:
-        self._thread.start()
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        self._server.__exit__(*exc)
 
     def wait_for(self, count: int, timeout: float = 5.0) -> list[Received]:
         with self._cond:
@@ -82,13 +77,6 @@ class Recorder:
                 pass
 
         return Handler
-
-
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # refused TLS handshakes and dropped clients are what some tests provoke
 
 
 # --- the real Alertmanager -----------------------------------------------------------------

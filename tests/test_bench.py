@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from bench.procfs import Probe, parse_stat, parse_status
 from bench.stats import percentile, ratio, slope, summarize
 from gpu_exporter import sim
 from gpu_exporter.rules.loader import load_rule_files
+from tests.localserver import LocalServer
 
 # -- statistics ------------------------------------------------------------------------------
 
@@ -283,16 +283,8 @@ def tiny_server() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,))
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with LocalServer(Handler) as server:
+        yield server.url
 
 
 def test_scrape_load_counts_every_request(tiny_server: str) -> None:

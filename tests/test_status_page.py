@@ -14,11 +14,10 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from html.parser import HTMLParser
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
 from gpu_exporter.status_page import render_status_page, status_page_headers
 from tests.conftest import ManualClock
+from tests.localserver import LocalServer
 
 HEADERS = (
     "GPU",
@@ -125,15 +125,8 @@ def serve(routes: dict[str, Route]) -> Iterator[str]:
         def log_message(self, *args: object) -> None:  # keep pytest output clean
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with LocalServer(Handler) as server:
+        yield server.url
 
 
 def page_routes(prefix: str, devices: Any, alerts: Any, csp: bool = True) -> dict[str, Route]:
