@@ -75,7 +75,7 @@ class RenderedMetrics:
 
 def wants_openmetrics(accept: str | None) -> bool:
     """Content negotiation as Prometheus does it: OpenMetrics only when the scraper asks."""
-    return bool(accept) and "application/openmetrics-text" in accept
+    return accept is not None and "application/openmetrics-text" in accept
 
 
 def wants_gzip(accept_encoding: str | None) -> bool:

@@ -40,13 +40,23 @@ class Guard:
             return fallback, CollectorStatus(collector, False, time.perf_counter() - started)
         return result, CollectorStatus(collector, True, time.perf_counter() - started)
 
-    def _log_once(self, collector: str, exc: Exception) -> None:
-        key = (collector, type(exc).__name__, str(exc))
+    def report(self, collector: str, problem: str) -> None:
+        """A failure found after the producer returned (output the catalog refuses)."""
+        if self._first_time((collector, "refused", problem)):
+            log.error("collector %s: %s", collector, problem)
+
+    def _first_time(self, key: tuple[str, str, str]) -> bool:
         with self._lock:
-            if key in self._logged:
-                return
-            if len(self._logged) < 1000:  # bounded: an error text with a counter in it
-                self._logged.add(key)
+            # Bounded: an error text with a counter in it would otherwise grow this for ever;
+            # past the bound the failures are still counted, just no longer logged.
+            if key in self._logged or len(self._logged) >= 1000:
+                return False
+            self._logged.add(key)
+            return True
+
+    def _log_once(self, collector: str, exc: Exception) -> None:
+        if not self._first_time((collector, type(exc).__name__, str(exc))):
+            return
         log.error("collector %s failed; its series are missing this tick", collector, exc_info=exc)
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -135,9 +136,7 @@ class Sampler:
         devices, statuses = self._read_devices()
         now = self._wall_clock()
         for name, processor in self._processors:
-            devices, status = self._guard.run(
-                name, lambda p=processor, d=devices: p(d, now), fallback=devices
-            )
+            devices, status = self._guard.run(name, partial(processor, devices, now), devices)
             statuses.append(status)
         elapsed = time.perf_counter() - started
         sequence = self.latest.sequence + 1 if self.latest else 1
@@ -155,7 +154,7 @@ class Sampler:
         )
         first = self._builder.build(snapshot, self._producers)
         evaluated = [
-            self._guard.run(listener.name, lambda f=listener.on_series: f(first), None)[1]
+            self._guard.run(listener.name, partial(listener.on_series, first), None)[1]
             for listener in self._listeners
         ]
         late = with_collector_series(
@@ -182,8 +181,9 @@ class Sampler:
                 DeviceSample(d.index, d.uuid, d.info, False, (), "source failed") for d in known
             ]
             return down, [CollectorStatus(self.source.name, False, 0.0)]
+        no_statuses: list[CollectorStatus] = []
         statuses, status = self._guard.run(
-            self.source.name, lambda: list(self.source.collector_status()), fallback=[]
+            self.source.name, lambda: list(self.source.collector_status()), no_statuses
         )
         return devices, statuses if status.success else [status]
 

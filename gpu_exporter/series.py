@@ -22,10 +22,10 @@ only, and `gpu_exporter_collector_success{collector}` says so.
 
 from __future__ import annotations
 
-import math
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
 
@@ -174,15 +174,12 @@ class SeriesBuilder:
         the collector statuses of the source, the processors and all of these."""
         rows: list[Series] = []
         statuses = list(snapshot.collectors)
-        device_rows, status = self.guard.run(
-            "devices", lambda: list(device_series(snapshot)), fallback=[]
-        )
-        rows += device_rows
-        statuses.append(status)
-        for producer in (Producer("exporter", lambda: exporter_series(snapshot)), *producers):
-            produced, status = self.guard.run(
-                producer.name, lambda p=producer: _checked(p.produce()), fallback=[]
-            )
+        for producer in (
+            Producer("devices", lambda: device_series(snapshot)),
+            Producer("exporter", lambda: exporter_series(snapshot)),
+            *producers,
+        ):
+            produced, status = self._run(producer)
             rows += produced
             statuses.append(status)
         reasons = {d.uuid: d.down_reason for d in snapshot.devices if d.down_reason}
@@ -193,12 +190,21 @@ class SeriesBuilder:
         rows: list[Series] = []
         statuses: list[CollectorStatus] = []
         for producer in producers:
-            produced, status = self.guard.run(
-                producer.name, lambda p=producer: _checked(p.produce()), fallback=[]
-            )
+            produced, status = self._run(producer)
             rows += produced
             statuses.append(status)
         return self._finish(timestamp, rows, statuses)
+
+    def _run(self, producer: Producer) -> tuple[list[Series], CollectorStatus]:
+        """The producer's series, guarded; a series the catalog does not declare is dropped
+        (alone) and marks the producer failed for this tick."""
+        nothing: list[Series] = []
+        rows, status = self.guard.run(producer.name, partial(_listed, producer), nothing)
+        good, problems = validate(rows)
+        if problems:
+            self.guard.report(producer.name, f"{len(problems)} series refused: {problems[0]}")
+            status = CollectorStatus(status.collector, False, status.duration_seconds)
+        return good, status
 
     @staticmethod
     def _finish(
@@ -249,10 +255,8 @@ def device_series(snapshot: Snapshot) -> Iterator[Series]:
 
 
 def _reading_series(device: DeviceSample, base: Labels, pods: Labels) -> Iterator[Series]:
+    # Unknown families and labels are caught by `validate`, which drops just that reading.
     for reading in device.readings:
-        fam = BY_NAME.get(reading.family)
-        if fam is None or not fam.per_device:
-            raise ValueError(f"GPU {device.index}: reading of unknown family {reading.family!r}")
         own = {name for name, _ in reading.labels}
         extra = tuple(pair for pair in pods if pair[0] not in own)
         yield series(reading.family, reading.value, (*base, *reading.labels, *extra))
@@ -321,27 +325,46 @@ def histogram_series(
 # -- checks against the catalog ----------------------------------------------------------------
 
 
-def _checked(produced: Iterable[Series]) -> list[Series]:
-    """A producer's series, refused whole when one of them does not match the catalog."""
-    rows = list(produced)
+def _allowed_labels(fam: Family) -> frozenset[str]:
+    names = set(fam.labels)
+    if fam.per_device:
+        names |= {*DEVICE_LABELS, *ATTRIBUTION_LABELS}
+    if fam.kind is Kind.HISTOGRAM:
+        names.add("le")
+    return frozenset(names)
+
+
+def _sample_names(fam: Family) -> frozenset[str]:
+    suffixes = HISTOGRAM_SUFFIXES if fam.kind is Kind.HISTOGRAM else ("",)
+    return frozenset(fam.name + suffix for suffix in suffixes)
+
+
+_ALLOWED_LABELS = {fam.name: _allowed_labels(fam) for fam in FAMILIES}
+_SAMPLE_NAMES = {fam.name: _sample_names(fam) for fam in FAMILIES}
+
+
+def validate(rows: Iterable[Series]) -> tuple[list[Series], list[str]]:
+    """The rows the catalog declares, and what is wrong with the others (one line each)."""
+    good: list[Series] = []
+    problems: list[str] = []
     for row in rows:
-        fam = BY_NAME.get(row.family)
-        if fam is None:
-            raise ValueError(f"series of unknown family {row.family!r}")
-        allowed = set(fam.labels) | (
-            set(DEVICE_LABELS) | set(ATTRIBUTION_LABELS) if fam.per_device else set()
-        )
-        suffixes = HISTOGRAM_SUFFIXES if fam.kind is Kind.HISTOGRAM else ("",)
-        if fam.kind is Kind.HISTOGRAM:
-            allowed.add("le")
-        if row.name not in {fam.name + suffix for suffix in suffixes}:
-            raise ValueError(f"{row.family}: sample name {row.name!r} does not belong to it")
-        unknown = {name for name, _ in row.labels} - allowed
-        if unknown:
-            raise ValueError(f"{row.family}: labels {sorted(unknown)} are not in the catalog")
-        if not isinstance(row.value, float) or (math.isnan(row.value) and fam.kind is Kind.COUNTER):
-            raise ValueError(f"{row.family}: value {row.value!r} is not a valid sample")
-    return rows
+        allowed = _ALLOWED_LABELS.get(row.family)
+        if allowed is None:
+            problems.append(f"series of unknown family {row.family!r}")
+        elif row.name not in _SAMPLE_NAMES[row.family]:
+            problems.append(f"{row.family}: sample name {row.name!r} does not belong to it")
+        elif any(name not in allowed for name, _ in row.labels):
+            unknown = sorted(name for name, _ in row.labels if name not in allowed)
+            problems.append(f"{row.family}: labels {unknown} are not in the catalog")
+        elif not isinstance(row.value, float):
+            problems.append(f"{row.family}: value {row.value!r} is not a float")
+        else:
+            good.append(row)
+    return good, problems
+
+
+def _listed(producer: Producer) -> list[Series]:
+    return list(producer.produce())
 
 
 def _drop_empty(labels: Iterable[tuple[str, str]]) -> Labels:

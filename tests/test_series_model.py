@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.assembly import Assembly
+from gpu_exporter.guard import Guard
 from gpu_exporter.rules.manager import RuleManager
 from gpu_exporter.series import Producer, Series, SeriesBuilder, series
 from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot
@@ -166,22 +167,32 @@ def test_rule_evaluation_and_rule_metrics_that_raise_are_reported() -> None:
 def test_series_that_the_catalog_does_not_declare_are_refused(
     bad: Series, why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Self-metrics take names, types and labels from the catalog; a slip loses that
-    producer's families (not the tick) and says why."""
+    """Self-metrics take names, types and labels from the catalog; a slip costs that series
+    (not the producer's others, nor the tick), marks the producer failed and says why."""
     good = series("gpu_exporter_rule_reload_success", 1.0)
     snapshot = Snapshot(
         1.0, (DeviceSample(0, "GPU-a", {}, True, (Reading("gpu_power_watts", 5),)),)
     )
     caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
     result = SeriesBuilder().build(snapshot, [Producer("rules", lambda: [good, bad])])
-    assert not result.of("gpu_exporter_rule_reload_success")
+    assert result.of("gpu_exporter_rule_reload_success") == (good,)
+    assert bad not in set(result)
     assert result.of("gpu_power_watts") and result.of("gpu_up")
     assert {s.collector: s.success for s in result.collectors}["rules"] is False
     assert why in caplog.text
 
 
-def test_a_reading_of_an_unknown_family_costs_the_device_series_not_the_self_metrics() -> None:
-    snapshot = Snapshot(1.0, (DeviceSample(0, "GPU-a", {}, True, (Reading("gpu_bogus", 1),)),))
+def test_a_reading_of_an_unknown_family_costs_only_that_reading() -> None:
+    readings = (Reading("gpu_bogus", 1), Reading("gpu_power_watts", 5))
+    snapshot = Snapshot(1.0, (DeviceSample(0, "GPU-a", {}, True, readings),))
     result = SeriesBuilder().build(snapshot)
     assert {s.collector: s.success for s in result.collectors}["devices"] is False
-    assert result.of("gpu_exporter_build_info")
+    assert "gpu_bogus" not in result.names()
+    assert result.of("gpu_power_watts") and result.of("gpu_exporter_build_info")
+
+
+def test_the_error_log_is_bounded_however_many_distinct_errors() -> None:
+    guard = Guard()
+    for n in range(5000):
+        guard.report("x", f"error number {n}")
+    assert len(guard._logged) == 1000
