@@ -502,8 +502,8 @@ class _Text:
     def table(self, header: list[str], rows: list[list[str]], codes: list[list[str]]) -> None:
         """Pads before painting, so colour codes never shift the columns."""
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-        cells = (h.ljust(w) for h, w in zip(header, widths, strict=True))
-        self.line(("  " + "  ".join(cells)).rstrip())
+        heading = (h.ljust(w) for h, w in zip(header, widths, strict=True))
+        self.line(("  " + "  ".join(heading)).rstrip())
         for row, row_codes in zip(rows, codes, strict=True):
             cells = [
                 self.paint(cell.ljust(w), code)
@@ -593,10 +593,15 @@ def _pair(now: float | None, best: float | None, scale: float, unit: str) -> str
     return f"{now / scale:.0f}{top} {unit}"
 
 
-def _state_table(devices: list[Mapping[str, Any]]) -> tuple[list[str], ...]:
+# (header, rows, per-cell colour codes), as _Text.table takes them
+_Table = tuple[list[str], list[list[str]], list[list[str]]]
+
+
+def _state_table(devices: list[Mapping[str, Any]]) -> _Table:
     header = ["GPU", "model", "up", "SM clock", "power", "temp", "clock events", "PCIe", "NVLink"]
     header.append("health")
-    rows, codes = [], []
+    rows: list[list[str]] = []
+    codes: list[list[str]] = []
     for d in devices:
         s, pcie = d["state"], d["state"]["pcie"]
         events = [e for e in s["clock_events_active"] if e != "gpu_idle"] or ["-"]
@@ -631,9 +636,10 @@ def _state_table(devices: list[Mapping[str, Any]]) -> tuple[list[str], ...]:
     return header, rows, codes
 
 
-def _profile_table(devices: list[Mapping[str, Any]]) -> tuple[list[str], ...]:
+def _profile_table(devices: list[Mapping[str, Any]]) -> _Table:
     header = ["GPU", "util", "SM", "tensor", "DRAM", "PCIe GB/s", "NVLink GB/s", "link", "class"]
-    rows, codes = [], []
+    rows: list[list[str]] = []
+    codes: list[list[str]] = []
     for d in devices:
         p = d["profile"]
         rows.append(

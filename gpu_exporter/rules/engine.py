@@ -82,6 +82,7 @@ class GroupEvaluator:
         for group in groups:
             states: list[RuleState] = []
             for rule in group.rules:
+                state: RuleState
                 if rule.is_alert:
                     state = AlertingRule(rule, self.external_labels, external_url, group.limit)
                 else:
@@ -184,10 +185,10 @@ def _copy_state(candidates: list[RuleState], state: RuleState) -> None:
     for index, old in enumerate(candidates):
         if type(old) is not type(state):
             continue
-        if isinstance(state, AlertingRule):
+        if isinstance(state, AlertingRule) and isinstance(old, AlertingRule):
             # A copy, never the same dict: two rules must not share (and fight over) alerts.
             state.active = dict(old.active)
-        else:
+        elif isinstance(state, RecordingRule) and isinstance(old, RecordingRule):
             state.previous = set(old.previous)
         del candidates[index]
         return

@@ -194,9 +194,10 @@ def _parse_rule(raw: Any, path: tuple, located: LocatedYaml, problem) -> Rule | 
         return None
     if kind == "record" and not _METRIC_NAME.match(name):
         problem((*path, kind), f"{label}: not a valid metric name")
-    expr_text = raw.get("expr")
+    raw_expr = raw.get("expr")
+    expr_text = raw_expr if isinstance(raw_expr, str) else ""
     expr = None
-    if not isinstance(expr_text, str) or not expr_text.strip():
+    if not expr_text.strip():
         problem((*path, "expr"), f"{label}: `expr` is required")
     else:
         try:

@@ -242,8 +242,9 @@ class RuleManager:
                 for alert in rule.alerts():
                     counts[(rule.name, alert.state.value)] += 1
             durations = [(g.group.name, g.last_duration) for g in self.evaluator.groups]
-        for (name, state), count in sorted(counts.items()):
-            yield series("gpu_exporter_alerts", count, (("alertname", name), ("state", state)))
+        for (name, state_name), count in sorted(counts.items()):
+            labels = (("alertname", name), ("state", state_name))
+            yield series("gpu_exporter_alerts", count, labels)
         yield series("gpu_exporter_rule_evaluations_total", self.evaluations_total)
         yield series("gpu_exporter_rule_evaluation_failures_total", self.evaluation_failures_total)
         yield series("gpu_exporter_rule_reload_failures_total", self.reloads_failed_total)

@@ -351,7 +351,9 @@ def _compile_binary(binary: P.BinaryExpr) -> _Binary:
         raise UnsupportedConstruct(f"operator {op}")
     modifier = binary.modifier
     card = "many-to-many" if op in SET_OPERATORS else "one-to-one"
-    on, matching, include, return_bool = False, frozenset(), (), False
+    on, return_bool = False, False
+    matching: frozenset[str] = frozenset()
+    include: tuple[str, ...] = ()
     if modifier is not None:
         fill = modifier.fill_values
         if fill is not None and (fill.lhs is not None or fill.rhs is not None):
@@ -414,7 +416,20 @@ class _Evaluator:
         self.lookback_ms = lookback_ms
 
     def eval(self, node: _Node) -> Value:
-        return _DISPATCH[type(node)](self, node)
+        if isinstance(node, _Number):
+            return node.value
+        if isinstance(node, _Selector):
+            return self.instant_selector(node)
+        if isinstance(node, _Negate):
+            return self.negate(node)
+        if isinstance(node, _Call):
+            return self.call(node)
+        if isinstance(node, _Aggregate):
+            return self.aggregate(node)
+        if isinstance(node, _Binary):
+            return self.binary(node)
+        # _compile admits a _Range only as a range function's argument, read by range_call.
+        raise UnsupportedConstruct("range selector outside a range function")
 
     def vector(self, node: _Node) -> Vector:
         value = self.eval(node)
@@ -481,13 +496,13 @@ class _Evaluator:
 
     def binary(self, node: _Binary) -> Value:
         lhs, rhs = self.eval(node.lhs), self.eval(node.rhs)
-        if isinstance(lhs, float) and isinstance(rhs, float):
-            value, keep = _elem_binop(node.op, lhs, rhs)
-            return float(keep) if node.op in COMPARISONS else value
+        if isinstance(lhs, float):
+            if isinstance(rhs, float):
+                value, keep = _elem_binop(node.op, lhs, rhs)
+                return float(keep) if node.op in COMPARISONS else value
+            return _unique(_vector_scalar(node, rhs, lhs, swapped=True))
         if isinstance(rhs, float):
             return _unique(_vector_scalar(node, lhs, rhs, swapped=False))
-        if isinstance(lhs, float):
-            return _unique(_vector_scalar(node, rhs, lhs, swapped=True))
         if node.op in SET_OPERATORS:
             return _unique(_set_operation(node, lhs, rhs))
         return _unique(_vector_binop(node, lhs, rhs))
@@ -501,10 +516,10 @@ class _Evaluator:
         if node.name == "time":
             return self.t_ms / 1000
         if node.name == "scalar":
-            vec = args[0]
+            vec = _vector_arg(args[0])
             return vec[0].value if len(vec) == 1 else math.nan
         if node.name == "vector":
-            return [Element((), args[0])]
+            return [Element((), _scalar_arg(args[0]))]
         if node.name == "absent":
             if args[0]:
                 return []
@@ -529,16 +544,6 @@ class _Evaluator:
                 Element(labels if node.name == "last_over_time" else _drop_name(labels), value)
             )
         return _unique(out)
-
-
-_DISPATCH: dict[type, Callable[[_Evaluator, _Node], Value]] = {
-    _Number: lambda ev, node: node.value,
-    _Selector: _Evaluator.instant_selector,
-    _Negate: _Evaluator.negate,
-    _Call: _Evaluator.call,
-    _Aggregate: _Evaluator.aggregate,
-    _Binary: _Evaluator.binary,
-}
 
 
 # --- label helpers ------------------------------------------------------------------------------
@@ -899,17 +904,30 @@ def _go_min(a: float, b: float) -> float:
 # --- functions ----------------------------------------------------------------------------------
 
 
+def _vector_arg(value: Value) -> Vector:
+    # promql_parser type-checks function arguments: a vector parameter never gets a scalar.
+    assert isinstance(value, list), "function argument should be an instant vector"
+    return value
+
+
+def _scalar_arg(value: Value) -> float:
+    # promql_parser type-checks function arguments: a scalar parameter never gets a vector.
+    assert not isinstance(value, list), "function argument should be a scalar"
+    return value
+
+
 def _instant_function(name: str, args: list[Value]) -> Vector:
-    vector = args[0]
-    assert isinstance(vector, list)
+    vector = _vector_arg(args[0])
     if name == "abs":
         return [Element(_drop_name(e.labels), abs(e.value)) for e in vector]
     if name == "clamp_min":
-        return [Element(_drop_name(e.labels), _go_max(args[1], e.value)) for e in vector]
+        floor = _scalar_arg(args[1])
+        return [Element(_drop_name(e.labels), _go_max(floor, e.value)) for e in vector]
     if name == "clamp_max":
-        return [Element(_drop_name(e.labels), _go_min(args[1], e.value)) for e in vector]
+        ceiling = _scalar_arg(args[1])
+        return [Element(_drop_name(e.labels), _go_min(ceiling, e.value)) for e in vector]
     if name == "clamp":
-        lo, hi = args[1], args[2]
+        lo, hi = _scalar_arg(args[1]), _scalar_arg(args[2])
         if hi < lo:
             return []
         return [Element(_drop_name(e.labels), _go_max(lo, _go_min(hi, e.value))) for e in vector]
@@ -974,7 +992,7 @@ def _kahan_step(inc: float, total: float, c: float) -> tuple[float, float]:
     return t, c
 
 
-def _avg_over_time(points: list[Point], *_: int) -> float:
+def _avg_over_time(points: list[Point], *_bounds: int) -> float:
     mean = c = 0.0
     count = 0
     for _, value in points:
@@ -988,14 +1006,14 @@ def _avg_over_time(points: list[Point], *_: int) -> float:
     return mean if math.isinf(mean) else mean + c
 
 
-def _sum_over_time(points: list[Point], *_: int) -> float:
+def _sum_over_time(points: list[Point], *_bounds: int) -> float:
     total = c = 0.0
     for _, value in points:
         total, c = _kahan_step(value, total, c)
     return total if math.isinf(total) else total + c
 
 
-def _max_over_time(points: list[Point], *_: int) -> float:
+def _max_over_time(points: list[Point], *_bounds: int) -> float:
     best = points[0][1]
     for _, value in points:
         if value > best or math.isnan(best):
@@ -1003,7 +1021,7 @@ def _max_over_time(points: list[Point], *_: int) -> float:
     return best
 
 
-def _min_over_time(points: list[Point], *_: int) -> float:
+def _min_over_time(points: list[Point], *_bounds: int) -> float:
     best = points[0][1]
     for _, value in points:
         if value < best or math.isnan(best):

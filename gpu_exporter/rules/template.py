@@ -772,15 +772,15 @@ class _RegexTranslator:
         m = re.compile(r"\(\?([imsU]*)(?:-([imsU]*))?([:)])").match(src, i)
         if m is None:
             raise self.fail("lookarounds, comments and this group syntax are not Go regexp")
-        on, off, end = m.group(1), m.group(2) or "", m.group(3)
+        on, off, closer = m.group(1), m.group(2) or "", m.group(3)
         if "U" in on + off:
             raise self.fail("the (?U) flag is not supported")
         flags = on + ("-" + off if off else "")
-        if not flags and end == ")":
+        if not flags and closer == ")":
             raise self.fail("missing argument to repetition operator: (?)")
         new_multiline = (multiline or "m" in on) and "m" not in off
         self.i = m.end()
-        if end == ":":
+        if closer == ":":
             self.out.append(f"(?{flags}:")
             stack.append((multiline, owed))
             return new_multiline, 0

@@ -187,6 +187,7 @@ def _check_expr(case: dict[str, Any], store: SeriesStore) -> list[str]:
         result = promql.evaluate(promql.parse(expr_text), store, t)
     except promql.PromQLError as exc:
         return [f"    expr: {expr_text!r}, time: {_fmt_duration(t)}, err: {exc}"]
+    got: list[tuple[Labels, float]]
     if isinstance(result, float):
         got = [((), result)]
     else:
