@@ -1,13 +1,17 @@
 """Overhead over bare NVML: the same pynvml reads as a daemon tick, done by a bare loop.
 
 Both run in this process on the same fake NVML, scenario, latency model and manual clock
-(1 s of scenario time per tick, ticks back to back). The bare loop makes the calls
-`DeviceReader.read_tick` makes, in the same order and on the same schedule (identity on the
-first tick, the slow-changing reads every 30 s, GPM from the second tick), with no error
-handling beyond "stop calling what failed" and no output; `same_calls` reports whether the
-fake saw exactly the same symbol counts from both. Measured per tick: wall time, process CPU
-time, and the CPU time spent inside the fake itself (a second pass with `FakeCpuMeter`), so
-that the daemon's own cost can be separated from the simulator's.
+(1 s of scenario time per tick, ticks back to back). The bare loop runs the daemon's own
+collectors (`gpu_exporter/sources/collectors/`, as `collectors.enabled` picks them for the
+daemon's settings) on the same schedule (identity on the first tick, the slow-changing reads
+every `slow_refresh_seconds`, GPM from the second tick), so it makes exactly the calls a
+daemon tick makes without mirroring them: a collector's new call is in both. What it leaves out
+is the daemon around the calls: its choke point is bare ("stop calling what failed", no error
+accounting, quarantine or tick ownership), no guard, no worker threads or deadline, no
+snapshot. The collectors still build their readings, which are dropped. `same_calls` reports
+whether the fake saw exactly the same symbol counts from both. Measured per tick: wall time,
+process CPU time, and the CPU time spent inside the fake itself (a second pass with
+`FakeCpuMeter`), so that the daemon's own cost can be separated from the simulator's.
 
 Variants of the daemon: the NVML source alone (`source.sample()`: worker threads, deadline,
 choke point), a full tick without rules (snapshot and rendering), and a full tick with the
@@ -21,7 +25,7 @@ import gc
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml as N
@@ -30,117 +34,58 @@ from bench import scenarios
 from bench.inproc import FakeCpuMeter, ManualClock, build
 from bench.stats import ratio, summarize
 from gpu_exporter import sim
-from gpu_exporter.sources import gpm
-from gpu_exporter.sources.nvml_device import CLOCKS, FIELDS, field_value
+from gpu_exporter.snapshot import CollectorStatus, Reading
+from gpu_exporter.sources import collectors
+from gpu_exporter.sources.base import ErrorLog
+from gpu_exporter.sources.collectors import Collector
+from gpu_exporter.sources.nvml_device import DeviceReader, Phase
+from gpu_exporter.sources.settings import NvmlSettings
+from gpu_exporter.sources.xid import XidCounts
 
-STATIC_REFRESH_SECONDS = 30.0
+# The daemon's settings in `inproc.build`: the XID thread is off there (it waits in real time).
+SETTINGS = NvmlSettings(xid_events=False)
 
 
-@dataclass
-class BareDevice:
-    """Just enough state for the bare loop: a handle, what failed, the GPM buffers."""
+class BareDevice(DeviceReader):
+    """A GPU's collectors behind a bare choke point: a failed call is simply not made again."""
 
-    handle: Any
-    failed: set[str] = field(default_factory=set)
-    identity_done: bool = False
-    static_at: float = float("-inf")
-    nvlink_links: int = 0
-    gpm_samples: list[Any] = field(default_factory=list)
-    gpm_checked: bool = False
-
-    def call(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
-        if key in self.failed:
+    def call(self, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        if key in self.unsupported:
+            return None
+        if fn is None:
+            self.unsupported.add(key)
             return None
         try:
             return fn(*args)
         except N.NVMLError:
-            self.failed.add(key)
+            self.unsupported.add(key)
             return None
 
 
-def _identity(d: BareDevice) -> None:
-    h = d.handle
-    d.call("uuid", N.nvmlDeviceGetUUID, h)
-    d.call("pci", N.nvmlDeviceGetPciInfo, h)
-    d.call("arch", N.nvmlDeviceGetArchitecture, h)
-    d.call("cc", N.nvmlDeviceGetCudaComputeCapability, h)
-    d.call("name", N.nvmlDeviceGetName, h)
-    d.identity_done = True
+_OK = CollectorStatus("bare", True, 0.0)  # what the daemon's guard would say; unused here
 
 
-def _static(d: BareDevice) -> None:
-    h = d.handle
-    for label, clock_type in CLOCKS:
-        d.call(f"max_clock_{label}", N.nvmlDeviceGetMaxClockInfo, h, clock_type)
-    d.call("max_gen", N.nvmlDeviceGetMaxPcieLinkGeneration, h)
-    d.call("max_width", N.nvmlDeviceGetMaxPcieLinkWidth, h)
-    d.call("supported_reasons", N.nvmlDeviceGetSupportedClocksEventReasons, h)
-    d.call("ecc", N.nvmlDeviceGetEccMode, h)
-    for cause in (
-        N.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-        N.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR,
-    ):
-        d.call(f"retired_{cause}", N.nvmlDeviceGetRetiredPages, h, cause)
-    d.call("retired_pending", N.nvmlDeviceGetRetiredPagesPendingStatus, h)
-    count = d.call("links", N.nvmlDeviceGetFieldValues, h, [N.NVML_FI_DEV_NVLINK_LINK_COUNT])
-    ok = count is not None and count[0].nvmlReturn == N.NVML_SUCCESS
-    d.nvlink_links = int(field_value(count[0])) if ok else 0
-    for link in range(d.nvlink_links):
-        d.call("nvlink_state", N.nvmlDeviceGetNvLinkState, h, link)
+def bare_device(index: int, handle: Any, clock: ManualClock) -> BareDevice:
+    """The daemon's collectors for one GPU (topology aside: it makes no per-tick calls)."""
+    return BareDevice(
+        index=index,
+        handle=handle,
+        errors=ErrorLog(),
+        xid_counts=XidCounts(),
+        settings=SETTINGS,
+        collectors=collectors.build(SETTINGS, topology=False),
+        clock=clock,
+    )
 
 
-def _gpm(d: BareDevice, now: float) -> None:
-    h = d.handle
-    if not d.gpm_checked:
-        d.gpm_checked = True
-        support = d.call("gpm_support", N.nvmlGpmQueryDeviceSupport, h)
-        if support is not None and support.isSupportedDevice:
-            d.gpm_samples = [N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()]
-            d.call("gpm_sample", N.nvmlGpmSampleGet, h, d.gpm_samples[0])
-        return
-    if not d.gpm_samples:
-        return
-    baseline, current = d.gpm_samples
-    d.call("gpm_sample", N.nvmlGpmSampleGet, h, current)
-    request = N.c_nvmlGpmMetricsGet_t()
-    request.version = N.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(gpm.METRICS)
-    request.sample1, request.sample2 = baseline, current
-    for slot, metric in zip(request.metrics, gpm.METRICS, strict=False):
-        slot.metricId = metric.metric_id
-    d.call("gpm_metrics", N.nvmlGpmMetricsGet, request)
-    d.gpm_samples = [current, baseline]
-
-
-_FIELD_REQUEST = [(spec.field_id, spec.scope) for spec in FIELDS]
+def _plain(d: BareDevice) -> Callable[[Collector, Phase], tuple[list[Reading], CollectorStatus]]:
+    """Runs a collector's phase as it is: no guard, no timing, no check of its families."""
+    return lambda collector, phase: (phase(d), _OK)
 
 
 def bare_device_tick(d: BareDevice, now: float) -> None:
     """The reads of one `DeviceReader.read_tick`, without the daemon around them."""
-    h = d.handle
-    if not d.identity_done:
-        _identity(d)
-    if now - d.static_at >= STATIC_REFRESH_SECONDS:
-        _static(d)
-        d.static_at = now
-    d.call("util", N.nvmlDeviceGetUtilizationRates, h)
-    d.call("memory", N.nvmlDeviceGetMemoryInfo, h, N.nvmlMemory_v2)
-    d.call("power", N.nvmlDeviceGetPowerUsage, h)
-    d.call("limit", N.nvmlDeviceGetEnforcedPowerLimit, h)
-    d.call("temp", N.nvmlDeviceGetTemperatureV, h, N.NVML_TEMPERATURE_GPU)
-    for label, clock_type in CLOCKS:
-        d.call(f"clock_{label}", N.nvmlDeviceGetClockInfo, h, clock_type)
-    d.call("reasons", N.nvmlDeviceGetCurrentClocksEventReasons, h)
-    d.call("pstate", N.nvmlDeviceGetPerformanceState, h)
-    d.call("gen", N.nvmlDeviceGetCurrPcieLinkGeneration, h)
-    d.call("width", N.nvmlDeviceGetCurrPcieLinkWidth, h)
-    request = _FIELD_REQUEST if d.nvlink_links else _non_nvlink_fields()
-    d.call("fields", N.nvmlDeviceGetFieldValues, h, request)
-    _gpm(d, now)
-
-
-def _non_nvlink_fields() -> list[tuple[int, int]]:
-    return [(s.field_id, s.scope) for s in FIELDS if not s.needs_nvlink]
+    d.collect(now, _plain(d))
 
 
 class BareLoop:
@@ -150,9 +95,10 @@ class BareLoop:
         N.nvmlInit()
         self.clock = clock
         count = N.nvmlDeviceGetCount()
-        self.devices = [BareDevice(N.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-        for device in self.devices:  # the daemon keys devices by UUID at start
-            N.nvmlDeviceGetUUID(device.handle)
+        handles = [N.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        for handle in handles:  # the daemon keys devices by UUID at start
+            N.nvmlDeviceGetUUID(handle)
+        self.devices = [bare_device(i, handle, clock) for i, handle in enumerate(handles)]
         self._pool = futures.ThreadPoolExecutor(count) if concurrent else None
 
     def tick(self, interval: float) -> None:
@@ -170,8 +116,7 @@ class BareLoop:
         if self._pool is not None:
             self._pool.shutdown()
         for device in self.devices:
-            for sample in device.gpm_samples:
-                N.nvmlGpmSampleFree(sample)
+            device.close()  # frees the GPM samples
         N.nvmlShutdown()
 
 
@@ -291,8 +236,7 @@ def same_calls(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
 def xid_polling_cpu(scenario: Mapping[str, Any], seconds: float) -> float:
     """CPU seconds per second the fake spends polling in `nvmlEventSetWait` (real NVML
     blocks in the kernel instead) while the daemon's XID thread waits for events."""
-    from gpu_exporter.sources.base import ErrorLog
-    from gpu_exporter.sources.xid import XidCounts, XidWatcher
+    from gpu_exporter.sources.xid import XidWatcher
 
     fake = sim.install(scenario)
     meter = FakeCpuMeter(fake)

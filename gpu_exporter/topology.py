@@ -6,8 +6,11 @@ loaders should run. Read once at start-up and after every full NVML re-init (ind
 then), never per tick: a pair query can take hundreds of milliseconds on real drivers
 (k8s-device-plugin#774).
 
-Every NVML call is guarded on its own: NotSupported / FunctionNotFound make that item absent,
-any other error is noted in `Topology.errors` and the item is absent; nothing here raises.
+Every NVML call goes through the choke point (`NvmlCalls`), which counts failures in
+gpu_exporter_errors_total (source `topology`) as it does for every other call: NotSupported /
+FunctionNotFound make that item absent, any other error is also noted in `Topology.errors`
+(naming the GPUs) and the item is absent; nothing here raises. The `topology` collector
+(`sources/collectors/topology.py`) exports the result with every GPU's tick.
 
 NVLink: each active link's far end is asked for (`nvmlDeviceGetNvLinkRemoteDeviceType`).
 A link to a GPU is attributed to that GPU by its PCI bus id
@@ -29,7 +32,9 @@ from typing import Any
 import pynvml as N
 
 from gpu_exporter.snapshot import Reading
-from gpu_exporter.sources.nvml_device import error_name, field_value, normalise_bus_id
+from gpu_exporter.sources.base import ErrorLog
+from gpu_exporter.sources.nvml_device import NvmlCalls
+from gpu_exporter.sources.nvml_values import binding, field_value, normalise_bus_id
 
 # NVML_TOPOLOGY_* -> (metric label, nvidia-smi topo -m abbreviation)
 LEVELS: Mapping[int, tuple[str, str]] = {
@@ -74,7 +79,8 @@ EXTRA_LEGEND = {
     "N/A": "  N/A  = Not reported by the driver",
 }
 
-_ABSENT = (N.NVMLError_NotSupported, N.NVMLError_FunctionNotFound)
+SOURCE = "topology"  # the errors_total `source` of the calls made here
+_ABSENT = ("NotSupported", "FunctionNotFound")  # the item is absent; nothing went wrong
 _CPU_WORDS = max(16, -(-(os.cpu_count() or 1) // 64))  # 64 CPUs per word; >= 1024 CPUs
 
 
@@ -226,38 +232,47 @@ def _columns(rows: list[list[str]]) -> str:
 
 
 class _Calls:
-    """Runs NVML calls for the topology; collects what failed instead of raising."""
+    """The topology's NVML calls through the choke point; notes what failed instead of raising."""
 
-    def __init__(self) -> None:
+    def __init__(self, errors: ErrorLog) -> None:
+        self._nvml = NvmlCalls(errors, SOURCE)
         self.errors: list[str] = []
 
-    def __call__(self, what: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+    def __call__(self, key: str, what: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         """The result, or None when absent (NotSupported, FunctionNotFound) or failed."""
-        value, _ = self.attempt(what, fn, *args)
+        value, _ = self.attempt(key, what, fn, *args)
         return value
 
     def attempt(
-        self, what: str, fn: Callable[..., Any] | None, *args: Any, expected: tuple[str, ...] = ()
+        self,
+        key: str,
+        what: str,
+        fn: Callable[..., Any] | None,
+        *args: Any,
+        expected: tuple[type[N.NVMLError], ...] = (),
     ) -> tuple[Any, str]:
-        """(result, "") on success; (None, error name) otherwise, noting unexpected failures."""
-        if fn is None:  # this nvidia-ml-py predates the call
-            return None, "FunctionNotFound"
-        try:
-            return fn(*args), ""
-        except _ABSENT as exc:
-            return None, error_name(exc)
-        except N.NVMLError as exc:
-            name = error_name(exc)
-            if name not in expected:
-                self.errors.append(f"{what}: {name}")
-            return None, name
+        """(result, "") on success; (None, error name) otherwise, noting unexpected failures.
+
+        `key` is the errors_total field; `what` names the GPUs for `Topology.errors`.
+        """
+        value, error = self._nvml.attempt(key, fn, *args, expected=expected)
+        quiet = {*_ABSENT, *(e.__name__.removeprefix("NVMLError_") for e in expected)}
+        if error and error not in quiet:
+            self.errors.append(f"{what}: {error}")
+        return value, error
 
 
 def read_topology(
-    devices: Sequence[tuple[str, int, Any]], sysfs_root: Path | str = "/sys"
+    devices: Sequence[tuple[str, int, Any]],
+    sysfs_root: Path | str = "/sys",
+    *,
+    errors: ErrorLog | None = None,
 ) -> Topology:
-    """Read the topology of these (uuid, index, NVML handle) GPUs. Never raises NVMLError."""
-    calls = _Calls()
+    """Read the topology of these (uuid, index, NVML handle) GPUs. Never raises NVMLError.
+
+    NVML failures are counted in `errors` (the source's, for gpu_exporter_errors_total).
+    """
+    calls = _Calls(errors if errors is not None else ErrorLog())
     nodes = [
         _read_gpu(calls, uuid, index, handle, Path(sysfs_root)) for uuid, index, handle in devices
     ]
@@ -275,6 +290,7 @@ def _read_levels(
     for i, (uuid_a, index_a, handle_a) in enumerate(devices):
         for uuid_b, index_b, handle_b in devices[i + 1 :]:
             level = calls(
+                "common_ancestor",
                 f"GPU{index_a}-GPU{index_b} common ancestor",
                 N.nvmlDeviceGetTopologyCommonAncestor,
                 handle_a,
@@ -295,6 +311,7 @@ def _peer(
     p2p: dict[str, str] = {}
     for capability, index in P2P_CAPABILITIES:
         status = calls(
+            "p2p_status",
             f"GPU{a.index}-GPU{b.index} P2P {capability}",
             N.nvmlDeviceGetP2PStatus,
             handles[a.uuid],
@@ -323,10 +340,10 @@ def _nvlinks_between(a: GpuNode, b: GpuNode) -> int | None:
 
 
 def _read_gpu(calls: _Calls, uuid: str, index: int, handle: Any, sysfs: Path) -> GpuNode:
-    pci = calls(f"GPU{index} PCI info", N.nvmlDeviceGetPciInfo, handle)
+    pci = calls("pci_info", f"GPU{index} PCI info", N.nvmlDeviceGetPciInfo, handle)
     bus_id = normalise_bus_id(pci.busId) if pci is not None else ""
     links, active, switch_links, gpu_links = _read_nvlink(calls, index, handle)
-    gpu_numa = calls(f"GPU{index} NUMA id", N.nvmlDeviceGetNumaNodeId, handle)
+    gpu_numa = calls("numa_id", f"GPU{index} NUMA id", N.nvmlDeviceGetNumaNodeId, handle)
     return GpuNode(
         uuid=uuid,
         index=index,
@@ -342,7 +359,9 @@ def _read_gpu(calls: _Calls, uuid: str, index: int, handle: Any, sysfs: Path) ->
 
 
 def _cpu_affinity(calls: _Calls, index: int, handle: Any) -> str | None:
-    words = calls(f"GPU{index} CPU affinity", N.nvmlDeviceGetCpuAffinity, handle, _CPU_WORDS)
+    words = calls(
+        "cpu_affinity", f"GPU{index} CPU affinity", N.nvmlDeviceGetCpuAffinity, handle, _CPU_WORDS
+    )
     if words is None:
         return None
     return cpu_list(_bits(words)) or None
@@ -355,6 +374,7 @@ def _numa_node(calls: _Calls, index: int, handle: Any, bus_id: str, sysfs: Path)
     memory is a NUMA node (Grace), and NotSupported on ordinary x86 hosts (nvml.h).
     """
     words = calls(
+        "memory_affinity",
         f"GPU{index} memory affinity",
         N.nvmlDeviceGetMemoryAffinity,
         handle,
@@ -403,7 +423,13 @@ def _read_nvlink(
     active = switch = 0
     gpus: Counter[str] = Counter()
     for link in range(count):
-        state = calls(f"GPU{index} NVLink {link} state", N.nvmlDeviceGetNvLinkState, handle, link)
+        state = calls(
+            "nvlink_state",
+            f"GPU{index} NVLink {link} state",
+            N.nvmlDeviceGetNvLinkState,
+            handle,
+            link,
+        )
         if state is None:
             return count, None, 0, {}  # a partial picture would understate the links
         if state != N.NVML_FEATURE_ENABLED:
@@ -420,6 +446,7 @@ def _read_nvlink(
 def _nvlink_count(calls: _Calls, index: int, handle: Any) -> int | None:
     """Links this GPU has: field NVLINK_LINK_COUNT, else probe link 0 (None: unknown)."""
     values = calls(
+        "nvlink_count",
         f"GPU{index} NVLink count",
         N.nvmlDeviceGetFieldValues,
         handle,
@@ -430,11 +457,12 @@ def _nvlink_count(calls: _Calls, index: int, handle: Any) -> int | None:
     count = 0
     for link in range(N.NVML_NVLINK_MAX_LINKS):
         _, error = calls.attempt(
+            "nvlink_state",
             f"GPU{index} NVLink {link} state",
             N.nvmlDeviceGetNvLinkState,
             handle,
             link,
-            expected=("InvalidArgument",),  # the link after the last one
+            expected=(N.NVMLError_InvalidArgument,),  # the link after the last one
         )
         if error in ("NotSupported", "InvalidArgument", "FunctionNotFound"):
             return count  # past the last link (or no NVLink at all)
@@ -447,8 +475,9 @@ def _nvlink_count(calls: _Calls, index: int, handle: Any) -> int | None:
 def _remote_end(calls: _Calls, index: int, handle: Any, link: int) -> str:
     """ "switch", the remote GPU's bus id, or "" (CPU, unknown, unreadable)."""
     kind = calls(
+        "nvlink_remote_type",
         f"GPU{index} NVLink {link} remote type",
-        getattr(N, "nvmlDeviceGetNvLinkRemoteDeviceType", None),
+        binding("nvmlDeviceGetNvLinkRemoteDeviceType"),
         handle,
         link,
     )
@@ -457,8 +486,9 @@ def _remote_end(calls: _Calls, index: int, handle: Any, link: int) -> str:
     if kind not in (None, N.NVML_NVLINK_DEVICE_TYPE_GPU):
         return ""  # IBM NPU (a CPU) or unknown
     pci = calls(
+        "nvlink_remote_pci",
         f"GPU{index} NVLink {link} remote PCI",
-        getattr(N, "nvmlDeviceGetNvLinkRemotePciInfo", None),
+        binding("nvmlDeviceGetNvLinkRemotePciInfo"),
         handle,
         link,
     )

@@ -3,16 +3,20 @@
 Lifecycle:
 - `start()` initialises NVML, lists GPUs by index and keys them by UUID, starts the XID thread.
   Identity and slow-changing data are read in each GPU's first tick, under its deadline.
-- `sample()` gives each GPU's `DeviceReader.read_tick` to that GPU's own worker thread and waits
-  at most `device_deadline_seconds`. A GPU that does not answer in time is reported down for
-  that tick, the call it hung in is quarantined, and its stuck thread is abandoned (ctypes
-  calls cannot be cancelled); the other GPUs are not held up.
+- `sample()` gives each GPU's `DeviceReader.read_tick` (every enabled collector of
+  `sources/collectors/`, guarded) to that GPU's own worker thread and waits at most
+  `device_deadline_seconds`. A GPU that does not answer in time is reported down for that tick,
+  the call it hung in is quarantined, and its stuck thread is abandoned (ctypes calls cannot be
+  cancelled); the other GPUs are not held up. `collector_status()` then says how each
+  collector did, over all GPUs.
 - Recovery never runs NVML calls on the sampler thread: a recovery job on its own worker first
   tries to re-acquire only the lost GPUs by UUID; only if that fails, or when the driver itself
   went away (LibRmVersionMismatch, Uninitialized), does a later attempt shut NVML down,
   initialise it again and re-enumerate by UUID (indices may change after a driver reload).
   Attempts back off exponentially, so a GPU that is gone for good costs one re-init every
   `recovery_max_backoff_seconds`, not one per tick.
+- Every NVML call here, in the topology reader and on the XID thread goes through the choke
+  point's `NvmlCalls` (`sources/nvml_device.py`), so its failures are counted as the GPUs' are.
 """
 
 from __future__ import annotations
@@ -23,48 +27,42 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pynvml as N
 
-from gpu_exporter.snapshot import DeviceSample
+from gpu_exporter import guard
+from gpu_exporter.guard import Guard
+from gpu_exporter.snapshot import CollectorStatus, DeviceSample
+from gpu_exporter.sources import collectors
 from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
 from gpu_exporter.sources.nvml_device import (
+    DRIVER_GONE,
     DeviceLostError,
     DeviceReader,
     DeviceUnresponsiveError,
     DriverGoneError,
-    ReaderSettings,
+    NvmlCalls,
     TickAbandonedError,
+    TickResult,
     error_name,
 )
+from gpu_exporter.sources.settings import NvmlSettings
 from gpu_exporter.sources.worker import Worker
 from gpu_exporter.sources.xid import XidCounts, XidWatcher
+
+__all__ = ["SIMULATE_HINT", "NvmlSettings", "NvmlSource", "TopologyReader"]
 
 log = logging.getLogger(__name__)
 
 SIMULATE_HINT = "run `gpu-exporter serve --simulate` to try the exporter on a simulated node"
 
 
-@dataclass
-class NvmlSettings:
-    device_deadline_seconds: float = 0.8
-    slow_refresh_seconds: float = 30.0
-    recovery_initial_backoff_seconds: float = 2.0
-    recovery_max_backoff_seconds: float = 300.0
-    hang_quarantine_seconds: float = 60.0
-    max_abandoned_threads_per_device: int = 2
-    gpm: bool = True
-    pcie_throughput_fallback: bool = True
-    xid_events: bool = True
+class TopologyReader(Protocol):
+    """Reads GPU-to-GPU topology from [(uuid, index, handle)], counting NVML failures in
+    `errors`; returns an object with `readings_for(uuid)` (`gpu_exporter.topology.Topology`)."""
 
-    def reader_settings(self) -> ReaderSettings:
-        return ReaderSettings(
-            slow_refresh_seconds=self.slow_refresh_seconds,
-            hang_quarantine_seconds=self.hang_quarantine_seconds,
-            gpm=self.gpm,
-            pcie_throughput_fallback=self.pcie_throughput_fallback,
-        )
+    def __call__(self, devices: list[tuple[str, int, Any]], *, errors: ErrorLog) -> Any: ...
 
 
 @dataclass
@@ -121,11 +119,17 @@ class NvmlSource:
     clock: Callable[[], float] = time.monotonic
     record_timings: bool = False
     name: str = "nvml"
-    # Reads GPU-to-GPU topology from [(uuid, index, handle)]; returns an object with
-    # readings_for(uuid). Run at start and after a full re-init, never per tick.
-    topology_reader: Callable[[list[tuple[str, int, Any]]], Any] | None = None
+    # Run at start and after a full re-init, never per tick; None: no topology collector.
+    topology_reader: TopologyReader | None = None
+    guard: Guard = field(default_factory=Guard)  # shared by every GPU's collectors
 
     def __post_init__(self) -> None:
+        self._calls = NvmlCalls(self.errors, self.name)
+        self.collectors = collectors.enabled(
+            self.settings, topology=self.topology_reader is not None
+        )
+        self._statuses: list[CollectorStatus] = []
+        self._last_statuses: tuple[CollectorStatus, ...] = ()
         self._devices: dict[str, _Device] = {}
         self._node_info: dict[str, str] = {}
         self._xid_counts = XidCounts()
@@ -145,20 +149,20 @@ class NvmlSource:
         return self._initialised
 
     def start(self) -> None:
+        calls = self._calls
         try:
-            N.nvmlInit()
+            calls.run("init", N.nvmlInit)
             self._initialised = True
             self._node_info = self._read_node_info()
-            count = N.nvmlDeviceGetCount()
+            count = calls.run("device_count", N.nvmlDeviceGetCount)
         except N.NVMLError as exc:
             raise _start_error(exc) from exc
         for index in range(count):
             try:
-                handle = N.nvmlDeviceGetHandleByIndex(index)
-                uuid = N.nvmlDeviceGetUUID(handle)
+                handle = calls.run("device_handle", N.nvmlDeviceGetHandleByIndex, index)
+                uuid = calls.run("device_handle", N.nvmlDeviceGetUUID, handle)
             except N.NVMLError as exc:
                 # Listed but unusable (e.g. lost): a later full re-init will pick it up.
-                self.errors.add(self.name, "device_handle", error_name(exc))
                 log.warning("GPU %d not usable at start (%s); will retry", index, exc)
                 self._recovery.incomplete = True
                 continue
@@ -180,11 +184,16 @@ class NvmlSource:
         self._recovery_worker.stop()
         if self._initialised:
             self._initialised = False
-            with contextlib.suppress(N.NVMLError):
-                N.nvmlShutdown()
+            self._calls.call("shutdown", N.nvmlShutdown)
 
     def node_info(self) -> dict[str, str]:
         return dict(self._node_info)
+
+    def collector_status(self) -> tuple[CollectorStatus, ...]:
+        """One status per enabled collector for the last `sample()`, merged over the GPUs:
+        failed if it failed on any GPU, durations summed. A collector that ran on no GPU
+        (all down) did not fail: success, 0 s."""
+        return self._last_statuses
 
     def unsupported_by_device(self) -> dict[str, list[str]]:
         """What each GPU was learned not to support (diagnostics and validation)."""
@@ -197,10 +206,9 @@ class NvmlSource:
             ("nvml_version", N.nvmlSystemGetNVMLVersion),
             ("cuda_driver_version", N.nvmlSystemGetCudaDriverVersion),
         ):
-            try:
-                info[key] = str(fn())
-            except N.NVMLError as exc:
-                self.errors.add(self.name, key, error_name(exc))
+            value, error = self._calls.attempt(key, fn)
+            if not error:
+                info[key] = str(value)
         return info
 
     def _bind(self, uuid: str, found: _Found, full: bool) -> None:
@@ -212,7 +220,9 @@ class NvmlSource:
                 handle=found.handle,
                 errors=self.errors,
                 xid_counts=self._xid_counts,
-                settings=self.settings.reader_settings(),
+                settings=self.settings,
+                collectors=[collector() for collector in self.collectors],
+                guard=self.guard,
                 clock=self.clock,
                 timings=self.timings if self.record_timings else None,
                 uuid=uuid,
@@ -263,34 +273,35 @@ class NvmlSource:
     def _recover(self, lost: list[str], full: bool, xid: XidWatcher | None) -> _RecoveryResult:
         """Runs on the recovery worker: may block in NVML without stalling the sampler."""
         result = _RecoveryResult(full=full)
+        calls = self._calls
         try:
             if not full:
                 for uuid in lost:
-                    handle = N.nvmlDeviceGetHandleByUUID(uuid)
-                    N.nvmlDeviceGetPowerUsage(handle)  # a handle alone proves nothing
-                    result.found[uuid] = _Found(N.nvmlDeviceGetIndex(handle), handle)
+                    handle = calls.run("recovery", N.nvmlDeviceGetHandleByUUID, uuid)
+                    calls.run("recovery", N.nvmlDeviceGetPowerUsage, handle)  # a handle alone
+                    index = calls.run("recovery", N.nvmlDeviceGetIndex, handle)  # proves nothing
+                    result.found[uuid] = _Found(index, handle)
                 return result
             if xid is not None:
                 xid.join()
             if self._initialised:
-                with contextlib.suppress(N.NVMLError):
-                    N.nvmlShutdown()
+                # A driver that went away has already shut NVML down under us.
+                calls.attempt("recovery", N.nvmlShutdown, expected=DRIVER_GONE)
                 self._initialised = False
-            N.nvmlInit()
+            calls.run("recovery", N.nvmlInit)
             self._initialised = True
             result.node_info = self._read_node_info()
-            for index in range(N.nvmlDeviceGetCount()):
+            for index in range(calls.run("recovery", N.nvmlDeviceGetCount)):
                 try:
-                    handle = N.nvmlDeviceGetHandleByIndex(index)
-                    result.found[N.nvmlDeviceGetUUID(handle)] = _Found(index, handle)
-                except N.NVMLError as exc:
+                    handle = calls.run("device_handle", N.nvmlDeviceGetHandleByIndex, index)
+                    uuid = calls.run("device_handle", N.nvmlDeviceGetUUID, handle)
+                    result.found[uuid] = _Found(index, handle)
+                except N.NVMLError:
                     result.incomplete = True
-                    self.errors.add(self.name, "device_handle", error_name(exc))
             result.topology = self._read_topology(result.found)
         except N.NVMLError as exc:
             result.incomplete = True
             result.error = error_name(exc)
-            self.errors.add(self.name, "recovery", result.error)
         return result
 
     def _apply_recovery(self) -> None:
@@ -321,8 +332,9 @@ class NvmlSource:
     def _read_topology(self, found: dict[str, _Found]) -> Any:
         if self.topology_reader is None:
             return None
+        devices = [(uuid, f.index, f.handle) for uuid, f in found.items()]
         try:
-            return self.topology_reader([(uuid, f.index, f.handle) for uuid, f in found.items()])
+            return self.topology_reader(devices, errors=self.errors)
         except Exception:  # topology is a nicety: never let it stop sampling
             log.exception("reading the GPU topology failed")
             self.errors.add(self.name, "topology", "exception")
@@ -331,6 +343,18 @@ class NvmlSource:
     # -- sampling --------------------------------------------------------------------------------
 
     def sample(self) -> list[DeviceSample]:
+        self._statuses = []
+        try:
+            return self._sample()
+        finally:
+            self._last_statuses = self._merged_statuses()
+
+    def _merged_statuses(self) -> tuple[CollectorStatus, ...]:
+        ran = {status.collector for status in self._statuses}
+        idle = [CollectorStatus(c.name, True, 0.0) for c in self.collectors if c.name not in ran]
+        return guard.merge([*self._statuses, *idle])
+
+    def _sample(self) -> list[DeviceSample]:
         now = self.clock()
         for device in self._devices.values():
             device.reader.free_orphans()
@@ -351,7 +375,9 @@ class NvmlSource:
             if device.lost or not self._ready_for_tick(device):
                 continue
             device.reader.active_tick = self._tick
-            device.pending = device.worker.submit(device.reader.read_tick, self._tick, now, driver)
+            device.pending = device.worker.submit(
+                device.reader.read_tick, self._tick, now, driver, self.topology
+            )
             running[uuid] = device.pending
         if running:
             futures.wait(running.values(), timeout=self.settings.device_deadline_seconds)
@@ -395,32 +421,31 @@ class NvmlSource:
             )
             return self._down(device, f"NVML call {hung or '(tick)'} did not answer in time")
         try:
-            readings = job.result()
-        except DriverGoneError as exc:
+            result: TickResult = job.result()
+        except DriverGoneError as exc:  # counted by the choke point
             self._recovery.driver_gone = True
             device.lost, device.down_reason = True, str(exc)
-            self.errors.add(self.name, exc.call, "DriverGone")
             return self._down(device, device.down_reason)
         except DeviceLostError as exc:
             device.lost, device.down_reason = True, str(exc)
-            self.errors.add(self.name, exc.call, "GpuIsLost")
             log.error("GPU %d (%s) lost: %s", reader.index, uuid, exc)
             return self._down(device, device.down_reason)
         except TickAbandonedError:
             return self._down(device, "previous call hung")
         except DeviceUnresponsiveError as exc:
             return self._down(device, str(exc))
-        except Exception as exc:  # a bug in a reader must not take the daemon down
+        except Exception as exc:  # a bug outside the guarded collectors: the GPU is down
             self.errors.add(self.name, "tick", type(exc).__name__)
             log.exception("GPU %d: unexpected error while reading", reader.index)
             return self._down(device, f"read failed: {type(exc).__name__}")
         device.down_reason = ""
-        if self.topology is not None:
-            readings = [*readings, *self.topology.readings_for(uuid)]
-        return DeviceSample(reader.index, uuid, dict(reader.info), True, tuple(readings))
+        self._statuses += result.statuses
+        return DeviceSample(reader.index, uuid, dict(reader.info), True, result.readings)
 
-    @staticmethod
-    def _down(device: _Device, reason: str) -> DeviceSample:
+    def _down(self, device: _Device, reason: str) -> DeviceSample:
         reader = device.reader
-        xids = tuple(reader.xid_readings())  # known without NVML; XID 79 comes with a loss
-        return DeviceSample(reader.index, reader.uuid, dict(reader.info), False, xids, reason)
+        offline = reader.read_offline()  # XIDs are known without NVML; XID 79 comes with a loss
+        self._statuses += offline.statuses
+        return DeviceSample(
+            reader.index, reader.uuid, dict(reader.info), False, offline.readings, reason
+        )

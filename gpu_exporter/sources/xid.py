@@ -1,12 +1,13 @@
 """XID errors from NVML events, on a dedicated thread blocked in nvmlEventSetWait.
 
 ctypes releases the GIL during the wait, so the blocked thread costs nothing. NVML only
-reports XIDs that happen after registration; older ones live in the kernel log.
+reports XIDs that happen after registration; older ones live in the kernel log. Its NVML calls
+go through the choke point (`NvmlCalls`), counted under the field `xid_events`; the counts are
+exported by the `xid` collector (`sources/collectors/xid.py`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import threading
@@ -17,10 +18,12 @@ from dataclasses import dataclass, field
 import pynvml as N
 
 from gpu_exporter.sources.base import ErrorLog
+from gpu_exporter.sources.nvml_device import NvmlCalls
 
 log = logging.getLogger(__name__)
 
 WAIT_MS = 500  # short enough for a prompt stop, long enough to stay idle
+KEY = "xid_events"  # the errors_total `field` of every call made here
 
 
 def handle_address(handle: object) -> int | None:
@@ -61,7 +64,7 @@ class XidWatcher:
         }
         self._handles = dict(handles_by_uuid)
         self._counts = counts
-        self._errors = errors
+        self._calls = NvmlCalls(errors)
         self._wall_clock = wall_clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -69,11 +72,9 @@ class XidWatcher:
         self.registered: set[str] = set()
 
     def start(self) -> None:
-        try:
-            self._event_set = N.nvmlEventSetCreate()
-        except N.NVMLError as exc:
-            self._errors.add("nvml", "xid_events", type(exc).__name__.removeprefix("NVMLError_"))
-            log.warning("XID events unavailable: %s", exc)
+        self._event_set, error = self._calls.attempt(KEY, N.nvmlEventSetCreate)
+        if error:
+            log.warning("XID events unavailable: %s", error)
             return
         for uuid, handle in self._handles.items():
             self._register(uuid, handle)
@@ -83,16 +84,16 @@ class XidWatcher:
         self._thread.start()
 
     def _register(self, uuid: str, handle: object) -> None:
-        try:
-            supported = N.nvmlDeviceGetSupportedEventTypes(handle)
-            wanted = N.nvmlEventTypeXidCriticalError & supported
-            if not wanted:
-                return
-            N.nvmlDeviceRegisterEvents(handle, wanted, self._event_set)
+        supported = self._calls.call(KEY, N.nvmlDeviceGetSupportedEventTypes, handle)
+        wanted = N.nvmlEventTypeXidCriticalError & (supported or 0)
+        if not wanted:
+            return
+        # A failure (even NOT_SUPPORTED) leaves the set usable (nvml.h): others still register.
+        _, error = self._calls.attempt(
+            KEY, N.nvmlDeviceRegisterEvents, handle, wanted, self._event_set
+        )
+        if not error:
             self.registered.add(uuid)
-        except N.NVMLError as exc:
-            # NOT_SUPPORTED leaves the set usable (nvml.h); other devices still register.
-            self._errors.add("nvml", "xid_events", type(exc).__name__.removeprefix("NVMLError_"))
 
     def _run(self) -> None:
         try:
@@ -104,15 +105,13 @@ class XidWatcher:
 
     def _wait_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                event = N.nvmlEventSetWait(self._event_set, WAIT_MS)
-            except N.NVMLError_Timeout:
+            event, error = self._calls.attempt(
+                KEY, N.nvmlEventSetWait, self._event_set, WAIT_MS, expected=(N.NVMLError_Timeout,)
+            )
+            if error == "Timeout":
                 continue
-            except N.NVMLError as exc:
+            if error:
                 # GPU lost or driver trouble: back off; the source re-initialises and restarts us.
-                self._errors.add(
-                    "nvml", "xid_events", type(exc).__name__.removeprefix("NVMLError_")
-                )
                 self._stop.wait(1.0)
                 continue
             if not event.eventType & N.nvmlEventTypeXidCriticalError:
@@ -140,5 +139,4 @@ class XidWatcher:
     def _free(self) -> None:
         event_set, self._event_set = self._event_set, None
         if event_set is not None:
-            with contextlib.suppress(N.NVMLError):
-                N.nvmlEventSetFree(event_set)
+            self._calls.call(KEY, N.nvmlEventSetFree, event_set)

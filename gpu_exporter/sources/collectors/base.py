@@ -1,0 +1,132 @@
+"""What a collector is, and what it sees of its GPU.
+
+A collector reads one area of one GPU (memory, power, clocks, ...) on that GPU's worker thread.
+Each subclass declares, right next to its code:
+
+- `name`: its `collector` label in gpu_exporter_collector_success / _duration_seconds;
+- `families`: the catalog families it emits (emitting any other fails it for that tick);
+- `calls`: the pynvml functions it calls (tests/test_collectors.py checks it calls no others);
+- `fields`: its entries in the tick's one `nvmlDeviceGetFieldValues` batch;
+- `setting`: the `NvmlSettings` flag that turns it on and off (None: always on), and
+  `options`: other flags that change what it reads;
+
+and implements `read` (every tick) and, for slow-changing data, `refresh` (every
+`slow_refresh_seconds`; its readings are repeated in between). Every NVML call goes through the
+`Device` it is handed, whose `call` is the choke point (`sources/nvml_device.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from gpu_exporter.snapshot import Labels, Reading
+from gpu_exporter.sources.settings import NvmlSettings
+
+if TYPE_CHECKING:
+    from gpu_exporter.sources.xid import XidCounts
+    from gpu_exporter.topology import Topology
+
+NEVER = float("-inf")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One entry of the per-tick `nvmlDeviceGetFieldValues` batch."""
+
+    field_id: int
+    family: str
+    labels: Labels = ()
+    scale: float = 1.0
+    scope: int = 0
+
+    @property
+    def key(self) -> str:
+        """The choke-point key: what is learned unsupported and counted in errors_total."""
+        return f"field_{self.field_id}"
+
+
+class Device(Protocol):
+    """One GPU as a collector sees it: its handle and settings, and the choke point."""
+
+    handle: Any
+    uuid: str
+    settings: NvmlSettings
+    clock: Callable[[], float]
+    driver_version: str
+    topology: Topology | None
+    xid_counts: XidCounts
+
+    def call(self, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+        """One NVML call; None when unsupported, quarantined or failed (already counted)."""
+
+    def first(self, *attempts: tuple[Any, ...]) -> Any:
+        """(key, fn, *args) alternatives, newest first, moving on only past unsupported ones."""
+
+    def field_readings(self, specs: Sequence[FieldSpec]) -> list[Reading]:
+        """These fields' readings from the tick's one batch (made on the first request)."""
+
+    def fields_gone(self, *field_ids: int) -> bool:
+        """True when none of these fields can be read: time for the older call."""
+
+    def is_unsupported(self, key: str) -> bool: ...
+
+    def learn_unsupported(self, key: str) -> None: ...
+
+    def count_error(self, source: str, key: str, error: str) -> None:
+        """A failure NVML reported inside a successful call (a GPM metric, a field)."""
+
+    def identify(self, uuid: str | None, info: Mapping[str, str]) -> None:
+        """The identity collector's result: the UUID (None: keep) and the gpu_info labels."""
+
+
+class Collector:
+    """Base of the per-GPU collectors; one instance per GPU holds that GPU's state."""
+
+    name: ClassVar[str]
+    families: ClassVar[tuple[str, ...]]
+    calls: ClassVar[tuple[str, ...]] = ()
+    fields: ClassVar[tuple[FieldSpec, ...]] = ()
+    setting: ClassVar[str | None] = None
+    options: ClassVar[tuple[str, ...]] = ()
+    refreshes: ClassVar[bool] = False  # has slow-changing data, read by `refresh`
+    works_offline: ClassVar[bool] = False  # needs no NVML call: reported while the GPU is down
+
+    def __init__(self) -> None:
+        self.static: list[Reading] = []  # the last refresh's readings, repeated every tick
+        self.static_at = NEVER
+
+    @classmethod
+    def enabled(cls, settings: NvmlSettings, *, topology: bool) -> bool:
+        """On by its setting; `topology`: the source was given a topology reader."""
+        return cls.setting is None or bool(getattr(settings, cls.setting))
+
+    def refresh_due(self, now: float, every: float) -> bool:
+        return self.refreshes and now - self.static_at >= every
+
+    def refresh(self, nvml: Device) -> list[Reading]:
+        """Slow-changing data (maxima, modes, link states)."""
+        return []
+
+    def read(self, nvml: Device) -> list[Reading]:
+        """What changes tick to tick."""
+        return []
+
+    def wanted_fields(self) -> Sequence[FieldSpec]:
+        """The fields to put in this tick's batch."""
+        return self.fields
+
+    def reset(self) -> None:
+        """After a re-bind (new handle): read everything again from scratch."""
+        self.static, self.static_at = [], NEVER
+
+    def abandon(self, stuck_tick: Future[Any]) -> None:
+        """The tick running on `stuck_tick` missed its deadline and may still use our state."""
+
+    def free_orphans(self) -> None:
+        """Release what abandoned ticks held once they have finished (sampler thread)."""
+
+    def close(self) -> None:
+        """Release NVML resources."""

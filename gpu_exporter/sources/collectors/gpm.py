@@ -1,0 +1,82 @@
+"""gpm: SM, Tensor, DRAM and pipe activity from NVML GPM (Hopper and newer; `nvml.gpm`).
+
+The first tick checks support and takes the baseline sample; every later tick reads the
+activity since the previous one (`sources/gpm.py`). Pre-Hopper boards are learned unsupported
+once: their activity is absent, never zero.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+import pynvml as N
+
+from gpu_exporter.snapshot import Reading
+from gpu_exporter.sources import gpm
+from gpu_exporter.sources.collectors.base import Collector, Device
+from gpu_exporter.sources.nvml_values import return_code_name
+
+
+class Gpm(Collector):
+    name = "gpm"
+    families = tuple(dict.fromkeys(metric.family for metric in gpm.METRICS))
+    calls = (
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleGet",
+        "nvmlGpmMetricsGet",
+        "nvmlGpmSampleFree",
+    )
+    setting = "gpm"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.window: gpm.GpmWindow | None = None
+        # Windows of abandoned ticks: their stuck thread may still use them.
+        self.orphans: list[tuple[gpm.GpmWindow, Future[Any]]] = []
+
+    def read(self, nvml: Device) -> list[Reading]:
+        if nvml.is_unsupported("gpm"):
+            return []
+        if self.window is None:
+            supported = nvml.call("gpm_support", gpm.is_supported, nvml.handle)
+            if supported is False:
+                nvml.learn_unsupported("gpm")  # pre-Hopper: no activity metrics, never zeros
+                return []
+            if supported:
+                self.window = nvml.call("gpm_sample", gpm.GpmWindow, nvml.handle, nvml.clock)
+            return []  # the first window needs a second sample
+        result = nvml.call("gpm_metrics", self.window.read)
+        if result is None:
+            return []
+        for metric_id, code in result.failures.items():
+            if code != N.NVML_ERROR_NOT_SUPPORTED:
+                name = "NaN" if code < 0 else return_code_name(code)
+                nvml.count_error("gpm", f"metric_{metric_id}", name)
+        return [
+            Reading(metric.family, result.values[metric.metric_id], metric.labels)
+            for metric in gpm.METRICS
+            if metric.metric_id in result.values
+        ]
+
+    def abandon(self, stuck_tick: Future[Any]) -> None:
+        # The stuck thread may be inside the window: free it once that tick has finished.
+        if self.window is not None:
+            self.orphans.append((self.window, stuck_tick))
+            self.window = None
+
+    def free_orphans(self) -> None:
+        keep = []
+        for window, tick in self.orphans:
+            if tick.done():
+                window.close()
+            else:
+                keep.append((window, tick))
+        self.orphans = keep
+
+    def close(self) -> None:
+        if self.window is not None:
+            self.window.close()
+            self.window = None
+        self.free_orphans()

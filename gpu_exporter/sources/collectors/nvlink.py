@@ -1,0 +1,59 @@
+"""nvlink: links in the active state, and data bytes over all links.
+
+The link count comes from the NVLINK_LINK_COUNT field at each slow refresh; a board without
+links asks for no NVLink fields at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pynvml as N
+
+from gpu_exporter.snapshot import Reading
+from gpu_exporter.sources.collectors.base import Collector, Device, FieldSpec
+from gpu_exporter.sources.nvml_values import field_value
+
+AGGREGATE_SCOPE = 0xFFFFFFFF  # "returns aggregate value summed up across all links"
+_KIB = 1024.0
+
+
+class NvLink(Collector):
+    name = "nvlink"
+    families = ("gpu_nvlink_bytes_total", "gpu_nvlink_links_active")
+    calls = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkState")  # the link count field
+    fields = (
+        FieldSpec(138, "gpu_nvlink_bytes_total", (("direction", "tx"),), _KIB, AGGREGATE_SCOPE),
+        FieldSpec(139, "gpu_nvlink_bytes_total", (("direction", "rx"),), _KIB, AGGREGATE_SCOPE),
+    )
+    refreshes = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links = 0
+
+    def wanted_fields(self) -> Sequence[FieldSpec]:
+        return self.fields if self.links else ()
+
+    def refresh(self, nvml: Device) -> list[Reading]:
+        counts = nvml.call(
+            "nvlink_link_count",
+            N.nvmlDeviceGetFieldValues,
+            nvml.handle,
+            [N.NVML_FI_DEV_NVLINK_LINK_COUNT],
+        )
+        self.links = 0
+        if counts is not None and counts[0].nvmlReturn == N.NVML_SUCCESS:
+            self.links = int(field_value(counts[0]))
+        if not self.links:
+            return []
+        active = 0
+        for link in range(self.links):
+            state = nvml.call("nvlink_state", N.nvmlDeviceGetNvLinkState, nvml.handle, link)
+            if state is None:
+                return []  # unsupported or failing: absent rather than a wrong count
+            active += int(state == N.NVML_FEATURE_ENABLED)
+        return [Reading("gpu_nvlink_links_active", active)]
+
+    def read(self, nvml: Device) -> list[Reading]:
+        return nvml.field_readings(self.wanted_fields())

@@ -1,0 +1,36 @@
+"""power: draw, enforced limit and energy since the driver loaded."""
+
+from __future__ import annotations
+
+import pynvml as N
+
+from gpu_exporter.snapshot import Reading
+from gpu_exporter.sources.collectors.base import Collector, Device, FieldSpec
+
+ENERGY = FieldSpec(83, "gpu_energy_joules_total", scale=1e-3)  # mJ since driver load
+
+
+class Power(Collector):
+    name = "power"
+    families = ("gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total")
+    calls = (
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTotalEnergyConsumption",  # without the energy field
+    )
+    fields = (ENERGY,)
+
+    def read(self, nvml: Device) -> list[Reading]:
+        h, out = nvml.handle, []
+        power = nvml.call("power_usage", N.nvmlDeviceGetPowerUsage, h)
+        if power is not None:
+            out.append(Reading("gpu_power_watts", power / 1000.0))
+        limit = nvml.call("power_limit", N.nvmlDeviceGetEnforcedPowerLimit, h)
+        if limit is not None:
+            out.append(Reading("gpu_power_limit_watts", limit / 1000.0))
+        out += nvml.field_readings(self.fields)
+        if nvml.fields_gone(ENERGY.field_id):
+            mj = nvml.call("total_energy", N.nvmlDeviceGetTotalEnergyConsumption, h)
+            if mj is not None:
+                out.append(Reading("gpu_energy_joules_total", mj / 1000.0))
+        return out

@@ -1,0 +1,44 @@
+"""topology: how the GPU reaches each peer (NVLink or PCIe level, P2P), CPU and NUMA affinity.
+
+Read by `gpu_exporter/topology.py` at start and after each full NVML re-init, never per tick
+(a pair query can take hundreds of milliseconds); each tick repeats what was read. On when the
+source has a topology reader.
+"""
+
+from __future__ import annotations
+
+from gpu_exporter.snapshot import Reading
+from gpu_exporter.sources.collectors.base import Collector, Device
+from gpu_exporter.sources.settings import NvmlSettings
+
+
+class Topology(Collector):
+    name = "topology"
+    families = (
+        "gpu_topology_link_info",
+        "gpu_topology_nvlink_links",
+        "gpu_p2p_supported",
+        "gpu_cpu_affinity_info",
+        "gpu_numa_node",
+    )
+    calls = (  # at start and re-init
+        "nvmlDeviceGetPciInfo",
+        "nvmlDeviceGetFieldValues",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetNvLinkRemoteDeviceType",
+        "nvmlDeviceGetNvLinkRemotePciInfo",
+        "nvmlDeviceGetNumaNodeId",
+        "nvmlDeviceGetCpuAffinity",
+        "nvmlDeviceGetMemoryAffinity",
+        "nvmlDeviceGetTopologyCommonAncestor",
+        "nvmlDeviceGetP2PStatus",
+    )
+
+    @classmethod
+    def enabled(cls, settings: NvmlSettings, *, topology: bool) -> bool:
+        return topology
+
+    def read(self, nvml: Device) -> list[Reading]:
+        if nvml.topology is None:
+            return []
+        return nvml.topology.readings_for(nvml.uuid)
