@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pynvml as N
@@ -42,7 +43,7 @@ from gpu_exporter.sources.nvml_values import (
 from gpu_exporter.sources.settings import NvmlSettings
 
 if TYPE_CHECKING:
-    from gpu_exporter.sources.collectors.base import Collector, FieldSpec
+    from gpu_exporter.sources.collectors.base import Collector, Device, FieldSpec
     from gpu_exporter.sources.xid import XidCounts
     from gpu_exporter.topology import Topology
 
@@ -172,7 +173,7 @@ class TickResult:
 
 
 # How a collector's phase is run: guarded in the daemon, plainly in the bare benchmark loop.
-Phase = Callable[["DeviceReader"], list[Reading]]
+Phase = Callable[["Device"], list[Reading]]
 Runner = Callable[["Collector", Phase], tuple[list[Reading], CollectorStatus]]
 
 
@@ -382,9 +383,7 @@ class DeviceReader:
         for collector in self.collectors:
             if collector.works_offline:
                 readings, status = self.guard.run(
-                    collector.name,
-                    lambda c=collector: _declared(c, c.read(self)),
-                    fallback=[],
+                    collector.name, partial(_read_declared, collector, self), _NOTHING
                 )
                 out += readings
                 statuses.append(status)
@@ -404,7 +403,7 @@ class DeviceReader:
                 self.running = ""
             return _declared(collector, readings)
 
-        readings, status = self.guard.run(collector.name, produce, fallback=[])
+        readings, status = self.guard.run(collector.name, produce, _NOTHING)
         if aborted:
             raise aborted[0]
         return readings, status
@@ -441,6 +440,13 @@ class DeviceReader:
     def close(self) -> None:
         for collector in self.collectors:
             collector.close()
+
+
+_NOTHING: list[Reading] = []  # a failed collector's readings (never appended to)
+
+
+def _read_declared(collector: Collector, device: Device) -> list[Reading]:
+    return _declared(collector, collector.read(device))
 
 
 def _declared(collector: Collector, readings: list[Reading]) -> list[Reading]:

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pynvml as N
 
@@ -26,7 +27,7 @@ WAIT_MS = 500  # short enough for a prompt stop, long enough to stay idle
 KEY = "xid_events"  # the errors_total `field` of every call made here
 
 
-def handle_address(handle: object) -> int | None:
+def handle_address(handle: Any) -> int | None:
     """A device handle's pointer value, to match an event's device to ours."""
     return ctypes.cast(handle, ctypes.c_void_p).value
 

@@ -51,13 +51,27 @@ class FieldSpec:
 class Device(Protocol):
     """One GPU as a collector sees it: its handle and settings, and the choke point."""
 
-    handle: Any
-    uuid: str
-    settings: NvmlSettings
-    clock: Callable[[], float]
-    driver_version: str
-    topology: Topology | None
-    xid_counts: XidCounts
+    # Read-only to collectors (properties, so any object with these attributes qualifies).
+    @property
+    def handle(self) -> Any: ...
+
+    @property
+    def uuid(self) -> str: ...
+
+    @property
+    def settings(self) -> NvmlSettings: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    @property
+    def driver_version(self) -> str: ...
+
+    @property
+    def topology(self) -> Topology | None: ...
+
+    @property
+    def xid_counts(self) -> XidCounts: ...
 
     def call(self, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         """One NVML call; None when unsupported, quarantined or failed (already counted)."""
