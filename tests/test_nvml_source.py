@@ -317,6 +317,8 @@ def test_driver_replaced_under_the_daemon_triggers_reinit(start, clock: ManualCl
     generation = fake.generation
     device = tick(source, clock)[0]
     assert not device.up and "driver" in device.down_reason.lower()
+    counted = {(e.field, e.error) for e in source.errors.snapshot()}
+    assert ("power_usage", "LibRmVersionMismatch") in counted  # counted by the choke point
     upgraded["now"] = False
     for _ in range(3):
         device = tick(source, clock)[0]
@@ -340,3 +342,18 @@ def test_xid_is_still_reported_while_the_gpu_is_down(start, clock: ManualClock) 
     device = tick(source, clock, 0.5)[0]
     assert not device.up
     assert device.value("gpu_xid_errors_total", xid="79") == 1
+
+
+def test_xid_registration_failures_are_counted_like_any_nvml_failure(
+    start, clock: ManualClock
+) -> None:
+    spec = scenario(
+        [{"label": "a"}, {"label": "b"}],
+        faults=[
+            {"at": 0, "device": 1, "kind": "no_permission", "function": "nvmlDeviceRegisterEvents"}
+        ],
+    )
+    source = start(spec)
+    counted = [(e.source, e.field, e.error, e.count) for e in source.errors.snapshot()]
+    assert counted == [("nvml", "xid_events", "NoPermission", 1)]
+    assert source._xid is not None and len(source._xid.registered) == 1  # GPU 0 still is

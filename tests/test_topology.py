@@ -124,8 +124,10 @@ def test_unsupported_topology_is_absent_not_an_error(devices) -> None:
     scenario = {**PCIE_ONLY, "topology": []}
     scenario["devices"] = [*PCIE_ONLY["devices"][:3], {"numa_node": 1, "unsupported": ["topology"]}]
     found = devices(scenario)
-    topology = read_topology(found, sysfs_root="/nonexistent")
+    errors = ErrorLog()
+    topology = read_topology(found, sysfs_root="/nonexistent", errors=errors)
     assert topology.errors == ()
+    assert errors.snapshot() == (), "NotSupported is not counted as an error"
     rows = matrix_rows(topology.matrix_text())
     assert rows["GPU0"][3] == "N/A" and rows["GPU3"][0] == "N/A"
     assert rows["GPU0"][1] == "NODE"
@@ -140,8 +142,14 @@ def test_a_lost_gpu_costs_only_its_own_pairs(devices, clock: ManualClock) -> Non
     scenario = {**PCIE_ONLY, "faults": [{"at": 5, "device": 2, "kind": "gpu_lost"}]}
     found = devices(scenario)
     clock.advance(6)  # handles were taken before the loss
-    topology = read_topology(found, sysfs_root="/nonexistent")
+    errors = ErrorLog()
+    topology = read_topology(found, sysfs_root="/nonexistent", errors=errors)
     assert topology.errors, "the failing calls are reported"
+    # ... and counted through the choke point like every other NVML failure.
+    counted = {(e.source, e.field, e.error) for e in errors.snapshot()}
+    assert ("topology", "pci_info", "GpuIsLost") in counted
+    assert ("topology", "p2p_status", "GpuIsLost") in counted
+    assert {error for _, _, error in counted} == {"GpuIsLost"}
     assert all("GpuIsLost" in error for error in topology.errors)
     assert all("GPU2" in error for error in topology.errors)
     rows = matrix_rows(topology.matrix_text())
