@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import pynvml as N
 
+from gpu_exporter.sources.base import ErrorLog
+from gpu_exporter.sources.nvml_device import NvmlCalls
+
 # NVIDIA: "The interval between these two nvmlGpmSampleGet() calls should be greater than 100ms
 # due to the internal sample refresh rate."
 MIN_WINDOW_SECONDS = 0.1
@@ -53,11 +56,18 @@ def is_supported(handle: object) -> bool:
 
 
 class GpmWindow:
-    """Rolling two-sample GPM reader for one device handle."""
+    """Rolling two-sample GPM reader for one device handle.
 
-    def __init__(self, handle: object, clock: Callable[[], float]) -> None:
+    Its reads run inside the reader's choke point (`DeviceReader.call`); freeing the samples
+    happens outside a tick, through `NvmlCalls` on `errors` when given.
+    """
+
+    def __init__(
+        self, handle: object, clock: Callable[[], float], errors: ErrorLog | None = None
+    ) -> None:
         self._handle = handle
         self._clock = clock
+        self._calls = NvmlCalls(errors) if errors is not None else None
         self._skip: set[int] = set()  # metric ids the device answered NOT_SUPPORTED for
         self._baseline = N.nvmlGpmSampleAlloc()
         self._current = N.nvmlGpmSampleAlloc()
@@ -106,8 +116,12 @@ class GpmWindow:
 
     def close(self) -> None:
         for sample in (self._baseline, self._current):
-            if sample is not None:
-                # The device may be gone; the buffer is then released with the library.
+            if sample is None:
+                continue
+            # The device may be gone; the buffer is then released with the library.
+            if self._calls is not None:
+                self._calls.call("gpm_sample_free", N.nvmlGpmSampleFree, sample)
+            else:
                 with contextlib.suppress(N.NVMLError):
                     N.nvmlGpmSampleFree(sample)
         self._baseline = self._current = None

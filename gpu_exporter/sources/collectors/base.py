@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from gpu_exporter.snapshot import Labels, Reading
+from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.settings import NvmlSettings
 
 if TYPE_CHECKING:
@@ -72,6 +73,10 @@ class Device(Protocol):
 
     @property
     def xid_counts(self) -> XidCounts: ...
+
+    @property
+    def errors(self) -> ErrorLog:
+        """Where NVML failures are counted (for calls made outside the tick, such as frees)."""
 
     def call(self, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
         """One NVML call; None when unsupported, quarantined or failed (already counted)."""

@@ -45,7 +45,9 @@ class Gpm(Collector):
                 nvml.learn_unsupported("gpm")  # pre-Hopper: no activity metrics, never zeros
                 return []
             if supported:
-                self.window = nvml.call("gpm_sample", gpm.GpmWindow, nvml.handle, nvml.clock)
+                self.window = nvml.call(
+                    "gpm_sample", gpm.GpmWindow, nvml.handle, nvml.clock, nvml.errors
+                )
             return []  # the first window needs a second sample
         result = nvml.call("gpm_metrics", self.window.read)
         if result is None:
