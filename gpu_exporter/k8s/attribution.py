@@ -29,6 +29,7 @@ from types import MappingProxyType
 
 import grpc
 
+from gpu_exporter.k8s import defaults
 from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from gpu_exporter.series import Producer, Series, series
 
@@ -53,11 +54,11 @@ class PodRef:
 
 @dataclass
 class AttributionSettings:
-    socket_path: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
-    resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
-    refresh_seconds: float = 10.0
-    timeout_seconds: float = 2.0
+    socket_path: str = defaults.SOCKET_PATH
+    resource_names: tuple[str, ...] = defaults.RESOURCE_NAMES
+    resource_prefixes: tuple[str, ...] = defaults.RESOURCE_PREFIXES
+    refresh_seconds: float = defaults.REFRESH_SECONDS
+    timeout_seconds: float = defaults.TIMEOUT_SECONDS
 
     def __post_init__(self) -> None:
         # The config layer hands over lists; tuples keep the settings hashable and unshared.

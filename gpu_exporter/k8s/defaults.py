@@ -1,0 +1,14 @@
+"""Pod attribution's default settings, written once and importable without grpc.
+
+`gpu_exporter.k8s.attribution.AttributionSettings` and the `kubernetes:` section of the
+configuration (`gpu_exporter/config.py`) both take their defaults from here; the config layer
+must not import grpc just to know them.
+"""
+
+from __future__ import annotations
+
+SOCKET_PATH = "/var/lib/kubelet/pod-resources/kubelet.sock"
+RESOURCE_NAMES: tuple[str, ...] = ("nvidia.com/gpu",)
+RESOURCE_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)  # every MIG profile's resource
+REFRESH_SECONDS = 10.0
+TIMEOUT_SECONDS = 2.0
