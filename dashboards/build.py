@@ -3,7 +3,8 @@
     python dashboards/build.py           # (re)write dashboards/*.json
     python dashboards/build.py --check   # exit 1 when a committed file differs from the output
 
-Standard library only: a dashboard is a plain dict, and the helpers below are the small part of
+Standard library only (plus `gpu_exporter.nvml_facts`, which is too: the clock-event reason
+names come from there): a dashboard is a plain dict, and the helpers below are the small part of
 Grafana's model we use. grafana-foundation-sdk would add builders but no validation (it accepts
 `{"gridPos": {"h": "x"}}` silently, reference/tooling.md section 5); tests/test_dashboards.py
 type-checks the output against @grafana/schema instead.
@@ -34,6 +35,21 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:  # run as a script from a source tree
+    sys.path.insert(0, str(HERE.parent))
+
+from gpu_exporter.nvml_facts import (  # noqa: E402 - after the path it may need
+    APPLICATIONS_CLOCKS_SETTING,
+    DISPLAY_CLOCK_SETTING,
+    GPU_IDLE,
+    HW_POWER_BRAKE_SLOWDOWN,
+    HW_SLOWDOWN,
+    HW_THERMAL_SLOWDOWN,
+    SW_POWER_CAP,
+    SW_THERMAL_SLOWDOWN,
+    SYNC_BOOST,
+)
+
 SCHEMA_VERSION = 39  # Grafana 11; newer versions migrate it on load
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 TAGS = ["gpu", "gpu-exporter"]
@@ -80,13 +96,17 @@ BUSY_BUT_IDLE = 'class=~"launch_bound|link_bound"'
 # Clock-event reasons that slow a GPU down, mildest first, as the health state timeline
 # encodes them (SW power cap is normal operation at the limit; the others are protective).
 SLOWDOWN_REASONS: tuple[tuple[str, str, str], ...] = (
-    ("sw_power_cap", "SW power cap", "blue"),
-    ("sw_thermal_slowdown", "SW thermal", "orange"),
-    ("hw_slowdown", "HW slowdown", "red"),
-    ("hw_thermal_slowdown", "HW thermal", "red"),
-    ("hw_power_brake_slowdown", "HW power brake", "dark-red"),
+    (SW_POWER_CAP.name, "SW power cap", "blue"),
+    (SW_THERMAL_SLOWDOWN.name, "SW thermal", "orange"),
+    (HW_SLOWDOWN.name, "HW slowdown", "red"),
+    (HW_THERMAL_SLOWDOWN.name, "HW thermal", "red"),
+    (HW_POWER_BRAKE_SLOWDOWN.name, "HW power brake", "dark-red"),
 )
-INFORMATIONAL_REASONS = "gpu_idle|sync_boost|applications_clocks_setting|display_clock_setting"
+# The reasons that limit nothing on a busy GPU (Effect.INFORMATIONAL), in the panels' order.
+INFORMATIONAL_REASONS = "|".join(
+    reason.name
+    for reason in (GPU_IDLE, SYNC_BOOST, APPLICATIONS_CLOCKS_SETTING, DISPLAY_CLOCK_SETTING)
+)
 
 
 def eq(label: str, value: str) -> str:

@@ -31,6 +31,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+from gpu_exporter.nvml_facts import (
+    COMBINED_THERMAL_REASON,
+    HW_POWER_BRAKE_SLOWDOWN,
+    HW_SLOWDOWN,
+    HW_THERMAL_SLOWDOWN,
+    SW_THERMAL_SLOWDOWN,
+)
 from gpu_exporter.snapshot import DeviceSample, Reading
 
 CLASSES: tuple[str, ...] = (
@@ -49,19 +56,18 @@ OUTPUT_FAMILIES = frozenset({"gpu_bottleneck", "gpu_bottleneck_seconds_total"})
 # (nvml.h: HW slowdown halves the clocks or more; HW thermal, power brake and SW thermal are
 # protective limits). SW power cap is normal operation at the power limit and only informative;
 # gpu_idle, sync boost, application/display clocks are not limits on a busy GPU.
-THROTTLE_REASONS: tuple[str, ...] = (
-    "hw_slowdown",
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-    "sw_thermal_slowdown",
+# These are the documented reasons with Effect.PROTECTIVE (nvml_facts), in this order.
+THROTTLE_REASONS: tuple[str, ...] = tuple(
+    reason.name
+    for reason in (HW_SLOWDOWN, HW_THERMAL_SLOWDOWN, HW_POWER_BRAKE_SLOWDOWN, SW_THERMAL_SLOWDOWN)
 )
 # Cumulative throttle-time counters for those reasons; "thermal" is the pre-R535 fallback
 # (nvmlDeviceGetViolationStatus THERMAL = SW or HW thermal). HW slowdown has no counter.
 THROTTLE_COUNTERS: tuple[str, ...] = (
-    "hw_thermal_slowdown",
-    "hw_power_brake_slowdown",
-    "sw_thermal_slowdown",
-    "thermal",
+    HW_THERMAL_SLOWDOWN.name,
+    HW_POWER_BRAKE_SLOWDOWN.name,
+    SW_THERMAL_SLOWDOWN.name,
+    COMBINED_THERMAL_REASON,
 )
 
 # PCIe payload rate per lane and direction, bytes/s: transfer rate x line-code efficiency / 8.
@@ -88,6 +94,16 @@ NVLINK_LINK_BYTES_PER_SECOND: Mapping[str, float] = {
     "hopper": 25e9,
     "blackwell": 50e9,
 }
+
+
+# The window is never shorter (see `default_window_seconds`).
+MIN_WINDOW_SECONDS = 5.0
+
+
+def default_window_seconds(interval_seconds: float) -> float:
+    """The window when none is configured: 5 s, or three intervals if longer, so that counter
+    rates always have at least two points in it."""
+    return max(MIN_WINDOW_SECONDS, 3 * interval_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +208,9 @@ class Classifier:
     intervals, so that counter rates have two points.
     """
 
-    def __init__(self, thresholds: Thresholds | None = None, window_seconds: float = 5.0) -> None:
+    def __init__(
+        self, thresholds: Thresholds | None = None, window_seconds: float = MIN_WINDOW_SECONDS
+    ) -> None:
         if not window_seconds > 0:
             raise ValueError(f"window_seconds must be > 0, got {window_seconds}")
         self.thresholds = thresholds or Thresholds()

@@ -21,9 +21,11 @@ from pydantic import (
     model_validator,
 )
 
+from gpu_exporter.classify import Thresholds
+from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.notify.alertmanager import AlertmanagerTarget
 from gpu_exporter.rules.pack import default_rule_files
-from gpu_exporter.sources.nvml import NvmlSettings
+from gpu_exporter.sources.settings import NvmlSettings, default_deadline
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
 
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -47,16 +49,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Every default below comes from the dataclass the setting ends up in; tests/test_config.py
+# fails if a literal creeps back in and drifts.
+_NVML = NvmlSettings()
+_THRESHOLDS = Thresholds()
+
+
 class NvmlConfig(_Strict):
-    # Default: 0.8 s, or 80% of the interval when that is shorter.
+    # Default: sources.settings.default_deadline (0.8 s, or 80% of a shorter interval).
     device_deadline_seconds: float | None = Field(None, gt=0, le=60)
-    slow_refresh_seconds: float = Field(30.0, ge=1, le=86400)
-    recovery_initial_backoff_seconds: float = Field(2.0, gt=0, le=3600)
-    recovery_max_backoff_seconds: float = Field(300.0, gt=0, le=86400)
-    hang_quarantine_seconds: float = Field(60.0, gt=0, le=86400)
-    gpm: bool = True
-    pcie_throughput_fallback: bool = True
-    xid_events: bool = True
+    slow_refresh_seconds: float = Field(_NVML.slow_refresh_seconds, ge=1, le=86400)
+    recovery_initial_backoff_seconds: float = Field(
+        _NVML.recovery_initial_backoff_seconds, gt=0, le=3600
+    )
+    recovery_max_backoff_seconds: float = Field(_NVML.recovery_max_backoff_seconds, gt=0, le=86400)
+    hang_quarantine_seconds: float = Field(_NVML.hang_quarantine_seconds, gt=0, le=86400)
+    gpm: bool = _NVML.gpm
+    pcie_throughput_fallback: bool = _NVML.pcie_throughput_fallback
+    xid_events: bool = _NVML.xid_events
 
     @model_validator(mode="after")
     def _backoff_order(self) -> NvmlConfig:
@@ -69,7 +79,7 @@ class NvmlConfig(_Strict):
     def settings(self, interval_seconds: float) -> NvmlSettings:
         values = self.model_dump()
         if values["device_deadline_seconds"] is None:
-            values["device_deadline_seconds"] = min(0.8, 0.8 * interval_seconds)
+            values["device_deadline_seconds"] = default_deadline(interval_seconds)
         return NvmlSettings(**values)
 
 
@@ -170,11 +180,11 @@ class AlertingConfig(_Strict):
 class KubernetesConfig(_Strict):
     # auto: on when the kubelet socket exists at start (a DaemonSet), off elsewhere.
     enabled: Literal["auto", "true", "false"] | bool = "auto"
-    socket_path: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
-    refresh_seconds: float = Field(10.0, ge=1, le=3600)
-    timeout_seconds: float = Field(2.0, gt=0, le=60)
-    resource_names: list[str] = ["nvidia.com/gpu"]
-    resource_prefixes: list[str] = ["nvidia.com/mig-"]
+    socket_path: str = k8s_defaults.SOCKET_PATH
+    refresh_seconds: float = Field(k8s_defaults.REFRESH_SECONDS, ge=1, le=3600)
+    timeout_seconds: float = Field(k8s_defaults.TIMEOUT_SECONDS, gt=0, le=60)
+    resource_names: list[str] = list(k8s_defaults.RESOURCE_NAMES)
+    resource_prefixes: list[str] = list(k8s_defaults.RESOURCE_PREFIXES)
     # labels: namespace/pod/container on every per-GPU series; info: only gpu_pod_info.
     mode: Literal["labels", "info"] = "labels"
 
@@ -191,13 +201,14 @@ class KubernetesConfig(_Strict):
 class ClassifierConfig(_Strict):
     """Bottleneck-class thresholds; the defaults and their reasons are in classify.Thresholds."""
 
-    idle_utilization: float = Field(0.05, ge=0, le=1)
-    throttle_fraction: float = Field(0.2, ge=0, le=1)
-    sm_active_low: float = Field(0.5, ge=0, le=1)
-    dram_active_high: float = Field(0.7, ge=0, le=1)
-    tensor_active_high: float = Field(0.5, ge=0, le=1)
-    link_utilization_high: float = Field(0.6, ge=0, le=1)
-    window_seconds: float | None = Field(None, gt=0, le=3600)  # default: max(5, 3 intervals)
+    idle_utilization: float = Field(_THRESHOLDS.idle_utilization, ge=0, le=1)
+    throttle_fraction: float = Field(_THRESHOLDS.throttle_fraction, ge=0, le=1)
+    sm_active_low: float = Field(_THRESHOLDS.sm_active_low, ge=0, le=1)
+    dram_active_high: float = Field(_THRESHOLDS.dram_active_high, ge=0, le=1)
+    tensor_active_high: float = Field(_THRESHOLDS.tensor_active_high, ge=0, le=1)
+    link_utilization_high: float = Field(_THRESHOLDS.link_utilization_high, ge=0, le=1)
+    # Default: classify.default_window_seconds (5 s, or 3 intervals when that is longer).
+    window_seconds: float | None = Field(None, gt=0, le=3600)
 
 
 class Config(_Strict):

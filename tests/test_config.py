@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from gpu_exporter.config import ConfigError, load_config, split_host_port
+from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
+from gpu_exporter.config import (
+    ClassifierConfig,
+    ConfigError,
+    KubernetesConfig,
+    NvmlConfig,
+    load_config,
+    split_host_port,
+)
+from gpu_exporter.sources.settings import NvmlSettings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -121,3 +131,37 @@ def test_default_deadline_follows_a_short_interval() -> None:
     config = load_config(flags={"interval_seconds": 0.5}, environ={})
     assert config.nvml.settings(config.interval_seconds).device_deadline_seconds == 0.4
     assert load_config(environ={}).nvml.settings(1.0).device_deadline_seconds == 0.8
+
+
+# -- one definition per default: the config layer takes its defaults from the dataclasses ---
+
+
+def _defaults(model: type) -> dict[str, object]:
+    return {
+        name: f.get_default(call_default_factory=True) for name, f in model.model_fields.items()
+    }
+
+
+def test_nvml_defaults_are_the_sources_own() -> None:
+    settings = dataclasses.asdict(NvmlSettings())
+    config = _defaults(NvmlConfig)
+    assert config.pop("device_deadline_seconds") is None  # computed from the interval
+    assert set(config) <= set(settings), "a setting the source does not have"
+    assert config == {name: settings[name] for name in config}
+    assert NvmlConfig().settings(interval_seconds=10.0) == NvmlSettings()
+    assert NvmlConfig().settings(0.5).device_deadline_seconds == pytest.approx(0.4)
+
+
+def test_classifier_defaults_are_the_thresholds_own() -> None:
+    config = _defaults(ClassifierConfig)
+    assert config.pop("window_seconds") is None  # classify.default_window_seconds(interval)
+    assert config == dataclasses.asdict(Thresholds())
+    assert default_window_seconds(1.0) == Classifier().window_seconds
+
+
+def test_kubernetes_defaults_are_the_attribution_settings_own() -> None:
+    from gpu_exporter.k8s.attribution import AttributionSettings
+
+    k8s = KubernetesConfig()
+    fields = {f.name for f in dataclasses.fields(AttributionSettings)}
+    assert AttributionSettings(**k8s.model_dump(include=fields)) == AttributionSettings()

@@ -28,7 +28,7 @@ import pynvml
 
 from gpu_exporter.sim.scenario import DeviceSpec, FaultSpec, Scenario, normalize_bus_id
 
-__all__ = ["FakeNvmlLib", "implemented_functions"]
+__all__ = ["THROTTLE_FIELDS", "FakeNvmlLib", "implemented_functions"]
 
 # NVML return codes used here (nvml.h / pynvml).
 SUCCESS = pynvml.NVML_SUCCESS
@@ -59,22 +59,43 @@ _RAW_OVERHEAD = 1.0625  # NVLink raw bytes = data bytes + protocol overhead (ass
 _DEVICE_TOKEN_BASE = 0x6E760000
 _TOKENS = itertools.count(0x6E770000)
 
-# Clock-event bits pynvml knows (0x1FF plus its 0x200 board-limit and 0x400 reliability).
-_ALL_REASONS = 0x7FF
+# Clock-event bits, from the vendor's binding (not the exporter's copy, which the fake tests):
+# nvml.h's 0x1FF plus pynvml's 0x200 board limit and 0x400 reliability.
+_ALL_REASONS = pynvml.nvmlClocksThrottleReasonAll
 # "Any limiter": every reason that holds clocks down, not idle/app-clock/display settings.
-_ANY_THROTTLE = 0x6FC
+_ANY_THROTTLE = _ALL_REASONS & ~(
+    pynvml.nvmlClocksThrottleReasonGpuIdle
+    | pynvml.nvmlClocksThrottleReasonApplicationsClocksSetting
+    | pynvml.nvmlClocksThrottleReasonDisplayClockSetting
+)
 # NVML_PERF_POLICY_* -> reason bits whose time it counts (TOTAL_* are unverified guesses).
 _POLICY_MASKS = {
-    0: 0x4,
-    1: 0x60,
-    2: 0x10,
-    3: 0x200,
-    4: 0x1,
-    5: 0x400,
-    10: _ANY_THROTTLE,
-    11: _ANY_THROTTLE,
+    pynvml.NVML_PERF_POLICY_POWER: pynvml.nvmlClocksThrottleReasonSwPowerCap,
+    pynvml.NVML_PERF_POLICY_THERMAL: (
+        pynvml.nvmlClocksThrottleReasonSwThermalSlowdown
+        | pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
+    ),
+    pynvml.NVML_PERF_POLICY_SYNC_BOOST: pynvml.nvmlClocksThrottleReasonSyncBoost,
+    pynvml.NVML_PERF_POLICY_BOARD_LIMIT: pynvml.nvmlClocksThrottleReasonBoardLimit,
+    pynvml.NVML_PERF_POLICY_LOW_UTILIZATION: pynvml.nvmlClocksThrottleReasonGpuIdle,
+    pynvml.NVML_PERF_POLICY_RELIABILITY: pynvml.nvmlClocksThrottleReasonReliability,
+    pynvml.NVML_PERF_POLICY_TOTAL_APP_CLOCKS: _ANY_THROTTLE,
+    pynvml.NVML_PERF_POLICY_TOTAL_BASE_CLOCKS: _ANY_THROTTLE,
 }
-_MASKS = tuple(sorted({*_POLICY_MASKS.values(), 0x20, 0x40, 0x80}))
+# Cumulative throttle-time fields -> the reason bits they count. The ids are the fake's own
+# copy of nvml.h's NVML_FI_DEV_* numbers (older pynvml lacks some names); tests check them.
+THROTTLE_FIELDS: dict[int, int] = {
+    74: pynvml.nvmlClocksThrottleReasonSwPowerCap,  # PERF_POLICY_POWER = ..._SW_POWER_CAP
+    76: pynvml.nvmlClocksThrottleReasonSyncBoost,  # PERF_POLICY_SYNC_BOOST = ..._SYNC_BOOST
+    77: pynvml.nvmlClocksThrottleReasonBoardLimit,  # PERF_POLICY_BOARD_LIMIT
+    78: pynvml.nvmlClocksThrottleReasonGpuIdle,  # PERF_POLICY_LOW_UTILIZATION
+    79: pynvml.nvmlClocksThrottleReasonReliability,  # PERF_POLICY_RELIABILITY
+    81: _ANY_THROTTLE,  # PERF_POLICY_TOTAL_BASE_CLOCKS
+    269: pynvml.nvmlClocksThrottleReasonSwThermalSlowdown,  # CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+    270: pynvml.nvmlClocksThrottleReasonHwThermalSlowdown,  # CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
+    271: pynvml.nvmlClocksThrottleReasonHwPowerBrakeSlowdown,  # ..._HW_POWER_BRAKE_SLOWDOWN
+}
+_MASKS = tuple(sorted({*_POLICY_MASKS.values(), *THROTTLE_FIELDS.values()}))
 
 # Quantities whose integrals NVML exposes as counters (energy, bytes, GPM activity).
 _ACTIVITY = (
@@ -1086,12 +1107,6 @@ _FIELDS: dict[int, tuple[str, _FieldReader]] = {
     4: ("ecc", _gauge_field("ecc_uncorrected_total", _ULL)),  # ECC_DBE_VOL_TOTAL
     5: ("ecc", _gauge_field("ecc_corrected_total", _ULL)),  # ECC_SBE_AGG_TOTAL
     6: ("ecc", _gauge_field("ecc_uncorrected_total", _ULL)),  # ECC_DBE_AGG_TOTAL
-    74: ("throttle_time", _throttle_field(0x4)),  # PERF_POLICY_POWER / SW power cap
-    76: ("throttle_time", _throttle_field(0x10)),  # sync boost
-    77: ("throttle_time", _throttle_field(0x200)),  # board limit
-    78: ("throttle_time", _throttle_field(0x1)),  # low utilization
-    79: ("throttle_time", _throttle_field(0x400)),  # reliability
-    81: ("throttle_time", _throttle_field(_ANY_THROTTLE)),  # total base clocks
     82: ("memory_temperature", _gauge_field("memory_temperature_celsius")),
     83: ("energy", _energy_field),  # TOTAL_ENERGY_CONSUMPTION (mJ)
     91: ("nvlink", _link_count_field),
@@ -1109,9 +1124,8 @@ _FIELDS: dict[int, tuple[str, _FieldReader]] = {
     191: ("energy", _energy_field),  # NVML_FI_DEV_ENERGY (mJ)
     197: ("pcie_counters", _bytes_field("pcie_tx_bytes_per_second")),
     198: ("pcie_counters", _bytes_field("pcie_rx_bytes_per_second")),
-    269: ("throttle_time", _throttle_field(0x20)),  # SW thermal slowdown
-    270: ("throttle_time", _throttle_field(0x40)),  # HW thermal slowdown
-    271: ("throttle_time", _throttle_field(0x80)),  # HW power brake slowdown
+} | {
+    field_id: ("throttle_time", _throttle_field(mask)) for field_id, mask in THROTTLE_FIELDS.items()
 }
 
 _GpmReader = Callable[[_Device, dict[str, float], dict[str, float], float], tuple[int, float]]

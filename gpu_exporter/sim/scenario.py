@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from gpu_exporter import nvml_facts as facts
 from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml
 
 __all__ = [
@@ -40,33 +42,16 @@ __all__ = [
 GIB = 1024**3
 MIB = 1024**2
 
-# Values are the NVML_DEVICE_ARCH_* constants; dict order is release order.
-ARCHITECTURES: dict[str, int] = {
-    "kepler": 2,
-    "maxwell": 3,
-    "pascal": 4,
-    "volta": 5,
-    "turing": 6,
-    "ampere": 7,
-    "ada": 8,
-    "hopper": 9,
-    "blackwell": 10,
-}
+# Names as the exporter reports them (gpu_info's `architecture`, the `reason` label); values
+# are NVML's constants. Defined once in `gpu_exporter.nvml_facts`; the fake returns these
+# numbers, and tests/test_nvml_facts.py checks them against pynvml's own.
+ARCHITECTURES: Mapping[str, int] = facts.ARCHITECTURES  # release order
 _ARCH_RANK = {name: rank for rank, name in enumerate(ARCHITECTURES)}
 
-CLOCK_EVENT_REASONS: dict[str, int] = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-    "board_limit": 0x200,
-    "reliability": 0x400,
-}
+# Every reason pynvml knows, the two it alone defines included (a scenario may set them).
+CLOCK_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
+    {reason.name: reason.bit for reason in facts.ALL_CLOCK_EVENT_REASONS}
+)
 
 FEATURES: frozenset[str] = frozenset(
     {
