@@ -10,6 +10,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from importlib import metadata
 from typing import Any
 
 import pynvml as N
@@ -86,6 +87,53 @@ def gpm_window(clock: Clock, device: int, start: float, end: float) -> tuple[Any
 
 
 # -- lifecycle ------------------------------------------------------------------------------
+
+
+def test_the_binding_keeps_the_private_attributes_the_fake_relies_on() -> None:
+    problems = sim.binding_problems()
+    assert problems == [], (
+        f"nvidia-ml-py {metadata.version('nvidia-ml-py')} changed what the fake NVML relies "
+        "on (see gpu_exporter/sim/__init__.py and the bound in pyproject.toml): "
+        + "; ".join(problems)
+    )
+
+
+def test_the_binding_still_behaves_as_the_fake_expects(install: Install) -> None:
+    fake = install(scenario(), init=False)
+    N._LoadNvmlLibrary()
+    assert N.nvmlLib is fake, "pynvml._LoadNvmlLibrary replaced the library already in nvmlLib"
+    fn = N._nvmlGetFunctionPointer("nvmlInitWithFlags")
+    assert fn is fake.nvmlInitWithFlags, (
+        "pynvml._nvmlGetFunctionPointer no longer looks symbols up as getattr(nvmlLib, name)"
+    )
+    assert N._nvmlGetFunctionPointer_cache.get("nvmlInitWithFlags") is fn, (
+        "pynvml._nvmlGetFunctionPointer_cache no longer caches looked-up symbols by name"
+    )
+    with pytest.raises(N.NVMLError_FunctionNotFound):
+        N._nvmlGetFunctionPointer("nvmlNoSuchFunction")
+    N.nvmlInit()
+    assert N._nvmlLib_refcount == 1, "pynvml._nvmlLib_refcount no longer counts nvmlInit"
+    N.nvmlShutdown()
+    assert N._nvmlLib_refcount == 0, "pynvml._nvmlLib_refcount no longer counts nvmlShutdown"
+
+
+@pytest.mark.parametrize("attribute", sorted(sim.BINDING_PRIVATES))
+def test_install_refuses_a_binding_without_an_attribute_naming_it(
+    monkeypatch: pytest.MonkeyPatch, attribute: str
+) -> None:
+    monkeypatch.delattr(N, attribute)
+    with pytest.raises(sim.BindingChangedError, match=f"pynvml.{attribute} is gone"):
+        sim.install(scenario())
+
+
+def test_install_refuses_a_binding_whose_attribute_changed_kind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(N, "_nvmlGetFunctionPointer_cache", [])
+    with pytest.raises(
+        sim.BindingChangedError, match="_nvmlGetFunctionPointer_cache is now a list"
+    ):
+        sim.install(scenario())
 
 
 def test_uninitialized_before_init_and_after_last_shutdown(install: Install) -> None:

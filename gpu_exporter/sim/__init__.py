@@ -6,6 +6,10 @@
     sim.uninstall()
 
 See docs/scenarios.md for the scenario format.
+
+The fake plugs in under pynvml's public API through a few of its private attributes
+(`BINDING_PRIVATES`); pyproject.toml bounds nvidia-ml-py to releases known to keep them, and
+`install` refuses, naming the attribute, a binding that changed one.
 """
 
 from __future__ import annotations
@@ -20,14 +24,57 @@ from gpu_exporter.sim.fake_nvml import FakeNvmlLib
 from gpu_exporter.sim.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
 
 __all__ = [
+    "BINDING_PRIVATES",
+    "BindingChangedError",
     "FakeNvmlLib",
     "Scenario",
     "ScenarioError",
+    "binding_problems",
     "builtin_scenarios",
     "install",
     "load_scenario",
     "uninstall",
 ]
+
+
+# pynvml's private attributes the fake relies on, and why (tests/test_fake_nvml.py also checks
+# how they behave).
+BINDING_PRIVATES: dict[str, str] = {
+    "nvmlLib": "the loaded library: the fake is assigned here, and pynvml loads the real one "
+    "only while it is None",
+    "libLoadLock": "the lock pynvml holds while it loads the library or looks up a symbol",
+    "_nvmlLib_refcount": "nvmlInit's reference count, reset to 0 when the fake is swapped",
+    "_nvmlGetFunctionPointer_cache": "the symbols already looked up (a dict), cleared when "
+    "the fake is swapped",
+    "_nvmlGetFunctionPointer": "looks a C symbol up as getattr(nvmlLib, name)",
+    "_LoadNvmlLibrary": "loads libnvidia-ml.so.1 unless nvmlLib is already set",
+}
+_KINDS: dict[str, Callable[[Any], bool]] = {
+    "nvmlLib": lambda value: True,  # None until loaded, or the library (real or fake)
+    "libLoadLock": lambda value: all(
+        hasattr(value, m) for m in ("acquire", "release", "__enter__")
+    ),
+    "_nvmlLib_refcount": lambda value: isinstance(value, int),
+    "_nvmlGetFunctionPointer_cache": lambda value: isinstance(value, dict),
+    "_nvmlGetFunctionPointer": callable,
+    "_LoadNvmlLibrary": callable,
+}
+
+
+class BindingChangedError(RuntimeError):
+    """The installed nvidia-ml-py no longer has what the fake relies on."""
+
+
+def binding_problems() -> list[str]:
+    """How the installed pynvml differs from what the fake relies on; empty when it does not."""
+    problems = []
+    for name, why in BINDING_PRIVATES.items():
+        if not hasattr(pynvml, name):
+            problems.append(f"pynvml.{name} is gone ({why})")
+        elif not _KINDS[name](getattr(pynvml, name)):
+            kind = type(getattr(pynvml, name)).__name__
+            problems.append(f"pynvml.{name} is now a {kind} ({why})")
+    return problems
 
 
 def install(
@@ -39,6 +86,11 @@ def install(
     `clock()` returns seconds since the scenario started; by default real monotonic time
     since this call. pynvml's own refcount is reset, so the caller must `nvmlInit()` next.
     """
+    problems = binding_problems()
+    if problems:
+        raise BindingChangedError(
+            "the fake NVML cannot plug into this nvidia-ml-py: " + "; ".join(problems)
+        )
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     fake = FakeNvmlLib(scenario, clock)
