@@ -34,6 +34,7 @@ from bench import scenarios
 from bench.inproc import FakeCpuMeter, ManualClock, build
 from bench.stats import ratio, summarize
 from gpu_exporter import sim
+from gpu_exporter.config import load_config
 from gpu_exporter.snapshot import CollectorStatus, Reading
 from gpu_exporter.sources import collectors
 from gpu_exporter.sources.base import ErrorLog
@@ -42,8 +43,11 @@ from gpu_exporter.sources.nvml_device import DeviceReader, Phase
 from gpu_exporter.sources.settings import NvmlSettings
 from gpu_exporter.sources.xid import XidCounts
 
-# The daemon's settings in `inproc.build`: the XID thread is off there (it waits in real time).
-SETTINGS = NvmlSettings(xid_events=False)
+# The daemon's settings, as `inproc.build` makes them: the XID thread is off there (it waits in
+# real time), so its collector is too.
+SETTINGS: NvmlSettings = load_config(None, {"nvml.xid_events": False}, environ={}).nvml.settings(
+    1.0
+)
 
 
 class BareDevice(DeviceReader):
@@ -62,7 +66,7 @@ class BareDevice(DeviceReader):
             return None
 
 
-_OK = CollectorStatus("bare", True, 0.0)  # what the daemon's guard would say; unused here
+_OK = CollectorStatus("bare", True, 0.0)  # the runner must say how a phase went; nobody reads it
 
 
 def bare_device(index: int, handle: Any, clock: ManualClock) -> BareDevice:
