@@ -1,6 +1,7 @@
-"""SM / Tensor / DRAM activity from NVML GPM (GPU Performance Metrics, Hopper and newer).
+"""Sampling NVML GPM (GPU Performance Metrics, Hopper and newer) for the `gpm` collector.
 
-GPM gives counters, not rates: two samples taken at least 100 ms apart are diffed by
+Which metrics are read, and as which families, is the collector's (`collectors/gpm.py`). GPM
+gives counters, not rates: two samples taken at least 100 ms apart are diffed by
 `nvmlGpmMetricsGet`. Each read uses the previous read's sample as its baseline, so the activity
 covers exactly the time between two ticks. Per-metric failures are normal (a board without
 NVLink, a metric this driver lacks) and NaN happens; both leave that metric out.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pynvml as N
@@ -21,27 +22,6 @@ from gpu_exporter.sources.nvml_device import NvmlCalls
 # NVIDIA: "The interval between these two nvmlGpmSampleGet() calls should be greater than 100ms
 # due to the internal sample refresh rate."
 MIN_WINDOW_SECONDS = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class GpmMetric:
-    metric_id: int
-    family: str
-    labels: tuple[tuple[str, str], ...] = ()
-
-
-# Percent metrics exported as 0..1 ratios, as DCGM does for fields 1001-1016.
-METRICS: tuple[GpmMetric, ...] = (
-    GpmMetric(N.NVML_GPM_METRIC_GRAPHICS_UTIL, "gpu_graphics_engine_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_SM_UTIL, "gpu_sm_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_SM_OCCUPANCY, "gpu_sm_occupancy_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "gpu_tensor_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu_dram_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_FP64_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp64"),)),
-    GpmMetric(N.NVML_GPM_METRIC_FP32_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp32"),)),
-    GpmMetric(N.NVML_GPM_METRIC_FP16_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp16"),)),
-    GpmMetric(N.NVML_GPM_METRIC_INTEGER_UTIL, "gpu_pipe_active_ratio", (("pipe", "int"),)),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +43,15 @@ class GpmWindow:
     """
 
     def __init__(
-        self, handle: object, clock: Callable[[], float], errors: ErrorLog | None = None
+        self,
+        handle: object,
+        clock: Callable[[], float],
+        metric_ids: Sequence[int],
+        errors: ErrorLog | None = None,
     ) -> None:
         self._handle = handle
         self._clock = clock
+        self._metric_ids = tuple(metric_ids)
         self._calls = NvmlCalls(errors) if errors is not None else None
         self._skip: set[int] = set()  # metric ids the device answered NOT_SUPPORTED for
         self._baseline = N.nvmlGpmSampleAlloc()
@@ -87,7 +72,7 @@ class GpmWindow:
         started = self._baseline_time
         if started is None or self._clock() - started < MIN_WINDOW_SECONDS:
             return None
-        wanted = [m.metric_id for m in METRICS if m.metric_id not in self._skip]
+        wanted = [metric_id for metric_id in self._metric_ids if metric_id not in self._skip]
         N.nvmlGpmSampleGet(self._handle, self._current)
         now = self._clock()
         request = N.c_nvmlGpmMetricsGet_t()

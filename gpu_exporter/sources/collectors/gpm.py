@@ -8,19 +8,41 @@ once: their activity is absent, never zero.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import pynvml as N
 
-from gpu_exporter.snapshot import Reading
+from gpu_exporter.snapshot import Labels, Reading
 from gpu_exporter.sources import gpm
 from gpu_exporter.sources.collectors.base import Collector, Device
 from gpu_exporter.sources.nvml_values import return_code_name
 
 
+@dataclass(frozen=True, slots=True)
+class GpmMetric:
+    metric_id: int
+    family: str
+    labels: Labels = ()
+
+
+# Percent metrics exported as 0..1 ratios, as DCGM does for fields 1001-1016.
+METRICS: tuple[GpmMetric, ...] = (
+    GpmMetric(N.NVML_GPM_METRIC_GRAPHICS_UTIL, "gpu_graphics_engine_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_SM_UTIL, "gpu_sm_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_SM_OCCUPANCY, "gpu_sm_occupancy_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "gpu_tensor_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu_dram_active_ratio"),
+    GpmMetric(N.NVML_GPM_METRIC_FP64_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp64"),)),
+    GpmMetric(N.NVML_GPM_METRIC_FP32_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp32"),)),
+    GpmMetric(N.NVML_GPM_METRIC_FP16_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp16"),)),
+    GpmMetric(N.NVML_GPM_METRIC_INTEGER_UTIL, "gpu_pipe_active_ratio", (("pipe", "int"),)),
+)
+
+
 class Gpm(Collector):
     name = "gpm"
-    families = tuple(dict.fromkeys(metric.family for metric in gpm.METRICS))
+    families = tuple(dict.fromkeys(metric.family for metric in METRICS))
     calls = (
         "nvmlGpmQueryDeviceSupport",
         "nvmlGpmSampleAlloc",
@@ -45,8 +67,9 @@ class Gpm(Collector):
                 nvml.learn_unsupported("gpm")  # pre-Hopper: no activity metrics, never zeros
                 return []
             if supported:
+                ids = [metric.metric_id for metric in METRICS]
                 self.window = nvml.call(
-                    "gpm_sample", gpm.GpmWindow, nvml.handle, nvml.clock, nvml.errors
+                    "gpm_sample", gpm.GpmWindow, nvml.handle, nvml.clock, ids, nvml.errors
                 )
             return []  # the first window needs a second sample
         result = nvml.call("gpm_metrics", self.window.read)
@@ -58,7 +81,7 @@ class Gpm(Collector):
                 nvml.count_error("gpm", f"metric_{metric_id}", name)
         return [
             Reading(metric.family, result.values[metric.metric_id], metric.labels)
-            for metric in gpm.METRICS
+            for metric in METRICS
             if metric.metric_id in result.values
         ]
 
