@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pynvml as N
 
-from gpu_exporter.classify import Classifier
+from gpu_exporter.classify import Classifier, default_window_seconds
 from gpu_exporter.snapshot import DeviceSample
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
@@ -468,7 +468,7 @@ def _measure_phase(
     worker.start(name, args.seconds + args.warmup)
     time.sleep(args.warmup)
     samples: list[tuple[float, list[DeviceSample]]] = []
-    classifier = Classifier(window_seconds=max(5.0, 3 * args.interval))  # as the daemon's
+    classifier = Classifier(window_seconds=default_window_seconds(args.interval))  # as the daemon's
     classes: dict[str, list[str]] = defaultdict(list)
     phase_end = time.monotonic() + args.seconds
     while time.monotonic() < phase_end:

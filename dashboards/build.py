@@ -49,6 +49,7 @@ from gpu_exporter.nvml_facts import (  # noqa: E402 - after the path it may need
     SW_THERMAL_SLOWDOWN,
     SYNC_BOOST,
 )
+from gpu_exporter.xids import CRITICAL_XIDS, WARNING_XIDS  # noqa: E402
 
 SCHEMA_VERSION = 39  # Grafana 11; newer versions migrate it on load
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -107,6 +108,10 @@ INFORMATIONAL_REASONS = "|".join(
     reason.name
     for reason in (GPU_IDLE, SYNC_BOOST, APPLICATIONS_CLOCKS_SETTING, DISPLAY_CLOCK_SETTING)
 )
+
+
+def _xid_list(xids: Iterable[int]) -> str:
+    return ", ".join(str(xid) for xid in sorted(xids))
 
 
 def eq(label: str, value: str) -> str:
@@ -1357,8 +1362,8 @@ def health() -> Json:
         timeseries(
             "XID errors",
             "XID errors per GPU (NVML events; the exporter sees only XIDs after it started). 0 "
-            "when none happened. Critical XIDs (48, 63, 64, 74, 79, 92, 94, 95, ...) raise "
-            "GpuXidCritical; see docs/runbook.md.",
+            f"when none happened. Critical XIDs ({_xid_list(CRITICAL_XIDS)}) raise "
+            f"GpuXidCritical, {_xid_list(WARNING_XIDS)} GpuXidWarning; see docs/runbook.md.",
             [
                 Q(
                     zero_filled(f"sum by (cluster, node, gpu) ({xid})", "cluster, node, gpu"),

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_exporter.classify import Classifier, Thresholds
+from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
 from gpu_exporter.notify import Notifier, NotifierSettings
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
@@ -74,7 +74,7 @@ def assemble(
 
 def classifier(config: Any) -> Classifier:
     settings = config.classifier.model_dump()
-    window = settings.pop("window_seconds") or max(5.0, 3 * config.interval_seconds)
+    window = settings.pop("window_seconds") or default_window_seconds(config.interval_seconds)
     return Classifier(Thresholds(**settings), window_seconds=window)
 
 

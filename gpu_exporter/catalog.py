@@ -211,7 +211,7 @@ FAMILIES: tuple[Family, ...] = (
         ("xid",),
         unit="seconds",
     ),
-    Family("gpu_numa_node", G, "Host NUMA node nearest the GPU."),
+    Family("gpu_numa_node", G, "Host NUMA node nearest the GPU.", source="topology"),
     Family(
         "gpu_cpu_affinity_info",
         Kind.INFO,

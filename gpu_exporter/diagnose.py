@@ -216,9 +216,10 @@ class _Profile:
 def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
     from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
     from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+    from gpu_exporter.sources.settings import default_deadline
 
     settings = NvmlSettings(
-        device_deadline_seconds=min(0.8, 0.8 * args.interval),
+        device_deadline_seconds=default_deadline(args.interval),
         slow_refresh_seconds=3600.0,  # the static data once is enough for a short profile
     )
     source = NvmlSource(settings=settings, errors=ErrorLog(), topology_reader=read_topology)
