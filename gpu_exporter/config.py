@@ -55,15 +55,21 @@ _NVML = NvmlSettings()
 _THRESHOLDS = Thresholds()
 
 
+# `Field(default=...)` by keyword throughout: type checkers read a field's default from that
+# keyword only (PEP 681), so a positional default would make the field look required.
+
+
 class NvmlConfig(_Strict):
     # Default: sources.settings.default_deadline (0.8 s, or 80% of a shorter interval).
-    device_deadline_seconds: float | None = Field(None, gt=0, le=60)
-    slow_refresh_seconds: float = Field(_NVML.slow_refresh_seconds, ge=1, le=86400)
+    device_deadline_seconds: float | None = Field(default=None, gt=0, le=60)
+    slow_refresh_seconds: float = Field(default=_NVML.slow_refresh_seconds, ge=1, le=86400)
     recovery_initial_backoff_seconds: float = Field(
-        _NVML.recovery_initial_backoff_seconds, gt=0, le=3600
+        default=_NVML.recovery_initial_backoff_seconds, gt=0, le=3600
     )
-    recovery_max_backoff_seconds: float = Field(_NVML.recovery_max_backoff_seconds, gt=0, le=86400)
-    hang_quarantine_seconds: float = Field(_NVML.hang_quarantine_seconds, gt=0, le=86400)
+    recovery_max_backoff_seconds: float = Field(
+        default=_NVML.recovery_max_backoff_seconds, gt=0, le=86400
+    )
+    hang_quarantine_seconds: float = Field(default=_NVML.hang_quarantine_seconds, gt=0, le=86400)
     gpm: bool = _NVML.gpm
     pcie_throughput_fallback: bool = _NVML.pcie_throughput_fallback
     xid_events: bool = _NVML.xid_events
@@ -106,8 +112,10 @@ def _parse_pairs(value: Any) -> Any:
 class RulesConfig(_Strict):
     enabled: bool = True
     files: list[str] = Field(default_factory=default_rule_files)  # the shipped pack
-    evaluation_interval_seconds: float | None = Field(None, ge=0.2, le=3600)  # default: interval
-    reload_check_seconds: float = Field(5.0, gt=0, le=3600)
+    evaluation_interval_seconds: float | None = Field(
+        default=None, ge=0.2, le=3600
+    )  # default: interval
+    reload_check_seconds: float = Field(default=5.0, gt=0, le=3600)
 
     _lists = field_validator("files", mode="before")(_split_commas)
 
@@ -131,7 +139,7 @@ class AlertmanagerConfig(_Strict):
     bearer_token: str | None = None
     bearer_token_file: str | None = None
     tls: TlsConfig = TlsConfig()
-    timeout_seconds: float = Field(10.0, gt=0, le=300)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
 
     def target(self) -> AlertmanagerTarget:
         auth = self.basic_auth
@@ -155,8 +163,8 @@ class AlertingConfig(_Strict):
     # Added to every alert sent; `node` defaults to $NODE_NAME (the DaemonSet's downward API).
     external_labels: dict[str, str] = {}
     external_url: str = ""
-    resend_delay_seconds: float = Field(60.0, gt=0, le=86400)
-    queue_capacity: int = Field(10000, ge=1, le=1_000_000)
+    resend_delay_seconds: float = Field(default=60.0, gt=0, le=86400)
+    queue_capacity: int = Field(default=10000, ge=1, le=1_000_000)
 
     _pairs = field_validator("external_labels", mode="before")(_parse_pairs)
 
@@ -181,8 +189,8 @@ class KubernetesConfig(_Strict):
     # auto: on when the kubelet socket exists at start (a DaemonSet), off elsewhere.
     enabled: Literal["auto", "true", "false"] | bool = "auto"
     socket_path: str = k8s_defaults.SOCKET_PATH
-    refresh_seconds: float = Field(k8s_defaults.REFRESH_SECONDS, ge=1, le=3600)
-    timeout_seconds: float = Field(k8s_defaults.TIMEOUT_SECONDS, gt=0, le=60)
+    refresh_seconds: float = Field(default=k8s_defaults.REFRESH_SECONDS, ge=1, le=3600)
+    timeout_seconds: float = Field(default=k8s_defaults.TIMEOUT_SECONDS, gt=0, le=60)
     resource_names: list[str] = list(k8s_defaults.RESOURCE_NAMES)
     resource_prefixes: list[str] = list(k8s_defaults.RESOURCE_PREFIXES)
     # labels: namespace/pod/container on every per-GPU series; info: only gpu_pod_info.
@@ -201,19 +209,19 @@ class KubernetesConfig(_Strict):
 class ClassifierConfig(_Strict):
     """Bottleneck-class thresholds; the defaults and their reasons are in classify.Thresholds."""
 
-    idle_utilization: float = Field(_THRESHOLDS.idle_utilization, ge=0, le=1)
-    throttle_fraction: float = Field(_THRESHOLDS.throttle_fraction, ge=0, le=1)
-    sm_active_low: float = Field(_THRESHOLDS.sm_active_low, ge=0, le=1)
-    dram_active_high: float = Field(_THRESHOLDS.dram_active_high, ge=0, le=1)
-    tensor_active_high: float = Field(_THRESHOLDS.tensor_active_high, ge=0, le=1)
-    link_utilization_high: float = Field(_THRESHOLDS.link_utilization_high, ge=0, le=1)
+    idle_utilization: float = Field(default=_THRESHOLDS.idle_utilization, ge=0, le=1)
+    throttle_fraction: float = Field(default=_THRESHOLDS.throttle_fraction, ge=0, le=1)
+    sm_active_low: float = Field(default=_THRESHOLDS.sm_active_low, ge=0, le=1)
+    dram_active_high: float = Field(default=_THRESHOLDS.dram_active_high, ge=0, le=1)
+    tensor_active_high: float = Field(default=_THRESHOLDS.tensor_active_high, ge=0, le=1)
+    link_utilization_high: float = Field(default=_THRESHOLDS.link_utilization_high, ge=0, le=1)
     # Default: classify.default_window_seconds (5 s, or 3 intervals when that is longer).
-    window_seconds: float | None = Field(None, gt=0, le=3600)
+    window_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
 class Config(_Strict):
     listen_address: str = DEFAULT_LISTEN
-    interval_seconds: float = Field(1.0, ge=0.2, le=3600)  # GPM needs >= 100 ms windows
+    interval_seconds: float = Field(default=1.0, ge=0.2, le=3600)  # GPM needs >= 100 ms windows
     simulate: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nvml: NvmlConfig = NvmlConfig()
@@ -262,7 +270,11 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
-def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple, str]]:
+# Setting path (as pydantic's error `loc`) -> where its value came from, for error messages.
+_Origins = dict[tuple[str | int, ...], str]
+
+
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], _Origins]:
     """GPU_EXPORTER_A__B=v -> {"a": {"b": "v"}}; `__` separates nesting levels.
 
     Only variables naming a top-level setting are read: Kubernetes injects
@@ -270,7 +282,7 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tup
     not stop the daemon. Below the top level, unknown names are errors as in the file.
     """
     data: dict[str, Any] = {}
-    origins: dict[tuple, str] = {}
+    origins: _Origins = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
             continue
@@ -318,14 +330,14 @@ def load_config(
     env_data, origins = _env_overrides(environ)
     data = _merge(data, env_data)
     for key, value in (flags or {}).items():
-        path = tuple(key.split("."))
+        setting = tuple(key.split("."))
         node = data
-        for part in path[:-1]:
+        for part in setting[:-1]:
             if not isinstance(node.get(part), dict):
                 node[part] = {}
             node = node[part]
-        node[path[-1]] = value
-        origins[path] = f"flag --{FLAG_NAMES.get(key, key.replace('_', '-'))}"
+        node[setting[-1]] = value
+        origins[setting] = f"flag --{FLAG_NAMES.get(key, key.replace('_', '-'))}"
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -333,7 +345,7 @@ def load_config(
         raise ConfigError("\n".join(problems)) from exc
 
 
-def _describe(err: Mapping[str, Any], located: LocatedYaml | None, origins: dict) -> str:
+def _describe(err: Mapping[str, Any], located: LocatedYaml | None, origins: _Origins) -> str:
     loc = tuple(err["loc"])
     message = err["msg"]
     if err["type"] == "extra_forbidden":

@@ -3,10 +3,11 @@
 `FakeNvmlLib` is assigned to `pynvml.nvmlLib`; pynvml then looks up its C symbols by name and
 calls them with the same ctypes arguments it would pass to the real driver. Every fake symbol
 is a plain function stored on the instance (pynvml sets `fn.restype` on some of them, which a
-bound method would reject) and returns an `int` NVML return code; out-parameters are written
-through the ctypes objects pynvml passes. So pynvml's own wrappers, struct versions, two-call
-protocols and error mapping all run unchanged. A symbol the scenario's driver lacks is simply
-not set, and pynvml raises `NVMLError_FunctionNotFound` as with an old driver.
+bound method would reject) and returns an `int` NVML return code (nvmlErrorString alone returns
+its `const char *` as bytes); out-parameters are written through the ctypes objects pynvml
+passes. So pynvml's own wrappers, struct versions, two-call protocols and error mapping all run
+unchanged. A symbol the scenario's driver lacks is simply not set, and pynvml raises
+`NVMLError_FunctionNotFound` as with an old driver.
 
 Concurrency: NVML is thread-safe and ctypes releases the GIL, so callers run in parallel. The
 fake holds its locks only for bookkeeping, never while sleeping (latency, hangs, event waits).
@@ -20,9 +21,9 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import pynvml
 
@@ -147,6 +148,25 @@ def _token(pointer: Any) -> int | None:
     return ctypes.cast(pointer, ctypes.c_void_p).value
 
 
+_V = TypeVar("_V")
+
+
+def _lookup(table: Mapping[int, _V], token: int | None) -> _V | None:
+    """The object a handle's token names; None for a NULL handle or one never handed out."""
+    return None if token is None else table.get(token)
+
+
+def _release(table: dict[int, _V], token: int | None) -> _V | None:
+    """Remove and return the object a handle's token names (None as for `_lookup`)."""
+    return None if token is None else table.pop(token, None)
+
+
+def _c_string(arg: Any) -> str:
+    """A `const char *` argument as text; NULL (None, or a c_char_p holding None) reads as ""."""
+    raw = arg.value if isinstance(arg, ctypes.c_char_p) else arg
+    return (raw or b"").decode()
+
+
 def _store_token(out: Any, token: int) -> None:
     ctypes.c_void_p.from_address(ctypes.addressof(_target(out))).value = token
 
@@ -167,9 +187,15 @@ def _write_str(buf: Any, size: Any, text: str) -> int:
 # Function registry: C symbol name -> implementation
 
 
+# What a fake symbol returns: an NVML return code, except nvmlErrorString's `const char *`
+# (pynvml sets its restype to c_char_p; a Python function hands the bytes back directly).
+_Result: TypeAlias = int | bytes
+_Impl = TypeVar("_Impl", bound=Callable[..., _Result])
+
+
 @dataclass(frozen=True)
 class _Fn:
-    impl: Callable[..., int]
+    impl: Callable[..., _Result]
     device: bool  # first argument is a device handle, resolved and fault-checked first
     feature: str | None  # NOT_SUPPORTED unless the device supports it
     needs_init: bool
@@ -180,8 +206,8 @@ _FUNCTIONS: dict[str, _Fn] = {}
 
 def _nvml(
     *names: str, device: bool = True, feature: str | None = None, needs_init: bool = True
-) -> Callable[[Callable[..., int]], Callable[..., int]]:
-    def register(impl: Callable[..., int]) -> Callable[..., int]:
+) -> Callable[[_Impl], _Impl]:
+    def register(impl: _Impl) -> _Impl:
         for name in names:
             _FUNCTIONS[name] = _Fn(impl, device, feature, needs_init)
         return impl
@@ -285,16 +311,16 @@ class FakeNvmlLib:
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def _entry(self, name: str, fn: _Fn) -> Callable[..., int]:
+    def _entry(self, name: str, fn: _Fn) -> Callable[..., _Result]:
         delay = self.scenario.latency.seconds(name)
 
-        def entry(*args: Any) -> int:
+        def entry(*args: Any) -> _Result:
             return self._dispatch(name, fn, delay, args)
 
         entry.__name__ = name
         return entry
 
-    def _dispatch(self, name: str, fn: _Fn, delay: float, args: tuple[Any, ...]) -> int:
+    def _dispatch(self, name: str, fn: _Fn, delay: float, args: tuple[Any, ...]) -> _Result:
         with self._lock:
             self.call_counts[name] += 1
         if delay:
@@ -314,7 +340,7 @@ class FakeNvmlLib:
         return fn.impl(self, dev, self.clock(), *args[1:])
 
     def _device(self, handle: Any) -> _Device | None:
-        return self._by_token.get(_token(handle))  # type: ignore[arg-type]
+        return _lookup(self._by_token, _token(handle))
 
     def _gate(self, name: str, dev: _Device) -> int:
         """Device faults for a call of `name`: lost, hang (sleeps, no lock), no permission."""
@@ -373,7 +399,7 @@ class FakeNvmlLib:
         return SUCCESS
 
     @_nvml("nvmlErrorString", device=False, needs_init=False)
-    def _error_string(self, result: Any) -> bytes:  # type: ignore[misc]
+    def _error_string(self, result: Any) -> bytes:
         return _ERROR_STRINGS.get(_int(result), b"Unknown Error")
 
     @_nvml("nvmlSystemGetDriverVersion", device=False)
@@ -412,14 +438,13 @@ class FakeNvmlLib:
 
     @_nvml("nvmlDeviceGetHandleByUUID", device=False)
     def _handle_by_uuid(self, uuid: Any, out: Any) -> int:
-        text = (uuid.value if isinstance(uuid, ctypes.c_char_p) else uuid or b"").decode()
+        text = _c_string(uuid)
         dev = next((d for d in self._devices if d.spec.uuid == text), None)
         return self._hand_out("nvmlDeviceGetHandleByUUID", dev, out, NOT_FOUND)
 
     @_nvml("nvmlDeviceGetHandleByPciBusId_v2", device=False)
     def _handle_by_bus_id(self, bus_id: Any, out: Any) -> int:
-        text = (bus_id.value if isinstance(bus_id, ctypes.c_char_p) else bus_id or b"").decode()
-        wanted = normalize_bus_id(text)
+        wanted = normalize_bus_id(_c_string(bus_id))
         if wanted is None:
             return INVALID_ARGUMENT
         dev = next((d for d in self._devices if d.spec.pci_bus_id == wanted), None)
@@ -851,7 +876,7 @@ class FakeNvmlLib:
     @_nvml("nvmlEventSetFree", device=False)
     def _event_set_free(self, handle: Any) -> int:
         with self._lock:
-            found = self._event_sets.pop(_token(handle), None)  # type: ignore[arg-type]
+            found = _release(self._event_sets, _token(handle))
         return SUCCESS if found is not None else INVALID_ARGUMENT
 
     def _supported_events(self, dev: _Device) -> int:
@@ -869,7 +894,7 @@ class FakeNvmlLib:
     def _register_events(self, dev: _Device, t: float, types: Any, handle: Any) -> int:
         wanted = _int(types)
         with self._lock:
-            event_set = self._event_sets.get(_token(handle))  # type: ignore[arg-type]
+            event_set = _lookup(self._event_sets, _token(handle))
             if event_set is None:
                 return INVALID_ARGUMENT
             if wanted & ~self._supported_events(dev):
@@ -885,7 +910,7 @@ class FakeNvmlLib:
         while True:
             t = self.clock()
             with self._lock:
-                event_set = self._event_sets.get(token)  # type: ignore[arg-type]
+                event_set = _lookup(self._event_sets, token)
                 if event_set is None or self._refcount == 0:
                     return INVALID_ARGUMENT if event_set is None else UNINITIALIZED
                 fault = self._next_event(event_set, t)
@@ -943,12 +968,12 @@ class FakeNvmlLib:
     @_nvml("nvmlGpmSampleFree", device=False)
     def _gpm_free(self, handle: Any) -> int:
         with self._lock:
-            found = self._samples.pop(_token(handle), None)  # type: ignore[arg-type]
+            found = _release(self._samples, _token(handle))
         return SUCCESS if found is not None else INVALID_ARGUMENT
 
     @_nvml("nvmlGpmSampleGet", feature="gpm")
     def _gpm_sample_get(self, dev: _Device, t: float, handle: Any) -> int:
-        sample = self._samples.get(_token(handle))  # type: ignore[arg-type]
+        sample = _lookup(self._samples, _token(handle))
         if sample is None:
             return INVALID_ARGUMENT
         totals = dev.totals(t)
@@ -966,8 +991,8 @@ class FakeNvmlLib:
         if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             return ARGUMENT_VERSION_MISMATCH
         with self._lock:
-            first = self._samples.get(_token(request.sample1))  # type: ignore[arg-type]
-            second = self._samples.get(_token(request.sample2))  # type: ignore[arg-type]
+            first = _lookup(self._samples, _token(request.sample1))
+            second = _lookup(self._samples, _token(request.sample2))
         if first is None or second is None or first.device is None or first.device != second.device:
             return INVALID_ARGUMENT
         if request.numMetrics > len(request.metrics):

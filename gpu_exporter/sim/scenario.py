@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 from gpu_exporter import nvml_facts as facts
 from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml
@@ -741,7 +741,7 @@ def _cpu_list(node: _Node) -> tuple[int, ...]:
 
 
 def _parse_values(
-    nodes: dict[str, _Node], fixed: dict[str, float], key_prefix: str
+    nodes: dict[str, _Node], fixed: Mapping[str, float], key_prefix: str
 ) -> dict[str, ValueSpec]:
     specs = {name: _parse_spec(node, name, f"{key_prefix}:{name}") for name, node in nodes.items()}
     defaults = {"memory_used_bytes": 512 * MIB, "power_watts": 60.0, "temperature_celsius": 35.0}
@@ -757,6 +757,15 @@ def _parse_values(
 
 
 _SPEC_KEYS = frozenset({"steps", "ramp", "pattern", "sine", "noise", "min", "max"})
+
+
+class _SpecCommon(TypedDict):
+    """The `ValueSpec` fields every non-constant form shares."""
+
+    noise: float
+    lo: float | None
+    hi: float | None
+    noise_key: str
 
 
 def _parse_spec(node: _Node, quantity: str, noise_key: str) -> ValueSpec:
@@ -780,7 +789,7 @@ def _parse_spec(node: _Node, quantity: str, noise_key: str) -> ValueSpec:
     if "max" in keys:
         hi = keys["max"].number() if hi is None else min(hi, keys["max"].number())
     noise = keys["noise"].number(lo=0) if "noise" in keys else 0.0
-    common = {"noise": noise, "lo": lo, "hi": hi, "noise_key": noise_key}
+    common = _SpecCommon(noise=noise, lo=lo, hi=hi, noise_key=noise_key)
     if form == "sine":
         sine = keys["sine"].mapping(
             {"mean", "amplitude", "period"}, required=("mean", "amplitude", "period")
