@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the tests need and run the whole suite: lint, format check, pytest.
 # Installs the Debian packages prometheus (promtool, server), prometheus-alertmanager,
-# openssl and chromium when they are missing (as root, or through sudo). Extra arguments go to pytest.
+# openssl and chromium when they are missing (as root, or through sudo). Runs ruff, mypy and
+# pytest; extra arguments go to pytest.
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
 need_debs=()
@@ -23,6 +24,7 @@ bash "$ROOT/scripts/install-tools.sh"  # helm, kubectl (pinned, sha256), kuberne
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
+"$VENV/bin/mypy"  # gpu_exporter/, settings in pyproject.toml
 
 set +e
 "$VENV/bin/python" -m pytest "$@"

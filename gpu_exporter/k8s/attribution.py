@@ -140,10 +140,15 @@ class PodAttribution:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Refresh now and then every `refresh_seconds` on a daemon thread."""
+        """Refresh now, in the caller's thread, then every `refresh_seconds` on a daemon thread.
+
+        The first refresh is synchronous (bounded by `timeout_seconds`) so that the sampler's
+        first tick, started next, already has the pod labels: an unlabelled first sample would
+        linger in the rule engine's range windows as a series of its own."""
         if self._thread is not None:
             return
         self._stopping.clear()
+        self.refresh()
         self._thread = threading.Thread(target=self._run, name="pod-attribution", daemon=True)
         self._thread.start()
 
@@ -155,10 +160,8 @@ class PodAttribution:
             thread.join(timeout=self.settings.timeout_seconds + 1.0)
 
     def _run(self) -> None:
-        while True:
+        while not self._stopping.wait(self.settings.refresh_seconds):
             self.refresh()
-            if self._stopping.wait(self.settings.refresh_seconds):
-                return
 
     def refresh(self) -> bool:
         """One List() call; True when the map now reflects the kubelet. Never raises."""
