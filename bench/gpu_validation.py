@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pynvml as N
 
 from gpu_exporter.classify import Classifier, default_window_seconds
-from gpu_exporter.snapshot import DeviceSample
+from gpu_exporter.series import DeviceView, SeriesBuilder
+from gpu_exporter.snapshot import Snapshot
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
 
@@ -178,7 +179,7 @@ def _key(family: str, labels: tuple[tuple[str, str], ...]) -> str:
 
 
 def summarise_samples(
-    samples: list[tuple[float, list[DeviceSample]]],
+    samples: list[tuple[float, list[DeviceView]]],
 ) -> dict[str, dict[str, Any]]:
     """Per device, per series: mean/min/max over the phase's samples; counters as rates."""
     series: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -208,7 +209,7 @@ def summarise_samples(
     return out
 
 
-def raw_series(samples: list[tuple[float, list[DeviceSample]]], gpu: int) -> list[dict[str, Any]]:
+def raw_series(samples: list[tuple[float, list[DeviceView]]], gpu: int) -> list[dict[str, Any]]:
     """Every reading of one GPU per tick, so later analyses (classification) can replay them."""
     start = samples[0][0] if samples else 0.0
     out = []
@@ -467,13 +468,16 @@ def _measure_phase(
 ) -> dict[str, Any]:
     worker.start(name, args.seconds + args.warmup)
     time.sleep(args.warmup)
-    samples: list[tuple[float, list[DeviceSample]]] = []
+    samples: list[tuple[float, list[DeviceView]]] = []
+    builder = SeriesBuilder()
     classifier = Classifier(window_seconds=default_window_seconds(args.interval))  # as the daemon's
     classes: dict[str, list[str]] = defaultdict(list)
     phase_end = time.monotonic() + args.seconds
     while time.monotonic() < phase_end:
         tick = time.monotonic()
-        devices = classifier.process(source.sample(), tick)
+        classified = classifier.process(source.sample(), tick)
+        # Read as the daemon publishes them: through the one series model.
+        devices = builder.build(Snapshot(time.time(), tuple(classified))).devices()
         samples.append((tick, devices))
         for device in devices:
             current = [r.labels[0][1] for r in device.readings if r.family == "gpu_bottleneck"

@@ -17,29 +17,14 @@ import pynvml as N
 import pytest
 
 from gpu_exporter import sim
+from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib
-
-
-class Clock:
-    """Manual scenario clock."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
 
 Install = Callable[..., FakeNvmlLib]
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def install(clock: Clock) -> Iterator[Install]:
+def install(clock: ManualClock) -> Iterator[Install]:
     """install(scenario, init=True) -> fake; always uninstalled afterwards."""
 
     def _install(scenario: Any, *, init: bool = True) -> FakeNvmlLib:
@@ -76,12 +61,12 @@ def gpm_metrics(h1: Any, h2: Any, ids: list[int], version: int | None = None) ->
     return {slot.metricId: (slot.nvmlReturn, slot.value) for slot in req.metrics[: len(ids)]}
 
 
-def gpm_window(clock: Clock, device: int, start: float, end: float) -> tuple[Any, Any]:
+def gpm_window(clock: ManualClock, device: int, start: float, end: float) -> tuple[Any, Any]:
     h = handle(device)
     first, second = N.nvmlGpmSampleAlloc(), N.nvmlGpmSampleAlloc()
-    clock.t = start
+    clock.now = start
     N.nvmlGpmSampleGet(h, first)
-    clock.t = end
+    clock.now = end
     N.nvmlGpmSampleGet(h, second)
     return first, second
 
@@ -254,14 +239,14 @@ def test_unsupported_features_answer_not_supported(install: Install) -> None:
     assert N.nvmlDeviceGetTemperature(h, N.NVML_TEMPERATURE_GPU) == 35  # the rest still works
 
 
-def test_energy_and_throttle_counters_integrate_rates(install: Install, clock: Clock) -> None:
+def test_energy_and_throttle_counters_integrate_rates(install: Install, clock: ManualClock) -> None:
     values = {
         "power_watts": {"steps": [[0, 100], [10, 300]]},
         "clock_event_reasons": {"steps": [[0, []], [5, ["sw_power_cap", "hw_thermal_slowdown"]]]},
     }
     install(scenario([{"values": values}]))
     h = handle()
-    clock.t = 20.0
+    clock.now = 20.0
     assert N.nvmlDeviceGetTotalEnergyConsumption(h) == pytest.approx(4_000_000, rel=1e-3)  # mJ
     fields = N.nvmlDeviceGetFieldValues(h, [74, 270, 269, 83])
     assert [f.nvmlReturn for f in fields] == [N.NVML_SUCCESS] * 4
@@ -276,18 +261,18 @@ def test_energy_and_throttle_counters_integrate_rates(install: Install, clock: C
     assert N.nvmlDeviceGetViolationStatus(
         h, N.NVML_PERF_POLICY_THERMAL
     ).violationTime == pytest.approx(15e9, rel=1e-3)
-    clock.t = 19.0  # a late reader never sees a counter go backwards
+    clock.now = 19.0  # a late reader never sees a counter go backwards
     assert N.nvmlDeviceGetTotalEnergyConsumption(h) >= 3_999_000
 
 
-def test_field_values_per_field_return_codes(install: Install, clock: Clock) -> None:
+def test_field_values_per_field_return_codes(install: Install, clock: ManualClock) -> None:
     install(
         scenario(
             [{"nvlink_links": 4, "values": {"nvlink_tx_bytes_per_second": 4 * 1024 * 1000}}, {}],
             driver={"unsupported_fields": [270]},
         )
     )
-    clock.t = 10.0
+    clock.now = 10.0
     fields = N.nvmlDeviceGetFieldValues(
         handle(),
         [
@@ -364,7 +349,7 @@ GPM_VALUES = {
 }
 
 
-def test_gpm_metrics_from_integrals(install: Install, clock: Clock) -> None:
+def test_gpm_metrics_from_integrals(install: Install, clock: ManualClock) -> None:
     install(scenario([{"values": {**GPM_VALUES, "pcie_rx_bytes_per_second": 3 * 2**20}}]))
     assert N.nvmlGpmQueryDeviceSupport(handle()).isSupportedDevice == 1
     first, second = gpm_window(clock, 0, 4.0, 6.0)
@@ -380,7 +365,7 @@ def test_gpm_metrics_from_integrals(install: Install, clock: Clock) -> None:
     assert got[9999][0] == N.NVML_ERROR_INVALID_ARGUMENT  # per metric; the call succeeded
 
 
-def test_gpm_per_metric_not_supported_without_nvlink(install: Install, clock: Clock) -> None:
+def test_gpm_per_metric_not_supported_without_nvlink(install: Install, clock: ManualClock) -> None:
     install(scenario([{"nvlink_links": 0, "values": GPM_VALUES}]))
     got = gpm_metrics(*gpm_window(clock, 0, 1.0, 2.0), [2, 60, 61])
     assert [got[m][0] for m in (2, 60, 61)] == [
@@ -390,13 +375,13 @@ def test_gpm_per_metric_not_supported_without_nvlink(install: Install, clock: Cl
     ]
 
 
-def test_gpm_needs_100ms_between_samples(install: Install, clock: Clock) -> None:
+def test_gpm_needs_100ms_between_samples(install: Install, clock: ManualClock) -> None:
     install(scenario([{"values": GPM_VALUES}]))
     got = gpm_metrics(*gpm_window(clock, 0, 1.0, 1.05), [2, 5])
     assert {rc for rc, _ in got.values()} == {N.NVML_ERROR_INVALID_ARGUMENT}
 
 
-def test_gpm_version_and_sample_checks(install: Install, clock: Clock) -> None:
+def test_gpm_version_and_sample_checks(install: Install, clock: ManualClock) -> None:
     install(scenario([{"values": GPM_VALUES}, {"values": GPM_VALUES}]))
     first, second = gpm_window(clock, 0, 1.0, 2.0)
     with pytest.raises(N.NVMLError_ArgumentVersionMismatch):
@@ -408,7 +393,7 @@ def test_gpm_version_and_sample_checks(install: Install, clock: Clock) -> None:
     N.nvmlGpmSampleFree(other)
 
 
-def test_gpm_nan_fault(install: Install, clock: Clock) -> None:
+def test_gpm_nan_fault(install: Install, clock: ManualClock) -> None:
     install("faults")
     inside = gpm_metrics(*gpm_window(clock, 0, 12.0, 13.0), [2, 5])
     assert inside[2][0] == 0 and not math.isnan(inside[2][1])
@@ -427,20 +412,20 @@ def test_gpm_not_supported_before_hopper(install: Install) -> None:
 # -- events ---------------------------------------------------------------------------------
 
 
-def test_xid_delivered_once_then_timeout(install: Install, clock: Clock) -> None:
+def test_xid_delivered_once_then_timeout(install: Install, clock: ManualClock) -> None:
     install("faults")
     events = N.nvmlEventSetCreate()
     h1 = handle(1)
     N.nvmlDeviceRegisterEvents(h1, N.nvmlEventTypeXidCriticalError, events)
-    clock.t = 7.9
+    clock.now = 7.9
     with pytest.raises(N.NVMLError_Timeout):
         N.nvmlEventSetWait(events, 0)
-    clock.t = 8.0
+    clock.now = 8.0
     event = N.nvmlEventSetWait(events, 0)
     assert (event.eventType, event.eventData) == (N.nvmlEventTypeXidCriticalError, 79)
     assert N.nvmlDeviceGetUUID(event.device) == N.nvmlDeviceGetUUID(h1)
     assert event.gpuInstanceId == event.computeInstanceId == 0xFFFFFFFF
-    clock.t = 12.0  # XID 48 is on GPU 2, which this set did not register
+    clock.now = 12.0  # XID 48 is on GPU 2, which this set did not register
     start = time.monotonic()
     with pytest.raises(N.NVMLError_Timeout):
         N.nvmlEventSetWait(events, 80)
@@ -448,19 +433,21 @@ def test_xid_delivered_once_then_timeout(install: Install, clock: Clock) -> None
     N.nvmlEventSetFree(events)
 
 
-def test_events_before_registration_are_not_recorded(install: Install, clock: Clock) -> None:
+def test_events_before_registration_are_not_recorded(install: Install, clock: ManualClock) -> None:
     install("faults")
-    clock.t = 9.0
+    clock.now = 9.0
     events = N.nvmlEventSetCreate()
     N.nvmlDeviceRegisterEvents(handle(1), N.nvmlEventTypeXidCriticalError, events)
     N.nvmlDeviceRegisterEvents(handle(2), N.nvmlEventTypeXidCriticalError, events)
-    clock.t = 11.0
+    clock.now = 11.0
     assert N.nvmlEventSetWait(events, 0).eventData == 48  # XID 79 at 8 s came before
     with pytest.raises(N.NVMLError_Timeout):
         N.nvmlEventSetWait(events, 0)
 
 
-def test_unsupported_event_registration_leaves_set_usable(install: Install, clock: Clock) -> None:
+def test_unsupported_event_registration_leaves_set_usable(
+    install: Install, clock: ManualClock
+) -> None:
     install("faults")
     events = N.nvmlEventSetCreate()
     assert N.nvmlDeviceGetSupportedEventTypes(handle(3)) == 0
@@ -469,19 +456,19 @@ def test_unsupported_event_registration_leaves_set_usable(install: Install, cloc
     with pytest.raises(N.NVMLError_NotSupported):  # a type this GPU does not report
         N.nvmlDeviceRegisterEvents(handle(2), N.nvmlEventTypeClock, events)
     N.nvmlDeviceRegisterEvents(handle(2), N.nvmlEventTypeXidCriticalError, events)
-    clock.t = 10.0
+    clock.now = 10.0
     assert N.nvmlEventSetWait(events, 0).eventData == 48
 
 
 # -- faults ---------------------------------------------------------------------------------
 
 
-def test_gpu_lost_is_sticky_until_reinit_after_until(install: Install, clock: Clock) -> None:
+def test_gpu_lost_is_sticky_until_reinit_after_until(install: Install, clock: ManualClock) -> None:
     install("faults")
     h1 = handle(1)
-    clock.t = 14.9
+    clock.now = 14.9
     assert N.nvmlDeviceGetPowerUsage(h1) > 0
-    clock.t = 15.0
+    clock.now = 15.0
     for call in (
         lambda: N.nvmlDeviceGetPowerUsage(h1),
         lambda: handle(1),
@@ -490,12 +477,12 @@ def test_gpu_lost_is_sticky_until_reinit_after_until(install: Install, clock: Cl
         with pytest.raises(N.NVMLError_GpuIsLost):
             call()
     assert N.nvmlDeviceGetPowerUsage(handle(0)) > 0  # the others keep answering
-    clock.t = 20.0  # a driver reload before `until` does not bring it back
+    clock.now = 20.0  # a driver reload before `until` does not bring it back
     N.nvmlShutdown()
     N.nvmlInit()
     with pytest.raises(N.NVMLError_GpuIsLost):
         handle(1)
-    clock.t = 30.0  # past `until`, but no reload yet
+    clock.now = 30.0  # past `until`, but no reload yet
     with pytest.raises(N.NVMLError_GpuIsLost):
         N.nvmlDeviceGetPowerUsage(h1)
     N.nvmlShutdown()
@@ -509,7 +496,7 @@ def _timed(call: Callable[[], Any]) -> float:
     return time.monotonic() - start
 
 
-def test_hang_blocks_only_that_call(install: Install, clock: Clock) -> None:
+def test_hang_blocks_only_that_call(install: Install, clock: ManualClock) -> None:
     fault = {
         "at": 1,
         "device": 0,
@@ -520,7 +507,7 @@ def test_hang_blocks_only_that_call(install: Install, clock: Clock) -> None:
     install(scenario(faults=[fault]))
     h0, h1 = handle(0), handle(1)
     assert _timed(lambda: N.nvmlDeviceGetPowerUsage(h0)) < 0.1  # before `at`
-    clock.t = 1.2
+    clock.now = 1.2
     hung = threading.Thread(target=N.nvmlDeviceGetPowerUsage, args=(h0,))
     start = time.monotonic()
     hung.start()
@@ -531,11 +518,11 @@ def test_hang_blocks_only_that_call(install: Install, clock: Clock) -> None:
     assert _timed(lambda: N.nvmlDeviceGetFieldValues(h0, [83])) < 0.1
     hung.join()
     assert time.monotonic() - start >= 0.4
-    clock.t = 1.5  # after at + duration
+    clock.now = 1.5  # after at + duration
     assert _timed(lambda: N.nvmlDeviceGetPowerUsage(h0)) < 0.1
 
 
-def test_no_permission_window(install: Install, clock: Clock) -> None:
+def test_no_permission_window(install: Install, clock: ManualClock) -> None:
     fault = {
         "at": 2,
         "device": 1,
@@ -544,11 +531,11 @@ def test_no_permission_window(install: Install, clock: Clock) -> None:
         "until": 4,
     }
     install(scenario(faults=[fault]))
-    clock.t = 3
+    clock.now = 3
     with pytest.raises(N.NVMLError_NoPermission):
         N.nvmlDeviceGetMemoryInfo(handle(1), version=N.nvmlMemory_v2)
     assert N.nvmlDeviceGetMemoryInfo(handle(0), version=N.nvmlMemory_v2).total > 0
-    clock.t = 4
+    clock.now = 4
     assert N.nvmlDeviceGetMemoryInfo(handle(1), version=N.nvmlMemory_v2).total > 0
 
 
