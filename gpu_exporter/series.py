@@ -32,7 +32,14 @@ from types import MappingProxyType
 from gpu_exporter import __version__
 from gpu_exporter.catalog import BY_NAME, FAMILIES, Family, Kind
 from gpu_exporter.guard import Guard, merge
-from gpu_exporter.snapshot import CollectorStatus, DeviceSample, Labels, Reading, Snapshot
+from gpu_exporter.snapshot import (
+    CollectorStatus,
+    DeviceSample,
+    Labels,
+    Reading,
+    Snapshot,
+    find_value,
+)
 
 DEVICE_LABELS = ("gpu", "uuid")
 ATTRIBUTION_LABELS = ("namespace", "pod", "container")
@@ -88,11 +95,7 @@ class DeviceView:
 
     def value(self, family: str, **labels: str) -> float | None:
         """The value of `family` with exactly these catalog labels, or None when absent."""
-        wanted = tuple(sorted(labels.items()))
-        for reading in self.readings:
-            if reading.family == family and tuple(sorted(reading.labels)) == wanted:
-                return reading.value
-        return None
+        return find_value(self.readings, family, labels)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ downstream of the sampler talks to NVML.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 Labels = tuple[tuple[str, str], ...]
@@ -19,6 +19,15 @@ class Reading:
     family: str
     value: float
     labels: Labels = ()
+
+
+def find_value(readings: Iterable[Reading], family: str, labels: Mapping[str, str]) -> float | None:
+    """The value of the reading of `family` with exactly `labels`, or None when absent."""
+    wanted = tuple(sorted(labels.items()))
+    for reading in readings:
+        if reading.family == family and tuple(sorted(reading.labels)) == wanted:
+            return reading.value
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +51,7 @@ class DeviceSample:
 
     def value(self, family: str, **labels: str) -> float | None:
         """The value of `family` with exactly these extra labels, or None when absent."""
-        wanted = tuple(sorted(labels.items()))
-        for reading in self.readings:
-            if reading.family == family and tuple(sorted(reading.labels)) == wanted:
-                return reading.value
-        return None
+        return find_value(self.readings, family, labels)
 
     def families(self) -> set[str]:
         return {reading.family for reading in self.readings}

@@ -8,6 +8,9 @@ down per reason comes from the per-reason counter fields, or on older drivers fr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pynvml as N
 
 from gpu_exporter.nvml_facts import (
@@ -69,11 +72,8 @@ class Clocks(Collector):
         self.supported_reasons = KNOWN_REASON_BITS
 
     def refresh(self, nvml: Device) -> list[Reading]:
-        h, out = nvml.handle, []
-        for label, clock_type in CLOCKS:
-            mhz = nvml.call(f"max_clock_{label}", N.nvmlDeviceGetMaxClockInfo, h, clock_type)
-            if mhz is not None:
-                out.append(Reading("gpu_clock_max_hertz", mhz * 1e6, (("clock", label),)))
+        h = nvml.handle
+        out = _clocks(nvml, "gpu_clock_max_hertz", "max_clock", N.nvmlDeviceGetMaxClockInfo)
         mask = nvml.first(
             ("supported_clock_events", binding("nvmlDeviceGetSupportedClocksEventReasons"), h),
             ("supported_clock_throttle", N.nvmlDeviceGetSupportedClocksThrottleReasons, h),
@@ -82,11 +82,8 @@ class Clocks(Collector):
         return out
 
     def read(self, nvml: Device) -> list[Reading]:
-        h, out = nvml.handle, []
-        for label, clock_type in CLOCKS:
-            mhz = nvml.call(f"clock_{label}", N.nvmlDeviceGetClockInfo, h, clock_type)
-            if mhz is not None:
-                out.append(Reading("gpu_clock_hertz", mhz * 1e6, (("clock", label),)))
+        h = nvml.handle
+        out = _clocks(nvml, "gpu_clock_hertz", "clock", N.nvmlDeviceGetClockInfo)
         bits = nvml.first(
             ("clock_event_reasons", binding("nvmlDeviceGetCurrentClocksEventReasons"), h),
             ("clock_throttle_reasons", N.nvmlDeviceGetCurrentClocksThrottleReasons, h),
@@ -117,3 +114,13 @@ def _violation(nvml: Device, key: str, policy: int, reason: str) -> list[Reading
     if status is None:
         return []
     return [Reading("gpu_clock_event_seconds_total", status.violationTime * _NS, _reason(reason))]
+
+
+def _clocks(nvml: Device, family: str, key: str, function: Callable[..., Any]) -> list[Reading]:
+    """One reading per clock domain (NVML reports MHz; the family is in hertz)."""
+    out = []
+    for label, clock_type in CLOCKS:
+        mhz = nvml.call(f"{key}_{label}", function, nvml.handle, clock_type)
+        if mhz is not None:
+            out.append(Reading(family, mhz * 1e6, (("clock", label),)))
+    return out

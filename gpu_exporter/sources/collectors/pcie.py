@@ -6,6 +6,9 @@ Bytes come from the GPU's byte-counter fields; where the driver lacks them, from
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pynvml as N
 
 from gpu_exporter.snapshot import Reading
@@ -38,23 +41,21 @@ class Pcie(Collector):
     refreshes = True
 
     def refresh(self, nvml: Device) -> list[Reading]:
-        h, out = nvml.handle, []
-        gen = nvml.call("pcie_max_generation", N.nvmlDeviceGetMaxPcieLinkGeneration, h)
-        if gen is not None:
-            out.append(Reading("gpu_pcie_link_generation", gen, (("state", "max"),)))
-        width = nvml.call("pcie_max_width", N.nvmlDeviceGetMaxPcieLinkWidth, h)
-        if width is not None:
-            out.append(Reading("gpu_pcie_link_width", width, (("state", "max"),)))
-        return out
+        return _link_state(
+            nvml,
+            "max",
+            ("pcie_max_generation", N.nvmlDeviceGetMaxPcieLinkGeneration),
+            ("pcie_max_width", N.nvmlDeviceGetMaxPcieLinkWidth),
+        )
 
     def read(self, nvml: Device) -> list[Reading]:
-        h, out = nvml.handle, []
-        gen = nvml.call("pcie_generation", N.nvmlDeviceGetCurrPcieLinkGeneration, h)
-        if gen is not None:
-            out.append(Reading("gpu_pcie_link_generation", gen, (("state", "current"),)))
-        width = nvml.call("pcie_width", N.nvmlDeviceGetCurrPcieLinkWidth, h)
-        if width is not None:
-            out.append(Reading("gpu_pcie_link_width", width, (("state", "current"),)))
+        h = nvml.handle
+        out = _link_state(
+            nvml,
+            "current",
+            ("pcie_generation", N.nvmlDeviceGetCurrPcieLinkGeneration),
+            ("pcie_width", N.nvmlDeviceGetCurrPcieLinkWidth),
+        )
         out += nvml.field_readings(self.fields)
         if nvml.fields_gone(REPLAYS.field_id):
             replay = nvml.call("pcie_replay", N.nvmlDeviceGetPcieReplayCounter, h)
@@ -75,3 +76,21 @@ class Pcie(Collector):
                         Reading("gpu_pcie_throughput_bytes_per_second", kbps * 1024.0, labels)
                     )
         return out
+
+
+def _link_state(
+    nvml: Device,
+    state: str,
+    generation: tuple[str, Callable[..., Any]],
+    width: tuple[str, Callable[..., Any]],
+) -> list[Reading]:
+    """Link generation and width for one `state` label (current, or the maximum)."""
+    out = []
+    for family, (key, function) in (
+        ("gpu_pcie_link_generation", generation),
+        ("gpu_pcie_link_width", width),
+    ):
+        value = nvml.call(key, function, nvml.handle)
+        if value is not None:
+            out.append(Reading(family, value, (("state", state),)))
+    return out
