@@ -1,8 +1,9 @@
 """The daemon's tick pipeline in this process, on a manual clock (no HTTP server).
 
-`build` wires the production classes as `gpu_exporter.cli.serve` does, with its own helpers
-(NvmlSource with topology -> Sampler with the classifier -> RuleManager listener and collector
--> Notifier), but the fake NVML, the source, the sampler's timestamps and the rule engine all
+`build` wires the production classes as `gpu_exporter.cli.serve` does, through
+`gpu_exporter.assembly` (NvmlSource with topology -> Sampler with the classifier -> the rule
+manager as listener and producer -> Notifier), but the fake NVML, the source, the sampler's
+timestamps and the rule engine all
 read one manual clock that `Pipeline.tick` advances by the interval before each tick. Ticks
 then run back to back: the scenario and the rule engine see a 1 s cadence while the
 benchmark spends only the CPU time the ticks need.
@@ -73,7 +74,7 @@ def backfill(store: SeriesStore, series_set: SeriesSet, seconds: float, interval
     engine) are written once per `interval` up to and including the tick's own
     timestamp; later ticks continue from there. Range functions then read full windows, so
     evaluation costs what it costs at steady state, without minutes of ticking. The history
-    is flat (every value as in `snapshot`), and recording rules' outputs get none: they are
+    is flat (every value as in `series_set`), and recording rules' outputs get none: they are
     written only by evaluations. Returns the number of steps written.
     """
     steps = int(seconds / interval)

@@ -75,9 +75,10 @@ def create_app(
 
     @app.get("/api/v1/devices")
     def devices() -> Response:
-        snapshot, series_set = sampler.latest, sampler.series
-        if snapshot is None or series_set is None:
+        published = sampler.published  # one tick's snapshot and series, never two
+        if published is None:
             return JSONResponse({"status": "error", "error": "no snapshot yet"}, 503)
+        snapshot, series_set = published.snapshot, published.series
         return JSONResponse(
             {
                 "status": "success",

@@ -62,12 +62,13 @@ def assemble(
     sampler.add_processor("classifier", classifier(config).process)
     attribution = _attribution(config, wall_clock)
     if attribution is not None:
-        from gpu_exporter.k8s.labels import device_labels_source, pod_info_processor
+        from gpu_exporter.k8s.labels import PodsOfTick
 
-        sampler.add_processor("pod_info", pod_info_processor(attribution))
+        pods = PodsOfTick(attribution)
+        sampler.add_processor("pod_info", pods.process)
         sampler.add_producer(attribution.producer())
         if config.kubernetes.mode == "labels":
-            sampler.set_device_labels(device_labels_source(attribution))
+            sampler.set_device_labels(pods.labels)
     rules, notifier = _alerting(config, sampler)
     return Assembly(sampler, attribution, rules, notifier)
 

@@ -1,9 +1,13 @@
 """Running a producer of series so that its failure costs only its own output.
 
-Every producer (an NVML collector, topology, the classifier, attribution, the rule manager,
-the notifier, the self-metrics) runs through `Guard.run`: an exception is caught, logged once
-per distinct error (a bug that fires every tick must not flood the log), and reported as
-`CollectorStatus(success=False)`, which becomes `gpu_exporter_collector_success{collector} 0`.
+Every producer runs through `Guard.run`: each NVML collector per GPU (topology included, in
+`sources/`), the processors (classifier, pod info), the pod labels, the rule evaluation and
+late ingest, and the `Producer`s of `series.py` (self-metrics, attribution's health, the rule
+manager's and notifier's metrics). An exception is caught, logged once per distinct error (a
+bug that fires every tick must not flood the log; the set of logged errors is bounded), and
+reported as `CollectorStatus(success=False)`, which becomes
+`gpu_exporter_collector_success{collector} 0`. `report` does the same for output found wrong
+after the producer returned (series the catalog refuses).
 """
 
 from __future__ import annotations

@@ -3,17 +3,22 @@ series, let the rule engine see them, render them, publish them.
 
 APScheduler runs `tick` every `interval` seconds with `max_instances=1` and `coalesce=True`:
 a slow tick delays the next one instead of piling up. Consumers (the HTTP layer, the rule
-engine) read `latest` / `series` / `rendered`, swapped together at the end of a tick.
+engine) read `published` (or its `latest` / `series` / `rendered`): one object, swapped at the
+end of a tick, so no reader mixes two ticks.
 
 Order within a tick, and why:
   1. the source's collectors read NVML (each guarded inside the source);
-  2. processors enrich the device samples (classifier, pod info), each guarded;
+  2. processors enrich the device samples (classifier, pod info), each guarded, then the pod
+     labels and node facts are read, guarded;
   3. `SeriesBuilder.build`: the device series, self-metrics and the producers (attribution);
-  4. listeners (the rule manager) ingest those series and evaluate;
+  4. listeners (the rule manager) ingest those series and evaluate, guarded;
   5. late producers (the rule manager's and notifier's own metrics, which evaluation changes)
      and the collector statuses are added, and listeners ingest them at the same timestamp;
-  6. the whole set is rendered and published. So the daemon's rules see every series that a
-     scrape of this tick returns, with the same labels and values.
+  6. the whole set is rendered and published.
+So the rule store holds exactly the series a scrape of the tick returns, with the same labels
+and values. Rules over the late families (rule, notifier and collector self-metrics) see them
+from the next evaluation on — as Prometheus, which also evaluates what it scraped before. A
+late ingest that fails is too late for its own tick's series; the next tick reports it.
 """
 
 from __future__ import annotations
@@ -68,6 +73,15 @@ class _TickAccounting:
         return TickStats(TICK_BUCKETS, tuple(self.counts), self.total, self.ticks, finished_at)
 
 
+@dataclass(frozen=True)
+class Published:
+    """One tick's results, swapped in as one object so a reader never mixes two ticks."""
+
+    snapshot: Snapshot
+    series: SeriesSet
+    rendered: RenderedMetrics
+
+
 class Sampler:
     def __init__(
         self,
@@ -81,7 +95,7 @@ class Sampler:
         self.errors = errors
         self.interval = interval
         self._wall_clock = wall_clock
-        self._device_labels = device_labels or dict
+        self._device_labels = device_labels  # None: no pod labels on the series
         self._accounting = _TickAccounting()
         self._full_accounting = _TickAccounting()
         self._full_tick_stats = TickStats()
@@ -91,16 +105,32 @@ class Sampler:
         self._processors: list[tuple[str, Processor]] = []
         self._producers: list[Producer] = []
         self._late_producers: list[Producer] = []
+        self._source_collectors: tuple[str, ...] = ()  # names seen in the source's statuses
+        self._carried: list[CollectorStatus] = []  # late-ingest failures, reported next tick
         self._scheduler: BackgroundScheduler | None = None
         self._tick_lock = threading.Lock()
-        self.latest: Snapshot | None = None
-        self.series: SeriesSet | None = None
-        self.rendered: RenderedMetrics | None = None
+        self.published: Published | None = None
         self.last_tick_monotonic: float | None = None
         self.started_monotonic: float | None = None
 
+    @property
+    def latest(self) -> Snapshot | None:
+        published = self.published
+        return published.snapshot if published else None
+
+    @property
+    def series(self) -> SeriesSet | None:
+        published = self.published
+        return published.series if published else None
+
+    @property
+    def rendered(self) -> RenderedMetrics | None:
+        published = self.published
+        return published.rendered if published else None
+
     def set_device_labels(self, source: Callable[[], Mapping[str, Labels]]) -> None:
-        """Extra labels per GPU UUID for every series (pod attribution), read once per tick."""
+        """Extra labels per GPU UUID for every series (pod attribution), read once per tick,
+        after the processors."""
         self._device_labels = source
 
     def add_processor(self, name: str, processor: Processor) -> None:
@@ -138,33 +168,44 @@ class Sampler:
         for name, processor in self._processors:
             devices, status = self._guard.run(name, partial(processor, devices, now), devices)
             statuses.append(status)
+        no_labels: Mapping[str, Labels] = {}
+        device_labels = no_labels
+        if self._device_labels is not None:
+            device_labels, status = self._guard.run("pod_labels", self._device_labels, no_labels)
+            statuses.append(status)
+        no_info: dict[str, str] = {}
+        node_info, status = self._guard.run("node_info", self.source.node_info, no_info)
+        if not status.success:
+            statuses.append(status)
         elapsed = time.perf_counter() - started
-        sequence = self.latest.sequence + 1 if self.latest else 1
+        previous = self.latest
         snapshot = Snapshot(
             timestamp=now,
             devices=tuple(devices),
-            node_info=self.source.node_info(),
+            node_info=node_info,
             errors=self.errors.snapshot(),
             tick_seconds=elapsed,
-            sequence=sequence,
+            sequence=previous.sequence + 1 if previous else 1,
             stats=self._accounting.observe(elapsed, now),
-            device_labels=self._device_labels(),
+            device_labels=device_labels,
             collectors=tuple(statuses),
             full_tick_stats=self._full_tick_stats,
         )
         first = self._builder.build(snapshot, self._producers)
-        evaluated = [
-            self._guard.run(listener.name, partial(listener.on_series, first), None)[1]
-            for listener in self._listeners
-        ]
+        evaluated, self._carried = self._carried, []
+        for listener in self._listeners:
+            evaluated.append(
+                self._guard.run(listener.name, partial(listener.on_series, first), None)[1]
+            )
         late = with_collector_series(
-            self._builder.build_more(now, self._late_producers), [*first.collectors, *evaluated]
+            self._builder.build_more(now, self._late_producers), first.collectors, evaluated
         )
         for listener in self._listeners:
-            self._notify(listener.on_late_series, late)
+            _, status = self._guard.run(listener.name, partial(listener.on_late_series, late), None)
+            if not status.success:  # too late for this tick's series: the next one says it
+                self._carried.append(status)
         series_set = first.extended(late)
-        rendered = RenderedMetrics(series_set)
-        self.latest, self.series, self.rendered = snapshot, series_set, rendered
+        self.published = Published(snapshot, series_set, RenderedMetrics(series_set))
         self.last_tick_monotonic = time.monotonic()
         full = time.perf_counter() - started
         self._full_tick_stats = self._full_accounting.observe(full, self._wall_clock())
@@ -180,19 +221,17 @@ class Sampler:
             down = [
                 DeviceSample(d.index, d.uuid, d.info, False, (), "source failed") for d in known
             ]
-            return down, [CollectorStatus(self.source.name, False, 0.0)]
+            # Every collector failed this tick: say so for each, not only for the source.
+            names = (self.source.name, *self._source_collectors)
+            return down, [CollectorStatus(name, False, 0.0) for name in names]
         no_statuses: list[CollectorStatus] = []
         statuses, status = self._guard.run(
             self.source.name, lambda: list(self.source.collector_status()), no_statuses
         )
-        return devices, statuses if status.success else [status]
-
-    def _notify(self, callback: Callable[[SeriesSet], None], series_set: SeriesSet) -> None:
-        try:
-            callback(series_set)
-        except Exception:  # a rule-engine bug must not stop sampling
-            log.exception("series listener %r failed", callback)
-            self.errors.add("exporter", "listener", "exception")
+        if not status.success:
+            return devices, [status]
+        self._source_collectors = tuple(s.collector for s in statuses)
+        return devices, statuses
 
     def start(self) -> None:
         """Tick now, then every `interval` seconds on a background thread."""

@@ -1,23 +1,30 @@
 """The one series model: a tick's `Snapshot` becomes one list of series, built here and only here.
 
 Everything downstream reads that list — the text and OpenMetrics exposition, the rule store, the
-JSON API (and through it the status page) and `diagnose` — so what Prometheus scrapes is exactly
-what the daemon's own rules see.
+JSON API (and through it the status page) and `diagnose` — so what Prometheus scrapes is what the
+daemon's own rules see.
 
-Labels of a per-GPU series, in this order:
-  1. `gpu` and `uuid`;
-  2. the family's own labels from the catalog (`clock`, `reason`, `peer_gpu`, ...);
-  3. with pod attribution in `labels` mode, the GPU's `namespace`, `pod` and `container` — on
-     EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an alert on a lost GPU names the
-     pod it hit, and a rule over any family keeps the same labels on both alert paths. The one
-     exception is `gpu_pod_info`, whose own namespace/pod/container (one series per pod sharing
-     the GPU) win. In `info` mode (and without attribution) only `gpu_pod_info` has them.
+Labels of a per-GPU series (the exposition and the store sort them by name):
+  - `gpu` and `uuid`;
+  - the family's own labels from the catalog (`clock`, `reason`, `peer_gpu`, ...);
+  - with pod attribution in `labels` mode, the GPU's `namespace`, `pod` and `container` — on
+    EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an alert on a lost GPU names the
+    pod it hit, and a rule over any family keeps the same labels on both alert paths. The one
+    exception is `gpu_pod_info`, whose own namespace/pod/container (one series per pod sharing
+    the GPU) win. In `info` mode (and without attribution) only `gpu_pod_info` has them.
 Empty label values are dropped, as Prometheus reads an empty label as absent.
 
-Producers of series beyond the device readings (self-metrics, the rule manager, the notifier,
-attribution's own health) are `Producer`s. Each runs through `Guard`: one that raises, or emits
-a family or label the catalog does not declare for it, loses its own families for that tick
-only, and `gpu_exporter_collector_success{collector}` says so.
+Every series is checked against the catalog: its family exists, its sample name belongs to the
+family, its label names are the family's (plus the device and attribution labels for per-GPU
+families), label values are strings and the value is a number. The device series come from the
+readings; every other producer (self-metrics, the rule manager, the notifier, attribution's
+health) is a `Producer` that may emit only non-per-GPU families of its own catalog `source`s,
+each label set once. A producer that raises loses its series for that tick; a series that fails
+the check is dropped alone and marks its producer failed; both show as
+`gpu_exporter_collector_success{collector} 0` (see `gpu_exporter/guard.py`).
+
+Series of readings that are the same objects tick after tick (topology, a few static values)
+are built once and reused: at 64 GPUs they are most of the 30,000 series of a tick.
 """
 
 from __future__ import annotations
@@ -25,37 +32,29 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
+from typing import NamedTuple
 
 from gpu_exporter import __version__
 from gpu_exporter.catalog import BY_NAME, FAMILIES, Family, Kind
 from gpu_exporter.guard import Guard, merge
-from gpu_exporter.snapshot import (
-    CollectorStatus,
-    DeviceSample,
-    Labels,
-    Reading,
-    Snapshot,
-    find_value,
-)
+from gpu_exporter.snapshot import CollectorStatus, Labels, Reading, Snapshot, find_value
 
 DEVICE_LABELS = ("gpu", "uuid")
 ATTRIBUTION_LABELS = ("namespace", "pod", "container")
-POD_INFO = "gpu_pod_info"
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 COLLECTOR_SUCCESS = "gpu_exporter_collector_success"
 COLLECTOR_DURATION = "gpu_exporter_collector_duration_seconds"
 _CATALOG_ORDER = {fam.name: position for position, fam in enumerate(FAMILIES)}
 
 
-@dataclass(frozen=True, slots=True)
-class Series:
+class Series(NamedTuple):
     """One sample as exposed: `name{labels} value`, of catalog family `family`.
 
     `name` is the family's name, or for a histogram the family's name plus `_bucket`, `_sum`
-    or `_count`.
+    or `_count`. A NamedTuple: a tick builds tens of thousands of them.
     """
 
     family: str
@@ -66,15 +65,17 @@ class Series:
 
 def series(family: str, value: float, labels: Iterable[tuple[str, str]] = ()) -> Series:
     """A series of a gauge, counter or info family (what producers yield)."""
-    return Series(family, family, _drop_empty(labels), float(value))
+    return Series(family, family, tuple(labels), value)
 
 
 @dataclass(frozen=True)
 class Producer:
-    """A named source of series outside the device readings; `name` is its `collector` label."""
+    """A named source of non-per-GPU series; `name` is its `collector` label, `sources` the
+    catalog `source`s of the families it may emit."""
 
     name: str
     produce: Callable[[], Iterable[Series]]
+    sources: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class DeviceView:
     """One GPU as the series list shows it (for the JSON API and diagnose).
 
     `readings` carries each series' family and its catalog labels only; `labels` are the GPU's
-    identity and attribution labels, shared by all its series.
+    attribution labels, shared by all its series.
     """
 
     index: int
@@ -122,12 +123,19 @@ class SeriesSet:
         return set(self.families)
 
     def devices(self) -> list[DeviceView]:
-        """Per-GPU views, by NVML index; built from `gpu_up` and every series with a uuid."""
+        """Per-GPU views, by NVML index; built from `gpu_up` and every series with a uuid,
+        once per tick however often the API asks."""
+        return self._views
+
+    def device(self, uuid: str) -> DeviceView | None:
+        return next((view for view in self._views if view.uuid == uuid), None)
+
+    @cached_property
+    def _views(self) -> list[DeviceView]:
         by_uuid: dict[str, list[Series]] = {}
         for row in self:
-            uuid = _label(row.labels, "uuid")
-            if uuid and BY_NAME[row.family].per_device:
-                by_uuid.setdefault(uuid, []).append(row)
+            if BY_NAME[row.family].per_device:
+                by_uuid.setdefault(_label(row.labels, "uuid"), []).append(row)
         views = []
         for up in self.of("gpu_up"):
             uuid = _label(up.labels, "uuid")
@@ -154,9 +162,6 @@ class SeriesSet:
             )
         return sorted(views, key=lambda view: view.index)
 
-    def device(self, uuid: str) -> DeviceView | None:
-        return next((view for view in self.devices() if view.uuid == uuid), None)
-
     def extended(self, more: SeriesSet) -> SeriesSet:
         """This set plus families built later in the tick (after rule evaluation)."""
         families = dict(self.families)
@@ -166,22 +171,27 @@ class SeriesSet:
         return SeriesSet(self.timestamp, _in_catalog_order(families), statuses, self.down_reasons)
 
 
+# One cached device series: the reading it came from, the (device, pod) labels it was built
+# with, and the series. A hit needs the very same Reading object and equal labels.
+_Cached = tuple[Reading, tuple[Labels, Labels], Series]
+
+
 class SeriesBuilder:
-    """Builds a tick's `SeriesSet` from a snapshot and the registered producers."""
+    """Builds a tick's `SeriesSet` from a snapshot and the registered producers.
+
+    Not thread-safe: one builder per tick loop (the sampler's, or diagnose's own)."""
 
     def __init__(self, guard: Guard | None = None) -> None:
         self.guard = guard or Guard()
+        self._cache: dict[str, dict[int, _Cached]] = {}  # uuid -> id(reading) -> cached
 
     def build(self, snapshot: Snapshot, producers: Sequence[Producer] = ()) -> SeriesSet:
         """The device series, the exporter's self-metrics and `producers`, each guarded; then
         the collector statuses of the source, the processors and all of these."""
-        rows: list[Series] = []
-        statuses = list(snapshot.collectors)
-        for producer in (
-            Producer("devices", lambda: device_series(snapshot)),
-            Producer("exporter", lambda: exporter_series(snapshot)),
-            *producers,
-        ):
+        rows, status = self._device_series(snapshot)
+        statuses = [*snapshot.collectors, status]
+        exporter = Producer("exporter", partial(exporter_series, snapshot), _EXPORTER)
+        for producer in (exporter, *producers):
             produced, status = self._run(producer)
             rows += produced
             statuses.append(status)
@@ -198,16 +208,66 @@ class SeriesBuilder:
             statuses.append(status)
         return self._finish(timestamp, rows, statuses)
 
+    def _device_series(self, snapshot: Snapshot) -> tuple[list[Series], CollectorStatus]:
+        problems: list[str] = []
+        nothing: list[Series] = []
+        rows, status = self.guard.run(
+            "devices", partial(self._device_rows, snapshot, problems), nothing
+        )
+        return rows, self._with_problems(status, problems)
+
+    def _device_rows(self, snapshot: Snapshot, problems: list[str]) -> list[Series]:
+        rows: list[Series] = []
+        cache: dict[str, dict[int, _Cached]] = {}
+        info_labels = BY_NAME["gpu_info"].labels
+        for device in snapshot.devices:
+            base = device.labels
+            pods = snapshot.device_labels.get(device.uuid, ())
+            key = (base, pods)
+            info = tuple((name, device.info.get(name, "")) for name in info_labels)
+            for identity in (
+                series("gpu_info", 1.0, (*base, *info, *pods)),
+                series("gpu_up", 1.0 if device.up else 0.0, (*base, *pods)),
+            ):
+                _keep(_checked(identity, per_device=True), rows, problems)
+            seen = self._cache.get(device.uuid, {})
+            kept: dict[int, _Cached] = {}
+            for reading in device.readings:
+                hit = seen.get(id(reading))
+                if hit is not None and hit[0] is reading and hit[1] == key:
+                    row: Series | str = hit[2]
+                else:
+                    row = _checked(_reading_series(reading, base, pods), per_device=True)
+                if isinstance(row, str):
+                    problems.append(f"GPU {device.index}: {row}")
+                    continue
+                kept[id(reading)] = (reading, key, row)
+                rows.append(row)
+            cache[device.uuid] = kept
+        self._cache = cache  # GPUs and readings that are gone drop out here
+        return rows
+
     def _run(self, producer: Producer) -> tuple[list[Series], CollectorStatus]:
-        """The producer's series, guarded; a series the catalog does not declare is dropped
+        """The producer's series, guarded; a series the catalog does not give it is dropped
         (alone) and marks the producer failed for this tick."""
         nothing: list[Series] = []
-        rows, status = self.guard.run(producer.name, partial(_listed, producer), nothing)
-        good, problems = validate(rows)
-        if problems:
-            self.guard.report(producer.name, f"{len(problems)} series refused: {problems[0]}")
-            status = CollectorStatus(status.collector, False, status.duration_seconds)
-        return good, status
+        produced, status = self.guard.run(producer.name, partial(_listed, producer), nothing)
+        rows: list[Series] = []
+        problems: list[str] = []
+        seen: set[tuple[str, Labels]] = set()
+        for row in produced:
+            checked = _checked(row, per_device=False, sources=producer.sources)
+            if not isinstance(checked, str) and (checked.name, checked.labels) in seen:
+                checked = f"{row.family}: label set {dict(row.labels)} emitted twice"
+            if _keep(checked, rows, problems):
+                seen.add((rows[-1].name, rows[-1].labels))
+        return rows, self._with_problems(status, problems)
+
+    def _with_problems(self, status: CollectorStatus, problems: list[str]) -> CollectorStatus:
+        if not problems:
+            return status
+        self.guard.report(status.collector, f"{len(problems)} series refused: {problems[0]}")
+        return CollectorStatus(status.collector, False, status.duration_seconds)
 
     @staticmethod
     def _finish(
@@ -224,45 +284,41 @@ class SeriesBuilder:
         return SeriesSet(timestamp, _in_catalog_order(families), merge(statuses), reasons)
 
 
-def with_collector_series(late: SeriesSet, earlier: Sequence[CollectorStatus]) -> SeriesSet:
+def with_collector_series(
+    late: SeriesSet, first: Sequence[CollectorStatus], evaluated: Sequence[CollectorStatus] = ()
+) -> SeriesSet:
     """`late` plus gpu_exporter_collector_success/_duration_seconds for every collector of the
-    tick (`earlier` and late's own): built last, so the late producers' outcomes are in it."""
-    statuses = merge([*earlier, *late.collectors])
+    tick — those of the first set, the listeners' (`evaluated`) and late's own — built last so
+    the late producers' outcomes are in it. Its `collectors` are late's own and `evaluated`."""
+    own = merge([*late.collectors, *evaluated])
+    statuses = merge([*first, *own])
     families = dict(late.families)
     families[COLLECTOR_SUCCESS] = tuple(
-        series(COLLECTOR_SUCCESS, 1.0 if s.success else 0.0, (("collector", s.collector),))
+        Series(
+            COLLECTOR_SUCCESS, COLLECTOR_SUCCESS, (("collector", s.collector),), float(s.success)
+        )
         for s in statuses
     )
     families[COLLECTOR_DURATION] = tuple(
-        series(COLLECTOR_DURATION, s.duration_seconds, (("collector", s.collector),))
+        Series(
+            COLLECTOR_DURATION,
+            COLLECTOR_DURATION,
+            (("collector", s.collector),),
+            s.duration_seconds,
+        )
         for s in statuses
     )
     families = {name: rows for name, rows in families.items() if rows}
-    return SeriesSet(late.timestamp, _in_catalog_order(families), late.collectors)
+    return SeriesSet(late.timestamp, _in_catalog_order(families), own)
 
 
-# -- the device series -------------------------------------------------------------------------
-
-
-def device_series(snapshot: Snapshot) -> Iterator[Series]:
-    """Every per-GPU series of the snapshot, with attribution labels as the module says."""
-    attribution = snapshot.device_labels
-    info_family = BY_NAME["gpu_info"]
-    for device in snapshot.devices:
-        base = device.labels
-        pods = attribution.get(device.uuid, ())
-        info = tuple((name, device.info.get(name, "")) for name in info_family.labels)
-        yield series("gpu_info", 1.0, (*base, *info, *pods))
-        yield series("gpu_up", 1.0 if device.up else 0.0, (*base, *pods))
-        yield from _reading_series(device, base, pods)
-
-
-def _reading_series(device: DeviceSample, base: Labels, pods: Labels) -> Iterator[Series]:
-    # Unknown families and labels are caught by `validate`, which drops just that reading.
-    for reading in device.readings:
-        own = {name for name, _ in reading.labels}
-        extra = tuple(pair for pair in pods if pair[0] not in own)
-        yield series(reading.family, reading.value, (*base, *reading.labels, *extra))
+def _reading_series(reading: Reading, base: Labels, pods: Labels) -> Series:
+    if not pods:
+        return Series(reading.family, reading.family, (*base, *reading.labels), reading.value)
+    own = {name for name, _ in reading.labels}
+    extra = tuple(pair for pair in pods if pair[0] not in own)
+    labels = (*base, *reading.labels, *extra)
+    return Series(reading.family, reading.family, labels, reading.value)
 
 
 # -- the exporter's own series -----------------------------------------------------------------
@@ -327,6 +383,8 @@ def histogram_series(
 
 # -- checks against the catalog ----------------------------------------------------------------
 
+_EXPORTER = frozenset({"exporter"})
+
 
 def _allowed_labels(fam: Family) -> frozenset[str]:
     names = set(fam.labels)
@@ -346,32 +404,43 @@ _ALLOWED_LABELS = {fam.name: _allowed_labels(fam) for fam in FAMILIES}
 _SAMPLE_NAMES = {fam.name: _sample_names(fam) for fam in FAMILIES}
 
 
-def validate(rows: Iterable[Series]) -> tuple[list[Series], list[str]]:
-    """The rows the catalog declares, and what is wrong with the others (one line each)."""
-    good: list[Series] = []
-    problems: list[str] = []
-    for row in rows:
-        allowed = _ALLOWED_LABELS.get(row.family)
-        if allowed is None:
-            problems.append(f"series of unknown family {row.family!r}")
-        elif row.name not in _SAMPLE_NAMES[row.family]:
-            problems.append(f"{row.family}: sample name {row.name!r} does not belong to it")
-        elif any(name not in allowed for name, _ in row.labels):
-            unknown = sorted(name for name, _ in row.labels if name not in allowed)
-            problems.append(f"{row.family}: labels {unknown} are not in the catalog")
-        elif not isinstance(row.value, float):
-            problems.append(f"{row.family}: value {row.value!r} is not a float")
-        else:
-            good.append(row)
-    return good, problems
+def _checked(row: Series, per_device: bool, sources: frozenset[str] | None = None) -> Series | str:
+    """`row` as exposed (empty labels dropped, value a float), or what is wrong with it."""
+    fam = BY_NAME.get(row.family)
+    if fam is None:
+        return f"series of unknown family {row.family!r}"
+    if fam.per_device != per_device or (sources is not None and fam.source not in sources):
+        return f"{row.family}: not a family this collector may emit"
+    if row.name not in _SAMPLE_NAMES[row.family]:
+        return f"{row.family}: sample name {row.name!r} does not belong to it"
+    allowed = _ALLOWED_LABELS[row.family]
+    empty = False
+    for name, label_value in row.labels:
+        if name not in allowed:
+            return f"{row.family}: label {name!r} is not in the catalog"
+        if type(label_value) is not str:
+            return f"{row.family}: label {name}={label_value!r} is not a string"
+        empty = empty or label_value == ""
+    value = row.value
+    if type(value) is not float:
+        if type(value) is not int:  # bool and None included: not a sample value
+            return f"{row.family}: value {value!r} is not a number"
+        value = float(value)
+    if empty or value is not row.value:
+        return Series(row.family, row.name, tuple(p for p in row.labels if p[1] != ""), value)
+    return row
+
+
+def _keep(checked: Series | str, rows: list[Series], problems: list[str]) -> bool:
+    if isinstance(checked, str):
+        problems.append(checked)
+        return False
+    rows.append(checked)
+    return True
 
 
 def _listed(producer: Producer) -> list[Series]:
     return list(producer.produce())
-
-
-def _drop_empty(labels: Iterable[tuple[str, str]]) -> Labels:
-    return tuple((name, value) for name, value in labels if value != "")
 
 
 def _label(labels: Labels, name: str) -> str:

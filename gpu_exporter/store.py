@@ -2,9 +2,10 @@
 
 Each series (a sorted label tuple including `__name__`) keeps its samples for `retention`
 seconds: the longest range any loaded rule selects plus the 5-minute lookback of instant
-selectors. A series that was present in one ingest and absent from the next gets a staleness
-marker, exactly as Prometheus writes one when a series disappears from a scrape, so it stops
-matching at once instead of lingering for the lookback window.
+selectors. A series that was present in one ingest and absent from the next ingest of the same
+group gets a staleness marker, exactly as Prometheus writes one when a series disappears from a
+scrape, so it stops matching at once instead of lingering for the lookback window. (A tick's
+series arrive in two groups, before and after rule evaluation; see `gpu_exporter/sampler.py`.)
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -136,17 +137,30 @@ class Topology:
         return sorted((p for p in self.peers if p.uuid == uuid), key=lambda p: p.peer_index)
 
     def readings_for(self, uuid: str) -> list[Reading]:
-        """Catalog readings for one GPU: link type, NVLink count and P2P per peer, affinity."""
-        gpu = self.gpu(uuid)
-        if gpu is None:
-            return []
-        out: list[Reading] = []
-        for peer in self.peers_of(uuid):
-            out += _peer_readings(peer)
-        if gpu.cpu_affinity:
-            out.append(Reading("gpu_cpu_affinity_info", 1.0, (("cpus", gpu.cpu_affinity),)))
-        if gpu.numa_node is not None:
-            out.append(Reading("gpu_numa_node", float(gpu.numa_node)))
+        """Catalog readings for one GPU: link type, NVLink count and P2P per peer, affinity.
+
+        Built once per Topology (it is read at start and after a re-init, and asked every
+        tick): the same Reading objects each tick also let the series builder reuse its
+        series for them."""
+        return list(self._readings.get(uuid, ()))
+
+    @cached_property
+    def _readings(self) -> dict[str, tuple[Reading, ...]]:
+        by_uuid: dict[str, list[PeerLink]] = {}
+        for peer in self.peers:
+            by_uuid.setdefault(peer.uuid, []).append(peer)
+        out = {}
+        for gpu in self.gpus:
+            readings: list[Reading] = []
+            for peer in sorted(by_uuid.get(gpu.uuid, []), key=lambda p: p.peer_index):
+                readings += _peer_readings(peer)
+            if gpu.cpu_affinity:
+                readings.append(
+                    Reading("gpu_cpu_affinity_info", 1.0, (("cpus", gpu.cpu_affinity),))
+                )
+            if gpu.numa_node is not None:
+                readings.append(Reading("gpu_numa_node", float(gpu.numa_node)))
+            out[gpu.uuid] = tuple(readings)
         return out
 
     def matrix_text(self) -> str:

@@ -8,6 +8,7 @@ import difflib
 import re
 
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from tests.golden_exposition import FORMATS, MODES, path, render
 from tests.support import promtool_check_metrics
@@ -45,6 +46,15 @@ def test_golden_text_is_valid_exposition() -> None:
         text = path(mode, "text").read_text().replace("<measured>", "0.001")
         result = promtool_check_metrics(text.encode())
         assert result.returncode == 0, (mode, result.stdout, result.stderr)
+
+
+def test_golden_openmetrics_is_valid_openmetrics() -> None:
+    for mode in MODES:
+        text = path(mode, "openmetrics").read_text()
+        text = re.sub(r'(_bucket\{le="[^"]+"\}) <measured>', r"\1 1", text)  # counts
+        text = text.replace("<measured>", "0.001")
+        families = list(text_string_to_metric_families(text))  # raises on invalid input
+        assert any(f.name == "gpu_up" for f in families), mode
 
 
 def test_modes_differ_only_as_documented() -> None:

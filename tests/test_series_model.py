@@ -11,12 +11,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.assembly import Assembly
+from gpu_exporter.exposition import RenderedMetrics
 from gpu_exporter.guard import Guard
 from gpu_exporter.rules.manager import RuleManager
 from gpu_exporter.series import Producer, Series, SeriesBuilder, series
 from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot
 from gpu_exporter.store import Matcher
-from tests.golden_exposition import MODES, running
+from tests.golden_exposition import MODES, TICKS, running
 
 Sample = tuple[str, tuple[tuple[str, str], ...], str]
 
@@ -101,7 +102,9 @@ def test_a_producer_that_raises_loses_only_its_own_families(
     breaks = Breaks()
 
     def add(assembly: Assembly) -> None:
-        assembly.sampler.add_producer(Producer("kubernetes", breaks.series))
+        assembly.sampler.add_producer(
+            Producer("kubernetes", breaks.series, frozenset({"kubernetes"}))
+        )
 
     caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
     with running("off", add) as assembly:
@@ -161,7 +164,20 @@ def test_rule_evaluation_and_rule_metrics_that_raise_are_reported() -> None:
     [
         (Series("gpu_not_in_catalog", "gpu_not_in_catalog", (), 1.0), "unknown family"),
         (series("gpu_exporter_alerts", 1.0, (("severity", "x"),)), "not in the catalog"),
-        (Series("gpu_exporter_devices", "gpu_exporter_devices_total", (), 1.0), "sample name"),
+        (series("gpu_exporter_alerts", 1.0, (("alertname", 5),)), "not a string"),  # type: ignore[arg-type]
+        (series("gpu_exporter_rule_evaluations_total", None), "not a number"),  # type: ignore[arg-type]
+        (series("gpu_power_watts", 1.0, (("gpu", "0"), ("uuid", "u"))), "may emit"),
+        (series("gpu_exporter_notifications_queue_length", 1.0), "may emit"),
+        (series("gpu_exporter_rule_reload_success", 0.0), "emitted twice"),
+        (
+            Series(
+                "gpu_exporter_rule_reload_failures_total",
+                "gpu_exporter_rule_reload_failures",
+                (),
+                1.0,
+            ),
+            "sample name",
+        ),
     ],
 )
 def test_series_that_the_catalog_does_not_declare_are_refused(
@@ -174,7 +190,9 @@ def test_series_that_the_catalog_does_not_declare_are_refused(
         1.0, (DeviceSample(0, "GPU-a", {}, True, (Reading("gpu_power_watts", 5),)),)
     )
     caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
-    result = SeriesBuilder().build(snapshot, [Producer("rules", lambda: [good, bad])])
+    result = SeriesBuilder().build(
+        snapshot, [Producer("rules", lambda: [good, bad], frozenset({"rules"}))]
+    )
     assert result.of("gpu_exporter_rule_reload_success") == (good,)
     assert bad not in set(result)
     assert result.of("gpu_power_watts") and result.of("gpu_up")
@@ -196,3 +214,89 @@ def test_the_error_log_is_bounded_however_many_distinct_errors() -> None:
     for n in range(5000):
         guard.report("x", f"error number {n}")
     assert len(guard._logged) == 1000
+
+
+def test_bad_values_and_label_values_cost_only_their_reading() -> None:
+    readings = (
+        Reading("gpu_power_watts", None),  # type: ignore[arg-type]
+        Reading("gpu_temperature_celsius", 40.0, (("sensor", 1),)),  # type: ignore[arg-type]
+        Reading("gpu_power_limit_watts", 700),  # an int is a number: kept, as a float
+    )
+    other = DeviceSample(1, "GPU-b", {}, True, (Reading("gpu_power_watts", 9.0),))
+    snapshot = Snapshot(1.0, (DeviceSample(0, "GPU-a", {}, True, readings), other))
+    result = SeriesBuilder().build(snapshot)
+    assert {s.collector: s.success for s in result.collectors}["devices"] is False
+    assert [r.labels for r in result.of("gpu_power_watts")] == [(("gpu", "1"), ("uuid", "GPU-b"))]
+    assert not result.of("gpu_temperature_celsius")
+    assert result.of("gpu_power_limit_watts")[0].value == 700.0
+    assert len(result.of("gpu_up")) == 2
+    RenderedMetrics(result)  # and what is left renders
+
+
+def test_a_pod_labels_source_that_raises_costs_the_pod_labels_not_the_tick() -> None:
+    def broken() -> dict[str, object]:
+        raise RuntimeError("attribution bug")
+
+    with running("off", lambda assembly: assembly.sampler.set_device_labels(broken)) as assembly:
+        text = exposition(assembly)
+    assert 'gpu_exporter_collector_success{collector="pod_labels"} 0.0' in text
+    assert "gpu_exporter_ticks_total 6.0" in text and 'gpu_up{gpu="0",uuid=' in text
+
+
+def test_a_failed_late_ingest_is_reported_by_the_next_tick() -> None:
+    calls = {"n": 0}
+
+    def add(assembly: Assembly) -> None:
+        manager = assembly.rules
+        assert manager is not None
+        original = manager.on_late_series
+
+        def flaky(series_set: object) -> None:
+            calls["n"] += 1
+            if calls["n"] == TICKS - 1:  # the tick before the last
+                raise RuntimeError("store bug")
+            original(series_set)  # type: ignore[arg-type]
+
+        manager.on_late_series = flaky  # type: ignore[method-assign]
+
+    with running("off", add) as assembly:
+        text = exposition(assembly)
+        assert 'gpu_exporter_collector_success{collector="rule_evaluation"} 0.0' in text
+        assembly.sampler.tick()
+        assert 'collector="rule_evaluation"} 1.0' in exposition(assembly)
+        assert any(s.collector == "rule_evaluation" for s in assembly.sampler.series.collectors)  # type: ignore[union-attr]
+
+
+def test_when_the_whole_source_fails_every_collector_says_so() -> None:
+    def add(assembly: Assembly) -> None:
+        assembly.sampler.tick()  # learn the collectors
+        assembly.sampler.source.sample = broken  # type: ignore[method-assign]
+
+    def broken() -> list[DeviceSample]:
+        raise RuntimeError("source bug")
+
+    with running("off", add) as assembly:
+        text = exposition(assembly)
+    for collector in ("nvml", "clocks", "memory", "gpm", "topology"):
+        assert f'gpu_exporter_collector_success{{collector="{collector}"}} 0.0' in text
+    assert text.count("gpu_up{") == 8 and 'gpu_up{gpu="0",uuid=' in text
+    assert all(line.endswith(" 0.0") for line in text.splitlines() if line.startswith("gpu_up{"))
+
+
+def test_pod_info_and_pod_labels_come_from_one_kubelet_answer() -> None:
+    from gpu_exporter.k8s.attribution import PodRef
+    from gpu_exporter.k8s.labels import PodsOfTick
+
+    class Attribution:
+        def __init__(self) -> None:
+            self.answer = {"GPU-a": (PodRef("ml", "old", "c"),)}
+
+        def pods_by_device(self) -> dict[str, tuple[PodRef, ...]]:
+            return self.answer
+
+    attribution = Attribution()
+    pods = PodsOfTick(attribution)  # type: ignore[arg-type]
+    devices = pods.process([DeviceSample(0, "GPU-a", {}, True)], 0.0)
+    attribution.answer = {"GPU-a": (PodRef("ml", "new", "c"),)}  # a refresh lands mid-tick
+    assert dict(pods.labels()["GPU-a"])["pod"] == "old"
+    assert dict(devices[0].readings[0].labels)["pod"] == "old"

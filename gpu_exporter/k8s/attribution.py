@@ -187,7 +187,7 @@ class PodAttribution:
         yield series(LAST_SUCCESS, status.last_success)
 
     def producer(self) -> Producer:
-        return Producer("kubernetes", self.series)
+        return Producer("kubernetes", self.series, frozenset({"kubernetes"}))
 
     def _list(self) -> api_pb2.ListPodResourcesResponse:
         path = self.settings.socket_path

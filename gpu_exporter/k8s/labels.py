@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from gpu_exporter.k8s.attribution import PodAttribution, PodRef
+from gpu_exporter.k8s.attribution import DeviceMap, PodAttribution, PodRef
 from gpu_exporter.snapshot import DeviceSample, Labels, Reading
 
 
@@ -17,22 +17,19 @@ def pod_labels(pods: tuple[PodRef, ...]) -> Labels:
     return (("namespace", first.namespace), ("pod", first.pod), ("container", first.container))
 
 
-def device_labels_source(attribution: PodAttribution) -> Callable[[], Mapping[str, Labels]]:
-    """For Sampler(device_labels=...): pod labels on every per-GPU series ("labels" mode)."""
+class PodsOfTick:
+    """One kubelet map per tick: `process` (a sampler processor, both modes) adds
+    gpu_pod_info{namespace,pod,container} 1 per pod holding the GPU and keeps the map it used;
+    `labels` (the sampler's device labels, "labels" mode), called later in the same tick,
+    answers from that same map — so gpu_pod_info and the pod labels never come from two
+    different kubelet answers."""
 
-    def current() -> Mapping[str, Labels]:
-        return {uuid: pod_labels(pods) for uuid, pods in attribution.pods_by_device().items()}
+    def __init__(self, attribution: PodAttribution) -> None:
+        self.attribution = attribution
+        self._by_device: DeviceMap = {}
 
-    return current
-
-
-def pod_info_processor(
-    attribution: PodAttribution,
-) -> Callable[[list[DeviceSample], float], list[DeviceSample]]:
-    """Adds gpu_pod_info{namespace,pod,container} 1 per pod holding the GPU (both modes)."""
-
-    def process(devices: list[DeviceSample], _now: float) -> list[DeviceSample]:
-        by_device = attribution.pods_by_device()
+    def process(self, devices: list[DeviceSample], _now: float) -> list[DeviceSample]:
+        self._by_device = by_device = self.attribution.pods_by_device()
         out = []
         for device in devices:
             pods = by_device.get(device.uuid, ())
@@ -50,7 +47,8 @@ def pod_info_processor(
             out.append(_with_readings(device, info))
         return out
 
-    return process
+    def labels(self) -> Mapping[str, Labels]:
+        return {uuid: pod_labels(pods) for uuid, pods in self._by_device.items()}
 
 
 def _with_readings(device: DeviceSample, extra: tuple[Reading, ...]) -> DeviceSample:

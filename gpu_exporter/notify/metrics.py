@@ -25,4 +25,4 @@ def notifier_series(notifier: Notifier) -> Iterator[Series]:
 
 
 def notifier_producer(notifier: Notifier) -> Producer:
-    return Producer("notifier", lambda: notifier_series(notifier))
+    return Producer("notifier", lambda: notifier_series(notifier), frozenset({"notifier"}))

@@ -171,7 +171,7 @@ class RuleManager:
         )
 
     def producer(self) -> Producer:
-        return Producer("rules", lambda: self.series())
+        return Producer("rules", lambda: self.series(), frozenset({"rules"}))
 
     def _interval(self, group: GroupState) -> float:
         return group.group.interval_seconds or self.settings.evaluation_interval
