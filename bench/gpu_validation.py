@@ -41,6 +41,7 @@ from gpu_exporter.series import DeviceView, SeriesBuilder
 from gpu_exporter.snapshot import Snapshot
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+from gpu_exporter.sources.settings import default_deadline
 
 WORKLOADS = ("idle", "matmul_bf16", "copy_d2d", "copy_h2d", "tiny_kernels_sync", "tiny_kernels")
 TIME_BUDGET_SECONDS = 330.0  # the issue allows 6 minutes; keep a margin
@@ -591,13 +592,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warmup", type=float, default=2.0, help="seconds a workload runs before sampling"
     )
     parser.add_argument("--interval", type=float, default=1.0, help="sampling interval")
-    parser.add_argument("--deadline", type=float, default=0.8, help="per-device read deadline")
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        help=f"per-device read deadline (default: the daemon's, {default_deadline(1.0):g} s "
+        "or less for a short --interval)",
+    )
     parser.add_argument("--calls", type=int, default=500, help="calls per microbenchmark")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--simulate", metavar="SCENARIO", help="use the fake NVML (no GPU)")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.interval <= 0 or args.warmup < 0:
         parser.error("--seconds and --interval must be positive, --warmup not negative")
+    if args.deadline is None:
+        args.deadline = default_deadline(args.interval)
     if (args.seconds + args.warmup) * len(args.workloads) > TIME_BUDGET_SECONDS:
         parser.error(
             f"{len(args.workloads)} workloads x {args.seconds + args.warmup:g} s exceed the "

@@ -23,7 +23,8 @@ from pydantic import (
 
 from gpu_exporter.classify import Thresholds
 from gpu_exporter.k8s import defaults as k8s_defaults
-from gpu_exporter.notify.alertmanager import AlertmanagerTarget
+from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSettings
+from gpu_exporter.rules.manager import RuleSettings
 from gpu_exporter.rules.pack import default_rule_files
 from gpu_exporter.sources.settings import NvmlSettings, default_deadline
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
@@ -53,6 +54,8 @@ class _Strict(BaseModel):
 # fails if a literal creeps back in and drifts.
 _NVML = NvmlSettings()
 _THRESHOLDS = Thresholds()
+# RuleSettings, AlertmanagerTarget and NotifierSettings defaults are read as class attributes:
+# the last two cannot be built without arguments (a url, the targets).
 
 
 # `Field(default=...)` by keyword throughout: type checkers read a field's default from that
@@ -115,7 +118,7 @@ class RulesConfig(_Strict):
     evaluation_interval_seconds: float | None = Field(
         default=None, ge=0.2, le=3600
     )  # default: interval
-    reload_check_seconds: float = Field(default=5.0, gt=0, le=3600)
+    reload_check_seconds: float = Field(default=RuleSettings.reload_check_seconds, gt=0, le=3600)
 
     _lists = field_validator("files", mode="before")(_split_commas)
 
@@ -130,7 +133,7 @@ class TlsConfig(_Strict):
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
-    insecure_skip_verify: bool = False
+    insecure_skip_verify: bool = AlertmanagerTarget.insecure_skip_verify
 
 
 class AlertmanagerConfig(_Strict):
@@ -139,7 +142,7 @@ class AlertmanagerConfig(_Strict):
     bearer_token: str | None = None
     bearer_token_file: str | None = None
     tls: TlsConfig = TlsConfig()
-    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    timeout_seconds: float = Field(default=AlertmanagerTarget.timeout_seconds, gt=0, le=300)
 
     def target(self) -> AlertmanagerTarget:
         auth = self.basic_auth
@@ -162,9 +165,9 @@ class AlertingConfig(_Strict):
     alertmanagers: list[AlertmanagerConfig] = []
     # Added to every alert sent; `node` defaults to $NODE_NAME (the DaemonSet's downward API).
     external_labels: dict[str, str] = {}
-    external_url: str = ""
-    resend_delay_seconds: float = Field(default=60.0, gt=0, le=86400)
-    queue_capacity: int = Field(default=10000, ge=1, le=1_000_000)
+    external_url: str = RuleSettings.external_url
+    resend_delay_seconds: float = Field(default=RuleSettings.resend_delay, gt=0, le=86400)
+    queue_capacity: int = Field(default=NotifierSettings.queue_capacity, ge=1, le=1_000_000)
 
     _pairs = field_validator("external_labels", mode="before")(_parse_pairs)
 

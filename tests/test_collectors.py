@@ -295,3 +295,104 @@ def test_choke_point_control_flow_still_takes_the_gpu_down(start, clock: ManualC
     assert devices[0].up
     assert not devices[1].up and "GPU lost" in devices[1].down_reason
     assert all(s.success for s in source.collector_status())
+
+
+# A reading the catalog refuses; each fails its collector on that GPU alone.
+_REFUSED = [
+    ("power", Reading("gpu_power_watts", None), "value None"),  # type: ignore[arg-type]
+    ("power", Reading("gpu_power_watts", True), "value bool"),
+    ("power", Reading("gpu_power_watts", "500"), "value str"),  # type: ignore[arg-type]
+    ("power", Reading("gpu_power_watts", 1.0, (("sensor", "gpu"),)), "undeclared label"),
+    ("temperature", Reading("gpu_temperature_celsius", 50.0), "missing label"),
+    ("temperature", Reading("gpu_temperature_celsius", 50.0, (("sensor", 0),)), "non-str"),  # type: ignore[arg-type]
+    (
+        "temperature",
+        Reading("gpu_temperature_celsius", 50.0, (("sensor", "gpu"), ("sensor", "hbm"))),
+        "label twice",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"), [(name, bad) for name, bad, _ in _REFUSED], ids=[i for *_, i in _REFUSED]
+)
+def test_a_reading_the_catalog_refuses_fails_only_that_collector_on_that_gpu(
+    start, clock: ManualClock, caplog: pytest.LogCaptureFixture, name: str, bad: Reading
+) -> None:
+    source = start(scenario([{"label": "a"}, {"label": "b"}]), topology=True)
+    tick(source, clock)  # GPM baseline
+    collector = collector_of(source, 1, name)
+    real = collector.read
+    collector.read = lambda nvml: [*real(nvml), bad]  # type: ignore[method-assign]
+    families = set(collector.families)
+    caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
+    for _ in range(3):
+        devices = tick(source, clock)
+        assert devices[0].up and devices[1].up, "gpu_up stays 1 on both GPUs"
+        assert families <= devices[0].families(), "the other GPU keeps that collector's output"
+        assert devices[1].families() & families == set(), "that collector's readings dropped"
+        assert devices[1].families() == devices[0].families() - families
+        assert bad not in devices[1].readings
+        status = {s.collector: s.success for s in source.collector_status()}
+        assert status.pop(name) is False
+        assert all(status.values()), status
+    logged = [r for r in caplog.records if f"collector {name} failed" in r.getMessage()]
+    assert len(logged) == 1, "logged once per distinct error, not every tick"
+    assert source.errors.snapshot() == (), "a bug is not an NVML error"
+
+
+def test_a_refused_reading_in_a_slow_refresh_fails_that_collector(
+    start, clock: ManualClock
+) -> None:
+    source = start(scenario([{"label": "a"}]))
+    pcie = collector_of(source, 0, "pcie")
+    real = pcie.refresh
+    pcie.refresh = lambda nvml: [  # type: ignore[method-assign]
+        *real(nvml),
+        Reading("gpu_pcie_link_width", 16, (("state", "max"), ("lane", "0"))),
+    ]
+    device = tick(source, clock)[0]
+    assert device.up and device.value("gpu_pcie_link_width", state="max") is None
+    assert {s.collector: s.success for s in source.collector_status()}["pcie"] is False
+
+
+def test_an_offline_collector_is_checked_too(start, clock: ManualClock) -> None:
+    source = start(scenario([{"label": "a"}, {"label": "b"}]), xid_events=True)
+    xid = collector_of(source, 1, "xid")
+    xid.read = lambda nvml: [Reading("gpu_xid_errors_total", None, (("xid", "79"),))]  # type: ignore[method-assign,arg-type]
+    result = readers(source)[1].read_offline()  # what a down GPU reports
+    assert result.readings == ()
+    assert [(s.collector, s.success) for s in result.statuses] == [("xid", False)]
+
+
+def test_the_field_batch_is_charged_to_the_collectors_in_it(
+    start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpu_exporter_collector_duration_seconds: the one nvmlDeviceGetFieldValues call is split
+    over the collectors whose entries it carries (by entry count), not charged to the first
+    collector that asked for it."""
+    import time
+
+    source = start(scenario([{"label": "a"}]))
+    tick(source, clock)  # first tick: refreshes, GPM baseline
+    reader = readers(source)[0]
+    shares = {
+        c.name: sum(not reader.is_unsupported(s.key) for s in c.wanted_fields())
+        for c in reader.collectors
+    }
+    total = sum(shares.values())
+    assert sum(n > 0 for n in shares.values()) > 2, shares
+    real = N.nvmlDeviceGetFieldValues
+    batch = 0.2
+
+    def slow(*args: Any) -> Any:
+        time.sleep(batch)
+        return real(*args)
+
+    monkeypatch.setattr(N, "nvmlDeviceGetFieldValues", slow)
+    tick(source, clock)
+    durations = {s.collector: s.duration_seconds for s in source.collector_status()}
+    assert sum(durations.values()) >= batch
+    for name, share in shares.items():
+        fair = batch * share / total
+        assert fair - 1e-3 <= durations[name] < fair + 0.05, (name, durations[name], fair)

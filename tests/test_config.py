@@ -9,13 +9,19 @@ import pytest
 
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.config import (
+    AlertingConfig,
+    AlertmanagerConfig,
     ClassifierConfig,
     ConfigError,
     KubernetesConfig,
     NvmlConfig,
+    RulesConfig,
+    TlsConfig,
     load_config,
     split_host_port,
 )
+from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSettings
+from gpu_exporter.rules.manager import RuleSettings
 from gpu_exporter.sources.settings import NvmlSettings
 
 
@@ -165,3 +171,53 @@ def test_kubernetes_defaults_are_the_attribution_settings_own() -> None:
     k8s = KubernetesConfig()
     fields = {f.name for f in dataclasses.fields(AttributionSettings)}
     assert AttributionSettings(**k8s.model_dump(include=fields)) == AttributionSettings()
+
+
+def test_rule_defaults_are_the_rule_managers_own() -> None:
+    config = load_config(environ={})
+    # What assembly.py hands the rule manager, from the defaults alone.
+    settings = RuleSettings(
+        files=config.rules.files,
+        evaluation_interval=RuleSettings.evaluation_interval,  # config: None, the interval
+        resend_delay=config.alerting.resend_delay_seconds,
+        external_labels=config.alerting.external_labels,
+        external_url=config.alerting.external_url,
+        reload_check_seconds=config.rules.reload_check_seconds,
+    )
+    assert settings == RuleSettings()
+
+
+def test_alerting_defaults_are_the_notifiers_own() -> None:
+    target = AlertmanagerConfig(url="http://am:9093")
+    assert target.target() == AlertmanagerTarget(url="http://am:9093")
+    assert TlsConfig().insecure_skip_verify == AlertmanagerTarget("http://am").insecure_skip_verify
+    assert AlertingConfig().queue_capacity == NotifierSettings(targets=()).queue_capacity
+
+
+@pytest.mark.parametrize(
+    ("model", "name", "dataclass", "field"),
+    [
+        (RulesConfig, "reload_check_seconds", RuleSettings, "reload_check_seconds"),
+        (AlertingConfig, "resend_delay_seconds", RuleSettings, "resend_delay"),
+        (AlertingConfig, "external_url", RuleSettings, "external_url"),
+        (AlertingConfig, "queue_capacity", NotifierSettings, "queue_capacity"),
+        (AlertmanagerConfig, "timeout_seconds", AlertmanagerTarget, "timeout_seconds"),
+        (TlsConfig, "insecure_skip_verify", AlertmanagerTarget, "insecure_skip_verify"),
+    ],
+    ids=lambda value: getattr(value, "__name__", value),
+)
+def test_a_config_default_is_its_dataclass_field_default(
+    model: type, name: str, dataclass: type, field: str
+) -> None:
+    """Read from the dataclass field itself: a default written twice that drifts fails."""
+    defaults = {f.name: f.default for f in dataclasses.fields(dataclass)}
+    assert _defaults(model)[name] == defaults[field]
+
+
+def test_the_validation_scripts_deadline_is_the_daemons() -> None:
+    from bench.gpu_validation import parse_args
+    from gpu_exporter.sources.settings import default_deadline
+
+    assert parse_args(["--workloads", "idle"]).deadline == default_deadline(1.0)
+    assert parse_args(["--workloads", "idle", "--interval", "0.5"]).deadline == pytest.approx(0.4)
+    assert parse_args(["--workloads", "idle", "--deadline", "0.3"]).deadline == 0.3

@@ -11,11 +11,13 @@ import pynvml as N
 import pytest
 
 from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.sources.collectors import Topology as TopologyCollector
+from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
 from gpu_exporter.topology import Topology, cpu_list, read_topology
 from tests.conftest import ManualClock
 
 Devices = list[tuple[str, int, Any]]
+TOPOLOGY_FAMILIES = TopologyCollector.families
 
 PCIE_ONLY = {
     "name": "pcie-only",
@@ -52,6 +54,13 @@ def devices(fake_nvml, clock: ManualClock) -> Iterator[Callable[[Any], Devices]]
 
 def readings(topology: Topology, uuid: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(r.family, r.labels): r.value for r in topology.readings_for(uuid)}
+
+
+def _settings(**overrides: Any) -> NvmlSettings:
+    """No XID thread (it waits in real time); quick recovery."""
+    return NvmlSettings(
+        **{"xid_events": False, "recovery_initial_backoff_seconds": 0.5, **overrides}
+    )
 
 
 def matrix_rows(text: str) -> dict[str, list[str]]:
@@ -242,3 +251,113 @@ def test_cpu_list() -> None:
     assert cpu_list([3]) == "3"
     assert cpu_list([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert cpu_list([*range(64, 96), *range(0, 32)]) == "0-31,64-95"
+
+
+class _FlakyTopology:
+    """A topology reader that raises while `failing` is set."""
+
+    def __init__(self, failing: bool) -> None:
+        self.failing = failing
+        self.reads = 0
+
+    def __call__(self, devices: Devices, *, errors: ErrorLog) -> Topology:
+        self.reads += 1
+        if self.failing:
+            raise RuntimeError("no topology today")
+        return read_topology(devices, sysfs_root="/nonexistent", errors=errors)
+
+
+def _topology_status(source: NvmlSource) -> bool:
+    statuses = {s.collector: s.success for s in source.collector_status()}
+    assert all(ok for name, ok in statuses.items() if name != "topology"), statuses
+    return statuses["topology"]
+
+
+def _replace_driver_once(source: NvmlSource, fake: Any) -> None:
+    """The next power read answers LibRmVersionMismatch: the source re-initialises NVML."""
+    real = fake.nvmlDeviceGetPowerUsage
+    state = {"left": 1}
+
+    def power(*args: Any) -> int:
+        if state["left"]:
+            state["left"] -= 1
+            return N.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+        return real(*args)
+
+    fake.nvmlDeviceGetPowerUsage = power
+    N._nvmlGetFunctionPointer_cache.pop("nvmlDeviceGetPowerUsage", None)
+
+
+def test_a_failed_topology_read_fails_the_topology_collector(fake_nvml, clock: ManualClock) -> None:
+    fake = fake_nvml.install(PCIE_ONLY, clock=clock)
+    reader = _FlakyTopology(failing=True)
+    source = NvmlSource(
+        errors=ErrorLog(), clock=clock, topology_reader=reader, settings=_settings()
+    )
+    source.start()
+    try:
+        assert source.topology is None
+        counted = {(e.source, e.field, e.error) for e in source.errors.snapshot()}
+        assert counted == {("nvml", "topology", "exception")}
+        for _ in range(2):  # nothing to repeat: failed on every tick until a read succeeds
+            clock.advance(1)
+            devices = source.sample()
+            assert all(d.up for d in devices)
+            assert not any(d.families() & set(TOPOLOGY_FAMILIES) for d in devices)
+            assert _topology_status(source) is False
+        reader.failing = False
+        _replace_driver_once(source, fake)
+        for _ in range(4):  # the driver "replaced", then NVML re-initialised
+            clock.advance(1)
+            devices = source.sample()
+        assert reader.reads == 2 and isinstance(source.topology, Topology)
+        assert all(d.up for d in devices)
+        assert all(d.value("gpu_numa_node") is not None for d in devices)
+        assert _topology_status(source) is True
+    finally:
+        source.close()
+
+
+def test_a_failed_topology_re_read_keeps_the_last_and_says_so(
+    fake_nvml, clock: ManualClock
+) -> None:
+    fake = fake_nvml.install(PCIE_ONLY, clock=clock)
+    reader = _FlakyTopology(failing=False)
+    source = NvmlSource(
+        errors=ErrorLog(), clock=clock, topology_reader=reader, settings=_settings()
+    )
+    source.start()
+    try:
+        clock.advance(1)
+        source.sample()
+        assert _topology_status(source) is True
+        reader.failing = True
+        _replace_driver_once(source, fake)
+        for _ in range(4):
+            clock.advance(1)
+            devices = source.sample()
+        assert reader.reads == 2
+        assert all(d.up and d.value("gpu_numa_node") is not None for d in devices)  # the last
+        assert _topology_status(source) is False, "the latest read failed"
+    finally:
+        source.close()
+
+
+def test_collector_names_are_the_enabled_collectors_in_order(fake_nvml, clock: ManualClock) -> None:
+    from gpu_exporter.sources import collectors
+
+    fake_nvml.install(PCIE_ONLY, clock=clock)
+    with_topology = NvmlSource(errors=ErrorLog(), clock=clock, topology_reader=read_topology)
+    plain = NvmlSource(errors=ErrorLog(), clock=clock, settings=_settings(gpm=False))
+    assert with_topology.collector_names() == tuple(c.name for c in collectors.COLLECTORS)
+    names = plain.collector_names()
+    assert "topology" not in names and "gpm" not in names and "xid" not in names
+    assert names == tuple(c.name for c in collectors.COLLECTORS if c.name in names)
+    # Before any sample, and whatever `sample()` does: the names of the statuses it reports.
+    plain.start()
+    try:
+        clock.advance(1)
+        plain.sample()
+        assert sorted(names) == [s.collector for s in plain.collector_status()]
+    finally:
+        plain.close()

@@ -52,6 +52,10 @@ class Source(Protocol):
     def node_info(self) -> dict[str, str]:
         """Node-level facts (driver version, ...)."""
 
+    def collector_names(self) -> tuple[str, ...]:
+        """The source's enabled collectors, in order: when `sample()` raises as a whole, the
+        sampler reports each of them failed for that tick."""
+
     def collector_status(self) -> tuple[CollectorStatus, ...]:
         """How each of the source's collectors did in the last `sample()`, one per collector."""
 

@@ -89,6 +89,7 @@ class _RecoveryResult:
     error: str = ""
     incomplete: bool = False  # NVML listed a GPU whose handle or UUID could not be read
     topology: Any = None
+    topology_error: str = ""  # the topology reader raised: why
 
 
 @dataclass
@@ -141,6 +142,7 @@ class NvmlSource:
         self._recovery_worker = Worker("nvml-recovery")
         self.timings: dict[str, list[float]] = {}
         self.topology: Any = None
+        self._topology_error = ""  # the latest topology read raised (see `_read_topology`)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -167,7 +169,7 @@ class NvmlSource:
                 self._recovery.incomplete = True
                 continue
             self._bind(uuid, _Found(index, handle), full=False)
-        self.topology = self._read_topology(
+        self.topology, self._topology_error = self._read_topology(
             {uuid: _Found(d.reader.index, d.reader.handle) for uuid, d in self._devices.items()}
         )
         self._start_xid()
@@ -189,10 +191,16 @@ class NvmlSource:
     def node_info(self) -> dict[str, str]:
         return dict(self._node_info)
 
+    def collector_names(self) -> tuple[str, ...]:
+        """The enabled collectors, in order: the `collector` labels `collector_status()` uses
+        (and the ones to report failed when `sample()` itself raises)."""
+        return tuple(collector.name for collector in self.collectors)
+
     def collector_status(self) -> tuple[CollectorStatus, ...]:
         """One status per enabled collector for the last `sample()`, merged over the GPUs:
         failed if it failed on any GPU, durations summed. A collector that ran on no GPU
-        (all down) did not fail: success, 0 s."""
+        (all down) did not fail: success, 0 s. `topology` fails while the latest topology
+        read failed (see `_read_topology`)."""
         return self._last_statuses
 
     def unsupported_by_device(self) -> dict[str, list[str]]:
@@ -298,7 +306,7 @@ class NvmlSource:
                     result.found[uuid] = _Found(index, handle)
                 except N.NVMLError:
                     result.incomplete = True
-            result.topology = self._read_topology(result.found)
+            result.topology, result.topology_error = self._read_topology(result.found)
         except N.NVMLError as exc:
             result.incomplete = True
             result.error = error_name(exc)
@@ -327,18 +335,27 @@ class NvmlSource:
         if result.full and self._initialised:
             if result.topology is not None:
                 self.topology = result.topology
+            self._topology_error = result.topology_error
             self._start_xid()
 
-    def _read_topology(self, found: dict[str, _Found]) -> Any:
+    def _read_topology(self, found: dict[str, _Found]) -> tuple[Any, str]:
+        """(the topology, "") or, when the reader raised, (None, why).
+
+        A failed read is counted as {source="nvml", field="topology", error="exception"} and
+        fails the `topology` collector on every tick until a later read (at a full re-init)
+        succeeds: with no topology its families are missing; after a failed re-read the last
+        topology is still repeated, but may be out of date. The reader's own NVML failures are
+        counted by it under source="topology" (see `sources/nvml_device.py`).
+        """
         if self.topology_reader is None:
-            return None
+            return None, ""
         devices = [(uuid, f.index, f.handle) for uuid, f in found.items()]
         try:
-            return self.topology_reader(devices, errors=self.errors)
-        except Exception:  # topology is a nicety: never let it stop sampling
+            return self.topology_reader(devices, errors=self.errors), ""
+        except Exception as exc:  # topology is a nicety: never let it stop sampling
             log.exception("reading the GPU topology failed")
             self.errors.add(self.name, "topology", "exception")
-            return None
+            return None, f"{type(exc).__name__}: {exc}"
 
     # -- sampling --------------------------------------------------------------------------------
 
@@ -352,7 +369,10 @@ class NvmlSource:
     def _merged_statuses(self) -> tuple[CollectorStatus, ...]:
         ran = {status.collector for status in self._statuses}
         idle = [CollectorStatus(c.name, True, 0.0) for c in self.collectors if c.name not in ran]
-        return guard.merge([*self._statuses, *idle])
+        failed = []
+        if self._topology_error and collectors.Topology in self.collectors:
+            failed.append(CollectorStatus(collectors.Topology.name, False, 0.0))
+        return guard.merge([*self._statuses, *idle, *failed])
 
     def _sample(self) -> list[DeviceSample]:
         now = self.clock()

@@ -11,6 +11,15 @@ counting a failure in gpu_exporter_errors_total (`count_failure`):
   the source re-initialises NVML.
 - anything else is counted and skipped for this tick only.
 
+The count's `source` label: "nvml", the field naming the call, for every call of the GPUs'
+readers, the source's start and recovery and the XID thread; "gpm" for a GPM metric that
+failed inside a successful nvmlGpmMetricsGet; "topology" for the topology reader's calls
+(`gpu_exporter/topology.py`). The topology reader keeps a source of its own on purpose: its
+keys (pci_info, nvlink_state, ...) are also the per-GPU readers' keys, and it runs only at start
+and after a re-init, so under "nvml" its one-off failures would be indistinguishable from a
+GPU's per-tick ones. A topology reader that raises as a whole is counted by the source as
+source="nvml", field="topology", error="exception".
+
 A GPU's tick runs on that GPU's own worker thread (`DeviceReader.read_tick`): every enabled
 collector (`sources/collectors/`) first refreshes its slow-changing data when due, then reads.
 Each runs guarded (`gpu_exporter/guard.py`): a bug in one costs only its own families on that GPU
@@ -23,14 +32,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
 import pynvml as N
 
+from gpu_exporter import catalog
 from gpu_exporter.guard import Guard
 from gpu_exporter.snapshot import CollectorStatus, Reading
 from gpu_exporter.sources.base import ErrorLog
@@ -56,9 +67,11 @@ __all__ = [
     "DeviceReader",
     "DeviceUnresponsiveError",
     "DriverGoneError",
+    "InvalidReadingError",
     "NvmlCalls",
     "TickAbandonedError",
     "TickResult",
+    "UndeclaredFamilyError",
     "count_failure",
     "error_name",
     "field_value",
@@ -114,8 +127,12 @@ class TickAbandonedError(DeviceReadAborted):
     """This tick missed its deadline and a newer tick owns the device now."""
 
 
-class UndeclaredFamilyError(ValueError):
-    """A collector emitted a family it does not declare (a bug: it fails for that tick)."""
+class InvalidReadingError(ValueError):
+    """A collector emitted a reading the catalog refuses (a bug: it fails for that tick)."""
+
+
+class UndeclaredFamilyError(InvalidReadingError):
+    """A collector emitted a family it does not declare."""
 
 
 def count_failure(errors: ErrorLog, source: str, key: str, exc: N.NVMLError) -> None:
@@ -181,12 +198,17 @@ class FieldBatch:
     """A tick's one `nvmlDeviceGetFieldValues` call, for every enabled collector's fields.
 
     Made when the first collector asks for its fields, so the tick's other calls keep their
-    order; each collector then turns its own entries into readings.
+    order; each collector then turns its own entries into readings. The call's time is first
+    measured inside that collector's run; `share_time` then moves it onto every collector
+    whose entries the call carried, in proportion to their number.
     """
 
     def __init__(self, collectors: Sequence[Collector]) -> None:
         self._collectors = collectors
         self._values: dict[str, Any] | None = None
+        self._seconds = 0.0  # how long the call took
+        self._charged_to = ""  # the collector running when it was made
+        self._entries: Counter[str] = Counter()  # collector -> its entries in the call
 
     def readings(self, device: DeviceReader, specs: Sequence[FieldSpec]) -> list[Reading]:
         if not specs:
@@ -208,18 +230,37 @@ class FieldBatch:
 
     def _fetch(self, device: DeviceReader) -> dict[str, Any]:
         wanted = [
-            spec
+            (collector.name, spec)
             for collector in self._collectors
             for spec in collector.wanted_fields()
             if not device.is_unsupported(spec.key)
         ]
         if not wanted or device.is_unsupported("field_values"):
             return {}
-        request = [(spec.field_id, spec.scope) for spec in wanted]
-        values = device.call("field_values", N.nvmlDeviceGetFieldValues, device.handle, request)
+        request = [(spec.field_id, spec.scope) for _, spec in wanted]
+        self._entries = Counter(name for name, _ in wanted)
+        self._charged_to = device.running
+        started = time.perf_counter()
+        try:
+            values = device.call("field_values", N.nvmlDeviceGetFieldValues, device.handle, request)
+        finally:
+            self._seconds = time.perf_counter() - started
         if values is None:
             return {}
-        return {spec.key: value for spec, value in zip(wanted, values, strict=True)}
+        return {spec.key: value for (_, spec), value in zip(wanted, values, strict=True)}
+
+    def share_time(self, statuses: dict[str, CollectorStatus]) -> None:
+        """Move the call's time from the collector that made it onto the collectors in it."""
+        total = self._entries.total()
+        if not total or self._charged_to not in statuses:
+            return  # no call, or made outside a guarded run (the bare benchmark loop)
+        for name, status in statuses.items():
+            moved = self._seconds * self._entries[name] / total
+            if name == self._charged_to:
+                moved -= self._seconds
+            if moved:
+                seconds = max(0.0, status.duration_seconds + moved)
+                statuses[name] = CollectorStatus(status.collector, status.success, seconds)
 
 
 @dataclass
@@ -374,6 +415,7 @@ class DeviceReader:
             statuses[collector.name] = _combined(earlier, status)
             if status.success:
                 out += [*collector.static, *readings]
+        self._fields.share_time(statuses)
         return TickResult(tuple(out), tuple(statuses.values()))
 
     def read_offline(self) -> TickResult:
@@ -450,14 +492,45 @@ def _read_declared(collector: Collector, device: Device) -> list[Reading]:
 
 
 def _declared(collector: Collector, readings: list[Reading]) -> list[Reading]:
-    """The readings, or UndeclaredFamilyError when one is of a family the collector does not
-    declare: the catalog test relies on the declarations being complete."""
-    undeclared = {r.family for r in readings} - set(collector.families)
-    if undeclared:
-        raise UndeclaredFamilyError(
-            f"collector {collector.name} emitted undeclared families {sorted(undeclared)}"
-        )
+    """The readings, or InvalidReadingError when one is not what the catalog promises: a family
+    the collector does not declare (UndeclaredFamilyError; the catalog test relies on the
+    declarations being complete), label names other than the family's (in any order), a label
+    value that is not a str, or a value that is not an int or float (bool and None refused).
+
+    Checked here, inside the collector's guard, so a bad reading costs only that collector on
+    that GPU for that tick instead of reaching the stages downstream. The message names the
+    family and types, never the value, so a bug that fires every tick is logged once.
+    """
+    expected = _label_names(collector.families)
+    for reading in readings:
+        family, value, labels = reading.family, reading.value, reading.labels
+        names = expected.get(family)
+        if names is None:
+            undeclared = sorted({r.family for r in readings} - set(expected))
+            raise UndeclaredFamilyError(
+                f"collector {collector.name} emitted undeclared families {undeclared}"
+            )
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise InvalidReadingError(
+                f"{family}: value of type {type(value).__name__}, not int or float"
+            )
+        if (labels or names) and tuple(sorted(name for name, _ in labels)) != names:
+            raise InvalidReadingError(
+                f"{family}: labels {sorted(name for name, _ in labels)}, "
+                f"the catalog says {list(names)}"
+            )
+        for name, label_value in labels:
+            if not isinstance(label_value, str):
+                raise InvalidReadingError(
+                    f"{family}: label {name} of type {type(label_value).__name__}, not str"
+                )
     return readings
+
+
+@cache
+def _label_names(families: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Declared family -> its catalog labels (beyond gpu/uuid), sorted."""
+    return {family: tuple(sorted(catalog.BY_NAME[family].labels)) for family in families}
 
 
 def _combined(earlier: CollectorStatus | None, later: CollectorStatus) -> CollectorStatus:

@@ -4,9 +4,13 @@ A collector reads one area of one GPU (memory, power, clocks, ...) on that GPU's
 Each subclass declares, right next to its code:
 
 - `name`: its `collector` label in gpu_exporter_collector_success / _duration_seconds;
-- `families`: the catalog families it emits (emitting any other fails it for that tick);
+- `families`: the catalog families it emits. Emitting any other fails it on that GPU for that
+  tick, as does a reading whose label names are not its family's catalog labels, whose label
+  values are not `str`, or whose value is not an `int` or `float` (`sources/nvml_device.py`);
 - `calls`: the pynvml functions it calls (tests/test_collectors.py checks it calls no others);
-- `fields`: its entries in the tick's one `nvmlDeviceGetFieldValues` batch;
+- `fields`: its entries in the tick's one `nvmlDeviceGetFieldValues` batch. The batch's time
+  is split over the collectors with entries in it, by their number of entries, in
+  gpu_exporter_collector_duration_seconds (not charged to whichever asked first);
 - `setting`: the `NvmlSettings` flag that turns it on and off (None: always on), and
   `options`: other flags that change what it reads;
 

@@ -2,7 +2,8 @@
 
 Read by `gpu_exporter/topology.py` at start and after each full NVML re-init, never per tick
 (a pair query can take hundreds of milliseconds); each tick repeats what was read. On when the
-source has a topology reader.
+source has a topology reader. While the latest read failed (the reader raised), the source
+reports this collector failed on every tick (`NvmlSource._read_topology`).
 """
 
 from __future__ import annotations
