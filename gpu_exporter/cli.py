@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_exporter import __version__
+from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -30,10 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="sample GPUs and serve /metrics")
     serve.add_argument("--config", metavar="FILE", help="YAML configuration file")
     serve.add_argument(
-        "--listen-address", metavar="HOST:PORT", help="where to serve HTTP (default 0.0.0.0:9449)"
+        "--listen-address",
+        metavar="HOST:PORT",
+        help=f"where to serve HTTP (default {DEFAULT_LISTEN_ADDRESS})",
     )
     serve.add_argument(
-        "--interval", type=float, metavar="SECONDS", help="sampling interval (default 1)"
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help=f"sampling interval (default {DEFAULT_INTERVAL_SECONDS:g})",
     )
     serve.add_argument(
         "--simulate",

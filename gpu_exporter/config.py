@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from gpu_exporter.classify import Thresholds
+from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
 from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSettings
 from gpu_exporter.rules.manager import RuleSettings
@@ -31,7 +32,6 @@ from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_
 
 ENV_PREFIX = "GPU_EXPORTER_"
 ENV_CONFIG_FILE = "GPU_EXPORTER_CONFIG"
-DEFAULT_LISTEN = "0.0.0.0:9449"
 
 
 FLAG_NAMES = {
@@ -223,8 +223,9 @@ class ClassifierConfig(_Strict):
 
 
 class Config(_Strict):
-    listen_address: str = DEFAULT_LISTEN
-    interval_seconds: float = Field(default=1.0, ge=0.2, le=3600)  # GPM needs >= 100 ms windows
+    listen_address: str = DEFAULT_LISTEN_ADDRESS
+    # 0.2 s at least: GPM needs windows of 100 ms or more.
+    interval_seconds: float = Field(default=DEFAULT_INTERVAL_SECONDS, ge=0.2, le=3600)
     simulate: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nvml: NvmlConfig = NvmlConfig()

@@ -35,6 +35,7 @@ from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.exposition import RenderedMetrics
 from gpu_exporter.guard import Guard
 from gpu_exporter.series import Producer, SeriesBuilder, SeriesSet, with_collector_series
@@ -87,7 +88,7 @@ class Sampler:
         self,
         source: Source,
         errors: ErrorLog,
-        interval: float = 1.0,
+        interval: float = DEFAULT_INTERVAL_SECONDS,
         wall_clock: Callable[[], float] = time.time,
         device_labels: Callable[[], Mapping[str, Labels]] | None = None,
     ) -> None:
@@ -222,7 +223,7 @@ class Sampler:
                 DeviceSample(d.index, d.uuid, d.info, False, (), "source failed") for d in known
             ]
             # Every collector failed this tick: say so for each, not only for the source.
-            names = (self.source.name, *self._source_collectors)
+            names = dict.fromkeys((self.source.name, *self._collector_names()))
             return down, [CollectorStatus(name, False, 0.0) for name in names]
         no_statuses: list[CollectorStatus] = []
         statuses, status = self._guard.run(
@@ -232,6 +233,12 @@ class Sampler:
             return devices, [status]
         self._source_collectors = tuple(s.collector for s in statuses)
         return devices, statuses
+
+    def _collector_names(self) -> tuple[str, ...]:
+        try:
+            return tuple(self.source.collector_names())
+        except Exception:  # the source is failing already: fall back on what it last said
+            return self._source_collectors
 
     def start(self) -> None:
         """Tick now, then every `interval` seconds on a background thread."""

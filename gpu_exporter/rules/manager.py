@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.rules.alerts import Alert, AlertingRule, State, ends_at
 from gpu_exporter.rules.engine import GroupEvaluator, GroupState
 from gpu_exporter.rules.loader import RuleFileError, expand_paths, load_rule_files
@@ -34,7 +35,7 @@ class AlertSink(Protocol):
 @dataclass
 class RuleSettings:
     files: list[str] = field(default_factory=default_rule_files)
-    evaluation_interval: float = 1.0
+    evaluation_interval: float = DEFAULT_INTERVAL_SECONDS
     resend_delay: float = 60.0
     external_labels: dict[str, str] = field(default_factory=dict)
     external_url: str = ""
