@@ -13,14 +13,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
-from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
 from gpu_exporter.notify import Notifier, NotifierSettings
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog, Source
+
+if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
+    from gpu_exporter.k8s.attribution import PodAttribution
 
 log = logging.getLogger("gpu_exporter")
 
@@ -83,6 +85,8 @@ def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | No
     """kubelet PodResources client (refreshed on its own thread once started)."""
     if not config.kubernetes.active():
         return None
+    from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
+
     k8s = config.kubernetes
     attribution = PodAttribution(
         AttributionSettings(
