@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -25,3 +26,32 @@ def fake_nvml() -> Iterator[object]:
         yield sim
     finally:
         sim.uninstall()
+
+
+@pytest.fixture
+def start_source(fake_nvml: Any, clock: ManualClock) -> Iterator[Callable[..., Any]]:
+    """start_source(scenario, topology=False, **NvmlSettings) -> a started NvmlSource on the
+    fake NVML and `clock` (its fake as `.fake`, for tests that count calls); all are closed
+    after the test."""
+    from gpu_exporter.sources.base import ErrorLog
+    from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+    from gpu_exporter.topology import read_topology
+
+    sources: list[NvmlSource] = []
+
+    def start(spec: Any, topology: bool = False, **settings: Any) -> NvmlSource:
+        fake = fake_nvml.install(spec, clock=clock)
+        source = NvmlSource(
+            settings=NvmlSettings(**settings),
+            errors=ErrorLog(),
+            clock=clock,
+            topology_reader=read_topology if topology else None,
+        )
+        source.fake = fake  # type: ignore[attr-defined]
+        source.start()
+        sources.append(source)
+        return source
+
+    yield start
+    for source in sources:
+        source.close()

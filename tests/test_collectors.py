@@ -13,7 +13,7 @@ import inspect
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pynvml as N
@@ -56,25 +56,12 @@ def scenario(devices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def start(fake_nvml, clock: ManualClock) -> Iterator[Callable[..., NvmlSource]]:
-    sources: list[NvmlSource] = []
-
+def start(start_source: Callable[..., NvmlSource]) -> Callable[..., NvmlSource]:
     def _start(spec: Any, topology: bool = False, **settings: Any) -> NvmlSource:
-        fake_nvml.install(spec, clock=clock)
         settings.setdefault("xid_events", False)  # its thread waits in real time
-        source = NvmlSource(
-            settings=NvmlSettings(**settings),
-            errors=ErrorLog(),
-            clock=clock,
-            topology_reader=read_topology if topology else None,
-        )
-        source.start()
-        sources.append(source)
-        return source
+        return start_source(spec, topology=topology, **settings)
 
-    yield _start
-    for source in sources:
-        source.close()
+    return _start
 
 
 def tick(source: NvmlSource, clock: ManualClock, seconds: float = 1.0) -> dict[int, Any]:

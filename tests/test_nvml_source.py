@@ -8,13 +8,13 @@ source exactly as they would from the driver.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
-from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+from gpu_exporter.sources.base import SourceUnavailableError
+from gpu_exporter.sources.nvml import NvmlSource
 from tests.conftest import ManualClock
 
 H200 = {"model": "NVIDIA H200", "architecture": "hopper", "nvlink_links": 18}
@@ -26,20 +26,8 @@ def scenario(devices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def start(fake_nvml, clock: ManualClock) -> Iterator[Callable[..., NvmlSource]]:
-    sources: list[NvmlSource] = []
-
-    def _start(spec: Any, **settings: Any) -> NvmlSource:
-        fake = fake_nvml.install(spec, clock=clock)
-        source = NvmlSource(settings=NvmlSettings(**settings), errors=ErrorLog(), clock=clock)
-        source.fake = fake  # type: ignore[attr-defined]  # for tests that count calls
-        source.start()
-        sources.append(source)
-        return source
-
-    yield _start
-    for source in sources:
-        source.close()
+def start(start_source: Callable[..., NvmlSource]) -> Callable[..., NvmlSource]:
+    return start_source
 
 
 def tick(source: NvmlSource, clock: ManualClock, seconds: float = 1.0):
