@@ -221,6 +221,11 @@ SCENARIOS = [
         (("gpu_exporter_last_tick_timestamp_seconds", "0+60x5 300x10"),),
     ),
     Scenario(
+        "GpuExporterCollectorFailing",
+        "16m",
+        (('gpu_exporter_collector_success{collector="ecc"}', "1x2 0x20"),),
+    ),
+    Scenario(
         "GpuExporterDown",
         "6m",
         (('up{job="gpu-exporter",instance="10.0.0.7:9449"}', "1x3 0x10"),),
