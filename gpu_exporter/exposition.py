@@ -51,7 +51,6 @@ class RenderedMetrics:
     """The exposition of one snapshot in every form a scraper may ask for, each built once."""
 
     def __init__(self, series_set: SeriesSet):
-        self.series_set = series_set
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(SeriesCollector(series_set))
         self.text = generate_latest(self._registry)

@@ -106,7 +106,6 @@ class Sampler:
         self._processors: list[tuple[str, Processor]] = []
         self._producers: list[Producer] = []
         self._late_producers: list[Producer] = []
-        self._source_collectors: tuple[str, ...] = ()  # names seen in the source's statuses
         self._carried: list[CollectorStatus] = []  # late-ingest failures, reported next tick
         self._scheduler: BackgroundScheduler | None = None
         self._tick_lock = threading.Lock()
@@ -223,22 +222,15 @@ class Sampler:
                 DeviceSample(d.index, d.uuid, d.info, False, (), "source failed") for d in known
             ]
             # Every collector failed this tick: say so for each, not only for the source.
-            names = dict.fromkeys((self.source.name, *self._collector_names()))
-            return down, [CollectorStatus(name, False, 0.0) for name in names]
+            no_names: tuple[str, ...] = ()
+            names, _ = self._guard.run(self.source.name, self.source.collector_names, no_names)
+            unique = dict.fromkeys((self.source.name, *names))
+            return down, [CollectorStatus(name, False, 0.0) for name in unique]
         no_statuses: list[CollectorStatus] = []
         statuses, status = self._guard.run(
             self.source.name, lambda: list(self.source.collector_status()), no_statuses
         )
-        if not status.success:
-            return devices, [status]
-        self._source_collectors = tuple(s.collector for s in statuses)
-        return devices, statuses
-
-    def _collector_names(self) -> tuple[str, ...]:
-        try:
-            return tuple(self.source.collector_names())
-        except Exception:  # the source is failing already: fall back on what it last said
-            return self._source_collectors
+        return devices, statuses if status.success else [status]
 
     def start(self) -> None:
         """Tick now, then every `interval` seconds on a background thread."""

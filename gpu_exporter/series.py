@@ -113,9 +113,6 @@ class SeriesSet:
         for rows in self.families.values():
             yield from rows
 
-    def __len__(self) -> int:
-        return sum(len(rows) for rows in self.families.values())
-
     def of(self, family: str) -> tuple[Series, ...]:
         return self.families.get(family, ())
 
@@ -126,9 +123,6 @@ class SeriesSet:
         """Per-GPU views, by NVML index; built from `gpu_up` and every series with a uuid,
         once per tick however often the API asks."""
         return self._views
-
-    def device(self, uuid: str) -> DeviceView | None:
-        return next((view for view in self._views if view.uuid == uuid), None)
 
     @cached_property
     def _views(self) -> list[DeviceView]:
