@@ -1,28 +1,35 @@
-"""SeriesSet -> Prometheus text format 0.0.4 / OpenMetrics, rendered once per tick.
+"""SeriesSet -> Prometheus text format 0.0.4 / OpenMetrics 1.0, written on the first scrape.
 
 A scrape returns bytes prepared here; nothing on the scrape path reads NVML. The series come
 from `gpu_exporter/series.py` (the one place a snapshot becomes series); this module only
-writes them out: the text format eagerly at the end of each tick, OpenMetrics and the gzip
-forms on the first request that asks for them, cached for the rest of the tick.
+writes them out. Prometheus scrapes every 15-60 s while the daemon ticks every second, so a
+tick's exposition is written only when someone asks for it (then cached for the rest of the
+tick, in every form asked for), never on the tick itself.
+
+The writer is our own rather than `prometheus_client.generate_latest`, for cost: it keeps, from
+one exposition to the next, the line of every series that is the same object again (topology
+and static readings: most series of a large node) and the label text of every label set seen
+before, so a line costs a dictionary lookup and a number. Its output is byte-for-byte what
+prometheus_client 0.2x writes for the same samples — names and labels sorted as there,
+escaping, Go-style numbers via prometheus_client's own `floatToGoString` — which
+`tests/test_exposition_writer.py` checks against prometheus_client itself.
 """
 
 from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
-from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
-from gpu_exporter.catalog import BY_NAME, Kind
-from gpu_exporter.series import SeriesSet
+from gpu_exporter.catalog import FAMILIES, Family, Kind
+from gpu_exporter.series import Series, SeriesSet
+from gpu_exporter.snapshot import Labels
 
-CONTENT_TYPE_TEXT = CONTENT_TYPE_LATEST  # text/plain; version=0.0.4; charset=utf-8
+CONTENT_TYPE_TEXT = CONTENT_TYPE_LATEST
 CONTENT_TYPE_OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST
 # Info families are exposed as gauges with value 1 (what Prometheus' text format knows).
 _EXPOSED_TYPE = {
@@ -33,41 +40,130 @@ _EXPOSED_TYPE = {
 }
 
 
-@dataclass(eq=False)  # registries key collectors by identity
-class SeriesCollector:
-    """A prometheus_client collector over one tick's series (it only does the escaping)."""
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
-    series_set: SeriesSet
 
-    def collect(self) -> Iterator[Metric]:
-        for name, rows in self.series_set.families.items():
-            fam = BY_NAME[name]
-            metric = Metric(fam.base_name, fam.help, _EXPOSED_TYPE[fam.kind], fam.unit)
-            metric.samples = [Sample(row.name, dict(row.labels), row.value) for row in rows]
-            yield metric
+def _text_header(fam: Family) -> str:
+    # The text format names a counter family by its sample name (`..._total`).
+    name = fam.name
+    help_text = fam.help.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {help_text}\n# TYPE {name} {_EXPOSED_TYPE[fam.kind]}\n"
+
+
+def _openmetrics_header(fam: Family) -> str:
+    name = fam.base_name
+    help_text = _escape(fam.help)
+    unit = f"# UNIT {name} {fam.unit}\n" if fam.unit else ""
+    return f"# HELP {name} {help_text}\n# TYPE {name} {_EXPOSED_TYPE[fam.kind]}\n{unit}"
+
+
+_TEXT_HEADERS = {fam.name: _text_header(fam) for fam in FAMILIES}
+_OPENMETRICS_HEADERS = {fam.name: _openmetrics_header(fam) for fam in FAMILIES}
+
+
+def _label_text(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels)) + "}"
+
+
+def _value_text(value: float) -> str:
+    text = repr(value)
+    dot = text.find(".")
+    # repr already is Go's form for a finite number with a short integer part; the rest
+    # (exponents, infinities, NaN, long integer parts) goes to prometheus_client's rules.
+    if 0 < dot <= 6:
+        return text
+    return floatToGoString(value)
+
+
+class ExpositionWriter:
+    """Writes the sample lines of a tick, reusing what earlier expositions already wrote.
+
+    One per sampler; thread-safe (scrapes of two ticks may overlap). Its caches hold only the
+    series and label sets of the latest exposition, so they cannot grow past one tick's size.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lines: dict[int, tuple[Series, str]] = {}  # id(series) -> (series, its line)
+        self._prefixes: dict[tuple[str, Labels], str] = {}  # (name, labels) -> "name{...} "
+
+    def sample_lines(self, series_set: SeriesSet) -> list[tuple[str, list[str]]]:
+        """(family, its sample lines) in exposition order."""
+        with self._lock:
+            old_lines, old_prefixes = self._lines, self._prefixes
+            lines: dict[int, tuple[Series, str]] = {}
+            prefixes: dict[tuple[str, Labels], str] = {}
+            out = []
+            for family, rows in series_set.families.items():
+                written = []
+                for row in rows:
+                    hit = old_lines.get(id(row))
+                    if hit is not None and hit[0] is row:
+                        line = hit[1]
+                    else:
+                        key = (row.name, row.labels)
+                        prefix = prefixes.get(key) or old_prefixes.get(key)
+                        if prefix is None:
+                            prefix = f"{row.name}{_label_text(row.labels)} "
+                        prefixes[key] = prefix
+                        line = f"{prefix}{_value_text(row.value)}\n"
+                    lines[id(row)] = (row, line)
+                    written.append(line)
+                out.append((family, written))
+            self._lines, self._prefixes = lines, prefixes
+            return out
+
+
+def text_exposition(families: Iterable[tuple[str, list[str]]]) -> bytes:
+    """The Prometheus text format 0.0.4 of `sample_lines`' output."""
+    parts = []
+    for family, lines in families:
+        parts.append(_TEXT_HEADERS[family])
+        parts.extend(lines)
+    return "".join(parts).encode()
+
+
+def openmetrics_exposition(families: Iterable[tuple[str, list[str]]]) -> bytes:
+    """The OpenMetrics 1.0 text of `sample_lines`' output (sample lines are the same)."""
+    parts = []
+    for family, lines in families:
+        parts.append(_OPENMETRICS_HEADERS[family])
+        parts.extend(lines)
+    parts.append("# EOF\n")
+    return "".join(parts).encode()
 
 
 class RenderedMetrics:
-    """The exposition of one snapshot in every form a scraper may ask for, each built once."""
+    """The exposition of one snapshot in every form a scraper may ask for, each written on its
+    first request and kept for the rest of the tick."""
 
-    def __init__(self, series_set: SeriesSet):
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(SeriesCollector(series_set))
-        self.text = generate_latest(self._registry)
+    def __init__(self, series_set: SeriesSet, writer: ExpositionWriter | None = None):
+        self._series_set = series_set
+        self._writer = writer or ExpositionWriter()
         self._lock = threading.Lock()
-        self._cache: dict[tuple[bool, bool], bytes] = {(False, False): self.text}
+        self._lines: list[tuple[str, list[str]]] | None = None
+        self._cache: dict[tuple[bool, bool], bytes] = {}
+
+    @property
+    def text(self) -> bytes:
+        return self.body(False, False)
 
     def body(self, openmetrics_format: bool, gzipped: bool) -> bytes:
         key = (openmetrics_format, gzipped)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
-        with self._lock:
+        with self._lock:  # concurrent first scrapes write it once
             if key not in self._cache:
                 plain = self._cache.get((openmetrics_format, False))
                 if plain is None:
-                    plain = openmetrics.generate_latest(self._registry)
-                    self._cache[(True, False)] = plain
+                    if self._lines is None:
+                        self._lines = self._writer.sample_lines(self._series_set)
+                    write = openmetrics_exposition if openmetrics_format else text_exposition
+                    plain = self._cache[(openmetrics_format, False)] = write(self._lines)
                 self._cache[key] = gzip.compress(plain, compresslevel=6) if gzipped else plain
             return self._cache[key]
 

@@ -1,5 +1,6 @@
 """The scheduled tick: read every source, build one immutable Snapshot, turn it into the tick's
-series, let the rule engine see them, render them, publish them.
+series, let the rule engine see them, publish them (the exposition is written on the first
+scrape of a tick, not here).
 
 APScheduler runs `tick` every `interval` seconds with `max_instances=1` and `coalesce=True`:
 a slow tick delays the next one instead of piling up. Consumers (the HTTP layer, the rule
@@ -14,7 +15,7 @@ Order within a tick, and why:
   4. listeners (the rule manager) ingest those series and evaluate, guarded;
   5. late producers (the rule manager's and notifier's own metrics, which evaluation changes)
      and the collector statuses are added, and listeners ingest them at the same timestamp;
-  6. the whole set is rendered and published.
+  6. the whole set is published; its exposition is written when a scrape first asks for it.
 So the rule store holds exactly the series a scrape of the tick returns, with the same labels
 and values. Rules over the late families (rule, notifier and collector self-metrics) see them
 from the next evaluation on — as Prometheus, which also evaluates what it scraped before. A
@@ -36,7 +37,7 @@ from typing import Protocol
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS
-from gpu_exporter.exposition import RenderedMetrics
+from gpu_exporter.exposition import ExpositionWriter, RenderedMetrics
 from gpu_exporter.guard import Guard
 from gpu_exporter.series import Producer, SeriesBuilder, SeriesSet, with_collector_series
 from gpu_exporter.snapshot import CollectorStatus, DeviceSample, Labels, Snapshot, TickStats
@@ -102,6 +103,7 @@ class Sampler:
         self._full_tick_stats = TickStats()
         self._guard = Guard()
         self._builder = SeriesBuilder(self._guard)
+        self._writer = ExpositionWriter()  # its caches span ticks
         self._listeners: list[SeriesListener] = []
         self._processors: list[tuple[str, Processor]] = []
         self._producers: list[Producer] = []
@@ -205,7 +207,7 @@ class Sampler:
             if not status.success:  # too late for this tick's series: the next one says it
                 self._carried.append(status)
         series_set = first.extended(late)
-        self.published = Published(snapshot, series_set, RenderedMetrics(series_set))
+        self.published = Published(snapshot, series_set, RenderedMetrics(series_set, self._writer))
         self.last_tick_monotonic = time.monotonic()
         full = time.perf_counter() - started
         self._full_tick_stats = self._full_accounting.observe(full, self._wall_clock())
