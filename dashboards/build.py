@@ -1344,15 +1344,33 @@ def health() -> Json:
     )
     board.add(
         table(
-            "Topology: how each GPU reaches its peers",
-            "Link type between each GPU and each peer, as nvidia-smi topo -m shows it: nvlink, "
-            "single or multiple PCIe switches, host bridge, same NUMA node, across sockets. "
-            "Collective communication is fastest over NVLink.",
+            "Topology: how each GPU reaches most of its peers",
+            "The link type between each GPU and most of its peers, as nvidia-smi topo -m shows "
+            "it: nvlink, single or multiple PCIe switches, host bridge, same NUMA node, across "
+            "sockets. Collective communication is fastest over NVLink. The peers reached "
+            "otherwise are in the next table.",
+            [
+                (
+                    "Link",
+                    Q(per_gpu(sel("gpu_topology_usual_link_info"), by=f"{BY_GPU}, link")),
+                )
+            ],
+            unit="none",
+            hide=("Time", "uuid", "Link"),
+        ),
+        w=12,
+        h=8,
+    )
+    board.add(
+        table(
+            "Topology: peers reached otherwise",
+            "Pairs of GPUs whose link differs from the first GPU's usual one (e.g. a pair across "
+            "sockets on a PCIe board, or unknown). Empty on a uniform NVLink/NVSwitch board.",
             [("Link", Q(per_gpu(sel("gpu_topology_link_info"), by=f"{BY_GPU}, peer_gpu, link")))],
             unit="none",
             hide=("Time", "uuid", "Link"),
         ),
-        w=24,
+        w=12,
         h=8,
     )
 

@@ -220,24 +220,50 @@ FAMILIES: tuple[Family, ...] = (
         source="topology",
     ),
     Family(
+        "gpu_topology_usual_link_info",
+        Kind.INFO,
+        "How this GPU reaches most of its peer GPUs (nvlink, single/multiple PCIe switch, "
+        "hostbridge, node, system), as nvidia-smi topo -m; peers reached otherwise are in "
+        "gpu_topology_link_info; value is always 1.",
+        ("link",),
+        source="topology",
+    ),
+    Family(
         "gpu_topology_link_info",
         Kind.INFO,
-        "How this GPU reaches a peer GPU (nvlink, single/multiple PCIe switch, hostbridge, "
-        "node, system), as nvidia-smi topo -m; value is always 1.",
+        "How this GPU reaches a peer GPU (unknown: not reported), for the peers reached "
+        "otherwise than by gpu_topology_usual_link_info; value is always 1.",
         ("peer_gpu", "peer_uuid", "link"),
+        source="topology",
+    ),
+    Family(
+        "gpu_topology_usual_nvlink_links",
+        G,
+        "NVLink links connecting this GPU to most of its peer GPUs (0: none); peers with "
+        "another count are in gpu_topology_nvlink_links.",
         source="topology",
     ),
     Family(
         "gpu_topology_nvlink_links",
         G,
-        "NVLink links connecting this GPU directly to a peer GPU.",
+        "NVLink links connecting this GPU to a peer GPU (NaN: unknown), for the peers whose "
+        "count differs from gpu_topology_usual_nvlink_links.",
         ("peer_gpu", "peer_uuid"),
+        source="topology",
+    ),
+    Family(
+        "gpu_p2p_usual_supported",
+        G,
+        "1 when peer-to-peer access to most of this GPU's peers is possible, by capability; "
+        "peers that differ are in gpu_p2p_supported.",
+        ("capability",),
         source="topology",
     ),
     Family(
         "gpu_p2p_supported",
         G,
-        "1 when peer-to-peer access to the peer GPU is possible, by capability.",
+        "1 when peer-to-peer access to the peer GPU is possible, by capability (NaN: unknown), "
+        "for the peers that differ from gpu_p2p_usual_supported.",
         ("peer_gpu", "peer_uuid", "capability"),
         source="topology",
     ),
@@ -286,8 +312,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_exporter_full_tick_duration_seconds",
         Kind.HISTOGRAM,
-        "Time whole ticks took: NVML reads, enrichment, rule evaluation and rendering. A tick "
-        "is counted from the next tick's exposition on, since it is rendered before it ends.",
+        "Time whole ticks took: NVML reads, enrichment, series and rule evaluation (the "
+        "exposition is written on a tick's first scrape, outside it). A tick is counted from "
+        "the next tick's series on, since they are built before it ends.",
         unit="seconds",
         source="exporter",
         per_device=False,

@@ -22,6 +22,7 @@ HGX H100/H200 board, and the smaller count shows a pair slowed by a link that is
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,7 +33,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpu_exporter.snapshot import Reading
+from gpu_exporter.snapshot import Labels, Reading
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml_device import NvmlCalls
 from gpu_exporter.sources.nvml_values import binding, field_value, normalise_bus_id
@@ -80,6 +81,8 @@ EXTRA_LEGEND = {
     "N/A": "  N/A  = Not reported by the driver",
 }
 
+# The link label of a pair whose link the driver did not report (nvidia-smi prints N/A).
+UNKNOWN_LINK = "unknown"
 SOURCE = "topology"  # the errors_total `source` of the calls made here
 _ABSENT = ("NotSupported", "FunctionNotFound")  # the item is absent; nothing went wrong
 _CPU_WORDS = max(16, -(-(os.cpu_count() or 1) // 64))  # 64 CPUs per word; >= 1024 CPUs
@@ -151,9 +154,8 @@ class Topology:
             by_uuid.setdefault(peer.uuid, []).append(peer)
         out = {}
         for gpu in self.gpus:
-            readings: list[Reading] = []
-            for peer in sorted(by_uuid.get(gpu.uuid, []), key=lambda p: p.peer_index):
-                readings += _peer_readings(peer)
+            peers = sorted(by_uuid.get(gpu.uuid, []), key=lambda p: p.peer_index)
+            readings = _peer_readings(peers)
             if gpu.cpu_affinity:
                 readings.append(
                     Reading("gpu_cpu_affinity_info", 1.0, (("cpus", gpu.cpu_affinity),))
@@ -217,17 +219,73 @@ class Topology:
         }
 
 
-def _peer_readings(peer: PeerLink) -> list[Reading]:
-    labels = (("peer_gpu", str(peer.peer_index)), ("peer_uuid", peer.peer_uuid))
+@dataclass(frozen=True)
+class _PairQuantity:
+    """One quantity of a GPU pair, exported as the GPU's usual value plus the exceptions."""
+
+    pair_family: str  # the peers whose value differs from the usual one
+    usual_family: str  # the GPU's usual value
+    value_of: Callable[[PeerLink], str | float | None]  # None: unknown for that peer
+    labels: tuple[tuple[str, str], ...] = ()  # the quantity's own fixed labels
+    value_label: str | None = None  # an info family carries the value in this label
+
+
+def _p2p(capability: str) -> _PairQuantity:
+    def supported(peer: PeerLink) -> float | None:
+        status = peer.p2p.get(capability)
+        return None if status is None else float(status == "ok")
+
+    return _PairQuantity(
+        "gpu_p2p_supported", "gpu_p2p_usual_supported", supported, (("capability", capability),)
+    )
+
+
+_PAIR_QUANTITIES = (
+    _PairQuantity(
+        "gpu_topology_link_info", "gpu_topology_usual_link_info", lambda p: p.link, (), "link"
+    ),
+    _PairQuantity(
+        "gpu_topology_nvlink_links",
+        "gpu_topology_usual_nvlink_links",
+        lambda p: None if p.nvlink_links is None else float(p.nvlink_links),
+    ),
+    *(_p2p(capability) for capability, _ in P2P_CAPABILITIES),
+)
+
+
+def _peer_readings(peers: Sequence[PeerLink]) -> list[Reading]:
+    """Per pair quantity, the GPU's usual value (what most of its peers have; on a tie, that
+    of the lowest-numbered peer) and the peers that differ from it.
+
+    Listing every pair would grow with the square of the GPU count (88 % of a 64-GPU
+    exposition) to repeat, on a uniform board, one fact n * (n - 1) times; the usual value
+    plus the exceptions carries the same information and stays linear on real boards. A pair
+    whose value is unknown while others' are known is an exception with link `unknown` or
+    value NaN, so that it does not read as usual."""
     out = []
-    if peer.link is not None:
-        out.append(Reading("gpu_topology_link_info", 1.0, (*labels, ("link", peer.link))))
-    if peer.nvlink_links is not None:
-        out.append(Reading("gpu_topology_nvlink_links", float(peer.nvlink_links), labels))
-    for capability, status in peer.p2p.items():
-        value = float(status == "ok")
-        out.append(Reading("gpu_p2p_supported", value, (*labels, ("capability", capability))))
+    for quantity in _PAIR_QUANTITIES:
+        values = [(peer, quantity.value_of(peer)) for peer in peers]
+        known = [value for _, value in values if value is not None]
+        if not known:
+            continue  # unknown for every peer: absent, as any unreadable quantity
+        # most_common keeps first-seen order among equal counts: a tie goes to the lowest peer.
+        usual = Counter(known).most_common(1)[0][0]
+        out.append(_pair_reading(quantity, quantity.usual_family, usual, ()))
+        for peer, value in values:
+            if value != usual:  # an unknown pair is an exception too, or it would read usual
+                peer_labels = (("peer_gpu", str(peer.peer_index)), ("peer_uuid", peer.peer_uuid))
+                out.append(_pair_reading(quantity, quantity.pair_family, value, peer_labels))
     return out
+
+
+def _pair_reading(
+    quantity: _PairQuantity, family: str, value: str | float | None, peer_labels: Labels
+) -> Reading:
+    labels = (*peer_labels, *quantity.labels)
+    if quantity.value_label is not None:
+        text = UNKNOWN_LINK if value is None else str(value)
+        return Reading(family, 1.0, (*labels, (quantity.value_label, text)))
+    return Reading(family, math.nan if value is None else float(value), labels)
 
 
 def _or_na(value: int | None) -> str:

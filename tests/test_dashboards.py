@@ -65,6 +65,9 @@ POSSIBLY_EMPTY = {
     ("gpu-health.json", "XID errors by code (range)"): (
         "lists the XIDs that happened; the mixed scenario raises none"
     ),
+    ("gpu-health.json", "Topology: peers reached otherwise"): (
+        "lists pairs off each GPU's usual link; mixed is a uniform NVSwitch board"
+    ),
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.collectors import Topology as TopologyCollector
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
-from gpu_exporter.topology import Topology, cpu_list, read_topology
+from gpu_exporter.topology import P2P_CAPABILITIES, Topology, cpu_list, read_topology
 from tests.conftest import ManualClock
 
 Devices = list[tuple[str, int, Any]]
@@ -56,6 +56,64 @@ def readings(topology: Topology, uuid: str) -> dict[tuple[str, tuple[tuple[str, 
     return {(r.family, r.labels): r.value for r in topology.readings_for(uuid)}
 
 
+PairView = dict[tuple[str, int], "str | float"]
+
+
+def pair_view(topology: Topology, uuid: str) -> PairView:
+    """Every peer's link, NVLink count and P2P capabilities as a reader of the series rebuilds
+    them: the GPU's usual value, overridden by the per-peer exceptions."""
+    peers = [p.peer_index for p in topology.peers_of(uuid)]
+    view: PairView = {}
+    rows = topology.readings_for(uuid)
+    for exceptions in (False, True):
+        for r in rows:
+            labels = dict(r.labels)
+            if ("peer_gpu" in labels) != exceptions:
+                continue
+            targets = [int(labels["peer_gpu"])] if exceptions else peers
+            if r.family in ("gpu_topology_usual_link_info", "gpu_topology_link_info"):
+                item: tuple[str, str | float] = ("link", labels["link"])
+            elif r.family in ("gpu_topology_usual_nvlink_links", "gpu_topology_nvlink_links"):
+                item = ("nvlink_links", r.value)
+            elif r.family in ("gpu_p2p_usual_supported", "gpu_p2p_supported"):
+                item = (labels["capability"], r.value)
+            else:
+                continue
+            for peer in targets:
+                view[(item[0], peer)] = item[1]
+    return view
+
+
+def direct_view(topology: Topology, uuid: str) -> PairView:
+    """The same, straight from the pairs that were read (unknown: link "unknown", NaN)."""
+    view: PairView = {}
+    for p in topology.peers_of(uuid):
+        view[("link", p.peer_index)] = p.link or "unknown"
+        view[("nvlink_links", p.peer_index)] = (
+            float("nan") if p.nvlink_links is None else float(p.nvlink_links)
+        )
+        for capability, _ in P2P_CAPABILITIES:
+            status = p.p2p.get(capability)
+            value = float("nan") if status is None else float(status == "ok")
+            view[(capability, p.peer_index)] = value
+    return view
+
+
+def assert_lossless(topology: Topology) -> None:
+    """The usual values plus the exceptions say exactly what the pairs say."""
+    for gpu in topology.gpus:
+        rebuilt, direct = pair_view(topology, gpu.uuid), direct_view(topology, gpu.uuid)
+        # A quantity unknown for every peer is absent, not NaN or "unknown" for each.
+        for key in list(direct):
+            quantity = key[0]
+            peers_known = [
+                v for (q, _), v in direct.items() if q == quantity and v == v and v != "unknown"
+            ]
+            if not peers_known:
+                del direct[key]
+        assert repr(sorted(rebuilt.items())) == repr(sorted(direct.items())), gpu.index
+
+
 def _settings(**overrides: Any) -> NvmlSettings:
     """No XID thread (it waits in real time); quick recovery."""
     return NvmlSettings(
@@ -84,19 +142,22 @@ def test_mixed_is_an_nvswitch_board(devices) -> None:
     assert "Legend:" in text and "NV#  = Connection traversing a bonded set of # NVLinks" in text
     assert "N/A  =" not in text  # only explained when used
 
-    uuid0, uuid3 = found[0][0], found[3][0]
+    uuid0 = found[0][0]
     got = readings(topology, uuid0)
-    peer3 = (("peer_gpu", "3"), ("peer_uuid", uuid3))
-    assert got[("gpu_topology_link_info", (*peer3, ("link", "nvlink")))] == 1.0
-    assert got[("gpu_topology_nvlink_links", peer3)] == 18.0
+    view = pair_view(topology, uuid0)
+    assert view[("link", 3)] == "nvlink" and view[("nvlink_links", 3)] == 18.0
     for capability in ("read", "write", "nvlink", "atomics"):
-        assert got[("gpu_p2p_supported", (*peer3, ("capability", capability)))] == 1.0
+        assert view[(capability, 3)] == 1.0
+    # A uniform board: the usual values say it all, no pair is listed.
+    assert got[("gpu_topology_usual_link_info", (("link", "nvlink"),))] == 1.0
+    assert got[("gpu_topology_usual_nvlink_links", ())] == 18.0
+    assert got[("gpu_p2p_usual_supported", (("capability", "atomics"),))] == 1.0
+    assert not any("peer_gpu" in dict(labels) for _, labels in got)
     assert got[("gpu_cpu_affinity_info", (("cpus", "0-55"),))] == 1.0
     assert got[("gpu_numa_node", ())] == 0.0
-    families = [r.family for r in topology.readings_for(uuid0)]
-    assert families.count("gpu_topology_link_info") == 7
-    assert families.count("gpu_p2p_supported") == 28
+    assert len(topology.readings_for(uuid0)) == 8
     assert topology.readings_for("GPU-not-here") == []
+    assert_lossless(topology)
 
 
 def test_pre_hopper_a100_has_twelve_links(devices) -> None:
@@ -114,16 +175,19 @@ def test_pcie_only_levels_and_p2p(devices) -> None:
     assert rows["GPU0"][:4] == ["X", "PIX", "PHB", "SYS"]
     assert rows["GPU1"][:4] == ["PIX", "X", "NODE", "SYS"]
     assert rows["GPU3"][4:] == ["56-111,168-223", "1", "1"]
-    uuid0, uuid1, uuid3 = found[0][0], found[1][0], found[3][0]
+    uuid0, uuid3 = found[0][0], found[3][0]
     got = readings(topology, uuid0)
-    peer1 = (("peer_gpu", "1"), ("peer_uuid", uuid1))
+    view = pair_view(topology, uuid0)
+    assert view[("link", 1)] == "single" and view[("link", 3)] == "system"
+    assert view[("nvlink_links", 1)] == 0.0  # known: no NVLink
+    assert view[("read", 1)] == 1.0 and view[("nvlink", 1)] == 0.0
+    assert view[("read", 3)] == 0.0  # across sockets
+    # Three peers, three links: the tie goes to the lowest peer, the others are listed.
     peer3 = (("peer_gpu", "3"), ("peer_uuid", uuid3))
-    assert got[("gpu_topology_link_info", (*peer1, ("link", "single")))] == 1.0
+    assert got[("gpu_topology_usual_link_info", (("link", "single"),))] == 1.0
     assert got[("gpu_topology_link_info", (*peer3, ("link", "system")))] == 1.0
-    assert got[("gpu_topology_nvlink_links", peer1)] == 0.0  # known: no NVLink
-    assert got[("gpu_p2p_supported", (*peer1, ("capability", "read")))] == 1.0
-    assert got[("gpu_p2p_supported", (*peer1, ("capability", "nvlink")))] == 0.0
-    assert got[("gpu_p2p_supported", (*peer3, ("capability", "read")))] == 0.0  # across sockets
+    assert not any(f == "gpu_topology_link_info" and ("peer_gpu", "1") in k for f, k in got)
+    assert_lossless(topology)
     link = next(p for p in topology.peers_of(uuid0) if p.peer_index == 3)
     assert link.p2p["read"] == "chipset_not_supported" and link.link == "system"
     assert topology.gpu(uuid0).nvlink_links == 0  # type: ignore[union-attr]
@@ -143,8 +207,10 @@ def test_unsupported_topology_is_absent_not_an_error(devices) -> None:
     assert "N/A  = Not reported by the driver" in topology.matrix_text()
     got = readings(topology, found[0][0])
     peer3 = (("peer_gpu", "3"), ("peer_uuid", found[3][0]))
-    assert not any(f == "gpu_topology_link_info" and labels[:2] == peer3 for f, labels in got)
-    assert ("gpu_p2p_supported", (*peer3, ("capability", "write"))) in got
+    # Not reported for this pair: listed as unknown, not left to read as the usual link.
+    assert got[("gpu_topology_link_info", (*peer3, ("link", "unknown")))] == 1.0
+    assert (3, "write") in {(k[1], k[0]) for k in pair_view(topology, found[0][0])}
+    assert_lossless(topology)
 
 
 def test_a_lost_gpu_costs_only_its_own_pairs(devices, clock: ManualClock) -> None:
@@ -166,6 +232,8 @@ def test_a_lost_gpu_costs_only_its_own_pairs(devices, clock: ManualClock) -> Non
     assert rows["GPU2"][:4] == ["N/A", "N/A", "X", "N/A"]
     assert rows["GPU2"][4:] == ["N/A", "N/A", "N/A"]
     assert topology.readings_for(found[2][0]) == []
+    assert pair_view(topology, found[0][0])[("link", 2)] == "unknown"
+    assert_lossless(topology)
 
 
 def test_numa_node_from_sysfs_when_nvml_cannot_say(devices, tmp_path: Path) -> None:
@@ -208,10 +276,10 @@ def test_direct_gpu_to_gpu_nvlinks_are_counted_per_peer(devices, monkeypatch) ->
     rows = matrix_rows(topology.matrix_text())
     assert rows["GPU0"][:4] == ["X", "NV2", "NV2", "NODE"]
     assert rows["GPU3"][:4] == ["NODE", "NV2", "NV2", "X"]
-    got = readings(topology, found[0][0])
-    peer3 = (("peer_gpu", "3"), ("peer_uuid", found[3][0]))
-    assert got[("gpu_topology_nvlink_links", peer3)] == 0.0
-    assert got[("gpu_topology_link_info", (*peer3, ("link", "node")))] == 1.0
+    view = pair_view(topology, found[0][0])
+    assert view[("nvlink_links", 3)] == 0.0 and view[("link", 3)] == "node"
+    assert view[("nvlink_links", 1)] == 2.0 and view[("link", 1)] == "nvlink"
+    assert_lossless(topology)
 
 
 def test_a_down_nvlink_shows_in_the_pair_count(devices, monkeypatch) -> None:
@@ -230,6 +298,13 @@ def test_a_down_nvlink_shows_in_the_pair_count(devices, monkeypatch) -> None:
     assert rows["GPU0"][:3] == ["X", "NV17", "NV18"]
     assert rows["GPU1"][:3] == ["NV17", "X", "NV17"]
     assert topology.gpu(found[1][0]).nvlink_active == 17  # type: ignore[union-attr]
+    # GPU 0's usual count is 18; the pair with GPU 1 is listed with its 17.
+    got = readings(topology, found[0][0])
+    assert got[("gpu_topology_usual_nvlink_links", ())] == 18.0
+    assert (
+        got[("gpu_topology_nvlink_links", (("peer_gpu", "1"), ("peer_uuid", found[1][0])))] == 17.0
+    )
+    assert_lossless(topology)
 
 
 def test_nvml_source_attaches_topology_readings(fake_nvml, clock: ManualClock) -> None:
@@ -239,8 +314,8 @@ def test_nvml_source_attaches_topology_readings(fake_nvml, clock: ManualClock) -
     try:
         assert isinstance(source.topology, Topology)
         device = source.sample()[2]
-        links = [r for r in device.readings if r.family == "gpu_topology_link_info"]
-        assert len(links) == 7 and all(dict(r.labels)["link"] == "nvlink" for r in links)
+        assert device.value("gpu_topology_usual_link_info", link="nvlink") == 1.0
+        assert not [r for r in device.readings if r.family == "gpu_topology_link_info"]
         assert device.value("gpu_cpu_affinity_info", cpus="0-55") == 1.0
     finally:
         source.close()

@@ -1,4 +1,7 @@
-"""topology: how the GPU reaches each peer (NVLink or PCIe level, P2P), CPU and NUMA affinity.
+"""topology: how the GPU reaches its peers (NVLink or PCIe level, P2P), CPU and NUMA affinity.
+
+Each pair quantity is exported as the GPU's usual value plus the peers that differ from it
+(see `gpu_exporter/topology.py`), so the series grow with the GPU count, not its square.
 
 Read by `gpu_exporter/topology.py` at start and after each full NVML re-init, never per tick
 (a pair query can take hundreds of milliseconds); each tick repeats what was read. On when the
@@ -16,8 +19,11 @@ from gpu_exporter.sources.settings import NvmlSettings
 class Topology(Collector):
     name = "topology"
     families = (
+        "gpu_topology_usual_link_info",
         "gpu_topology_link_info",
+        "gpu_topology_usual_nvlink_links",
         "gpu_topology_nvlink_links",
+        "gpu_p2p_usual_supported",
         "gpu_p2p_supported",
         "gpu_cpu_affinity_info",
         "gpu_numa_node",
