@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from gpu_exporter import __version__
+
+if TYPE_CHECKING:  # imported by _build_client, only when an Alertmanager is configured
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -400,6 +401,8 @@ class _TargetSender:
         except OSError as exc:  # a rotated secret may be briefly missing: try again later
             return _Outcome.RETRY, f"cannot read credentials: {exc}"
         body = json.dumps(batch, separators=(",", ":")).encode()
+        import httpx  # already loaded by _build_client: a dictionary lookup
+
         try:
             response = self._client.post(
                 self._endpoint, content=body, headers=headers, timeout=self._request_timeout()
@@ -552,6 +555,11 @@ def _classify(response: httpx.Response) -> tuple[_Outcome, str]:
 
 
 def _build_client(target: AlertmanagerTarget) -> httpx.Client:
+    # Imported here, not at module level: httpx and what it pulls in (pygments, httpcore,
+    # certifi...) cost about 4 MiB and 20 ms at start-up, and config.py imports this module
+    # for the settings even when no Alertmanager is configured.
+    import httpx
+
     return httpx.Client(
         verify=_ssl_context(target),
         timeout=target.timeout_seconds,

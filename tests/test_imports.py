@@ -1,0 +1,85 @@
+"""What `serve` imports: optional clients stay unloaded unless their feature is configured.
+
+httpx (the Alertmanager client, with pygments and httpcore: about 2 MiB) and grpc with
+protobuf (pod attribution: about 8 MiB) would otherwise sit in every daemon's memory. Each
+case runs `gpu-exporter serve` in a fresh interpreter up to the point where uvicorn would
+serve (its config loaded, so its lazy imports happen too), then lists what is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.daemon import free_port
+
+# Runs `serve` with uvicorn.Server.run replaced: load what uvicorn would load, report, return.
+_SCRIPT = """
+import json, sys
+import uvicorn
+
+def run(self, sockets=None):
+    self.config.load()
+    print(json.dumps(sorted(sys.modules)))
+
+uvicorn.Server.run = run
+from gpu_exporter import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def loaded_modules(tmp_path: Path, *flags: str, **environ: str) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
+    env.pop("NODE_NAME", None)
+    env["GPU_EXPORTER_KUBERNETES__ENABLED"] = "false"  # "auto" depends on this machine
+    env.update(environ)
+    args = ["serve", "--simulate", "mixed", "--listen-address", f"127.0.0.1:{free_port()}"]
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, *args, *flags],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    modules: set[str] = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert "gpu_exporter.assembly" in modules and "uvicorn.protocols.http.h11_impl" in modules
+    return modules
+
+
+def packages(modules: set[str]) -> set[str]:
+    return {name.partition(".")[0] for name in modules}
+
+
+def test_default_serve_imports_neither_httpx_nor_grpc(tmp_path: Path) -> None:
+    loaded = packages(loaded_modules(tmp_path))
+    assert not loaded & {"httpx", "httpcore", "pygments", "grpc", "google"}, sorted(loaded)
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "package"),
+    [
+        (("--alertmanager-url", "http://127.0.0.1:9"), {}, "httpx"),
+        (
+            (),
+            {
+                "GPU_EXPORTER_KUBERNETES__ENABLED": "true",
+                "GPU_EXPORTER_KUBERNETES__SOCKET_PATH": "x.sock",
+                "GPU_EXPORTER_KUBERNETES__TIMEOUT_SECONDS": "0.5",
+            },
+            "grpc",
+        ),
+    ],
+    ids=["alertmanager", "attribution"],
+)
+def test_the_feature_that_needs_a_client_imports_it(
+    tmp_path: Path, flags: tuple[str, ...], environ: dict[str, str], package: str
+) -> None:
+    """The control for the test above: the harness does see these imports when they happen."""
+    assert package in packages(loaded_modules(tmp_path, *flags, **environ))
