@@ -8,10 +8,12 @@ prefilled at the second tick (`--prefill-history`: range rules then cost what th
 (`bench/run_nvitop_exporter.py`). Ratios are ours / peer for the steady daemon (`ratios`)
 and for the young one (`ratios_young`). Each phase: wait for three ticks, warm up, then
 
-1. an idle window with no scrapes except the two reads that bound it: CPU per tick, wall time
-   per tick (both from the launchers' timers around whole ticks / collection passes) and the
-   part of it that reads the GPUs (ours: `gpu_exporter_tick_duration_seconds`; theirs:
-   `update_device`), CPU % of one core, resident memory;
+1. a CPU window scraped as Prometheus scrapes (one scrape every 15 s with Prometheus'
+   headers: OpenMetrics, gzip), so that rendering is counted the way production pays for it:
+   CPU per tick, wall time per tick (both from the launchers' timers around whole ticks /
+   collection passes) and the part of it that reads the GPUs (ours:
+   `gpu_exporter_tick_duration_seconds`; theirs: `update_device`), CPU % of one core,
+   resident memory (the JSON keeps this window under the key `idle`);
 2. `/metrics` latency with 1 scraper and with 32 concurrent scrapers (bounded request counts,
    plain text, no gzip), and once with 1 scraper sending Prometheus' own headers;
 3. families declared and families with samples in one scrape, and which quantities they cover.
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -64,7 +68,8 @@ class PeerSettings:
     rounds: int = 2
     interval: float = 1.0
     warmup_seconds: float = 5.0
-    idle_seconds: float = 30.0
+    idle_seconds: float = 30.0  # the CPU window
+    window_scrape_every_seconds: float = 15.0  # Prometheus' default scrape interval is 15-60 s
     single_requests: int = 300
     concurrent_scrapers: int = 32
     concurrent_requests_each: int = 15
@@ -78,12 +83,39 @@ class PeerSettings:
             rounds=1,
             warmup_seconds=1.0,
             idle_seconds=3.0,
+            window_scrape_every_seconds=1.5,
             single_requests=20,
             concurrent_scrapers=32,
             concurrent_requests_each=2,
             prometheus_header_requests=10,
             targets=targets,
         )
+
+
+# The import floor of the stack the daemon is built on (FastAPI, uvicorn, prometheus-client,
+# APScheduler): what any exporter on that stack pays before its first line of code.
+STACK_FLOOR_IMPORTS = (
+    "import fastapi, uvicorn, prometheus_client, apscheduler.schedulers.background"
+)
+_PRINT_RSS = "import re; print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])"
+
+
+def import_rss_mib(statement: str) -> float:
+    """Resident memory of a fresh interpreter after `statement`."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"{statement}\n{_PRINT_RSS}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip()) / 1024
+
+
+def memory_floor() -> dict[str, float]:
+    return {
+        "python_alone_mib": import_rss_mib("pass"),
+        "stack_floor_mib": import_rss_mib(STACK_FLOOR_IMPORTS),
+    }
 
 
 def peer_available() -> str:
@@ -147,7 +179,9 @@ def measure(target: Running, settings: PeerSettings) -> dict[str, Any]:
     target.wait_ready(ticks=3)  # OURS_STEADY has its full history from the third tick
     time.sleep(settings.warmup_seconds)
     start = target.counters()
-    time.sleep(settings.idle_seconds)
+    scraped_at = scrape_window(
+        target.url, settings.idle_seconds, settings.window_scrape_every_seconds
+    )
     end = target.closing_counters()
     idle = window(start, end)
     memory_idle = target.memory()
@@ -162,7 +196,7 @@ def measure(target: Running, settings: PeerSettings) -> dict[str, Any]:
     memory_end = target.memory()
     text = target.metrics_text()
     phase: dict[str, Any] = {
-        "idle": idle,
+        "idle": idle | {"scrapes": len(scraped_at)},
         "rss_mib_idle": memory_idle.rss_mib,
         "rss_mib_after_load": memory_end.rss_mib,
         "hwm_mib": memory_end.hwm_mib,
@@ -175,6 +209,25 @@ def measure(target: Running, settings: PeerSettings) -> dict[str, Any]:
     part = PEER_DEVICES_FAMILY if target.tick_family == PEER_TICK_FAMILY else OUR_TICK_FAMILY
     phase["reads_seconds_per_tick"] = per_tick(start.text, end.text, part, idle["ticks"])
     return phase
+
+
+def scrape_window(url: str, seconds: float, every: float) -> list[float]:
+    """Scrape `url` once every `every` seconds for `seconds` (the last scrape at the end), as
+    Prometheus would; returns the offsets of the scrapes."""
+    began = time.monotonic()
+    offsets = []
+    offset = every
+    while offset <= seconds + 1e-9:
+        time.sleep(max(0.0, began + offset - time.monotonic()))
+        response = loadgen.fetch(url, loadgen.PROMETHEUS_HEADERS)
+        if response.status != 200:
+            raise RuntimeError(f"{url}: answered {response.status} in the CPU window")
+        offsets.append(time.monotonic() - began)
+        offset += every
+    remaining = began + seconds - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)
+    return offsets
 
 
 def per_tick(start: str, end: str, family: str, ticks: float) -> float | None:
@@ -260,6 +313,7 @@ def run(settings: PeerSettings, workdir: Path) -> dict[str, Any]:
         "phases": phases,
         "summary": summary,
         "peer_unavailable": unavailable or None,
+        "memory_floor": memory_floor(),
     }
     if PEER in summary:
         for name, key in ((OURS, "ratios_young"), (OURS_STEADY, "ratios")):

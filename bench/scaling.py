@@ -117,12 +117,32 @@ def tick_cost(config: Config, settings: ScalingSettings, workdir: Path) -> dict[
         return {
             "young": young,
             "steady": steady,
+            "exposition": exposition_cost(pipeline),
             "history_steps": steps,
             "store_series": store.series_count() if store else 0,
             "store_samples": store.sample_count() if store else 0,
         }
     finally:
         pipeline.close()
+
+
+def exposition_cost(pipeline: Any) -> dict[str, float]:
+    """CPU to write one tick's exposition as a scrape does it (lazily, on the first scrape
+    of a tick), in the form Prometheus asks for (OpenMetrics, gzip) and as plain text, with
+    the writer's caches as an earlier scrape left them; and its size."""
+    pipeline.sampler.rendered.body(True, True)  # an earlier scrape
+    pipeline.tick()
+    rendered = pipeline.sampler.rendered
+    cpu0 = time.process_time()
+    text = rendered.body(False, False)
+    cpu1 = time.process_time()
+    rendered.body(True, True)
+    cpu2 = time.process_time()
+    return {
+        "text_cpu_seconds": cpu1 - cpu0,
+        "openmetrics_gzip_cpu_seconds": cpu2 - cpu1,
+        "text_bytes": float(len(text)),
+    }
 
 
 def scrape_cost(config: Config, settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
@@ -157,6 +177,15 @@ def scrape_cost(config: Config, settings: ScalingSettings, workdir: Path) -> dic
     }
 
 
+def bytes_per_device(results: dict[str, Any]) -> dict[str, float]:
+    """Text exposition bytes divided by the device count, for the 1/8/64-device runs."""
+    return {
+        str(cfg.devices): results[cfg.name]["tick"]["exposition"]["text_bytes"] / cfg.devices
+        for cfg in CONFIGS
+        if cfg.name in DEVICE_SERIES and cfg.name in results
+    }
+
+
 def growth(results: dict[str, Any], phase: str = "steady") -> dict[str, float]:
     """CPU per tick divided by the device count, for each of the 1/8/64-device runs: flat
     when cost is linear in devices, rising when it grows faster."""
@@ -183,5 +212,6 @@ def run(settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
         "configs": results,
         "growth_steady": growth(results, "steady"),
         "growth_young": growth(results, "young"),
+        "bytes_per_device": bytes_per_device(results),
         "note": "MIG is not simulated: 64 devices are 64 full GPUs.",
     }

@@ -204,27 +204,67 @@ def test_fmt_units() -> None:
     assert report.fmt(True) == "yes"
 
 
+FAULT = {"gpu": "2", "fault_at_scenario_seconds": 20.0}
+
+
 def test_targets_get_verdicts_from_the_results() -> None:
     results = {
         "peer": {
             "summary": {
-                "gpu-exporter": {
+                "gpu-exporter-steady": {
                     "scrape_1_p99": 0.002,
                     "scrape_32_p99": 0.080,
-                    "rss_mib": 60.0,
-                    "cpu_percent_of_core": 1.0,
-                }
+                    "rss_mib": 55.0,
+                    "cpu_seconds_per_tick": 0.011,
+                },
+                "nvitop-exporter": {"rss_mib": 36.0, "cpu_seconds_per_tick": 0.010},
             },
-            "ratios": {"rss_mib": 1.5, "gpu_families": 2.0, "wall_seconds_per_tick": None},
-        }
+            "ratios": {"cpu_seconds_per_tick": 1.1},
+            "ratios_young": {"cpu_seconds_per_tick": 0.9},
+            "memory_floor": {"python_alone_mib": 10.0, "stack_floor_mib": 45.0},
+        },
+        "scaling": {
+            "configs": {
+                "8gpu": {"tick": {"steady": {"cpu_seconds_per_tick": 0.008}}},
+                "64gpu": {
+                    "tick": {"steady": {"cpu_seconds_per_tick": 0.090}},
+                    "scrape": {"scrape_1_p99": 0.004, "scrape_32_p99": 0.060},
+                },
+            },
+            "bytes_per_device": {"8": 10_000.0, "64": 10_500.0},
+        },
+        "detection": {
+            "rows": [
+                {
+                    "rule": "BenchHwThermalSlowdown",
+                    "path": "daemon",
+                    "latency_seconds": 0.6,
+                    **FAULT,
+                },
+                {
+                    "rule": "BenchHwThermalSlowdown",
+                    "path": "prometheus",
+                    "latency_seconds": 9,
+                    **FAULT,
+                },
+            ]
+        },
     }
     verdicts = {name: ok for name, _, _, ok in report.evaluate_targets(results)}
     assert verdicts["/metrics p99 <= 5 ms, 1 scraper"] is True
     assert verdicts["/metrics p99 <= 50 ms, 32 scrapers"] is False
-    assert verdicts["as good as nvitop-exporter: rss_mib"] is False
-    assert verdicts["as good as nvitop-exporter: gpu_families"] is True
-    assert verdicts["as good as nvitop-exporter: wall_seconds_per_tick"] is None
-    assert verdicts["overhead over bare NVML <= 1.25x (full tick, CPU)"] is None
+    assert verdicts["CPU per tick <= 1.0x nvitop-exporter (steady)"] is False
+    assert verdicts["CPU per tick <= 1.0x nvitop-exporter (young)"] is True
+    assert verdicts["RSS <= 56 MiB (steady, full rule history)"] is True
+    # 55 - 45 = 10 MiB beyond the floor vs 36 - 10 = 26 MiB: 0.38x.
+    name = "RSS beyond the stack's import floor <= 1.0x nvitop-exporter's beyond Python"
+    assert verdicts[name] is True
+    assert verdicts["64 devices: tick CPU per device <= 1.25x the 8-device figure"] is False
+    assert verdicts["64 devices: exposition bytes per device <= 1.1x the 8-device figure"] is True
+    assert verdicts["64 devices: /metrics p99 <= 5 ms, 1 scraper"] is True
+    assert verdicts["64 devices: /metrics p99 <= 50 ms, 32 scrapers"] is False
+    assert verdicts["detection <= one tick after the condition (daemon, for: 0)"] is True
+    assert verdicts["read path over bare NVML <= 1.25x (NVML source only, CPU)"] is None
     markdown = report.render(results, {"cpu": "test"})
     assert "## Targets" in markdown and "**missed**" in markdown
 
