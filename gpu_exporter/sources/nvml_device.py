@@ -510,17 +510,23 @@ def _declared(collector: Collector, readings: list[Reading]) -> list[Reading]:
             raise UndeclaredFamilyError(
                 f"collector {collector.name} emitted undeclared families {undeclared}"
             )
-        if not isinstance(value, int | float) or isinstance(value, bool):
+        if type(value) is not float and type(value) is not int:  # bool and None refused
             raise InvalidReadingError(
                 f"{family}: value of type {type(value).__name__}, not int or float"
             )
-        if (labels or names) and tuple(sorted(name for name, _ in labels)) != names:
+        # Most readings have no label or one: compare those without sorting (a tick checks
+        # about a hundred readings per GPU).
+        if len(labels) == 1 and len(names) == 1:
+            wrong = labels[0][0] != names[0]
+        else:
+            wrong = bool(labels or names) and tuple(sorted(n for n, _ in labels)) != names
+        if wrong:
             raise InvalidReadingError(
                 f"{family}: labels {sorted(name for name, _ in labels)}, "
                 f"the catalog says {list(names)}"
             )
         for name, label_value in labels:
-            if not isinstance(label_value, str):
+            if type(label_value) is not str:
                 raise InvalidReadingError(
                     f"{family}: label {name} of type {type(label_value).__name__}, not str"
                 )
