@@ -19,6 +19,7 @@ import pytest
 from gpu_exporter import sim
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib
+from tests.support import wait_for
 
 Install = Callable[..., FakeNvmlLib]
 
@@ -458,6 +459,103 @@ def test_unsupported_event_registration_leaves_set_usable(
     N.nvmlDeviceRegisterEvents(handle(2), N.nvmlEventTypeXidCriticalError, events)
     clock.now = 10.0
     assert N.nvmlEventSetWait(events, 0).eventData == 48
+
+
+class BlockedWait:
+    """nvmlEventSetWait(events, 60 s) on a thread, returned once it blocks inside the fake."""
+
+    TIMEOUT_MS = 60_000
+
+    def __init__(self, fake: FakeNvmlLib, events: Any) -> None:
+        self.outcome: list[object] = []
+        self._thread = threading.Thread(target=self._wait, args=(events,), daemon=True)
+        self._thread.start()
+        # White box: blocked means waiting on the condition that free, shutdown and
+        # registration notify (or the wait already answered).
+        wait_for(
+            lambda: fake._events_changed._waiters or self.outcome,  # type: ignore[attr-defined]
+            timeout=30,
+            what="the wait to block",
+            interval=0.01,
+        )
+
+    def _wait(self, events: Any) -> None:
+        try:
+            self.outcome.append(N.nvmlEventSetWait(events, self.TIMEOUT_MS))
+        except N.NVMLError as exc:
+            self.outcome.append(exc)
+
+    def result(self) -> object:
+        self._thread.join(timeout=self.TIMEOUT_MS / 2000)  # half the timeout: it did not run out
+        assert not self._thread.is_alive(), "the wait went on after the set changed"
+        return self.outcome[0]
+
+
+def registered_set(device: int) -> Any:
+    events = N.nvmlEventSetCreate()
+    N.nvmlDeviceRegisterEvents(handle(device), N.nvmlEventTypeXidCriticalError, events)
+    return events
+
+
+def test_with_no_xid_to_come_a_wait_blocks_without_polling(install: Install) -> None:
+    reads = 0
+
+    def counting_clock() -> float:
+        nonlocal reads
+        reads += 1
+        return 10.0
+
+    sim.install("faults", clock=counting_clock)  # the fixture uninstalls
+    N.nvmlInit()
+    events = registered_set(2)
+    assert N.nvmlEventSetWait(events, 0).eventData == 48  # GPU 2's only XID
+    reads = 0
+    with pytest.raises(N.NVMLError_Timeout):
+        N.nvmlEventSetWait(events, 300)
+    assert reads == 2  # one look before one sleep to the deadline, one after (polling: 4)
+
+
+def test_freeing_a_set_ends_a_blocked_wait_with_invalid_argument(
+    install: Install, clock: ManualClock
+) -> None:
+    fake = install("faults")
+    events = registered_set(2)
+    clock.now = 10.0
+    assert N.nvmlEventSetWait(events, 0).eventData == 48  # nothing more to come
+    waiting = BlockedWait(fake, events)
+    N.nvmlEventSetFree(events)
+    assert isinstance(waiting.result(), N.NVMLError_InvalidArgument)
+
+
+def test_shutdown_ends_a_blocked_wait_with_uninitialized(install: Install) -> None:
+    fake = install(scenario())  # no XIDs at all
+    waiting = BlockedWait(fake, registered_set(0))
+    N.nvmlShutdown()
+    assert isinstance(waiting.result(), N.NVMLError_Uninitialized)
+
+
+def test_a_registration_during_a_blocked_wait_delivers_its_due_xid(
+    install: Install, clock: ManualClock
+) -> None:
+    fake = install("faults")
+    events = N.nvmlEventSetCreate()
+    clock.now = 8.0  # GPU 1's XID 79 happens now; nothing is registered yet
+    waiting = BlockedWait(fake, events)
+    N.nvmlDeviceRegisterEvents(handle(1), N.nvmlEventTypeXidCriticalError, events)
+    event = waiting.result()
+    assert event.eventData == 79  # type: ignore[attr-defined]
+
+
+def test_an_xid_still_to_come_arrives_when_the_clock_reaches_it(
+    install: Install, clock: ManualClock
+) -> None:
+    fake = install("faults")
+    events = registered_set(1)
+    clock.now = 7.0
+    waiting = BlockedWait(fake, events)  # polls: XID 79 is due at 8 s
+    clock.now = 8.0
+    event = waiting.result()
+    assert event.eventData == 79  # type: ignore[attr-defined]
 
 
 # -- faults ---------------------------------------------------------------------------------

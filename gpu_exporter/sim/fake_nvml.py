@@ -292,6 +292,9 @@ class FakeNvmlLib:
         self.clock: Callable[[], float] = clock or _monotonic_since(time.monotonic())
         self.call_counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        # Notified (under _lock) when a blocked nvmlEventSetWait may have to answer otherwise:
+        # a shutdown, a freed set, a new registration.
+        self._events_changed = threading.Condition(self._lock)
         self._refcount = 0
         self._generation = 0
         self._recovered: frozenset[int] = frozenset()  # gpu_lost faults cleared by a re-init
@@ -396,6 +399,7 @@ class FakeNvmlLib:
             if self._refcount == 0:
                 return UNINITIALIZED
             self._refcount -= 1
+            self._events_changed.notify_all()
         return SUCCESS
 
     @_nvml("nvmlErrorString", device=False, needs_init=False)
@@ -877,6 +881,7 @@ class FakeNvmlLib:
     def _event_set_free(self, handle: Any) -> int:
         with self._lock:
             found = _release(self._event_sets, _token(handle))
+            self._events_changed.notify_all()
         return SUCCESS if found is not None else INVALID_ARGUMENT
 
     def _supported_events(self, dev: _Device) -> int:
@@ -901,6 +906,7 @@ class FakeNvmlLib:
                 return NOT_SUPPORTED  # "some of requested event types" unsupported
             mask, since = event_set.registered.get(dev.index, (0, t))
             event_set.registered[dev.index] = (mask | wanted, since)
+            self._events_changed.notify_all()
         return SUCCESS
 
     @_nvml("nvmlEventSetWait_v2", device=False)
@@ -914,16 +920,21 @@ class FakeNvmlLib:
                 if event_set is None or self._refcount == 0:
                     return INVALID_ARGUMENT if event_set is None else UNINITIALIZED
                 fault = self._next_event(event_set, t)
-            if fault is not None:
-                _fill_event(_target(out), self._devices[fault.device].token, fault.xid)
-                return SUCCESS
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return TIMEOUT
-            # Poll (the lock is not held while sleeping). Real NVML blocks in the kernel; 100 ms
-            # keeps the fake's own CPU out of the daemon's benchmarks while XIDs still arrive
-            # within a tick.
-            time.sleep(min(0.1, remaining))
+                if fault is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return TIMEOUT
+                    # Real NVML blocks in the kernel. With an XID still to come, poll every
+                    # 100 ms: the clock may be a manual one, so its due time cannot be turned
+                    # into a real-time sleep. With none, nothing but a shutdown, a free or a
+                    # registration (which notify) can change the answer: block until the
+                    # deadline. The wait releases the lock.
+                    if self._xid_to_come(event_set):
+                        remaining = min(0.1, remaining)
+                    self._events_changed.wait(remaining)
+                    continue
+            _fill_event(_target(out), self._devices[fault.device].token, fault.xid)
+            return SUCCESS
 
     def _next_event(self, event_set: _EventSet, t: float) -> FaultSpec | None:
         """The earliest due, undelivered XID for a registered device (caller holds the lock)."""
@@ -940,6 +951,13 @@ class FakeNvmlLib:
         _, index, fault = min(due)
         event_set.delivered.add(index)
         return fault
+
+    def _xid_to_come(self, event_set: _EventSet) -> bool:
+        """Whether an XID for a registered device is undelivered, due or not (lock held)."""
+        return any(
+            f.kind == "xid" and i not in event_set.delivered and self._wants(event_set, f)
+            for i, f in self._faults
+        )
 
     @staticmethod
     def _wants(event_set: _EventSet, fault: FaultSpec) -> bool:
