@@ -6,6 +6,10 @@ selectors. A series that was present in one ingest and absent from the next inge
 group gets a staleness marker, exactly as Prometheus writes one when a series disappears from a
 scrape, so it stops matching at once instead of lingering for the lookback window. (A tick's
 series arrive in two groups, before and after rule evaluation; see `gpu_exporter/sampler.py`.)
+
+Times are kept as integer milliseconds, `round(t * 1000)` once at ingest: that is the
+resolution PromQL evaluates at, so the evaluator reads windows as they are stored
+(`range_ms`, `latest_ms`). Times and values sit in typed arrays (16 bytes a sample).
 """
 
 from __future__ import annotations
@@ -14,13 +18,16 @@ import math
 import re
 import struct
 import threading
-from collections import deque
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 Labels = tuple[tuple[str, str], ...]  # sorted by name; includes ("__name__", metric)
 Sample = tuple[float, float]  # (unix seconds, value)
+# One series' samples in a window: labels, times (unix milliseconds), values.
+Window = tuple[Labels, "array[int]", "array[float]"]
 
 # Prometheus' staleness marker: a NaN with a specific bit pattern, distinct from ordinary NaN.
 _STALE_BITS = 0x7FF0000000000002
@@ -70,12 +77,31 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+# No NaN (so no staleness marker) stored yet: older than any sample.
+_NO_NAN = -(1 << 63)
+# Expired samples are dropped from the arrays' front in batches of at least this many, and
+# once they are an eighth of the array: trimming stays amortized O(1) per sample.
+_COMPACT_MIN = 16
+
+
 class _Series:
-    __slots__ = ("times", "values")
+    __slots__ = ("last_t", "nan_ms", "start", "times", "values")
 
     def __init__(self) -> None:
-        self.times: deque[float] = deque()
-        self.values: deque[float] = deque()
+        self.times = array("q")  # unix milliseconds, non-decreasing
+        self.values = array("d")
+        self.start = 0  # samples before this index have expired
+        # The newest time exactly as given: out-of-order rejection and dropping a series whose
+        # newest sample expired compare float seconds, as they always did.
+        self.last_t = -math.inf
+        self.nan_ms = _NO_NAN  # time of the newest NaN value: windows after it need no filter
+
+    def __len__(self) -> int:
+        return len(self.times) - self.start
+
+    def seconds(self, index: int) -> float:
+        """Time of sample `index` in seconds: the newest exactly as given, older ones in ms."""
+        return self.last_t if index == len(self.times) - 1 else self.times[index] / 1000
 
 
 class SeriesStore:
@@ -108,23 +134,40 @@ class SeriesStore:
 
     def append(self, labels: Labels, t: float, value: float) -> None:
         with self._lock:
-            self._append(labels, t, value)
+            self._append(labels, t, round(t * 1000), value)
 
-    def _append(self, labels: Labels, t: float, value: float) -> None:
+    def _append(self, labels: Labels, t: float, ms: int, value: float) -> None:
         name = metric_name(labels)
         if self.names is not None and name not in self.names:
             return
-        series = self._by_name.setdefault(name, {}).get(labels)
+        by_labels = self._by_name.get(name)
+        if by_labels is None:
+            by_labels = self._by_name[name] = {}
+        series = by_labels.get(labels)
         if series is None:
-            series = self._by_name[name][labels] = _Series()
-        if series.times and t <= series.times[-1]:
+            series = by_labels[labels] = _Series()
+        if t <= series.last_t:
             return  # out of order or duplicate timestamp: Prometheus rejects these too
-        series.times.append(t)
-        series.values.append(value)
-        horizon = t - self.retention_by_name.get(name, self.retention)
-        while series.times and series.times[0] < horizon:
-            series.times.popleft()
-            series.values.popleft()
+        series.last_t = t
+        times, values = series.times, series.values
+        times.append(ms)
+        values.append(value)
+        if value != value:
+            series.nan_ms = ms
+        retention = self.retention_by_name.get(name, self.retention)
+        if retention == math.inf:
+            return
+        # Expire what is older than the horizon, both in milliseconds: a sample goes no sooner
+        # than its float time would have (as soon, for times on the millisecond grid).
+        horizon = round((t - retention) * 1000)
+        start = series.start
+        while start < len(times) and times[start] < horizon:
+            start += 1
+        if start >= _COMPACT_MIN and start * 8 >= len(times):
+            del times[:start]
+            del values[:start]
+            start = 0
+        series.start = start
 
     def ingest(
         self, t: float, samples: Iterable[tuple[Labels, float]], group: str = "scrape"
@@ -134,13 +177,14 @@ class SeriesStore:
         `group` names a part of a scrape ingested separately (a tick's series arrive in two
         parts, before and after rule evaluation): a series is stale when it vanishes from the
         next ingest of its own group."""
+        ms = round(t * 1000)
         with self._lock:
             present: set[Labels] = set()
             for labels, value in samples:
                 present.add(labels)
-                self._append(labels, t, value)
+                self._append(labels, t, ms, value)
             for labels in self._present.get(group, set()) - present:
-                self._append(labels, t, STALE_NAN)
+                self._append(labels, t, ms, STALE_NAN)
             self._present[group] = present
             self._drop_empty(t)
 
@@ -148,7 +192,7 @@ class SeriesStore:
         for name, by_labels in list(self._by_name.items()):
             horizon = now - self.retention_by_name.get(name, self.retention)
             for labels, series in list(by_labels.items()):
-                if not series.times or series.times[-1] < horizon:
+                if not len(series) or series.last_t < horizon:
                     del by_labels[labels]
             if not by_labels:
                 del self._by_name[name]
@@ -157,39 +201,79 @@ class SeriesStore:
         name_matcher = next((m for m in matchers if m.name == "__name__" and m.op == "="), None)
         if name_matcher is not None:
             found = list(self._by_name.get(name_matcher.value, {}).items())
+            if len(matchers) == 1:
+                return found  # the name is all there is to match
         else:
             found = [item for group in self._by_name.values() for item in group.items()]
         return [(labels, series) for labels, series in found if _labels_match(labels, matchers)]
 
-    def select(
-        self, matchers: Sequence[Matcher], start: float, end: float
-    ) -> Iterator[tuple[Labels, list[Sample]]]:
-        """Series matching all matchers, with their samples in [start, end] (markers included)."""
+    def range_ms(self, matchers: Sequence[Matcher], lo_ms: int, hi_ms: int) -> list[Window]:
+        """Per matching series, its times (ms) and values in [lo_ms, hi_ms], both ends
+        inclusive, staleness markers left out (as PromQL's range selectors drop them);
+        series with no such sample are left out. Unordered."""
         with self._lock:
             chosen = []
             for labels, series in self._candidates(matchers):
-                # Windows sit at the newest end of the history: walk back from there.
-                window = []
-                for t, v in zip(reversed(series.times), reversed(series.values), strict=True):
-                    if t < start:
-                        break
-                    if t <= end:
-                        window.append((t, v))
+                times, values = series.times, series.values
+                first = bisect_left(times, lo_ms, series.start)
+                end = bisect_right(times, hi_ms, first)
+                if first == end:
+                    continue
+                if series.nan_ms < times[first]:  # no NaN in the window: no marker to drop
+                    chosen.append((labels, times[first:end], values[first:end]))
+                    continue
+                kept = [i for i in range(first, end) if not _is_marker(values[i])]
+                if kept:
+                    window_times = array("q", [times[i] for i in kept])
+                    chosen.append((labels, window_times, array("d", [values[i] for i in kept])))
+        return chosen
+
+    def latest_ms(
+        self, matchers: Sequence[Matcher], end_ms: int
+    ) -> list[tuple[Labels, int, float]]:
+        """Per matching series, its newest sample at or before `end_ms` as (labels, ms,
+        value), markers included. Unordered."""
+        with self._lock:
+            chosen = []
+            for labels, series in self._candidates(matchers):
+                times = series.times
+                index = len(times) - 1
+                if index < series.start:
+                    continue
+                if times[index] > end_ms:
+                    index = bisect_right(times, end_ms, series.start, index) - 1
+                    if index < series.start:
+                        continue
+                chosen.append((labels, times[index], series.values[index]))
+        return chosen
+
+    def select(
+        self, matchers: Sequence[Matcher], start: float, end: float
+    ) -> Iterator[tuple[Labels, list[Sample]]]:
+        """Series matching all matchers, with their samples in [start, end] seconds (markers
+        included; times as `_Series.seconds` gives them)."""
+        with self._lock:
+            chosen = []
+            for labels, series in self._candidates(matchers):
+                window = [
+                    (t, series.values[i])
+                    for i in range(series.start, len(series.times))
+                    if start <= (t := series.seconds(i)) <= end
+                ]
                 if window:
-                    window.reverse()
                     chosen.append((labels, window))
         yield from chosen
 
     def select_latest(
         self, matchers: Sequence[Matcher], end: float
     ) -> Iterator[tuple[Labels, list[Sample]]]:
-        """Per matching series, the newest sample at or before `end` (an instant selector)."""
+        """Per matching series, the newest sample at or before `end` seconds."""
         with self._lock:
             chosen = []
             for labels, series in self._candidates(matchers):
-                for t, v in zip(reversed(series.times), reversed(series.values), strict=True):
-                    if t <= end:
-                        chosen.append((labels, [(t, v)]))
+                for i in range(len(series.times) - 1, series.start - 1, -1):
+                    if (t := series.seconds(i)) <= end:
+                        chosen.append((labels, [(t, series.values[i])]))
                         break
         yield from chosen
 
@@ -199,7 +283,11 @@ class SeriesStore:
 
     def sample_count(self) -> int:
         with self._lock:
-            return sum(len(s.times) for group in self._by_name.values() for s in group.values())
+            return sum(len(s) for group in self._by_name.values() for s in group.values())
+
+
+def _is_marker(value: float) -> bool:
+    return value != value and is_stale(value)
 
 
 def _labels_match(labels: Labels, matchers: Sequence[Matcher]) -> bool:

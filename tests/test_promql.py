@@ -30,7 +30,7 @@ from gpu_exporter.rules.promql import (
     referenced_metrics,
 )
 from gpu_exporter.rules.series_notation import load_input_series, parse_series, parse_values
-from gpu_exporter.store import Matcher, SeriesStore, is_stale
+from gpu_exporter.store import STALE_NAN, Matcher, SeriesStore, is_stale
 from tests.support import require_tool
 
 Series = tuple[tuple[str, str], ...]
@@ -695,3 +695,52 @@ def test_load_input_series_places_values_on_the_grid() -> None:
     assert points[0][1] == 1.0 and is_stale(points[1][1]) and points[2][1] == 4.0
     (_, n_points), *_ = store.select([Matcher("__name__", "=", "n")], 0, 1e6)
     assert n_points == [(100.0, 7.0)]
+
+
+# --- windows at millisecond resolution ------------------------------------------------------------
+
+
+def raw_store(*samples: tuple[float, float], name: str = "x") -> SeriesStore:
+    store = SeriesStore(retention_seconds=1e9)
+    for t, value in samples:
+        store.append((("__name__", name),), t, value)
+    return store
+
+
+def test_range_windows_are_inclusive_at_both_ends_in_milliseconds() -> None:
+    store = raw_store((1.0, 1.0), (2.0, 2.0), (3.0, 3.0))
+    count = parse("count_over_time(x[2s])")
+    assert evaluate(count, store, 3.0) == [Element((), 3.0)]
+    assert evaluate(count, store, 3.001) == [Element((), 2.0)]  # 1.0 s is now 1 ms too old
+    assert evaluate(count, store, 2.999) == [Element((), 2.0)]  # 3.0 s is 1 ms too new
+    # Times are rounded to milliseconds as the evaluator always rounded them.
+    store = raw_store((0.9996, 1.0), (0.9999, 2.0), (2.0, 3.0))  # 1000 ms, 1000 ms, 2000 ms
+    assert evaluate(count, store, 3.0) == [Element((), 3.0)]
+    store = raw_store((0.9994, 1.0), (2.0, 3.0))  # 999 ms
+    assert evaluate(count, store, 3.0) == [Element((), 1.0)]
+
+
+def test_instant_selector_takes_the_newest_sample_at_or_before_the_time() -> None:
+    # A sample 1 ms after t - offset must not hide the one before it (Prometheus' Seek).
+    store = raw_store((10.0, 1.0), (10.001, 2.0), (11.0, 3.0))
+    assert evaluate(parse("x offset 1s"), store, 11.0) == [Element((("__name__", "x"),), 1.0)]
+    assert evaluate(parse("x offset 1s"), store, 11.001) == [Element((("__name__", "x"),), 2.0)]
+    assert evaluate(parse("x"), store, 10.0) == [Element((("__name__", "x"),), 1.0)]
+    assert evaluate(parse("x"), store, 9.999) == []
+
+
+def test_markers_inside_a_range_are_skipped_and_other_nans_are_not() -> None:
+    store = raw_store((1.0, 1.0), (2.0, STALE_NAN), (3.0, 3.0))
+    assert evaluate(parse("count_over_time(x[5s])"), store, 3.0) == [Element((), 2.0)]
+    assert evaluate(parse("avg_over_time(x[5s])"), store, 3.0) == [Element((), 2.0)]
+    assert evaluate(parse("rate(x[5s])"), store, 3.0) == evaluate(
+        parse("rate(x[5s])"), raw_store((1.0, 1.0), (3.0, 3.0)), 3.0
+    )
+    assert evaluate(parse("count_over_time(x[500ms])"), store, 2.0) == []  # only the marker
+    assert evaluate(parse("absent_over_time(x[500ms])"), store, 2.0) == [Element((), 1.0)]
+    store = raw_store((1.0, 1.0), (2.0, math.nan), (3.0, 3.0))
+    assert evaluate(parse("count_over_time(x[5s])"), store, 3.0) == [Element((), 3.0)]
+    result = evaluate(parse("avg_over_time(x[5s])"), store, 3.0)
+    assert isinstance(result, list) and len(result) == 1 and math.isnan(result[0].value)
+    # Windows after the newest NaN read the same as windows of a store that never held one.
+    assert evaluate(parse("sum_over_time(x[1s])"), store, 4.0) == [Element((), 3.0)]

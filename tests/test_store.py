@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from gpu_exporter.store import Matcher, SeriesStore, is_stale, make_labels
+import math
+import random
+import struct
+
+from gpu_exporter.store import STALE_NAN, Matcher, SeriesStore, is_stale, make_labels
 
 A = make_labels("a", [("gpu", "0")])
 B = make_labels("a", [("gpu", "1")])
@@ -51,3 +55,175 @@ def test_out_of_order_samples_are_ignored() -> None:
     store.append(A, 5.0, 1.0)
     store.append(A, 4.0, 2.0)
     assert dict(store.select(NAME_A, 0, 10)) == {A: [(5.0, 1.0)]}
+
+
+# --- millisecond windows (what the evaluator reads) ----------------------------------------------
+
+
+def test_times_are_milliseconds_rounded_once_as_the_evaluator_rounds_them() -> None:
+    # Sub-millisecond times, including halves (round() rounds them to even, as before).
+    rng = random.Random(7)
+    times = sorted({round(rng.uniform(0, 50), 6) for _ in range(300)} | {0.0005, 0.0015, 2.5005})
+    store = SeriesStore(retention_seconds=math.inf)
+    for t in times:
+        store.append(A, t, t)
+    ((_, got_times, got_values),) = store.range_ms(NAME_A, -1, 10**9)
+    assert list(got_times) == [round(t * 1000) for t in times]
+    assert list(got_values) == times
+
+
+def test_range_windows_are_inclusive_at_both_ends() -> None:
+    store = SeriesStore()
+    for ms in (1000, 1001, 1002, 1003):
+        store.append(A, ms / 1000, float(ms))
+    assert window(store, 1001, 1002) == [(1001, 1001.0), (1002, 1002.0)]
+    assert window(store, 1001, 1001) == [(1001, 1001.0)]
+    assert window(store, 1000, 1003) == [(ms, float(ms)) for ms in (1000, 1001, 1002, 1003)]
+    assert window(store, 1004, 2000) == []
+    assert window(store, 0, 999) == []
+    assert store.range_ms(NAME_A, 1004, 2000) == []  # no sample in the window: no row at all
+
+
+def test_duplicate_milliseconds_stay_in_order_and_in_the_window() -> None:
+    # 1.0001 s is after 1.0 s (accepted as before) but lands on the same millisecond.
+    store = SeriesStore()
+    store.append(A, 1.0, 1.0)
+    store.append(A, 1.0001, 2.0)
+    store.append(A, 1.001, 3.0)
+    assert window(store, 1000, 1000) == [(1000, 1.0), (1000, 2.0)]
+    assert window(store, 1001, 1001) == [(1001, 3.0)]
+    assert store.latest_ms(NAME_A, 1000) == [(A, 1000, 2.0)]
+
+
+def test_staleness_markers_are_left_out_of_windows_and_other_nans_kept() -> None:
+    store = SeriesStore()
+    for t, value in [(1, 1.0), (2, STALE_NAN), (3, math.nan), (4, 4.0), (5, STALE_NAN), (6, 6.0)]:
+        store.append(A, float(t), value)
+    got = window(store, 1000, 6000)
+    assert [ms for ms, _ in got] == [1000, 3000, 4000, 6000]
+    assert math.isnan(got[1][1]) and not is_stale(got[1][1])
+    assert window(store, 2000, 2000) == []  # only a marker there
+    assert store.range_ms(NAME_A, 2000, 2000) == []
+    assert window(store, 5000, 6000) == [(6000, 6.0)]  # the window starts on the newest NaN
+    assert window(store, 6000, 6000) == [(6000, 6.0)]  # after every NaN: no filtering needed
+    # The newest sample at or before a time is returned even when it is a marker.
+    ((_, ms, value),) = store.latest_ms(NAME_A, 5500)
+    assert ms == 5000 and is_stale(value)
+
+
+def test_a_marker_keeps_its_bits_in_storage() -> None:
+    store = SeriesStore()
+    store.ingest(1.0, [(A, 1.0), (B, 2.0)])
+    store.ingest(2.0, [(A, 1.0)])
+    ((_, ms, value),) = [row for row in store.latest_ms(NAME_A, 2000) if row[0] == B]
+    assert ms == 2000 and is_stale(value)
+    assert struct.pack("<d", value) == struct.pack("<d", STALE_NAN)
+
+
+def test_windows_match_a_plain_filter_over_everything_appended() -> None:
+    """range_ms and latest_ms against what the evaluator computed from raw float times before
+    the store kept milliseconds: round(t * 1000) per sample, markers dropped from ranges."""
+    rng = random.Random(11)
+    store = SeriesStore(retention_seconds=math.inf)
+    appended: list[tuple[float, float]] = []
+    t = 100.0
+    for _ in range(400):
+        t += rng.choice([1.0, 0.25, 0.0004, 0.0006, 0.001, 1.0003])
+        roll = rng.random()
+        value = STALE_NAN if roll < 0.05 else math.nan if roll < 0.1 else rng.uniform(-1, 1)
+        store.append(A, t, value)
+        appended.append((t, value))
+    for _ in range(300):
+        lo = round(rng.uniform(90, t + 5) * 1000)
+        hi = lo + rng.choice([0, 1, 2, 999, 1000, 5000, 60_000])
+        expected = [
+            (round(ts * 1000), v)
+            for ts, v in appended
+            if lo <= round(ts * 1000) <= hi and not is_stale(v)
+        ]
+        assert same(window(store, lo, hi), expected), (lo, hi)
+        before = [(round(ts * 1000), v) for ts, v in appended if round(ts * 1000) <= hi]
+        latest = store.latest_ms(NAME_A, hi)
+        if not before:
+            assert latest == []
+        else:
+            ((_, ms, value),) = latest
+            assert same([(ms, value)], before[-1:])
+
+
+def test_out_of_order_and_duplicate_times_are_rejected_as_float_seconds() -> None:
+    store = SeriesStore()
+    store.append(A, 5.0, 1.0)
+    store.append(A, 5.0, 2.0)  # the same time
+    store.append(A, 4.9999, 3.0)  # earlier, though on the same millisecond as 5.0
+    store.ingest(3.0, [(A, 4.0)])  # an ingest is no exception
+    store.append(A, 5.0002, 5.0)  # later: kept, even on the same millisecond
+    assert window(store, 0, 10_000) == [(5000, 1.0), (5000, 5.0)]
+    assert dict(store.select(NAME_A, 0, 10)) == {A: [(5.0, 1.0), (5.0002, 5.0)]}
+
+
+def test_retention_trims_the_front_and_keeps_memory_bounded() -> None:
+    store = SeriesStore(retention_seconds=10)
+    for t in range(1000):
+        store.append(A, float(t), float(t))
+    got = window(store, 0, 10**7)
+    assert [ms for ms, _ in got] == [t * 1000 for t in range(989, 1000)]  # horizon 989 is kept
+    assert store.sample_count() == 11
+    ((_, series),) = store._by_name["a"].items()
+    # Expired samples are removed in batches: never more than 16 (or an eighth) linger.
+    assert len(series.times) == len(series.values) < 11 + 16
+
+
+def test_retention_horizon_is_inclusive_per_metric() -> None:
+    store = SeriesStore(retention_seconds=2.5)
+    store.configure(2.5, None, {"c": 1.0})
+    for t in (1.0, 2.0, 3.0, 3.5):
+        store.ingest(t, [(A, t), (C, t)])
+    assert [ms for ms, _ in window(store, 0, 10**6)] == [1000, 2000, 3000, 3500]
+    ((_, c_times, _),) = store.range_ms([Matcher("__name__", "=", "c")], 0, 10**6)
+    assert list(c_times) == [3000, 3500]  # 2.5 is before 3.5 - 1.0; 3.0 is not
+
+
+def test_series_whose_newest_sample_expired_are_dropped() -> None:
+    store = SeriesStore(retention_seconds=5)
+    store.ingest(1.0, [(A, 1.0), (B, 1.0)])
+    store.append(B, 2.0, 2.0)
+    store.ingest(7.0, [(A, 1.0)], group="other")  # B's newest (2.0) is not older than 7 - 5
+    assert store.series_count() == 2
+    store.ingest(7.5, [(A, 1.0)], group="other")  # now it is
+    assert store.series_count() == 1
+    assert store.latest_ms(NAME_A, 10**6) == [(A, 7500, 1.0)]
+
+
+def test_select_reports_the_newest_time_exactly() -> None:
+    store = SeriesStore()
+    store.ingest(1.0001, [(A, 1.0)])
+    store.ingest(2.123456789, [(A, 2.0)])
+    assert dict(store.select_latest(NAME_A, 2.123456789)) == {A: [(2.123456789, 2.0)]}
+    assert dict(store.select_latest(NAME_A, 2.1)) == {A: [(1.0, 1.0)]}  # older: milliseconds
+    assert dict(store.select(NAME_A, 0, 3)) == {A: [(1.0, 1.0), (2.123456789, 2.0)]}
+
+
+def test_configure_drops_names_no_rule_reads() -> None:
+    store = SeriesStore()
+    store.ingest(1.0, [(A, 1.0), (C, 2.0)])
+    store.configure(900, ["c"])
+    assert store.latest_ms(NAME_A, 10**6) == []
+    assert store.latest_ms([Matcher("__name__", "=", "c")], 10**6) == [(C, 1000, 2.0)]
+    store.ingest(2.0, [(A, 1.0), (C, 2.0)])
+    assert store.series_count() == 1
+
+
+def window(store: SeriesStore, lo_ms: int, hi_ms: int) -> list[tuple[int, float]]:
+    rows = [row for row in store.range_ms(NAME_A, lo_ms, hi_ms) if row[0] == A]
+    if not rows:
+        return []
+    ((_, times, values),) = rows
+    assert len(times) == len(values) > 0
+    return list(zip(times, values, strict=True))
+
+
+def same(got: list[tuple[int, float]], expected: list[tuple[int, float]]) -> bool:
+    """Equal, NaNs included (bit for bit)."""
+    pack = [(ms, struct.pack("<d", v)) for ms, v in got]
+    return pack == [(ms, struct.pack("<d", v)) for ms, v in expected]

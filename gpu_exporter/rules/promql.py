@@ -46,7 +46,7 @@ from operator import itemgetter
 
 import promql_parser as P
 
-from gpu_exporter.store import Labels, Matcher, SeriesStore, is_stale
+from gpu_exporter.store import Labels, Matcher, SeriesStore, Window, is_stale
 
 __all__ = [
     "Element",
@@ -85,7 +85,6 @@ class Element:
 
 Vector = list[Element]
 Value = Vector | float
-Point = tuple[int, float]  # (unix milliseconds, value)
 
 
 # --- parsing and the supported subset --------------------------------------------------------
@@ -405,10 +404,6 @@ def evaluate(
     return _Evaluator(storage, round(t * 1000), round(lookback * 1000)).eval(plan)
 
 
-# Storage times are float seconds; widen reads by this much and filter exactly in milliseconds.
-_READ_PAD_SECONDS = 0.002
-
-
 class _Evaluator:
     def __init__(self, storage: SeriesStore, t_ms: int, lookback_ms: int):
         self.storage = storage
@@ -437,51 +432,28 @@ class _Evaluator:
             raise PromQLError("expected an instant vector, got a scalar")
         return value
 
-    # selectors
-
-    def _read(self, selector: _Selector, lo_ms: int, hi_ms: int) -> list[tuple[Labels, list]]:
-        """Matching series with raw samples around [lo, hi], sorted by labels like the TSDB."""
-        rows = list(
-            self.storage.select(
-                selector.matchers,
-                lo_ms / 1000 - _READ_PAD_SECONDS,
-                hi_ms / 1000 + _READ_PAD_SECONDS,
-            )
-        )
-        rows.sort(key=itemgetter(0))
-        return rows
+    # selectors: the store keeps times in the milliseconds evaluation works in (round(t * 1000)
+    # once at ingest); rows are sorted by labels, the TSDB's series order.
 
     def instant_selector(self, node: _Selector) -> Vector:
         # The newest sample at or before t - offset, if it is no older than the lookback delta
         # (2.42 keeps a sample exactly lookback old) and is not a staleness marker.
         ref = self.t_ms - node.offset_ms
         lo = ref - self.lookback_ms
-        out: Vector = []
-        rows = sorted(self.storage.select_latest(node.matchers, ref / 1000 + _READ_PAD_SECONDS))
-        for labels, samples in rows:
-            for ts, value in reversed(samples):  # at most two: the pad may admit a later one
-                ms = round(ts * 1000)
-                if ms > ref:
-                    continue
-                if ms >= lo and not is_stale(value):
-                    out.append(Element(labels, value))
-                break
-        return out
+        rows = self.storage.latest_ms(node.matchers, ref)
+        rows.sort(key=itemgetter(0))
+        return [
+            Element(labels, value) for labels, ms, value in rows if ms >= lo and not is_stale(value)
+        ]
 
-    def range_points(self, node: _Range) -> tuple[int, int, list[tuple[Labels, list[Point]]]]:
-        # 2.42 selects [t - offset - range, t - offset], both ends inclusive, minus markers.
+    def range_points(self, node: _Range) -> tuple[int, int, list[Window]]:
+        # 2.42 selects [t - offset - range, t - offset], both ends inclusive, minus markers
+        # (the store leaves them out).
         hi = self.t_ms - node.selector.offset_ms
         lo = hi - node.range_ms
-        series = []
-        for labels, samples in self._read(node.selector, lo, hi):
-            points = [
-                (ms, v)
-                for ts, v in samples
-                if lo <= (ms := round(ts * 1000)) <= hi and not (v != v and is_stale(v))
-            ]
-            if points:
-                series.append((labels, points))
-        return lo, hi, series
+        rows = self.storage.range_ms(node.selector.matchers, lo, hi)
+        rows.sort(key=itemgetter(0))
+        return lo, hi, rows
 
     # operators
 
@@ -535,8 +507,8 @@ class _Evaluator:
             return [] if series else [Element(arg.selector.absent_labels, 1.0)]
         function = _RANGE_IMPLS[node.name]
         out: Vector = []
-        for labels, points in series:
-            value = function(points, lo, hi, arg.range_ms)
+        for labels, times, values in series:
+            value = function(times, values, lo, hi, arg.range_ms)
             if value is None:
                 continue
             # last_over_time acts like an offset and keeps the name; the others drop it.
@@ -934,30 +906,36 @@ def _instant_function(name: str, args: list[Value]) -> Vector:
     raise UnsupportedConstruct(f"function {name}")
 
 
-RangeImpl = Callable[[list[Point], int, int, int], float | None]
+# (times in ms, values, range start ms, range end ms, range ms) -> value, None for no sample.
+RangeImpl = Callable[[Sequence[int], Sequence[float], int, int, int], float | None]
 
 
 def _extrapolated_rate(is_counter: bool, is_rate: bool) -> RangeImpl:
     """rate/increase/delta: Prometheus 2.42's extrapolatedRate."""
 
     def compute(
-        points: list[Point], range_start: int, range_end: int, range_ms: int
+        times: Sequence[int],
+        values: Sequence[float],
+        range_start: int,
+        range_end: int,
+        range_ms: int,
     ) -> float | None:
-        if len(points) < 2:
+        count = len(values)
+        if count < 2:
             return None
-        first_t, first_v = points[0]
-        last_t, last_v = points[-1]
+        first_t, first_v = times[0], values[0]
+        last_t, last_v = times[-1], values[-1]
         result = last_v - first_v
         if is_counter:
             previous = first_v
-            for _, value in points[1:]:
+            for value in values[1:]:
                 if value < previous:  # a counter reset: the counter restarted from zero
                     result += previous
                 previous = value
         duration_to_start = (first_t - range_start) / 1000
         duration_to_end = (range_end - last_t) / 1000
         sampled = (last_t - first_t) / 1000
-        average_step = sampled / (len(points) - 1)
+        average_step = sampled / (count - 1)
         if is_counter and result > 0 and first_v >= 0:
             # Do not extrapolate the counter below zero.
             duration_to_zero = sampled * (first_v / result)
@@ -992,10 +970,10 @@ def _kahan_step(inc: float, total: float, c: float) -> tuple[float, float]:
     return t, c
 
 
-def _avg_over_time(points: list[Point], *_bounds: int) -> float:
+def _avg_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
     mean = c = 0.0
     count = 0
-    for _, value in points:
+    for value in values:
         count += 1
         if math.isinf(mean):
             if math.isinf(value) and (mean > 0) == (value > 0):
@@ -1006,24 +984,24 @@ def _avg_over_time(points: list[Point], *_bounds: int) -> float:
     return mean if math.isinf(mean) else mean + c
 
 
-def _sum_over_time(points: list[Point], *_bounds: int) -> float:
+def _sum_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
     total = c = 0.0
-    for _, value in points:
+    for value in values:
         total, c = _kahan_step(value, total, c)
     return total if math.isinf(total) else total + c
 
 
-def _max_over_time(points: list[Point], *_bounds: int) -> float:
-    best = points[0][1]
-    for _, value in points:
+def _max_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
+    best = values[0]
+    for value in values:
         if value > best or math.isnan(best):
             best = value
     return best
 
 
-def _min_over_time(points: list[Point], *_bounds: int) -> float:
-    best = points[0][1]
-    for _, value in points:
+def _min_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
+    best = values[0]
+    for value in values:
         if value < best or math.isnan(best):
             best = value
     return best
@@ -1037,6 +1015,6 @@ _RANGE_IMPLS: dict[str, RangeImpl] = {
     "sum_over_time": _sum_over_time,
     "min_over_time": _min_over_time,
     "max_over_time": _max_over_time,
-    "count_over_time": lambda points, *_: float(len(points)),
-    "last_over_time": lambda points, *_: points[-1][1],
+    "count_over_time": lambda times, values, *_: float(len(values)),
+    "last_over_time": lambda times, values, *_: values[-1],
 }
