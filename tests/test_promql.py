@@ -9,6 +9,8 @@ error. All cases run in two promtool invocations.
 from __future__ import annotations
 
 import math
+import random
+import struct
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -744,3 +746,49 @@ def test_markers_inside_a_range_are_skipped_and_other_nans_are_not() -> None:
     assert isinstance(result, list) and len(result) == 1 and math.isnan(result[0].value)
     # Windows after the newest NaN read the same as windows of a store that never held one.
     assert evaluate(parse("sum_over_time(x[1s])"), store, 4.0) == [Element((), 3.0)]
+
+
+def _kahan_reference(inc: float, total: float, c: float) -> tuple[float, float]:
+    """Prometheus' kahanSumInc, as a function: the inlined loops must compute exactly this."""
+    t = total + inc
+    if abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
+def _avg_reference(values: list[float]) -> float:
+    mean = c = 0.0
+    for count, value in enumerate(values, 1):
+        if math.isinf(mean):
+            if math.isinf(value) and (mean > 0) == (value > 0):
+                continue
+            if not math.isinf(value) and not math.isnan(value):
+                continue
+        mean, c = _kahan_reference(value / count - mean / count, mean, c)
+    return mean if math.isinf(mean) else mean + c
+
+
+def _sum_reference(values: list[float]) -> float:
+    total = c = 0.0
+    for value in values:
+        total, c = _kahan_reference(value, total, c)
+    return total if math.isinf(total) else total + c
+
+
+def test_over_time_sums_are_bit_for_bit_prometheus_kahan_summation() -> None:
+    rng = random.Random(3)
+    specials = [math.inf, -math.inf, math.nan, 1e308, -1e308, 1e-300, -0.0, 2.0**53, 0.1]
+    for _ in range(300):
+        values = [
+            rng.choice(specials) if rng.random() < 0.1 else rng.uniform(-1e6, 1e6) * rng.random()
+            for _ in range(rng.randint(1, 40))
+        ]
+        store = raw_store(*((float(i), v) for i, v in enumerate(values)))
+        t = float(len(values) - 1)
+        for function, reference in (("avg", _avg_reference), ("sum", _sum_reference)):
+            result = evaluate(parse(f"{function}_over_time(x[1h])"), store, t)
+            assert isinstance(result, list) and len(result) == 1
+            got, expected = result[0].value, reference(values)
+            assert struct.pack("<d", got) == struct.pack("<d", expected), (function, values)

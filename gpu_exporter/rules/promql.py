@@ -960,34 +960,44 @@ def _duration_seconds(ms: int) -> float:
     return float(ms // 1000) + float((ms % 1000) * 1_000_000) / 1e9
 
 
-def _kahan_step(inc: float, total: float, c: float) -> tuple[float, float]:
-    """Kahan-Neumaier summation step, as Prometheus' kahanSumInc."""
-    t = total + inc
-    if abs(total) >= abs(inc):
-        c += (total - t) + inc
-    else:
-        c += (inc - t) + total
-    return t, c
+# The loops below inline Prometheus' kahanSumInc (Kahan-Neumaier summation):
+#     t = total + inc
+#     c += (total - t) + inc  if |total| >= |inc|  else  (inc - t) + total
+#     total = t
+# a call per sample was most of their cost. Keep the operations in this order.
 
 
 def _avg_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
+    isinf = math.isinf  # a local: this loop runs once per sample
     mean = c = 0.0
-    count = 0
+    count = 0.0  # a float counts exactly (< 2**53) and divides as the int did
     for value in values:
-        count += 1
-        if math.isinf(mean):
-            if math.isinf(value) and (mean > 0) == (value > 0):
+        count += 1.0
+        if isinf(mean):
+            # Inf plus a finite value, or the same Inf again, stays; "Inf - Inf" would give NaN.
+            if isinf(value) and (mean > 0) == (value > 0):
                 continue
-            if not math.isinf(value) and not math.isnan(value):
+            if not isinf(value) and value == value:
                 continue
-        mean, c = _kahan_step(value / count - mean / count, mean, c)
+        inc = value / count - mean / count
+        t = mean + inc
+        if abs(mean) >= abs(inc):
+            c += (mean - t) + inc
+        else:
+            c += (inc - t) + mean
+        mean = t
     return mean if math.isinf(mean) else mean + c
 
 
 def _sum_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
     total = c = 0.0
     for value in values:
-        total, c = _kahan_step(value, total, c)
+        t = total + value
+        if abs(total) >= abs(value):
+            c += (total - t) + value
+        else:
+            c += (value - t) + total
+        total = t
     return total if math.isinf(total) else total + c
 
 
