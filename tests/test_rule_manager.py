@@ -208,3 +208,26 @@ def test_export_is_a_prometheusrule_promtool_accepts(tmp_path: Path) -> None:
 
     shipped = sum(len(group.rules) for group in load_rule_files(all_pack_files()))
     assert f"SUCCESS: {shipped} rules found" in checked.stdout
+
+
+def test_the_store_is_fed_the_label_sets_store_samples_builds() -> None:
+    # The manager reuses label sets from the previous feed of the same group; what it feeds
+    # must stay exactly what store_samples gives, with new, changed and vanished series.
+    from gpu_exporter.rules.manager import _StoreLabels, store_samples
+    from gpu_exporter.series import series
+
+    feeds = [
+        [series("a", 1.0, (("gpu", "0"), ("b", "x"))), series("c", 2.0, (("gpu", "0"),))],
+        [series("a", 3.0, (("gpu", "0"), ("b", "x"))), series("a", 4.0, (("b", ""), ("gpu", "1")))],
+        [series("a", 5.0, (("gpu", "0"), ("b", "y"))), series("c", 6.0, (("gpu", "0"),))],
+    ]
+    labels = _StoreLabels()
+    for t, rows in enumerate(feeds):
+        series_set = SeriesSet(float(t), {"a": tuple(rows)})
+        for names in (None, frozenset({"a"})):
+            group = f"g{names is None}"
+            assert labels.samples(series_set, names, group) == list(
+                store_samples(series_set, names)
+            )
+    # Only the last feed's label sets are kept.
+    assert {key[1] for key in labels._by_group["gTrue"]} == {r.labels for r in feeds[-1]}
