@@ -9,6 +9,10 @@
   the event loop thread spends its time in (needs py-spy and permission to ptrace).
 - `imports`: resident memory of a fresh interpreter after importing each dependency (and
   the daemon's own modules): where the RSS comes from before the first tick.
+- `memory`: in a fresh interpreter, RSS after each stage of a steady 8-GPU daemon (the
+  stack's imports, ours, the pipeline with the shipped rules, ticks, 16 minutes of rule
+  history), tracemalloc's breakdown of the Python heap by file at the end, and the slowest
+  imports by `python -X importtime`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ if str(ROOT) not in sys.path:
 from bench import loadgen, scenarios  # noqa: E402
 from bench.inproc import build  # noqa: E402
 from bench.procs import OUR_TICK_FAMILY, OURS, free_port, our_command, running  # noqa: E402
+from bench.run_all import compile_bytecode  # noqa: E402
 
 PROFILES = ROOT / "bench" / "results" / "profiles"
 IMPORTS = (
@@ -143,19 +148,100 @@ def profile_scrape(workdir: Path, seconds: float = 8.0) -> str:
     return summarize_collapsed(raw.read_text(), "asyncio")
 
 
+_MEMORY_STAGES = r"""
+import gc, re, sys, tracemalloc
+sys.path.insert(0, {root!r})
+def rss():
+    return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read())[1]) / 1024
+rows = [("python alone", rss())]
+import fastapi, uvicorn, prometheus_client, apscheduler.schedulers.background
+rows.append(("+ FastAPI, uvicorn, prometheus-client, APScheduler", rss()))
+import pynvml, yaml, promql_parser
+rows.append(("+ pynvml, PyYAML, promql-parser", rss()))
+import gpu_exporter.cli, gpu_exporter.api, gpu_exporter.assembly, gpu_exporter.sources.nvml
+rows.append(("+ the daemon's own modules", rss()))
+from bench import scenarios
+from bench.inproc import build
+if {trace}:  # tracing costs memory itself: a separate run gives the heap breakdown
+    tracemalloc.start(1)
+pipeline = build(scenarios.generate(8, name="bench-memory"))
+rows.append(("+ the fake NVML and the pipeline with the shipped rules", rss()))
+for _ in range(5):
+    pipeline.tick()
+rows.append(("+ 5 ticks", rss()))
+pipeline.prefill(960)
+for _ in range(3):
+    pipeline.tick()
+gc.collect()
+rows.append(("+ 16 minutes of rule history", rss()))
+if {trace}:
+    print("Python heap after the last stage (tracemalloc, by file):\n")
+    for stat in tracemalloc.take_snapshot().statistics("filename")[:12]:
+        print(f"    {{stat.size / 1024:8.0f}} KiB  {{stat.traceback[0].filename}}")
+    sys.exit(0)
+print("| stage | VmRSS (MiB) | added |")
+print("| --- | --- | --- |")
+last = 0.0
+for name, value in rows:
+    print(f"| {{name}} | {{value:.1f}} | {{value - last:+.1f}} |")
+    last = value
+store = pipeline.manager.store
+print(f"\nrule history: {{store.series_count()}} series, {{store.sample_count()}} samples\n")
+"""
+
+
+def profile_memory() -> str:
+    stages, heap = (
+        subprocess.run(
+            [sys.executable, "-c", _MEMORY_STAGES.format(root=str(ROOT), trace=trace)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONPATH": str(ROOT)},
+        ).stdout
+        for trace in (False, True)
+    )
+    imports = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-c",
+            "import gpu_exporter.cli, gpu_exporter.api, "
+            "gpu_exporter.assembly, gpu_exporter.sources.nvml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT)},
+    ).stderr
+    timed = []
+    for line in imports.splitlines()[1:]:
+        _, _, rest = line.partition(":")
+        fields = rest.split("|")
+        if len(fields) == 3:
+            timed.append((int(fields[1]), fields[2].rstrip()))
+    slowest = "\n".join(
+        f"    {us / 1000:7.1f} ms  {name}" for us, name in sorted(timed)[-15:][::-1]
+    )
+    return f"{stages}{heap}\nSlowest imports (cumulative, python -X importtime):\n\n{slowest}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=PROFILES)
-    parser.add_argument("--only", default="tick,tick64,scrape,imports")
+    parser.add_argument("--only", default="tick,tick64,scrape,imports,memory")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = args.only.split(",")
+    compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="gpu-exporter-profile-") as tmp:
         jobs = {
             "tick": lambda: profile_tick(),
             "tick64": lambda: profile_tick(ticks=4, devices=64),
             "scrape": lambda: profile_scrape(Path(tmp)),
             "imports": import_rss,
+            "memory": profile_memory,
         }
         for name, job in jobs.items():
             if name in chosen:
