@@ -115,6 +115,8 @@ class SeriesStore:
         self._by_name: dict[str, dict[Labels, _Series]] = {}
         self._present: dict[str, set[Labels]] = {}  # by ingest group
         self._lock = threading.Lock()
+        # Counts changes to the contents: results computed from them stay valid while it stays.
+        self.generation = 0
 
     def configure(
         self,
@@ -127,6 +129,7 @@ class SeriesStore:
             self.retention = retention_seconds
             self.retention_by_name = dict(retention_by_name or {})
             self.names = frozenset(names) if names is not None else None
+            self.generation += 1
             if self.names is not None:
                 for name in list(self._by_name):
                     if name not in self.names:
@@ -149,6 +152,7 @@ class SeriesStore:
         if t <= series.last_t:
             return  # out of order or duplicate timestamp: Prometheus rejects these too
         series.last_t = t
+        self.generation += 1
         times, values = series.times, series.values
         times.append(ms)
         values.append(value)
@@ -194,6 +198,7 @@ class SeriesStore:
             for labels, series in list(by_labels.items()):
                 if not len(series) or series.last_t < horizon:
                     del by_labels[labels]
+                    self.generation += 1
             if not by_labels:
                 del self._by_name[name]
 

@@ -24,6 +24,7 @@ import yaml
 from gpu_exporter.rules.promql import (
     Element,
     PromQLError,
+    RangeCache,
     UnsupportedConstruct,
     check_supported,
     evaluate,
@@ -792,3 +793,56 @@ def test_over_time_sums_are_bit_for_bit_prometheus_kahan_summation() -> None:
             assert isinstance(result, list) and len(result) == 1
             got, expected = result[0].value, reference(values)
             assert struct.pack("<d", got) == struct.pack("<d", expected), (function, values)
+
+
+# --- sharing range-function results between rules ------------------------------------------------
+
+
+def test_a_range_cache_gives_what_evaluating_afresh_gives_until_the_store_changes() -> None:
+    store = raw_store((1.0, 1.0), (2.0, 3.0))
+    cache = RangeCache()
+    avg = parse("avg_over_time(x[5s])")
+    first = evaluate(avg, store, 2.0, cache=cache)
+    assert first == [Element((), 2.0)]
+    assert evaluate(parse("avg_over_time(x[5s]) * 2"), store, 2.0, cache=cache) == [
+        Element((), 4.0)
+    ]
+    assert evaluate(parse("avg_over_time(x[2s])"), store, 2.0, cache=cache) == first
+    store.append((("__name__", "x"), ("a", "b")), 2.0, 10.0)  # same instant, one more series
+    assert evaluate(avg, store, 2.0, cache=cache) == [
+        Element((), 2.0),
+        Element((("a", "b"),), 10.0),
+    ]
+    assert evaluate(avg, store, 1.0, cache=cache) == [Element((), 1.0)]  # another instant
+    other = raw_store((2.0, 7.0))  # another store
+    assert evaluate(avg, other, 2.0, cache=cache) == [Element((), 7.0)]
+
+
+def test_a_recording_rule_invalidates_the_range_results_of_the_rules_before_it(
+    tmp_path: Path,
+) -> None:
+    from gpu_exporter.rules.engine import GroupEvaluator
+    from gpu_exporter.rules.loader import load_rule_files
+
+    path = tmp_path / "rules.yaml"
+    path.write_text(
+        """\
+groups:
+  - name: g
+    rules:
+      - record: before
+        expr: count_over_time(r[1m])
+      - record: r
+        expr: vector(1)
+      - record: after
+        expr: count_over_time(r[1m])
+"""
+    )
+    store = SeriesStore(retention_seconds=1e9)
+    evaluator = GroupEvaluator(load_rule_files([path]), store)
+    assert evaluator.evaluate_all(10.0) == []
+    latest = {labels[0][1]: value for labels, ms, value in store.latest_ms([], 10_000)}
+    assert latest == {"r": 1.0, "after": 1.0}  # `before` found no r at 10 s
+    assert evaluator.evaluate_all(11.0) == []
+    latest = {labels[0][1]: value for labels, ms, value in store.latest_ms([], 11_000)}
+    assert latest == {"r": 1.0, "before": 1.0, "after": 2.0}

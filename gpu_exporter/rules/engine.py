@@ -77,6 +77,7 @@ class GroupEvaluator:
         # promtool (and Prometheus) write ALERTS/ALERTS_FOR_STATE; the daemon has no use for them.
         self.write_alert_series = write_alert_series
         self._alert_series: dict[int, set[Labels]] = {}  # per rule: same-name rules are common
+        self._range_cache = promql.RangeCache()  # rules of a tick often share a range function
         kept = previous.state_by_identity() if previous else {}
         self.groups: list[GroupState] = []
         for group in groups:
@@ -115,7 +116,9 @@ class GroupEvaluator:
         for state in group.rules:
             rule_started = time.perf_counter()
             try:
-                result = promql.evaluate(state.rule.expr, self.store, now, self.lookback)
+                result = promql.evaluate(
+                    state.rule.expr, self.store, now, self.lookback, self._range_cache
+                )
                 elements = [((), result)] if isinstance(result, float) else [
                     (element.labels, element.value) for element in result
                 ]  # fmt: skip

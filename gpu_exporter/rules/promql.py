@@ -51,6 +51,7 @@ from gpu_exporter.store import Labels, Matcher, SeriesStore, Window, is_stale
 __all__ = [
     "Element",
     "PromQLError",
+    "RangeCache",
     "UnsupportedConstruct",
     "check_supported",
     "evaluate",
@@ -393,22 +394,50 @@ def _selectors(node: _Node) -> Iterator[_Selector]:
 
 
 def evaluate(
-    expr: P.Expr, storage: SeriesStore, t: float, lookback: float = 300.0
+    expr: P.Expr,
+    storage: SeriesStore,
+    t: float,
+    lookback: float = 300.0,
+    cache: RangeCache | None = None,
 ) -> list[Element] | float:
     """Instant query at unix time `t`; a scalar expression gives a float.
 
     Raises PromQLError where Prometheus fails the query (ambiguous vector matching, duplicate
-    label sets in a result).
+    label sets in a result). `cache` shares range-function results between queries.
     """
     plan = _compile(expr)
-    return _Evaluator(storage, round(t * 1000), round(lookback * 1000)).eval(plan)
+    return _Evaluator(storage, round(t * 1000), round(lookback * 1000), cache).eval(plan)
+
+
+class RangeCache:
+    """Range-function results at one instant over one state of one store, for the queries
+    after it that compute the same function of the same range (the shipped rules average
+    gpu_utilization_ratio over 5m in four rules). A write to the store starts it afresh."""
+
+    def __init__(self) -> None:
+        self._key: tuple[SeriesStore, int, int] | None = None
+        self._results: dict[_Call, tuple[Element, ...]] = {}
+
+    def lookup(self, key: tuple[SeriesStore, int, int], node: _Call) -> Vector | None:
+        if key != self._key:
+            self._key, self._results = key, {}
+            return None
+        found = self._results.get(node)
+        return None if found is None else list(found)
+
+    def remember(self, key: tuple[SeriesStore, int, int], node: _Call, result: Vector) -> None:
+        if key == self._key:  # else the store changed meanwhile: the key is stale
+            self._results[node] = tuple(result)
 
 
 class _Evaluator:
-    def __init__(self, storage: SeriesStore, t_ms: int, lookback_ms: int):
+    def __init__(
+        self, storage: SeriesStore, t_ms: int, lookback_ms: int, cache: RangeCache | None = None
+    ):
         self.storage = storage
         self.t_ms = t_ms
         self.lookback_ms = lookback_ms
+        self.cache = cache
 
     def eval(self, node: _Node) -> Value:
         if isinstance(node, _Number):
@@ -500,6 +529,17 @@ class _Evaluator:
         return _unique(_instant_function(node.name, args))
 
     def range_call(self, node: _Call) -> Vector:
+        if self.cache is None:
+            return self._range_call(node)
+        # The generation is read before the store is: a write during the read stales the key.
+        key = (self.storage, self.storage.generation, self.t_ms)
+        result = self.cache.lookup(key, node)
+        if result is None:
+            result = self._range_call(node)
+            self.cache.remember(key, node, result)
+        return result
+
+    def _range_call(self, node: _Call) -> Vector:
         arg = node.args[0]
         assert isinstance(arg, _Range)
         lo, hi, series = self.range_points(arg)
