@@ -135,6 +135,13 @@ class SeriesStore:
                     if name not in self.names:
                         del self._by_name[name]
 
+    def clear(self) -> None:
+        """Forget every sample, and which series each ingest group saw last (no markers)."""
+        with self._lock:
+            self._by_name.clear()
+            self._present.clear()
+            self.generation += 1
+
     def append(self, labels: Labels, t: float, value: float) -> None:
         with self._lock:
             self._append(labels, t, round(t * 1000), value)

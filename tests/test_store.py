@@ -227,3 +227,14 @@ def same(got: list[tuple[int, float]], expected: list[tuple[int, float]]) -> boo
     """Equal, NaNs included (bit for bit)."""
     pack = [(ms, struct.pack("<d", v)) for ms, v in got]
     return pack == [(ms, struct.pack("<d", v)) for ms, v in expected]
+
+
+def test_clear_forgets_samples_and_presence() -> None:
+    store = SeriesStore()
+    store.ingest(1.0, [(A, 1.0), (B, 2.0)])
+    generation = store.generation
+    store.clear()
+    assert store.sample_count() == 0 and store.generation > generation
+    store.ingest(2.0, [(A, 3.0)])  # B vanished before the clear: no marker for it now
+    assert store.series_count() == 1
+    assert window(store, 0, 10_000) == [(2000, 3.0)]
