@@ -215,7 +215,8 @@ def overhead_section(overhead: Mapping[str, Any]) -> str:
     polling = overhead.get("fake_xid_polling_cpu_seconds_per_second")
     if polling is not None:
         parts.append(
-            f"The fake's `nvmlEventSetWait` polls every 10 ms (real NVML blocks in the kernel): "
+            "The fake's `nvmlEventSetWait` (it blocks until its deadline when no XID is still to "
+            "come, else polls every 100 ms; real NVML blocks in the kernel): "
             f"{fmt(polling, 'ms')} CPU per second while the XID thread waits."
         )
     return "\n\n".join(parts)
