@@ -1,10 +1,12 @@
 """Bounded per-series sample history for rule evaluation, with Prometheus' staleness semantics.
 
-Each series (a sorted label tuple including `__name__`) keeps its samples for `retention`
-seconds: the longest range any loaded rule selects plus the 5-minute lookback of instant
-selectors. A series that was present in one ingest and absent from the next ingest of the same
-group gets a staleness marker, exactly as Prometheus writes one when a series disappears from a
-scrape, so it stops matching at once instead of lingering for the lookback window. (A tick's
+Each series (a sorted label tuple including `__name__`) keeps what its metric's `Retention`
+says, which the rule engine derives from what the loaded rules' selectors read: a metric read
+through `x[10m]` keeps ten minutes, one read only by instant selectors without offset keeps its
+newest sample alone (markers included). A series that was present in one ingest and absent
+from the next ingest of the same group gets a staleness marker, exactly as Prometheus writes
+one when a series disappears from a scrape, so it stops matching at once instead of lingering
+for the lookback window. (A tick's
 series arrive in two groups, before and after rule evaluation; see `gpu_exporter/sampler.py`.)
 
 Times are kept as integer milliseconds, `round(t * 1000)` once at ingest: that is the
@@ -20,7 +22,7 @@ import struct
 import threading
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -53,6 +55,22 @@ def make_labels(name: str | None, pairs: Iterable[tuple[str, str]]) -> Labels:
     if name:
         items["__name__"] = name
     return tuple(sorted(items.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """What one metric keeps. `window`: seconds before each series' newest sample whose samples
+    stay (a sample exactly that old stays; 0 keeps the newest alone; samples go only when a
+    newer one is appended, so the newest always stays). `expire`: a series whose newest sample
+    is older than this many seconds at an ingest is dropped whole."""
+
+    window: float
+    expire: float
+
+    @classmethod
+    def of(cls, value: float | Retention) -> Retention:
+        """A plain number of seconds is both."""
+        return value if isinstance(value, Retention) else cls(float(value), float(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +125,17 @@ class _Series:
 class SeriesStore:
     """Thread-safe store; the sampler appends, the rule engine selects."""
 
-    def __init__(self, retention_seconds: float = 900.0, names: Iterable[str] | None = None):
-        self.retention = retention_seconds
+    def __init__(
+        self, retention_seconds: float | Retention = 900.0, names: Iterable[str] | None = None
+    ):
+        self.retention = Retention.of(retention_seconds)
         # Only metrics some rule reads are kept: the rest would cost memory for nothing.
         self.names: frozenset[str] | None = frozenset(names) if names is not None else None
-        self.retention_by_name: dict[str, float] = {}
+        self.retention_by_name: dict[str, Retention] = {}
+        # Per metric: the window in milliseconds (None: forever) and the expiry in seconds.
+        self._window_ms: dict[str, int | None] = {}
+        self._expire: dict[str, float] = {}
+        self._default_window_ms = _window_ms(self.retention)
         self._by_name: dict[str, dict[Labels, _Series]] = {}
         self._present: dict[str, set[Labels]] = {}  # by ingest group
         self._lock = threading.Lock()
@@ -120,14 +144,20 @@ class SeriesStore:
 
     def configure(
         self,
-        retention_seconds: float,
+        retention_seconds: float | Retention,
         names: Iterable[str] | None,
-        retention_by_name: dict[str, float] | None = None,
+        retention_by_name: Mapping[str, float | Retention] | None = None,
     ) -> None:
-        """Keep only `names` (None: everything), each for its own retention if given."""
+        """Keep only `names` (None: everything), each for its own retention if given (the
+        others for `retention_seconds`). Takes effect at each series' next sample."""
         with self._lock:
-            self.retention = retention_seconds
-            self.retention_by_name = dict(retention_by_name or {})
+            self.retention = Retention.of(retention_seconds)
+            self.retention_by_name = {
+                name: Retention.of(value) for name, value in (retention_by_name or {}).items()
+            }
+            self._default_window_ms = _window_ms(self.retention)
+            self._window_ms = {n: _window_ms(r) for n, r in self.retention_by_name.items()}
+            self._expire = {n: r.expire for n, r in self.retention_by_name.items()}
             self.names = frozenset(names) if names is not None else None
             self.generation += 1
             if self.names is not None:
@@ -165,16 +195,18 @@ class SeriesStore:
         values.append(value)
         if value != value:
             series.nan_ms = ms
-        retention = self.retention_by_name.get(name, self.retention)
-        if retention == math.inf:
+        window_ms = self._window_ms.get(name, self._default_window_ms)
+        if window_ms is None:
             return
-        # Expire what is older than the horizon, both in milliseconds: a sample goes no sooner
-        # than its float time would have (as soon, for times on the millisecond grid).
-        horizon = round((t - retention) * 1000)
+        # In milliseconds, as the evaluator's windows: [t - range, t] read at this sample's
+        # own time is exactly what a window of `range` keeps.
+        horizon = ms - window_ms
         start = series.start
         while start < len(times) and times[start] < horizon:
             start += 1
-        if start >= _COMPACT_MIN and start * 8 >= len(times):
+        # Batched (amortized O(1) a sample), except that a series down to its newest sample
+        # (an instant-only metric's every append) drops the rest at once.
+        if (start >= _COMPACT_MIN and start * 8 >= len(times)) or 0 < start == len(times) - 1:
             del times[:start]
             del values[:start]
             start = 0
@@ -201,7 +233,7 @@ class SeriesStore:
 
     def _drop_empty(self, now: float) -> None:
         for name, by_labels in list(self._by_name.items()):
-            horizon = now - self.retention_by_name.get(name, self.retention)
+            horizon = now - self._expire.get(name, self.retention.expire)
             for labels, series in list(by_labels.items()):
                 if not len(series) or series.last_t < horizon:
                     del by_labels[labels]
@@ -296,6 +328,10 @@ class SeriesStore:
     def sample_count(self) -> int:
         with self._lock:
             return sum(len(s) for group in self._by_name.values() for s in group.values())
+
+
+def _window_ms(retention: Retention) -> int | None:
+    return None if retention.window == math.inf else round(retention.window * 1000)
 
 
 def _is_marker(value: float) -> bool:

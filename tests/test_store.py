@@ -6,7 +6,7 @@ import math
 import random
 import struct
 
-from gpu_exporter.store import STALE_NAN, Matcher, SeriesStore, is_stale, make_labels
+from gpu_exporter.store import STALE_NAN, Matcher, Retention, SeriesStore, is_stale, make_labels
 
 A = make_labels("a", [("gpu", "0")])
 B = make_labels("a", [("gpu", "1")])
@@ -238,3 +238,23 @@ def test_clear_forgets_samples_and_presence() -> None:
     store.ingest(2.0, [(A, 3.0)])  # B vanished before the clear: no marker for it now
     assert store.series_count() == 1
     assert window(store, 0, 10_000) == [(2000, 3.0)]
+
+
+def test_a_zero_window_keeps_the_newest_sample_alone_until_it_expires() -> None:
+    store = SeriesStore()
+    store.configure(900, None, {"a": Retention(window=0.0, expire=5.0)})
+    for t in range(1, 50):
+        store.ingest(float(t), [(A, float(t)), (C, float(t))])
+    assert window(store, 0, 10**6) == [(49_000, 49.0)]
+    ((_, series),) = store._by_name["a"].items()
+    assert len(series.times) == len(series.values) == 1  # nothing expired is left behind
+    store.ingest(54.0, [(C, 1.0)], group="other")  # A's newest is 5 s old: kept
+    assert store.latest_ms(NAME_A, 10**6) == [(A, 49_000, 49.0)]
+    store.ingest(54.5, [(C, 1.0)], group="other")
+    assert store.latest_ms(NAME_A, 10**6) == []
+    assert store.sample_count() == 49 + 2  # c keeps its 900 s
+
+
+def test_a_number_of_seconds_is_both_window_and_expiry() -> None:
+    assert Retention.of(7) == Retention(7.0, 7.0)
+    assert SeriesStore(retention_seconds=3).retention == Retention(3.0, 3.0)

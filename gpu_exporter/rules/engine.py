@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gpu_exporter.rules import promql
 from gpu_exporter.rules.alerts import AlertingRule, RuleEvaluationError
 from gpu_exporter.rules.loader import Group, Rule
-from gpu_exporter.store import STALE_NAN, Labels, SeriesStore, make_labels
+from gpu_exporter.store import STALE_NAN, Labels, Retention, SeriesStore, make_labels
 
 log = logging.getLogger(__name__)
 
@@ -159,24 +159,44 @@ class GroupEvaluator:
                     names.add(state.rule.name)
         return frozenset(names)
 
-    def retention_seconds(self) -> float:
-        longest = max(
-            (promql.max_range_seconds(s.rule.expr) for g in self.groups for s in g.rules),
-            default=0.0,
-        )
-        return longest + self.lookback + 60.0
+    def retention(self) -> tuple[Retention, dict[str, Retention]]:
+        """What the store must keep for these rules: for metrics no name pins (read only by
+        selectors without a fixed name, kept when such a selector exists), and by metric.
 
-    def retention_by_metric(self) -> dict[str, float]:
-        """History each metric needs: its longest range, plus the lookback and a minute."""
-        needs: dict[str, float] = {}
+        A group evaluates at the timestamp of the tick's ingest just before it (a 15 s group
+        too, at every fifteenth tick), so no sample is newer than the evaluation time and a
+        series is trimmed only when a newer sample arrives: `x[10m] offset 1m` needs the 11
+        minutes before each series' newest sample, an instant selector without offset the
+        newest sample alone, while the lookback still reaches it. RETENTION_MARGIN_SECONDS
+        more absorbs rounding and a wall clock stepped back a little; newest-only metrics get
+        none (their instant selectors see nothing until such a clock catches up)."""
+        lookback_ms = round(self.lookback * 1000)
+        needs: dict[str | None, promql.History] = {}
         for group in self.groups:
             for state in group.rules:
-                for name, seconds in promql.history_by_metric(state.rule.expr).items():
-                    if name is not None:
-                        needs[name] = max(needs.get(name, 0.0), seconds)
+                for name, need in promql.history_by_metric(state.rule.expr, lookback_ms).items():
+                    needs[name] = needs.get(name, promql.History()).merge(need)
                 if isinstance(state, RecordingRule):
-                    needs.setdefault(state.rule.name, 0.0)
-        return {name: seconds + self.lookback + 60.0 for name, seconds in needs.items()}
+                    # Its output is kept (newest sample) even if no selector reads it: a series
+                    # expiring between a slow group's evaluations would be recreated each time.
+                    name, output = state.rule.name, promql.History(newest_ms=lookback_ms)
+                    needs[name] = needs.get(name, promql.History()).merge(output)
+        unnamed = needs.get(None, promql.History())  # may match any metric: all keep its needs
+        by_metric = {name: _retention(need.merge(unnamed)) for name, need in needs.items() if name}
+        return _retention(unnamed), by_metric
+
+
+# Seconds kept beyond what the selectors read (see GroupEvaluator.retention).
+RETENTION_MARGIN_SECONDS = 5.0
+
+
+def _retention(need: promql.History) -> Retention:
+    window = need.window_ms / 1000
+    if window:
+        window += RETENTION_MARGIN_SECONDS
+    # A series is dropped once its newest sample is older than anything a selector reads.
+    expire = max(need.window_ms, need.newest_ms) / 1000 + RETENTION_MARGIN_SECONDS
+    return Retention(window, expire)
 
 
 def _identity(rule: Rule) -> tuple:

@@ -132,11 +132,8 @@ class RuleManager:
                 external_url=self.settings.external_url,
                 previous=self.evaluator,
             )
-            self.store.configure(
-                evaluator.retention_seconds(),
-                evaluator.referenced_metrics(),
-                evaluator.retention_by_metric(),
-            )
+            default, by_metric = evaluator.retention()
+            self.store.configure(default, evaluator.referenced_metrics(), by_metric)
             self.evaluator = evaluator
             self._mtimes = self._current_mtimes()
             self.last_reload_success, self.last_reload_error = True, ""

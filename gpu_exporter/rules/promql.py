@@ -50,12 +50,14 @@ from gpu_exporter.store import Labels, Matcher, SeriesStore, Window, is_stale
 
 __all__ = [
     "Element",
+    "History",
     "PromQLError",
     "RangeCache",
     "UnsupportedConstruct",
     "check_supported",
     "evaluate",
     "format_labels",
+    "history_by_metric",
     "max_range_seconds",
     "parse",
     "referenced_metrics",
@@ -170,22 +172,40 @@ def max_range_seconds(expr: P.Expr) -> float:
     return longest / 1000
 
 
-def history_by_metric(expr: P.Expr) -> dict[str | None, float]:
-    """Seconds of history each metric needs (range plus offset; 0 for instant selectors).
+@dataclass(frozen=True, slots=True)
+class History:
+    """How far before the evaluation time the selectors of one metric read."""
 
-    The key None stands for selectors without a fixed metric name. The store keeps each
-    metric only this long (plus the lookback), so a `[1h]` on one gauge does not make every
-    series keep an hour at 1 s resolution.
-    """
-    needs: dict[str | None, float] = {}
+    # Every sample this far back: a range selector's range plus offset, an instant selector's
+    # offset plus the lookback (its newest sample at or before t - offset may be anywhere there).
+    window_ms: int = 0
+    # An instant selector without (or with a negative) offset: only the newest sample, and only
+    # while it is no older than this (the lookback).
+    newest_ms: int = 0
+
+    def merge(self, other: History) -> History:
+        return History(max(self.window_ms, other.window_ms), max(self.newest_ms, other.newest_ms))
+
+
+def history_by_metric(expr: P.Expr, lookback_ms: int) -> dict[str | None, History]:
+    """What history each metric's selectors in `expr` read (the key None stands for selectors
+    without a fixed metric name). The store keeps each metric only that long, so a `[1h]` on
+    one gauge does not make every series keep an hour at 1 s resolution."""
+    needs: dict[str | None, History] = {}
     for node in _walk(_compile(expr)):
         if isinstance(node, _Range):
-            selector, ms = node.selector, node.range_ms + node.selector.offset_ms
+            # [t - offset - range, t - offset]; a negative offset reads less of the past.
+            selector = node.selector
+            need = History(window_ms=max(0, node.range_ms + selector.offset_ms))
         elif isinstance(node, _Selector):
-            selector, ms = node, node.offset_ms
+            selector = node
+            if node.offset_ms > 0:
+                need = History(window_ms=node.offset_ms + lookback_ms)
+            else:  # the newest sample at or before t (or later): the newest there is
+                need = History(newest_ms=lookback_ms)
         else:
             continue
-        needs[selector.metric] = max(needs.get(selector.metric, 0.0), ms / 1000)
+        needs[selector.metric] = needs.get(selector.metric, History()).merge(need)
     return needs
 
 
