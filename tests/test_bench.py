@@ -372,3 +372,46 @@ def test_nvitop_exporter_runs_on_the_fake(tmp_path: Path) -> None:
     report_data = phase["nvml_report"]
     assert report_data["calls"]["nvmlDeviceGetPowerUsage"] > 0
     assert "nvmlDeviceGetFanSpeed" in report_data["missing_symbols"]
+
+
+def test_the_cpu_window_is_scraped_as_prometheus_scrapes() -> None:
+    """One scrape per `every` seconds, the last at the window's end, with Prometheus' headers."""
+    seen: list[dict[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(dict(self.headers))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with LocalServer(Handler) as server:
+        offsets = peer.scrape_window(server.url + "/metrics", 0.6, 0.2)
+    assert len(offsets) == len(seen) == 3
+    assert offsets == sorted(offsets) and offsets[-1] >= 0.6 - 0.05
+    assert all(h.get("Accept") == loadgen.PROMETHEUS_HEADERS["Accept"] for h in seen)
+    assert all(h.get("Accept-Encoding") == "gzip" for h in seen)
+
+
+def test_exposition_cost_and_bytes_per_device() -> None:
+    from bench import scaling
+    from bench.inproc import build
+
+    pipeline = build(scenarios.generate(2, name="bench-test"), rules=[])
+    try:
+        pipeline.tick()
+        cost = scaling.exposition_cost(pipeline)
+    finally:
+        pipeline.close()
+    text = pipeline.sampler.rendered.text
+    assert cost["text_bytes"] == len(text) > 0
+    assert cost["text_cpu_seconds"] >= 0 and cost["openmetrics_gzip_cpu_seconds"] >= 0
+    results = {
+        name: {"tick": {"exposition": {"text_bytes": size}}}
+        for name, size in (("8gpu", 80_000.0), ("64gpu", 640_000.0))
+    }
+    assert scaling.bytes_per_device(results) == {"8": 10_000.0, "64": 10_000.0}
