@@ -11,7 +11,11 @@ series arrive in two groups, before and after rule evaluation; see `gpu_exporter
 
 Times are kept as integer milliseconds, `round(t * 1000)` once at ingest: that is the
 resolution PromQL evaluates at, so the evaluator reads windows as they are stored
-(`range_ms`, `latest_ms`). Times and values sit in typed arrays (16 bytes a sample).
+(`range_ms`, `latest_ms`). Times and values sit in typed arrays. Every series of an ingest
+group is written at the same times, so each group keeps its ingests' times once (`_Timeline`)
+and a series present in each of its samples' ingests keeps only values (8 bytes a sample, not
+16); one that missed an ingest or was written outside one keeps its own times until its
+retained samples are all consecutive ingests' again.
 """
 
 from __future__ import annotations
@@ -102,24 +106,64 @@ _NO_NAN = -(1 << 63)
 _COMPACT_MIN = 16
 
 
-class _Series:
-    __slots__ = ("last_t", "nan_ms", "start", "times", "values")
+class _Timeline:
+    """The times (ms) of one ingest group's ingests, in order; entry i is `times[i - base]`."""
+
+    __slots__ = ("base", "last_t", "times")
 
     def __init__(self) -> None:
-        self.times = array("q")  # unix milliseconds, non-decreasing
+        self.times = array("q")
+        self.base = 0  # entries before this were trimmed
+        self.last_t = -math.inf
+
+
+class _Series:
+    __slots__ = ("last_t", "nan_ms", "next", "run", "start", "timeline", "times", "values")
+
+    def __init__(self) -> None:
+        # Unix milliseconds, non-decreasing; None while the times are `timeline`'s entries
+        # next - len(values) ... next - 1 (the series was in each of those ingests).
+        self.times: array[int] | None = array("q")
         self.values = array("d")
         self.start = 0  # samples before this index have expired
         # The newest time exactly as given: out-of-order rejection and dropping a series whose
         # newest sample expired compare float seconds, as they always did.
         self.last_t = -math.inf
         self.nan_ms = _NO_NAN  # time of the newest NaN value: windows after it need no filter
+        self.timeline: _Timeline | None = None  # that of the ingest of the newest sample
+        self.next = 0  # the timeline entry after the newest sample's
+        self.run = 0  # own times only: how many newest samples sit on consecutive entries
 
     def __len__(self) -> int:
-        return len(self.times) - self.start
+        return len(self.values) - self.start
+
+    def view(self) -> tuple[array[int], int]:
+        """The array holding the times, and the offset of values[i]'s time in it."""
+        if self.times is not None:
+            return self.times, 0
+        timeline = self.timeline
+        assert timeline is not None
+        return timeline.times, self.next - len(self.values) - timeline.base
 
     def seconds(self, index: int) -> float:
         """Time of sample `index` in seconds: the newest exactly as given, older ones in ms."""
-        return self.last_t if index == len(self.times) - 1 else self.times[index] / 1000
+        if index == len(self.values) - 1:
+            return self.last_t
+        times, offset = self.view()
+        return times[index + offset] / 1000
+
+    def own_times(self) -> None:
+        """Copy the retained samples' times out of the timeline (it goes on without them)."""
+        times, offset = self.view()
+        self.times = times[self.start + offset : len(self.values) + offset]
+        del self.values[: self.start]
+        self.start = 0
+
+    def share_times(self) -> None:
+        """Drop the own times: the retained samples all sit on the timeline's entries."""
+        del self.values[: self.start]
+        self.start = 0
+        self.times = None
 
 
 class SeriesStore:
@@ -136,8 +180,12 @@ class SeriesStore:
         self._window_ms: dict[str, int | None] = {}
         self._expire: dict[str, float] = {}
         self._default_window_ms = _window_ms(self.retention)
+        self._longest_ms: int | None = self._default_window_ms  # what timelines keep
         self._by_name: dict[str, dict[Labels, _Series]] = {}
-        self._present: dict[str, set[Labels]] = {}  # by ingest group
+        # By ingest group: the series of its last ingest, those it wrote markers for, its times.
+        self._present: dict[str, set[Labels]] = {}
+        self._marked: dict[str, set[Labels]] = {}
+        self._timelines: dict[str, _Timeline] = {}
         self._lock = threading.Lock()
         # Counts changes to the contents: results computed from them stay valid while it stays.
         self.generation = 0
@@ -158,6 +206,8 @@ class SeriesStore:
             self._default_window_ms = _window_ms(self.retention)
             self._window_ms = {n: _window_ms(r) for n, r in self.retention_by_name.items()}
             self._expire = {n: r.expire for n, r in self.retention_by_name.items()}
+            windows = [self._default_window_ms, *self._window_ms.values()]
+            self._longest_ms = None if None in windows else max(w for w in windows if w is not None)
             self.names = frozenset(names) if names is not None else None
             self.generation += 1
             if self.names is not None:
@@ -170,13 +220,24 @@ class SeriesStore:
         with self._lock:
             self._by_name.clear()
             self._present.clear()
+            self._marked.clear()
+            self._timelines.clear()
             self.generation += 1
 
     def append(self, labels: Labels, t: float, value: float) -> None:
         with self._lock:
             self._append(labels, t, round(t * 1000), value)
 
-    def _append(self, labels: Labels, t: float, ms: int, value: float) -> None:
+    def _append(
+        self,
+        labels: Labels,
+        t: float,
+        ms: int,
+        value: float,
+        timeline: _Timeline | None = None,
+        entry: int = 0,
+    ) -> None:
+        """One sample; from an ingest, `entry` is its time's entry in the group's timeline."""
         name = metric_name(labels)
         if self.names is not None and name not in self.names:
             return
@@ -190,24 +251,49 @@ class SeriesStore:
             return  # out of order or duplicate timestamp: Prometheus rejects these too
         series.last_t = t
         self.generation += 1
-        times, values = series.times, series.values
-        times.append(ms)
-        values.append(value)
+        times = series.times
+        if timeline is not None and series.timeline is timeline and series.next == entry:
+            series.next = entry + 1  # in this ingest too, as in the last of its group
+            if times is not None:
+                times.append(ms)
+                series.run += 1
+        else:
+            if times is None:
+                series.own_times()
+                times = series.times
+                assert times is not None
+            times.append(ms)
+            if timeline is None:
+                series.timeline, series.run = None, 0
+            else:
+                series.timeline, series.next, series.run = timeline, entry + 1, 1
+        series.values.append(value)
         if value != value:
             series.nan_ms = ms
         window_ms = self._window_ms.get(name, self._default_window_ms)
-        if window_ms is None:
-            return
-        # In milliseconds, as the evaluator's windows: [t - range, t] read at this sample's
-        # own time is exactly what a window of `range` keeps.
-        horizon = ms - window_ms
+        if window_ms is not None:
+            self._trim(series, ms - window_ms)
+        if times is not None and series.run >= len(series):
+            series.share_times()
+
+    def _trim(self, series: _Series, horizon: int) -> None:
+        # In milliseconds, as the evaluator's windows: [t - range, t] read at a sample's own
+        # time is exactly what a window of `range` before it keeps.
+        values = series.values
+        times, timeline = series.times, series.timeline
+        if times is None:  # series.view(), inlined: this runs for every sample
+            assert timeline is not None
+            times, offset = timeline.times, series.next - len(values) - timeline.base
+        else:
+            offset = 0
         start = series.start
-        while start < len(times) and times[start] < horizon:
+        while start < len(values) and times[start + offset] < horizon:
             start += 1
         # Batched (amortized O(1) a sample), except that a series down to its newest sample
         # (an instant-only metric's every append) drops the rest at once.
-        if (start >= _COMPACT_MIN and start * 8 >= len(times)) or 0 < start == len(times) - 1:
-            del times[:start]
+        if (start >= _COMPACT_MIN and start * 8 >= len(values)) or 0 < start == len(values) - 1:
+            if series.times is not None:
+                del series.times[:start]
             del values[:start]
             start = 0
         series.start = start
@@ -222,14 +308,40 @@ class SeriesStore:
         next ingest of its own group."""
         ms = round(t * 1000)
         with self._lock:
+            timeline = self._timelines.get(group)
+            if timeline is None:
+                timeline = self._timelines[group] = _Timeline()
+            if t > timeline.last_t:
+                timeline.times.append(ms)
+                timeline.last_t = t
+                entry = timeline.base + len(timeline.times) - 1
+                shared: _Timeline | None = timeline
+            else:  # a clock stepped back: no shared time (nor, mostly, a sample) this time
+                entry, shared = 0, None
             present: set[Labels] = set()
             for labels, value in samples:
                 present.add(labels)
-                self._append(labels, t, ms, value)
-            for labels in self._present.get(group, set()) - present:
-                self._append(labels, t, ms, STALE_NAN)
-            self._present[group] = present
+                self._append(labels, t, ms, value, shared, entry)
+            # Series marked stale last time and still gone leave the timeline, as it goes on.
+            for labels in self._marked.get(group, set()) - present:
+                series = self._by_name.get(metric_name(labels), {}).get(labels)
+                if series is not None and series.times is None and series.timeline is timeline:
+                    series.own_times()
+            marked = self._present.get(group, set()) - present
+            for labels in marked:
+                self._append(labels, t, ms, STALE_NAN, shared, entry)
+            self._present[group], self._marked[group] = present, marked
+            self._trim_timeline(timeline, ms)
             self._drop_empty(t)
+
+    def _trim_timeline(self, timeline: _Timeline, ms: int) -> None:
+        # Each series on it was written by this ingest and kept no more than its own window.
+        if self._longest_ms is None:
+            return
+        expired = bisect_left(timeline.times, ms - self._longest_ms)
+        if expired >= _COMPACT_MIN and expired * 8 >= len(timeline.times):
+            del timeline.times[:expired]
+            timeline.base += expired
 
     def _drop_empty(self, now: float) -> None:
         for name, by_labels in list(self._by_name.items()):
@@ -258,18 +370,21 @@ class SeriesStore:
         with self._lock:
             chosen = []
             for labels, series in self._candidates(matchers):
-                times, values = series.times, series.values
-                first = bisect_left(times, lo_ms, series.start)
-                end = bisect_right(times, hi_ms, first)
+                times, offset = series.view()
+                values = series.values
+                first = bisect_left(times, lo_ms, series.start + offset, len(values) + offset)
+                end = bisect_right(times, hi_ms, first, len(values) + offset)
                 if first == end:
                     continue
                 if series.nan_ms < times[first]:  # no NaN in the window: no marker to drop
-                    chosen.append((labels, times[first:end], values[first:end]))
+                    window_values = values[first - offset : end - offset]
+                    chosen.append((labels, times[first:end], window_values))
                     continue
-                kept = [i for i in range(first, end) if not _is_marker(values[i])]
+                kept = [i for i in range(first, end) if not _is_marker(values[i - offset])]
                 if kept:
                     window_times = array("q", [times[i] for i in kept])
-                    chosen.append((labels, window_times, array("d", [values[i] for i in kept])))
+                    window_values = array("d", [values[i - offset] for i in kept])
+                    chosen.append((labels, window_times, window_values))
         return chosen
 
     def latest_ms(
@@ -280,15 +395,16 @@ class SeriesStore:
         with self._lock:
             chosen = []
             for labels, series in self._candidates(matchers):
-                times = series.times
-                index = len(times) - 1
-                if index < series.start:
+                times, offset = series.view()
+                index = len(series.values) - 1 + offset
+                low = series.start + offset
+                if index < low:
                     continue
                 if times[index] > end_ms:
-                    index = bisect_right(times, end_ms, series.start, index) - 1
-                    if index < series.start:
+                    index = bisect_right(times, end_ms, low, index) - 1
+                    if index < low:
                         continue
-                chosen.append((labels, times[index], series.values[index]))
+                chosen.append((labels, times[index], series.values[index - offset]))
         return chosen
 
     def select(
@@ -301,7 +417,7 @@ class SeriesStore:
             for labels, series in self._candidates(matchers):
                 window = [
                     (t, series.values[i])
-                    for i in range(series.start, len(series.times))
+                    for i in range(series.start, len(series.values))
                     if start <= (t := series.seconds(i)) <= end
                 ]
                 if window:
@@ -315,7 +431,7 @@ class SeriesStore:
         with self._lock:
             chosen = []
             for labels, series in self._candidates(matchers):
-                for i in range(len(series.times) - 1, series.start - 1, -1):
+                for i in range(len(series.values) - 1, series.start - 1, -1):
                     if (t := series.seconds(i)) <= end:
                         chosen.append((labels, [(t, series.values[i])]))
                         break

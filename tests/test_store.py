@@ -6,7 +6,15 @@ import math
 import random
 import struct
 
-from gpu_exporter.store import STALE_NAN, Matcher, Retention, SeriesStore, is_stale, make_labels
+from gpu_exporter.store import (
+    STALE_NAN,
+    Labels,
+    Matcher,
+    Retention,
+    SeriesStore,
+    is_stale,
+    make_labels,
+)
 
 A = make_labels("a", [("gpu", "0")])
 B = make_labels("a", [("gpu", "1")])
@@ -247,7 +255,7 @@ def test_a_zero_window_keeps_the_newest_sample_alone_until_it_expires() -> None:
         store.ingest(float(t), [(A, float(t)), (C, float(t))])
     assert window(store, 0, 10**6) == [(49_000, 49.0)]
     ((_, series),) = store._by_name["a"].items()
-    assert len(series.times) == len(series.values) == 1  # nothing expired is left behind
+    assert len(series.values) == 1  # nothing expired is left behind
     store.ingest(54.0, [(C, 1.0)], group="other")  # A's newest is 5 s old: kept
     assert store.latest_ms(NAME_A, 10**6) == [(A, 49_000, 49.0)]
     store.ingest(54.5, [(C, 1.0)], group="other")
@@ -258,3 +266,127 @@ def test_a_zero_window_keeps_the_newest_sample_alone_until_it_expires() -> None:
 def test_a_number_of_seconds_is_both_window_and_expiry() -> None:
     assert Retention.of(7) == Retention(7.0, 7.0)
     assert SeriesStore(retention_seconds=3).retention == Retention(3.0, 3.0)
+
+
+# --- times shared by the series of an ingest group ------------------------------------------
+
+
+def test_series_in_every_ingest_of_their_group_keep_no_times_of_their_own() -> None:
+    store = SeriesStore(retention_seconds=10)
+    for t in range(1, 200):
+        store.ingest(float(t), [(A, float(t)), (B, -float(t))])
+        store.ingest(t + 0.5, [(C, float(t))], group="late")
+    assert all(s.times is None for g in store._by_name.values() for s in g.values())
+    assert window(store, 0, 10**6) == [(ms, ms / 1000) for ms in range(189_000, 200_000, 1000)]
+    ((_, c_times, _),) = store.range_ms([Matcher("__name__", "=", "c")], 0, 10**6)
+    assert list(c_times) == list(range(189_500, 199_501, 1000))
+    # Each group's times are kept once, for the longest window (and a batch of expired ones).
+    assert {name: len(line.times) < 11 + 16 for name, line in store._timelines.items()} == {
+        "scrape": True,
+        "late": True,
+    }
+
+
+def test_a_series_with_a_gap_keeps_its_own_times_until_its_samples_are_consecutive_again() -> None:
+    store = SeriesStore(retention_seconds=10)
+    for t in range(1, 26):
+        gone = 15 <= t < 19  # a marker at 15, nothing at 16-18
+        store.ingest(float(t), [(A, float(t))] if gone else [(A, float(t)), (B, float(t))])
+    series = store._by_name["a"][B]
+    assert series.times is not None  # 15 (the marker) and 19 ... 25 are kept
+    assert [ms for ms, _ in window_of(store, B, 0, 10**6)] == list(range(19_000, 26_000, 1000))
+    ((_, ms, value),) = store.latest_ms([Matcher("gpu", "=", "1")], 18_000)
+    assert ms == 15_000 and is_stale(value)
+    store.ingest(26.0, [(A, 1.0), (B, 26.0)])  # 16 expired: what is kept is 19 ... 26
+    assert series.times is None
+    assert window_of(store, B, 0, 10**6) == [(ms, ms / 1000) for ms in range(19_000, 27_000, 1000)]
+
+
+def test_a_series_gone_from_its_group_keeps_its_times_while_the_group_goes_on() -> None:
+    # Kept 60 s after its newest sample, long after the group's times of then are trimmed.
+    store = SeriesStore()
+    store.configure(10, None, {"a": Retention(window=10.0, expire=60.0)})
+    for t in range(1, 51):
+        store.ingest(float(t), [(A, float(t)), (B, float(t))])
+    for t in range(51, 110):
+        store.ingest(float(t), [(A, float(t))])  # B: a marker at 51, then nothing
+    assert len(store._timelines["scrape"].times) < 30  # its times of 41 ... 50 went
+    expected = [(ms, ms / 1000) for ms in range(41_000, 51_000, 1000)]
+    assert window_of(store, B, 0, 10**6) == expected
+    ((_, ms, value),) = store.latest_ms([Matcher("gpu", "=", "1")], 10**6)
+    assert ms == 51_000 and is_stale(value)
+
+
+def test_shared_times_read_as_a_plain_record_of_every_sample() -> None:
+    """Random ingests in two groups (series vanishing and coming back, a clock stepping back,
+    same-millisecond times, plain appends between): every window and newest sample read as
+    they would from a plain list of what was accepted."""
+    rng = random.Random(5)
+    store = SeriesStore()
+    store.configure(20, None, {"a": Retention(window=20.0, expire=45.0)})
+    labelsets = [make_labels("a", [("gpu", str(i))]) for i in range(6)]
+    accepted: dict[Labels, list[tuple[float, float]]] = {}
+    present: dict[str, set[Labels]] = {}
+    seen_shared = seen_own = 0
+    away: set[Labels] = set()
+
+    def write(labels: Labels, t: float, value: float) -> None:
+        samples = accepted.setdefault(labels, [])
+        if not samples or t > samples[-1][0]:
+            samples.append((t, value))
+
+    t = 1000.0
+    for _ in range(1500):
+        t += rng.choice([1.0, 1.0, 1.0, 0.5, 0.0004, -2.0 if rng.random() < 0.1 else 1.0])
+        if rng.random() < 0.05:
+            labels, value = rng.choice(labelsets), rng.random()
+            store.append(labels, t, value)
+            write(labels, t, value)
+            continue
+        group = rng.choice(["tick", "tick", "late"])  # gpu 0-3 come in the one, 4-5 the other
+        mine = labelsets[:4] if group == "tick" else labelsets[4:]
+        if rng.random() < 0.05:
+            away ^= {rng.choice(labelsets)}  # gone for a while (kept until it expires)
+        now = [(labels, rng.random()) for labels in mine if rng.random() < 0.98]
+        now = [(labels, value) for labels, value in now if labels not in away]
+        store.ingest(t, now, group=group)
+        for labels, value in now:
+            write(labels, t, value)
+        for labels in present.get(group, set()) - {labels for labels, _ in now}:
+            write(labels, t, STALE_NAN)
+        present[group] = {labels for labels, _ in now}
+        for labels in list(accepted):
+            if accepted[labels][-1][0] < t - 45.0:
+                del accepted[labels]  # its newest sample expired: the series went
+        assert store.series_count() == len(accepted)
+        for labels, samples in accepted.items():
+            series = store._by_name["a"][labels]
+            seen_shared += series.times is None
+            seen_own += series.times is not None
+            newest = round(samples[-1][0] * 1000)
+            kept = [
+                (round(ts * 1000), v) for ts, v in samples if round(ts * 1000) >= newest - 20_000
+            ]
+            lo = rng.randint(newest - 20_000, newest + 10)
+            hi = lo + rng.choice([0, 1, 999, 1000, 5000, 30_000])
+            wanted = [(ms, v) for ms, v in kept if lo <= ms <= hi and not is_stale(v)]
+            assert same(window_of(store, labels, lo, hi), wanted), (labels, lo, hi)
+            matchers = [Matcher("gpu", "=", labels[1][1])]
+            ((_, ms, value),) = store.latest_ms(matchers, newest + 5)
+            assert same([(ms, value)], kept[-1:])
+            before = [(ms, v) for ms, v in kept if ms <= hi]
+            if before and before[0] != kept[0]:  # the newest at or before hi is kept
+                ((_, ms, value),) = store.latest_ms(matchers, hi)
+                assert same([(ms, value)], before[-1:])
+    assert seen_shared > 1000 and seen_own > 100  # both ways of keeping times were read
+
+
+def window_of(
+    store: SeriesStore, labels: Labels, lo_ms: int, hi_ms: int
+) -> list[tuple[int, float]]:
+    matchers = [Matcher(name, "=", value) for name, value in labels]
+    rows = [row for row in store.range_ms(matchers, lo_ms, hi_ms) if row[0] == labels]
+    if not rows:
+        return []
+    ((_, times, values),) = rows
+    return list(zip(times, values, strict=True))
