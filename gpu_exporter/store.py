@@ -6,8 +6,8 @@ through `x[10m]` keeps ten minutes, one read only by instant selectors without o
 newest sample alone (markers included). A series that was present in one ingest and absent
 from the next ingest of the same group gets a staleness marker, exactly as Prometheus writes
 one when a series disappears from a scrape, so it stops matching at once instead of lingering
-for the lookback window. (A tick's
-series arrive in two groups, before and after rule evaluation; see `gpu_exporter/sampler.py`.)
+for the lookback window. (A tick's series arrive in two groups, before and after rule
+evaluation; see `gpu_exporter/sampler.py`.)
 
 Times are kept as integer milliseconds, `round(t * 1000)` once at ingest: that is the
 resolution PromQL evaluates at, so the evaluator reads windows as they are stored
