@@ -8,8 +8,8 @@ tick, in every form asked for), never on the tick itself.
 
 The writer is our own rather than `prometheus_client.generate_latest`, for cost: it keeps, from
 one exposition to the next, the line of every series that is the same object again (topology
-and static readings: most series of a large node) and the label text of every label set seen
-before, so a line costs a dictionary lookup and a number. Its output is byte-for-byte what
+and static readings: most series of a large node) and the label text of the label sets it
+wrote last time, so a line costs a dictionary lookup and a number. Its output is byte-for-byte what
 prometheus_client 0.2x writes for the same samples — names and labels sorted as there,
 escaping, Go-style numbers via prometheus_client's own `floatToGoString` — which
 `tests/test_exposition_writer.py` checks against prometheus_client itself.

@@ -259,7 +259,8 @@ def _peer_readings(peers: Sequence[PeerLink]) -> list[Reading]:
 
     Listing every pair would grow with the square of the GPU count (88 % of a 64-GPU
     exposition) to repeat, on a uniform board, one fact n * (n - 1) times; the usual value
-    plus the exceptions carries the same information and stays linear on real boards. A pair
+    plus the exceptions carries the same information: linear on a uniform NVLink/NVSwitch
+    board, about half the pairs on a two-socket PCIe board (the other socket's peers). A pair
     whose value is unknown while others' are known is an exception with link `unknown` or
     value NaN, so that it does not read as usual."""
     out = []

@@ -157,3 +157,43 @@ def test_histograms_and_forms() -> None:
     assert rendered.text == text
     assert gzip.decompress(rendered.body(True, True)) == openmetrics
     assert rendered.body(True, True) is rendered.body(True, True)  # written once per tick
+
+
+def test_the_line_of_a_series_object_seen_before_is_reused_not_rewritten() -> None:
+    writer = ExpositionWriter()
+    static = Series("gpu_numa_node", "gpu_numa_node", (("gpu", "0"), ("uuid", "GPU-a")), 1.0)
+    fresh = Series("gpu_power_watts", "gpu_power_watts", (("gpu", "0"), ("uuid", "GPU-a")), 5.0)
+    first = dict(writer.sample_lines(SeriesSet(0.0, {"gpu_numa_node": (static,)})))
+    second = dict(
+        writer.sample_lines(
+            SeriesSet(1.0, {"gpu_numa_node": (static,), "gpu_power_watts": (fresh,)})
+        )
+    )
+    assert second["gpu_numa_node"][0] is first["gpu_numa_node"][0]  # a cache hit
+    equal_but_new = Series(*static)  # equal, another object: written again, same text
+    third = dict(writer.sample_lines(SeriesSet(2.0, {"gpu_numa_node": (equal_but_new,)})))
+    assert third["gpu_numa_node"][0] == first["gpu_numa_node"][0]
+    assert third["gpu_numa_node"][0] is not first["gpu_numa_node"][0]
+
+
+def test_concurrent_scrapes_of_interleaved_ticks_share_one_writer() -> None:
+    import threading
+
+    writer = ExpositionWriter()
+    sets = [random_set(seed) for seed in range(6)]
+    expected = [reference(series_set) for series_set in sets]
+    problems: list[int] = []
+
+    def scrape(worker: int) -> None:
+        for i in range(30):
+            index = (worker + i) % len(sets)
+            rendered = RenderedMetrics(sets[index], writer)
+            if (rendered.body(False, False), rendered.body(True, False)) != expected[index]:
+                problems.append(index)
+
+    threads = [threading.Thread(target=scrape, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert problems == []
