@@ -41,6 +41,7 @@ from bench.procs import (
     PEER,
     PEER_DEVICES_FAMILY,
     PEER_TICK_FAMILY,
+    ROOT,
     Running,
     free_port,
     our_timed_command,
@@ -107,6 +108,7 @@ def import_rss_mib(statement: str) -> float:
         capture_output=True,
         text=True,
         check=True,
+        env={"PYTHONPATH": str(ROOT)},  # the project's own modules, for the profiles
     )
     return int(out.stdout.strip()) / 1024
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen, scenarios  # noqa: E402
+from bench import loadgen, peer, scenarios  # noqa: E402
 from bench.inproc import build  # noqa: E402
 from bench.procs import OUR_TICK_FAMILY, OURS, free_port, our_command, running  # noqa: E402
 from bench.run_all import compile_bytecode  # noqa: E402
@@ -60,7 +60,6 @@ IMPORTS = (
         "gpu_exporter.sim, gpu_exporter.topology, gpu_exporter.classify",
     ),
 )
-_RSS = "import re; print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])"
 
 
 def profile_tick(ticks: int = 30, devices: int = 8) -> str:
@@ -85,14 +84,7 @@ def profile_tick(ticks: int = 30, devices: int = 8) -> str:
 def import_rss() -> str:
     lines = ["| imports | VmRSS (MiB) |", "| --- | --- |"]
     for label, statement in IMPORTS:
-        out = subprocess.run(
-            [sys.executable, "-c", f"{statement}\n{_RSS}"],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={"PYTHONPATH": str(ROOT)},
-        )
-        lines.append(f"| {label} | {int(out.stdout.strip()) / 1024:.1f} |")
+        lines.append(f"| {label} | {peer.import_rss_mib(statement):.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -154,7 +146,7 @@ sys.path.insert(0, {root!r})
 def rss():
     return int(re.search(r"VmRSS:\s+(\d+)", open("/proc/self/status").read())[1]) / 1024
 rows = [("python alone", rss())]
-import fastapi, uvicorn, prometheus_client, apscheduler.schedulers.background
+{stack_floor}
 rows.append(("+ FastAPI, uvicorn, prometheus-client, APScheduler", rss()))
 import pynvml, yaml, promql_parser
 rows.append(("+ pynvml, PyYAML, promql-parser", rss()))
@@ -193,7 +185,13 @@ print(f"\nrule history: {{store.series_count()}} series, {{store.sample_count()}
 def profile_memory() -> str:
     stages, heap = (
         subprocess.run(
-            [sys.executable, "-c", _MEMORY_STAGES.format(root=str(ROOT), trace=trace)],
+            [
+                sys.executable,
+                "-c",
+                _MEMORY_STAGES.format(
+                    root=str(ROOT), trace=trace, stack_floor=peer.STACK_FLOOR_IMPORTS
+                ),
+            ],
             capture_output=True,
             text=True,
             check=True,
