@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bench.stats import ratio
+
 OURS, OURS_STEADY, PEER = "gpu-exporter", "gpu-exporter-steady", "nvitop-exporter"
 
 # -- formatting ----------------------------------------------------------------------------------
@@ -335,11 +337,7 @@ def _memory_targets(results: Mapping[str, Any]) -> list[Target]:
     stack, python = floor.get("stack_floor_mib"), floor.get("python_alone_mib")
     ours_added = None if _missing(steady) or _missing(stack) else steady - stack
     peer_added = None if _missing(peer) or _missing(python) else peer - python
-    added_ratio = (
-        None
-        if ours_added is None or peer_added is None or peer_added <= 0
-        else ours_added / peer_added
-    )
+    added_ratio = ratio(ours_added, peer_added)
     accel = _get(results, "soak", "accelerated", "memory") or {}
     slope_value = accel.get("slope_second_half_mib_per_unit")
     per_day = None if _missing(slope_value) else slope_value * 86_400
@@ -366,8 +364,8 @@ def _linear_targets(results: Mapping[str, Any]) -> list[Target]:
     scaling = _get(results, "scaling") or {}
     cpu = per_device_cost(scaling)
     size = {int(k): v for k, v in (scaling.get("bytes_per_device") or {}).items()}
-    cpu_growth = ratio_of(cpu.get(64), cpu.get(8))
-    size_growth = ratio_of(size.get(64), size.get(8))
+    cpu_growth = ratio(cpu.get(64), cpu.get(8))
+    size_growth = ratio(size.get(64), size.get(8))
     scrape = _get(scaling, "configs", "64gpu", "scrape") or {}
     return [
         _ratio_target(
@@ -392,10 +390,6 @@ def _linear_targets(results: Mapping[str, Any]) -> list[Target]:
             0.050,
         ),
     ]
-
-
-def ratio_of(a: float | None, b: float | None) -> float | None:
-    return None if _missing(a) or _missing(b) or not b else a / b
 
 
 def _latency_targets(results: Mapping[str, Any]) -> list[Target]:
