@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import gzip
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
@@ -119,20 +119,22 @@ class ExpositionWriter:
 
 def text_exposition(families: Iterable[tuple[str, list[str]]]) -> bytes:
     """The Prometheus text format 0.0.4 of `sample_lines`' output."""
-    parts = []
-    for family, lines in families:
-        parts.append(_TEXT_HEADERS[family])
-        parts.extend(lines)
-    return "".join(parts).encode()
+    return _joined(families, _TEXT_HEADERS, "")
 
 
 def openmetrics_exposition(families: Iterable[tuple[str, list[str]]]) -> bytes:
     """The OpenMetrics 1.0 text of `sample_lines`' output (sample lines are the same)."""
+    return _joined(families, _OPENMETRICS_HEADERS, "# EOF\n")
+
+
+def _joined(
+    families: Iterable[tuple[str, list[str]]], headers: Mapping[str, str], end: str
+) -> bytes:
     parts = []
     for family, lines in families:
-        parts.append(_OPENMETRICS_HEADERS[family])
+        parts.append(headers[family])
         parts.extend(lines)
-    parts.append("# EOF\n")
+    parts.append(end)
     return "".join(parts).encode()
 
 
