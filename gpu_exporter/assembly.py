@@ -123,6 +123,9 @@ def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifi
             external_labels=config.external_labels(),
             external_url=config.alerting.external_url,
             reload_check_seconds=config.rules.reload_check_seconds,
+            max_range_seconds=config.rules.max_range_seconds,
+            group_time_budget_seconds=config.rules.group_time_budget_seconds,
+            history_max_bytes=config.rules.history_max_bytes,
         ),
         notifier,
     )

@@ -9,15 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from gpu_exporter import __version__
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
-
-if TYPE_CHECKING:  # imported by serve only: `rules` and `diagnose` do not need it
-    import uvicorn
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -71,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="label added to every alert sent (node defaults to $NODE_NAME), repeatable",
     )
+    serve.add_argument(
+        "--web-config-file",
+        metavar="FILE",
+        help="TLS and basic auth for every endpoint, in the exporter-toolkit web-config format",
+    )
     _add_rules_commands(commands)
     from gpu_exporter import diagnose
 
@@ -104,13 +105,13 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
         "rules.files": args.rules,
         "alerting.alertmanagers": args.alertmanager_url,
         "alerting.external_labels": ",".join(args.external_label) if args.external_label else None,
+        "web_config_file": args.web_config_file,
     }
     return {key: value for key, value in flags.items() if value is not None}
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from gpu_exporter import http_server
     from gpu_exporter.api import create_app
     from gpu_exporter.config import ConfigError, load_config, split_host_port
     from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
@@ -151,7 +152,7 @@ def serve(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return EXIT_UNAVAILABLE
     host, port = split_host_port(config.listen_address)
-    problem = _cannot_listen(host, port)
+    problem = http_server.cannot_listen(host, port)
     if problem:
         print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
         source.close()
@@ -169,100 +170,13 @@ def serve(args: argparse.Namespace) -> int:
         # Ready once NVML started, even while a re-init is under way: an unready pod drops out
         # of the Service exactly when Prometheus should be seeing gpu_up 0.
         app = create_app(assembly.sampler, lambda: source.started, assembly.rules)
-        server = _server_class()(
-            uvicorn.Config(app, host=host, port=port, log_level=config.log_level, access_log=False)
-        )
-        server.run()
+        http_server.run(app, host, port, config.web_settings(), config.log_level)
     finally:
         assembly.stop()
         source.close()
         if simulator is not None:
             sim.uninstall()
     return 0
-
-
-def _server_class() -> type[uvicorn.Server]:
-    import asyncio
-    import contextlib
-
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server with two changes.
-
-        Signals: uvicorn re-raises SIGTERM/SIGINT after its own shutdown, which would skip our
-        cleanup (sampler, notifier flush, NVML shutdown) and exit 143 instead of 0.
-
-        Idle wake-ups: uvicorn's main loop wakes every 0.1 s to poll `should_exit` and, every
-        tenth time, refresh the Date header (about 2 ms of CPU a second, idle). Here it wakes
-        just after each second turns, which is all the Date header needs (uvicorn's may lag
-        by up to a second), and at once when `should_exit` is set, by a signal handler or
-        anyone else. So SIGTERM stops the server as promptly as before; only a reached
-        `limit_max_requests` (unused here) may be noticed up to a second later.
-        """
-
-        _wake: Callable[[], None] | None = None
-
-        @property
-        def should_exit(self) -> bool:
-            return self._should_exit
-
-        @should_exit.setter
-        def should_exit(self, value: bool) -> None:
-            self._should_exit = value
-            wake = self._wake
-            if value and wake is not None:
-                wake()
-
-        async def main_loop(self) -> None:
-            loop, stop = asyncio.get_running_loop(), asyncio.Event()
-
-            def wake() -> None:
-                # Thread-safe, and right for a signal handler too: that runs while the loop
-                # may be blocked in select(), which only the self-pipe write ends.
-                loop.call_soon_threadsafe(stop.set)
-
-            self._wake = wake
-            try:
-                # Counter 0: uvicorn refreshes the Date header when counter % 10 == 0.
-                while not await self.on_tick(0):
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), _seconds_to_next_second())
-            finally:
-                self._wake = None
-
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    self._captured_signals.clear()
-
-    return Server
-
-
-def _seconds_to_next_second() -> float:
-    # 1 ms past the turn, so that time.time() there already is in the next second.
-    return 1.001 - time.time() % 1.0
-
-
-def _cannot_listen(host: str, port: int) -> str:
-    """Why binding HOST:PORT fails (checked before starting, so the error is ours to word)."""
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from pydantic import (
 
 from gpu_exporter.classify import Thresholds
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+from gpu_exporter.http_server import WebSettings
 from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSettings
 from gpu_exporter.rules.manager import RuleSettings
@@ -54,6 +55,7 @@ class _Strict(BaseModel):
 # fails if a literal creeps back in and drifts.
 _NVML = NvmlSettings()
 _THRESHOLDS = Thresholds()
+_WEB = WebSettings()
 # RuleSettings, AlertmanagerTarget and NotifierSettings defaults are read as class attributes:
 # the last two cannot be built without arguments (a url, the targets).
 
@@ -76,6 +78,7 @@ class NvmlConfig(_Strict):
     gpm: bool = _NVML.gpm
     pcie_throughput_fallback: bool = _NVML.pcie_throughput_fallback
     xid_events: bool = _NVML.xid_events
+    max_devices: int = Field(default=_NVML.max_devices, ge=1, le=4096)
 
     @model_validator(mode="after")
     def _backoff_order(self) -> NvmlConfig:
@@ -119,6 +122,10 @@ class RulesConfig(_Strict):
         default=None, ge=0.2, le=3600
     )  # default: interval
     reload_check_seconds: float = Field(default=RuleSettings.reload_check_seconds, gt=0, le=3600)
+    max_range_seconds: float = Field(default=RuleSettings.max_range_seconds, gt=0, le=7 * 86400)
+    # Default: half the evaluation interval.
+    group_time_budget_seconds: float | None = Field(default=None, gt=0, le=3600)
+    history_max_bytes: int = Field(default=RuleSettings.history_max_bytes, ge=1 << 20, le=1 << 34)
 
     _lists = field_validator("files", mode="before")(_split_commas)
 
@@ -209,6 +216,17 @@ class KubernetesConfig(_Strict):
         return os.path.exists(self.socket_path)
 
 
+class WebConfig(_Strict):
+    """HTTP limits; the defaults and their reasons are in http_server.WebSettings."""
+
+    header_read_timeout_seconds: float = Field(
+        default=_WEB.header_read_timeout_seconds, gt=0, le=300
+    )
+    idle_timeout_seconds: float = Field(default=_WEB.idle_timeout_seconds, gt=0, le=3600)
+    max_connections: int = Field(default=_WEB.max_connections, ge=4, le=65536)
+    probes_without_auth: bool = _WEB.probes_without_auth
+
+
 class ClassifierConfig(_Strict):
     """Bottleneck-class thresholds; the defaults and their reasons are in classify.Thresholds."""
 
@@ -233,6 +251,12 @@ class Config(_Strict):
     alerting: AlertingConfig = AlertingConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
     classifier: ClassifierConfig = ClassifierConfig()
+    # exporter-toolkit web-configuration file: TLS and basic auth on every endpoint.
+    web_config_file: str | None = None
+    web: WebConfig = WebConfig()
+
+    def web_settings(self) -> WebSettings:
+        return WebSettings(web_config_file=self.web_config_file, **self.web.model_dump())
 
     def external_labels(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         environ = os.environ if environ is None else environ

@@ -21,14 +21,14 @@ retained samples are all consecutive ingests' again.
 from __future__ import annotations
 
 import math
-import re
 import struct
 import threading
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+
+from gpu_exporter.rules.regex import label_matcher
 
 Labels = tuple[tuple[str, str], ...]  # sorted by name; includes ("__name__", metric)
 Sample = tuple[float, float]  # (unix seconds, value)
@@ -90,13 +90,8 @@ class Matcher:
             return labels_value == self.value
         if self.op == "!=":
             return labels_value != self.value
-        matched = _regex(self.value).fullmatch(labels_value) is not None
+        matched = label_matcher(self.value).match(labels_value) is not None
         return matched if self.op == "=~" else not matched
-
-
-@lru_cache(maxsize=1024)
-def _regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
 
 
 # No NaN (so no staleness marker) stored yet: older than any sample.

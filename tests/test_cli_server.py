@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gpu_exporter import cli
+from gpu_exporter import http_server
 from tests.daemon import serve
 from tests.support import wait_for
 
@@ -29,7 +29,7 @@ async def _app(scope: Any, receive: Any, send: Any) -> None:  # never called: no
 
 
 def make_server() -> uvicorn.Server:
-    return cli._server_class()(uvicorn.Config(_app, log_level="warning"))
+    return http_server.server_class()(uvicorn.Config(_app, log_level="warning"))
 
 
 def run_until_stopped(server: uvicorn.Server, stop: Callable[[], None]) -> None:
@@ -82,7 +82,7 @@ def _in_select(thread: int) -> bool:
 @pytest.fixture
 def hour_long_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle waits of an hour: only a wake-up can end the main loop within a test."""
-    monkeypatch.setattr(cli, "_seconds_to_next_second", lambda: HOUR)
+    monkeypatch.setattr(http_server, "seconds_to_next_second", lambda: HOUR)
 
 
 @pytest.mark.usefixtures("hour_long_waits")
@@ -105,8 +105,10 @@ def test_sigterm_ends_the_main_loop_blocked_in_select() -> None:
 
 
 def test_limit_max_requests_is_checked_at_each_wake_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "_seconds_to_next_second", lambda: 0.01)
-    server = cli._server_class()(uvicorn.Config(_app, log_level="warning", limit_max_requests=3))
+    monkeypatch.setattr(http_server, "seconds_to_next_second", lambda: 0.01)
+    server = http_server.server_class()(
+        uvicorn.Config(_app, log_level="warning", limit_max_requests=3)
+    )
 
     async def main() -> None:
         task = asyncio.create_task(server.main_loop())
@@ -141,7 +143,7 @@ def test_the_idle_wait_ends_just_past_the_next_second(
     monkeypatch: pytest.MonkeyPatch, now: float, wait: float
 ) -> None:
     monkeypatch.setattr(time, "time", lambda: now)
-    assert cli._seconds_to_next_second() == pytest.approx(wait)
+    assert http_server.seconds_to_next_second() == pytest.approx(wait)
 
 
 def test_sigint_stops_cleanly_with_status_0(tmp_path: Path) -> None:

@@ -40,6 +40,12 @@ class RuleSettings:
     external_labels: dict[str, str] = field(default_factory=dict)
     external_url: str = ""
     reload_check_seconds: float = 5.0
+    # Budgets (the hardening issue): a rule's range or offset reaching further back than this is
+    # refused at load; one group's evaluation running longer than this is stopped and counted
+    # (None: half the evaluation interval); the rule history's memory is capped at this size.
+    max_range_seconds: float = 3600.0
+    group_time_budget_seconds: float | None = None
+    history_max_bytes: int = 64 * 1024 * 1024
 
 
 def store_samples(

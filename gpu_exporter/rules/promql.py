@@ -25,9 +25,8 @@ Known limits of the parity:
 
 - `^` follows Go's `math.Pow` algorithm, exact for integer exponents; for fractional ones it
   uses the C library's exp/log where Go has its own, so the last bit can differ.
-- Regular expressions run on Python's `re` in ASCII mode (RE2's `\\d \\w \\s \\b` are ASCII-only),
-  fully anchored like PromQL's; `(?i)` then folds ASCII letters only. POSIX classes
-  (`[[:alpha:]]`) and syntax `re` rejects are UnsupportedConstruct.
+- Regular expressions run on RE2 (`rules/regex.py`), anchored as Prometheus anchors them;
+  a pattern RE2 refuses is UnsupportedConstruct, as Prometheus refuses it at load.
 - promql_parser (2.45+ grammar) accepts a few spellings 2.42 rejects: unit-less durations
   (`x[90]`) and quoted names (`{"x"}`).
 - Float sums (`sum`, `avg`) depend on input order; Prometheus' order is the TSDB's series order
@@ -37,8 +36,6 @@ Known limits of the parity:
 from __future__ import annotations
 
 import math
-import re
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -46,6 +43,7 @@ from operator import itemgetter
 
 import promql_parser as P
 
+from gpu_exporter.rules.regex import RegexError, check_label_matcher
 from gpu_exporter.store import Labels, Matcher, SeriesStore, Window, is_stale
 
 __all__ = [
@@ -302,7 +300,7 @@ def _compile_selector(vs: P.VectorSelector) -> _Selector:
     matchers = []
     for m in vs.matchers.matchers:
         op = _MATCH_OPS[str(m.op)]
-        matchers.append(Matcher(m.name, op, _python_regex(m.value) if "~" in op else m.value))
+        matchers.append(Matcher(m.name, op, _checked_regex(m.value) if "~" in op else m.value))
     if vs.name:
         matchers.append(Matcher(NAME, "=", vs.name))
     metric = next((m.value for m in matchers if m.name == NAME and m.op == "="), None)
@@ -310,23 +308,13 @@ def _compile_selector(vs: P.VectorSelector) -> _Selector:
     return _Selector(metric, tuple(matchers), offset, _absent_labels(matchers))
 
 
-_POSIX_CLASS = re.compile(r"\[:\^?[a-z]+:\]")
-
-
-def _python_regex(pattern: str) -> str:
-    """The RE2 pattern for Python's re: ASCII mode, as RE2's \\d, \\w, \\s and \\b are ASCII-only.
-    (The store matches it in full, as PromQL anchors regexes.)"""
-    if _POSIX_CLASS.search(pattern):
-        # Python reads [[:alpha:]] as a plain character set: refuse rather than mismatch.
-        raise UnsupportedConstruct(f"POSIX character class in regular expression {pattern!r}")
-    translated = "(?a)" + pattern
+def _checked_regex(pattern: str) -> str:
+    """`pattern` unchanged, once RE2 accepts it (the store matches it, anchored)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # "possible nested set" for `[[`
-            re.compile(translated)
-    except re.error as exc:
-        raise UnsupportedConstruct(f"regular expression {pattern!r} ({exc.msg})") from None
-    return translated
+        check_label_matcher(pattern)
+    except RegexError as exc:
+        raise UnsupportedConstruct(str(exc)) from None
+    return pattern
 
 
 def _absent_labels(matchers: Sequence[Matcher]) -> Labels:

@@ -24,6 +24,8 @@ class NvmlSettings:
     gpm: bool = True  # the gpm collector (Hopper and newer)
     pcie_throughput_fallback: bool = True  # the pcie collector's 20 ms throughput call
     xid_events: bool = True  # the xid collector and its event thread
+    # More GPUs than this is refused at start with a clear error (each GPU costs a reader thread).
+    max_devices: int = 64
 
 
 def default_deadline(interval_seconds: float) -> float:
