@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_exporter.promnames import is_label_name, is_metric_name
 from gpu_exporter.rules import promql, template
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, load_yaml_file
 
@@ -22,8 +23,6 @@ _DURATION = re.compile(
     r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
 )
 _UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
-_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _GROUP_KEYS = {"name", "interval", "limit", "rules"}  # Prometheus 2.42's rulefmt
 _ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 _RECORD_KEYS = {"record", "expr", "labels"}
@@ -192,7 +191,7 @@ def _parse_rule(raw: Any, path: tuple, located: LocatedYaml, problem) -> Rule | 
     if not isinstance(name, str) or not name:
         problem((*path, kind), f"{kind} name must be a non-empty string")
         return None
-    if kind == "record" and not _METRIC_NAME.match(name):
+    if kind == "record" and not is_metric_name(name):
         problem((*path, kind), f"{label}: not a valid metric name")
     raw_expr = raw.get("expr")
     expr_text = raw_expr if isinstance(raw_expr, str) else ""
@@ -232,7 +231,7 @@ def _string_map(value: Any, path: tuple, label: str, problem, labels: bool = Fal
         return {}
     out = {}
     for key, item in value.items():
-        if labels and (not isinstance(key, str) or not _LABEL_NAME.match(key)):
+        if labels and not is_label_name(key):
             problem((*path, key), f"{label}: invalid label name {key!r}")
             continue
         if isinstance(item, bool) or item is None or isinstance(item, dict | list):
