@@ -17,11 +17,11 @@ escaping, Go-style numbers via prometheus_client's own `floatToGoString` — whi
 
 from __future__ import annotations
 
+import functools
 import gzip
 import threading
 from collections.abc import Iterable, Mapping
 
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.utils import floatToGoString
 
@@ -29,7 +29,9 @@ from gpu_exporter.catalog import FAMILIES, Family, Kind
 from gpu_exporter.series import Series, SeriesSet
 from gpu_exporter.snapshot import Labels
 
-CONTENT_TYPE_TEXT = CONTENT_TYPE_LATEST
+# The text format this module writes is 0.0.4 (prometheus/common expfmt FmtText); newer
+# prometheus_client's CONTENT_TYPE_LATEST says version=1.0.0, which Prometheus 2.x does not know.
+CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST
 # Info families are exposed as gauges with value 1 (what Prometheus' text format knows).
 _EXPOSED_TYPE = {
@@ -170,9 +172,42 @@ class RenderedMetrics:
             return self._cache[key]
 
 
+@functools.lru_cache(maxsize=64)  # scrapers send one Accept each; a bounded cache of them
 def wants_openmetrics(accept: str | None) -> bool:
-    """Content negotiation as Prometheus does it: OpenMetrics only when the scraper asks."""
-    return accept is not None and "application/openmetrics-text" in accept
+    """Content negotiation as Prometheus' client libraries do it (prometheus/common expfmt
+    NegotiateIncludingOpenMetrics): the media ranges by q, highest first (the more specific
+    first among equals); the first that is the text format (version 0.0.4 or none) or
+    OpenMetrics (version 0.0.1, 1.0.0 or none) wins; text when none is. A range with q=0 is
+    refused (RFC 9110 12.4.2), so it never counts."""
+    if not accept:
+        return False
+    ranges = []
+    for position, part in enumerate(accept.split(",")):
+        media, *params = (item.strip() for item in part.split(";"))
+        options = dict(_parameter(item) for item in params)
+        quality = _quality(options.get("q", "1"))
+        if quality > 0:
+            ranges.append((-quality, "*" in media, position, media.lower(), options))
+    for *_, media, options in sorted(ranges):
+        version = options.get("version", "")
+        if media == "text/plain" and version in ("", "0.0.4"):
+            return False
+        if media == "application/openmetrics-text" and version in ("", "0.0.1", "1.0.0"):
+            return True
+    return False
+
+
+def _parameter(item: str) -> tuple[str, str]:
+    name, _, value = item.partition("=")
+    return name.strip().lower(), value.strip().strip('"')
+
+
+def _quality(text: str) -> float:
+    try:
+        quality = float(text)
+    except ValueError:
+        return 0.0  # goautoneg's ParseFloat error leaves q at 0 too
+    return quality if 0.0 <= quality <= 1.0 else 0.0
 
 
 def wants_gzip(accept_encoding: str | None) -> bool:

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import gzip
 
+import pytest
+
 from gpu_exporter.catalog import BY_NAME, FAMILIES, Kind
-from gpu_exporter.exposition import RenderedMetrics, wants_gzip, wants_openmetrics
+from gpu_exporter.exposition import (
+    CONTENT_TYPE_TEXT,
+    RenderedMetrics,
+    wants_gzip,
+    wants_openmetrics,
+)
 from gpu_exporter.series import SeriesBuilder
 from gpu_exporter.snapshot import DeviceSample, ErrorCount, Reading, Snapshot, TickStats
 from tests.support import promtool_check_metrics
@@ -87,6 +94,45 @@ def test_content_negotiation() -> None:
     assert not wants_gzip("gzip;q=0")
     assert not wants_gzip("identity")
     assert not wants_gzip(None)
+
+
+PROMETHEUS_2_ACCEPT = (  # what Prometheus 2.42 sends (scrape/scrape.go acceptHeader)
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+@pytest.mark.parametrize(
+    ("accept", "openmetrics"),
+    [
+        (PROMETHEUS_2_ACCEPT, True),
+        ("text/plain;version=0.0.4;q=0.5,*/*;q=0.1", False),
+        # q=0 refuses OpenMetrics, wherever it stands.
+        ("application/openmetrics-text;q=0,text/plain", False),
+        ("application/openmetrics-text; version=1.0.0; q=0.0", False),
+        ("application/openmetrics-text;q=0", False),
+        # The higher q wins, whatever the order.
+        ("text/plain;q=0.4, application/openmetrics-text;version=1.0.0;q=0.9", True),
+        ("application/openmetrics-text;q=0.3, text/plain;version=0.0.4;q=0.8", False),
+        # Equal q: the order of the header.
+        ("text/plain, application/openmetrics-text", False),
+        ("application/openmetrics-text, text/plain", True),
+        # Versions we do not write are passed over.
+        ("application/openmetrics-text;version=2.0.0, text/plain", False),
+        ("text/plain;version=1.0.0, application/openmetrics-text;q=0.2", True),
+        ('APPLICATION/OpenMetrics-Text; Version="1.0.0"', True),
+        ("application/openmetrics-text;q=banana, text/plain;q=0.1", False),
+        ("*/*", False),
+        ("", False),
+    ],
+)
+def test_content_negotiation_honours_q_values(accept: str, openmetrics: bool) -> None:
+    assert wants_openmetrics(accept) is openmetrics
+
+
+def test_text_content_type_is_the_0_0_4_format() -> None:
+    # prometheus/common expfmt FmtText; the body is the 0.0.4 text format.
+    assert CONTENT_TYPE_TEXT == "text/plain; version=0.0.4; charset=utf-8"
 
 
 def test_catalog_names_follow_prometheus_conventions() -> None:
