@@ -104,16 +104,18 @@ _COMPACT_MIN = 16
 class _Timeline:
     """The times (ms) of one ingest group's ingests, in order; entry i is `times[i - base]`."""
 
-    __slots__ = ("base", "last_t", "times")
+    __slots__ = ("base", "last_ms", "times")
 
     def __init__(self) -> None:
         self.times = array("q")
         self.base = 0  # entries before this were trimmed
-        self.last_t = -math.inf
+        self.last_ms = _NO_NAN  # of the newest ingest: older than any
 
 
 class _Series:
-    __slots__ = ("last_t", "nan_ms", "next", "run", "start", "timeline", "times", "values")
+    __slots__ = (
+        "last_ms", "last_t", "nan_ms", "next", "run", "start", "timeline", "times", "values",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         # Unix milliseconds, non-decreasing; None while the times are `timeline`'s entries
@@ -121,9 +123,10 @@ class _Series:
         self.times: array[int] | None = array("q")
         self.values = array("d")
         self.start = 0  # samples before this index have expired
-        # The newest time exactly as given: out-of-order rejection and dropping a series whose
-        # newest sample expired compare float seconds, as they always did.
+        # The newest time exactly as given (dropping a series whose newest sample expired
+        # compares float seconds), and in milliseconds: a sample not after it is refused.
         self.last_t = -math.inf
+        self.last_ms = _NO_NAN
         self.nan_ms = _NO_NAN  # time of the newest NaN value: windows after it need no filter
         self.timeline: _Timeline | None = None  # that of the ingest of the newest sample
         self.next = 0  # the timeline entry after the newest sample's
@@ -242,9 +245,12 @@ class SeriesStore:
         series = by_labels.get(labels)
         if series is None:
             series = by_labels[labels] = _Series()
-        if t <= series.last_t:
-            return  # out of order or duplicate timestamp: Prometheus rejects these too
-        series.last_t = t
+        if ms <= series.last_ms:
+            # Out of order, or on the newest sample's millisecond: Prometheus' TSDB keeps the
+            # first sample of a millisecond (tsdb/head_append.go, 2.42: a duplicate timestamp
+            # is refused), so its range functions never see two samples at one time.
+            return
+        series.last_t, series.last_ms = t, ms
         self.generation += 1
         times = series.times
         if timeline is not None and series.timeline is timeline and series.next == entry:
@@ -306,12 +312,13 @@ class SeriesStore:
             timeline = self._timelines.get(group)
             if timeline is None:
                 timeline = self._timelines[group] = _Timeline()
-            if t > timeline.last_t:
+            if ms > timeline.last_ms:
                 timeline.times.append(ms)
-                timeline.last_t = t
+                timeline.last_ms = ms
                 entry = timeline.base + len(timeline.times) - 1
                 shared: _Timeline | None = timeline
-            else:  # a clock stepped back: no shared time (nor, mostly, a sample) this time
+            else:  # a clock stepped back (or not past the last ingest's millisecond): no
+                # shared time (nor, mostly, a sample) this time
                 entry, shared = 0, None
             present: set[Labels] = set()
             for labels, value in samples:

@@ -716,8 +716,8 @@ def test_range_windows_are_inclusive_at_both_ends_in_milliseconds() -> None:
     assert evaluate(count, store, 3.001) == [Element((), 2.0)]  # 1.0 s is now 1 ms too old
     assert evaluate(count, store, 2.999) == [Element((), 2.0)]  # 3.0 s is 1 ms too new
     # Times are rounded to milliseconds as the evaluator always rounded them.
-    store = raw_store((0.9996, 1.0), (0.9999, 2.0), (2.0, 3.0))  # 1000 ms, 1000 ms, 2000 ms
-    assert evaluate(count, store, 3.0) == [Element((), 3.0)]
+    store = raw_store((0.9996, 1.0), (1.0004, 2.0), (2.0, 3.0))  # 1000 ms, 1000 ms, 2000 ms
+    assert evaluate(count, store, 3.0) == [Element((), 2.0)]  # one sample a millisecond
     store = raw_store((0.9994, 1.0), (2.0, 3.0))  # 999 ms
     assert evaluate(count, store, 3.0) == [Element((), 1.0)]
 
@@ -845,3 +845,28 @@ groups:
     assert evaluator.evaluate_all(11.0) == []
     latest = {labels[0][1]: value for labels, ms, value in store.latest_ms([], 11_000)}
     assert latest == {"r": 1.0, "before": 1.0, "after": 2.0}
+
+
+def test_rate_over_two_samples_on_one_millisecond_agrees_with_prometheus(tmp_path: Path) -> None:
+    # Two samples 0.4 ms apart used to make rate/increase divide by a zero sampled interval.
+    # Prometheus' TSDB keeps the first sample of a millisecond (a second one is a duplicate
+    # timestamp), so its answer is the one for the series without the second sample.
+    store = SeriesStore(retention_seconds=1e9)
+    labels = (("__name__", "c_total"),)
+    for t, value in [(0.0, 0.0), (0.0004, 99.0), (60.0, 10.0), (120.0, 20.0), (120.0003, 1.0)]:
+        store.append(labels, t, value)
+    case = Case("", (("c_total", "0 10 20"),), [120.0, 150.0])
+    tests = []
+    for expr in ("rate(c_total[2m])", "increase(c_total[2m])", "delta(c_total[2m])"):
+        for t in case.times:
+            result = evaluate(parse(expr), store, t)
+            assert len(result) == 1 and math.isfinite(result[0].value), (expr, t)
+            tests.append(
+                {"expr": expr, "eval_time": f"{round(t * 1000)}ms", "exp_samples": samples(result)}
+            )
+    for expr in ("rate(c_total[2m])", "increase(c_total[2m])"):
+        # Raised ZeroDivisionError here: both samples on millisecond 0. One is kept: no result.
+        assert evaluate(parse(expr), store, 0.0004) == []
+    write_tests(tmp_path / "same_ms.yaml", [promtool_group(case, tests)])
+    proc = run_promtool(tmp_path / "same_ms.yaml")
+    assert proc.returncode == 0, f"promtool disagrees:\n{proc.stdout}\n{proc.stderr}"

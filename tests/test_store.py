@@ -76,8 +76,19 @@ def test_times_are_milliseconds_rounded_once_as_the_evaluator_rounds_them() -> N
     for t in times:
         store.append(A, t, t)
     ((_, got_times, got_values),) = store.range_ms(NAME_A, -1, 10**9)
-    assert list(got_times) == [round(t * 1000) for t in times]
-    assert list(got_values) == times
+    kept = first_per_millisecond([(t, t) for t in times])
+    assert len(kept) < len(times)  # some share a millisecond: the first of each stays
+    assert list(got_times) == [round(t * 1000) for t, _ in kept]
+    assert list(got_values) == [v for _, v in kept]
+
+
+def first_per_millisecond(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """What Prometheus' TSDB keeps of in-order samples: the first of each millisecond."""
+    kept: list[tuple[float, float]] = []
+    for t, value in samples:
+        if not kept or round(t * 1000) > round(kept[-1][0] * 1000):
+            kept.append((t, value))
+    return kept
 
 
 def test_range_windows_are_inclusive_at_both_ends() -> None:
@@ -92,15 +103,24 @@ def test_range_windows_are_inclusive_at_both_ends() -> None:
     assert store.range_ms(NAME_A, 1004, 2000) == []  # no sample in the window: no row at all
 
 
-def test_duplicate_milliseconds_stay_in_order_and_in_the_window() -> None:
-    # 1.0001 s is after 1.0 s (accepted as before) but lands on the same millisecond.
+def test_a_second_sample_on_the_same_millisecond_is_refused_as_prometheus_does() -> None:
+    # 1.0001 s is after 1.0 s but lands on the same millisecond: Prometheus' TSDB keeps the
+    # first sample of a millisecond and refuses the next (a duplicate timestamp).
     store = SeriesStore()
     store.append(A, 1.0, 1.0)
     store.append(A, 1.0001, 2.0)
     store.append(A, 1.001, 3.0)
-    assert window(store, 1000, 1000) == [(1000, 1.0), (1000, 2.0)]
+    assert window(store, 1000, 1000) == [(1000, 1.0)]
     assert window(store, 1001, 1001) == [(1001, 3.0)]
-    assert store.latest_ms(NAME_A, 1000) == [(A, 1000, 2.0)]
+    assert store.latest_ms(NAME_A, 1000) == [(A, 1000, 1.0)]
+    # Ingests too: the second one on a millisecond writes nothing and keeps the times shared.
+    store = SeriesStore()
+    store.ingest(2.0, [(A, 1.0)])
+    store.ingest(2.0004, [(A, 2.0)])
+    store.ingest(3.0, [(A, 3.0)])
+    assert window(store, 0, 10_000) == [(2000, 1.0), (3000, 3.0)]
+    ((_, series),) = store._by_name["a"].items()
+    assert series.times is None
 
 
 def test_staleness_markers_are_left_out_of_windows_and_other_nans_kept() -> None:
@@ -141,6 +161,7 @@ def test_windows_match_a_plain_filter_over_everything_appended() -> None:
         value = STALE_NAN if roll < 0.05 else math.nan if roll < 0.1 else rng.uniform(-1, 1)
         store.append(A, t, value)
         appended.append((t, value))
+    appended = first_per_millisecond(appended)
     for _ in range(300):
         lo = round(rng.uniform(90, t + 5) * 1000)
         hi = lo + rng.choice([0, 1, 2, 999, 1000, 5000, 60_000])
@@ -159,15 +180,16 @@ def test_windows_match_a_plain_filter_over_everything_appended() -> None:
             assert same([(ms, value)], before[-1:])
 
 
-def test_out_of_order_and_duplicate_times_are_rejected_as_float_seconds() -> None:
+def test_out_of_order_and_duplicate_times_are_rejected() -> None:
     store = SeriesStore()
     store.append(A, 5.0, 1.0)
     store.append(A, 5.0, 2.0)  # the same time
     store.append(A, 4.9999, 3.0)  # earlier, though on the same millisecond as 5.0
     store.ingest(3.0, [(A, 4.0)])  # an ingest is no exception
-    store.append(A, 5.0002, 5.0)  # later: kept, even on the same millisecond
-    assert window(store, 0, 10_000) == [(5000, 1.0), (5000, 5.0)]
-    assert dict(store.select(NAME_A, 0, 10)) == {A: [(5.0, 1.0), (5.0002, 5.0)]}
+    store.append(A, 5.0002, 5.0)  # later, but on the same millisecond: refused
+    store.append(A, 5.0006, 6.0)  # the next millisecond: kept
+    assert window(store, 0, 10_000) == [(5000, 1.0), (5001, 6.0)]
+    assert dict(store.select(NAME_A, 0, 10)) == {A: [(5.0, 1.0), (5.0006, 6.0)]}
 
 
 def test_retention_trims_the_front_and_keeps_memory_bounded() -> None:
@@ -332,7 +354,7 @@ def test_shared_times_read_as_a_plain_record_of_every_sample() -> None:
 
     def write(labels: Labels, t: float, value: float) -> None:
         samples = accepted.setdefault(labels, [])
-        if not samples or t > samples[-1][0]:
+        if not samples or round(t * 1000) > round(samples[-1][0] * 1000):
             samples.append((t, value))
 
     t = 1000.0

@@ -983,7 +983,9 @@ def _extrapolated_rate(is_counter: bool, is_rate: bool) -> RangeImpl:
         duration_to_start = (first_t - range_start) / 1000
         duration_to_end = (range_end - last_t) / 1000
         sampled = (last_t - first_t) / 1000
-        average_step = sampled / (count - 1)
+        # The store keeps one sample per millisecond (as Prometheus' TSDB), so `sampled` is
+        # positive here; Go's float division keeps any other input from raising.
+        average_step = _go_div(sampled, count - 1)
         if is_counter and result > 0 and first_v >= 0:
             # Do not extrapolate the counter below zero.
             duration_to_zero = sampled * (first_v / result)
@@ -995,9 +997,9 @@ def _extrapolated_rate(is_counter: bool, is_rate: bool) -> RangeImpl:
         interval = sampled
         interval += duration_to_start if duration_to_start < threshold else average_step / 2
         interval += duration_to_end if duration_to_end < threshold else average_step / 2
-        factor = interval / sampled
+        factor = _go_div(interval, sampled)
         if is_rate:
-            factor /= _duration_seconds(range_ms)
+            factor = _go_div(factor, _duration_seconds(range_ms))
         return result * factor
 
     return compute
