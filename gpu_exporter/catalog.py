@@ -416,16 +416,19 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_exporter_notifications_errors_total",
         C,
-        "Alerts in POSTs to each Alertmanager that failed (retried unless rejected as invalid).",
-        ("alertmanager",),
+        "Alerts in POSTs to each Alertmanager that failed, by reason (unreachable, credentials,"
+        " unauthorized, unavailable, invalid, too_large, unexpected_status); kept and sent"
+        " again (invalid and too_large: in halves).",
+        ("alertmanager", "reason"),
         source="notifier",
         per_device=False,
     ),
     Family(
         "gpu_exporter_notifications_rejected_total",
         C,
-        "Alerts an Alertmanager refused with a 4xx answer (a bad payload; not retried).",
-        ("alertmanager",),
+        "Alerts dropped as undeliverable, by reason: invalid (400/422 for the alert alone),"
+        " too_large (413 for the alert alone), invalid_local (refused before sending).",
+        ("alertmanager", "reason"),
         source="notifier",
         per_device=False,
     ),
@@ -448,7 +451,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_exporter_attribution_up",
         G,
-        "1 when the last kubelet PodResources refresh succeeded.",
+        "1 when the last kubelet PodResources refresh succeeded; while 0 the last known pod"
+        " labels are kept until a grace period after the last success, then removed.",
         source="kubernetes",
         per_device=False,
     ),

@@ -3,9 +3,11 @@
 It behaves like Prometheus' notifier (notifier/notifier.go) for the alerts the rule engine
 produces: the engine decides what to send and when (firing alerts re-sent every resend_delay
 with endsAt in the future, resolved ones with endsAt = resolution time); this module only
-delivers them. One deliberate difference: a batch that fails for a transient reason stays at
-the head of its queue and is retried with back-off instead of being dropped, so an
-Alertmanager that is down for a while loses nothing unless its queue overflows.
+delivers them. One deliberate difference: a batch that fails stays at the head of its queue
+and is retried with back-off instead of being dropped, so an Alertmanager that is down, hung or
+refusing the credentials for a while loses nothing unless its queue overflows. Only alerts that
+Alertmanager refuses one by one (400/422, 413) are dropped, each logged and counted; see
+answers.py for what each answer leads to.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from gpu_exporter import __version__
+from gpu_exporter.notify import answers
+from gpu_exporter.notify.answers import Answer, Verdict
+from gpu_exporter.notify.validation import payload_problem
 
 if TYPE_CHECKING:  # imported by _build_client, only when an Alertmanager is configured
     import httpx
@@ -36,7 +40,8 @@ USER_AGENT = f"gpu-exporter/{__version__}"
 API_PATH = "/api/v2/alerts"
 # Repeated warnings (queue overflow, an Alertmanager that stays down) at most this often.
 WARN_INTERVAL_SECONDS = 30.0
-_MAX_LOGGED_BODY = 500
+# Alerts logged one by one when dropped: at most this many per WARN_INTERVAL_SECONDS, then a count.
+LOGGED_DROPS_PER_INTERVAL = 10
 _NO_LABELS: Mapping[str, str] = MappingProxyType({})
 
 Payload = dict[str, Any]
@@ -103,6 +108,9 @@ class NotifierSettings:
     max_batch_size: int = 256
     retry_initial_backoff_seconds: float = 0.5
     retry_max_backoff_seconds: float = 30.0
+    # After a 413 fewer alerts go in one POST; the full max_batch_size is tried again this long
+    # after the last 413 (a proxy's limit may have been raised).
+    batch_limit_reset_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "targets", tuple(self.targets))
@@ -114,6 +122,8 @@ class NotifierSettings:
             raise ValueError("retry_initial_backoff_seconds must be > 0")
         if self.retry_max_backoff_seconds < self.retry_initial_backoff_seconds:
             raise ValueError("retry_max_backoff_seconds must be >= retry_initial_backoff_seconds")
+        if not self.batch_limit_reset_seconds > 0:
+            raise ValueError("batch_limit_reset_seconds must be > 0")
         urls = [t.url.rstrip("/") for t in self.targets]
         duplicates = sorted({u for u in urls if urls.count(u) > 1})
         if duplicates:
@@ -125,14 +135,27 @@ class NotifierSettings:
 class TargetStats:
     url: str
     sent_total: int  # alerts in POSTs that Alertmanager accepted (2xx)
-    failed_total: int  # alerts in POSTs that failed (a retried alert counts each time)
+    failed_by_reason: Mapping[
+        str, int
+    ]  # alerts in failed POSTs (each attempt), answers.ERROR_REASONS
     dropped_total: int  # alerts dropped, oldest first, because the queue was full
-    rejected_total: int  # alerts discarded because Alertmanager answered 4xx (bad payload)
+    rejected_by_reason: Mapping[
+        str, int
+    ]  # alerts given up as undeliverable, answers.REJECT_REASONS
     queue_length: int  # alerts waiting, including the batch being posted
     queue_capacity: int
+    batch_limit: int  # alerts per POST now: max_batch_size, or less after a 413
     latency_seconds_sum: float  # time spent in POSTs, successful or not
     latency_seconds_count: int  # POST attempts
     last_success_timestamp: float | None  # clock() of the last accepted POST
+
+    @property
+    def failed_total(self) -> int:
+        return sum(self.failed_by_reason.values())
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected_by_reason.values())
 
 
 @dataclass(frozen=True)
@@ -177,6 +200,7 @@ class Notifier:
         self._started = False
         self._stopped = False
         self._late_sends = _Throttle(WARN_INTERVAL_SECONDS)
+        self._invalid_log = _DropLog()
         self._senders = _build_senders(settings, clock)
 
     def start(self) -> None:
@@ -191,6 +215,9 @@ class Notifier:
         """Queue alerts for every Alertmanager. Never blocks on the network, never raises."""
         try:
             payloads = [p for p in map(self._payload_or_none, alerts) if p is not None]
+            if len(payloads) < len(alerts):
+                for sender in self._senders:
+                    sender.reject_locally(len(alerts) - len(payloads))
             if not payloads or not self._senders:
                 return
             if self._stopped:
@@ -218,11 +245,23 @@ class Notifier:
         return NotifierStats(targets={s.url: s.stats() for s in self._senders})
 
     def _payload_or_none(self, alert: OutgoingAlert) -> Payload | None:
+        """The alert's payload, or None (logged) when Alertmanager could never accept it."""
+        payload: Payload | None = None
         try:
-            return alert_payload(alert, self._external_labels)
+            payload = alert_payload(alert, self._external_labels)
+            problem = payload_problem(payload)
         except (TypeError, ValueError, OverflowError, AttributeError) as exc:
-            log.error("notifier: skipping malformed alert %r: %s", alert, exc)
-            return None
+            problem = f"malformed: {exc}"
+        if problem is None:
+            return payload
+        if self._invalid_log.ready():
+            log.error(
+                "notifier: not sending alert %s, Alertmanager would refuse it: %s%s",
+                _describe(payload["labels"] if payload else getattr(alert, "labels", alert)),
+                problem,
+                self._invalid_log.suppressed_note(),
+            )
+        return None
 
 
 def _build_senders(
@@ -265,10 +304,13 @@ def format_timestamp(unix_seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{frac:03d}Z"
 
 
-class _Outcome(Enum):
-    DELIVERED = "delivered"
-    RETRY = "retry"  # transient: the batch goes back to the head of the queue
-    REJECTED = "rejected"  # Alertmanager says the payload is bad: retrying cannot help
+@dataclass(frozen=True)
+class _Settled:
+    """What a finished POST did to the queue (for the logs, outside the lock)."""
+
+    displaced: int = 0  # alerts of the batch an overflow had displaced: dropped now
+    rejected: tuple[Payload, ...] = ()  # alerts refused alone: dropped for good
+    new_limit: int | None = None  # alerts per POST after a 413
 
 
 class _TargetSender:
@@ -276,6 +318,11 @@ class _TargetSender:
 
     Invariant (under `_cond`): len(_queue) + live in-flight alerts <= capacity, where the live
     in-flight alerts are the batch being posted minus those an overflow has displaced.
+
+    A batch that is not delivered goes back to the head of the queue, in order, so the next
+    batch starts with the same alerts: after a 413 it is taken in halves (`_limit`), after a
+    400/422 in the halves `_pieces` lists, and an alert is only dropped when a POST of it alone
+    is refused. A half that was delivered is never sent again when the other one fails.
     """
 
     def __init__(
@@ -288,22 +335,33 @@ class _TargetSender:
         self._max_batch = settings.max_batch_size
         self._initial_backoff = settings.retry_initial_backoff_seconds
         self._max_backoff = settings.retry_max_backoff_seconds
+        self._limit_reset = settings.batch_limit_reset_seconds
         self._clock = clock
         self._client = _build_client(target)
         self._cond = threading.Condition()
         self._queue: deque[Payload] = deque()
         self._inflight = 0
         self._displaced = 0
+        self._limit = self._max_batch  # lowered by a 413
+        self._limit_lowered_at = 0.0  # monotonic time of the last 413
+        # Sizes of the next batches: the halves of batches refused with 400/422 (the alerts
+        # they stand for are at the head of the queue). A hint: an overflow may shift it, which
+        # costs a POST at worst, since only a refused single alert is ever dropped.
+        self._pieces: deque[int] = deque()
+        self._batch_is_piece = False
         self._drain_deadline: float | None = None  # monotonic; set once stop() began
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._sent = self._failed = self._dropped = self._rejected = 0
+        self._sent = self._dropped = 0
+        self._failed = dict.fromkeys(answers.ERROR_REASONS, 0)
+        self._rejected = dict.fromkeys(answers.REJECT_REASONS, 0)
         self._latency_sum = 0.0
         self._attempts = 0
         self._last_success: float | None = None
         self._unreported_drops = 0
         self._drop_warnings = _Throttle(WARN_INTERVAL_SECONDS)
         self._failure_warnings = _Throttle(WARN_INTERVAL_SECONDS)
+        self._rejection_log = _DropLog()
         self._failure_streak = 0
 
     # --- called from other threads -------------------------------------------------------
@@ -320,6 +378,11 @@ class _TargetSender:
             dropped = self._enforce_capacity()
             self._cond.notify()
         self._report_drops(dropped)
+
+    def reject_locally(self, count: int) -> None:
+        """Count alerts the notifier refused before queueing them (see validation.py)."""
+        with self._cond:
+            self._rejected[answers.INVALID_LOCAL] += count
 
     def begin_drain(self, deadline: float) -> None:
         with self._cond:
@@ -344,11 +407,12 @@ class _TargetSender:
             return TargetStats(
                 url=self.url,
                 sent_total=self._sent,
-                failed_total=self._failed,
+                failed_by_reason=MappingProxyType(dict(self._failed)),
                 dropped_total=self._dropped,
-                rejected_total=self._rejected,
+                rejected_by_reason=MappingProxyType(dict(self._rejected)),
                 queue_length=len(self._queue) + self._inflight - self._displaced,
                 queue_capacity=self._capacity,
+                batch_limit=self._limit,
                 latency_seconds_sum=self._latency_sum,
                 latency_seconds_count=self._attempts,
                 last_success_timestamp=self._last_success,
@@ -360,8 +424,8 @@ class _TargetSender:
         backoff = self._initial_backoff
         try:
             while (batch := self._take_batch()) is not None:
-                outcome = self._deliver(batch)
-                if outcome is not _Outcome.RETRY:
+                verdict = self._deliver(batch)
+                if verdict is not Verdict.RETRY:  # delivered, or split / dropped: go on now
                     backoff = self._initial_backoff
                     continue
                 if self._draining():
@@ -381,25 +445,34 @@ class _TargetSender:
                 return None
             if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
                 return None
-            size = min(len(self._queue), self._max_batch)
+            since_413 = time.monotonic() - self._limit_lowered_at
+            if self._limit < self._max_batch and since_413 >= self._limit_reset:
+                self._limit = self._max_batch
+            size = min(len(self._queue), self._limit)
+            self._batch_is_piece = bool(self._pieces)
+            if self._pieces:
+                piece = self._pieces.popleft()
+                if piece > size:  # the rest of the piece is the next batch
+                    self._pieces.appendleft(piece - size)
+                size = min(size, piece)
             batch = [self._queue.popleft() for _ in range(size)]
             self._inflight, self._displaced = size, 0
             return batch
 
-    def _deliver(self, batch: list[Payload]) -> _Outcome:
+    def _deliver(self, batch: list[Payload]) -> Verdict:
         started = time.monotonic()
-        outcome, detail = self._post(batch)
+        answer = self._post(batch)
         elapsed = time.monotonic() - started
-        displaced = self._settle(batch, outcome, elapsed)
-        self._log_outcome(outcome, detail, len(batch))
-        self._report_drops(displaced)
-        return outcome
+        settled = self._settle(batch, answer, elapsed)
+        self._log_answer(answer, len(batch), settled)
+        self._report_drops(settled.displaced)
+        return answer.verdict
 
-    def _post(self, batch: list[Payload]) -> tuple[_Outcome, str]:
+    def _post(self, batch: list[Payload]) -> Answer:
         try:
             headers = {"Content-Type": "application/json", **self._auth_headers()}
         except OSError as exc:  # a rotated secret may be briefly missing: try again later
-            return _Outcome.RETRY, f"cannot read credentials: {exc}"
+            return answers.no_credentials(f"cannot read credentials: {exc}")
         body = json.dumps(batch, separators=(",", ":")).encode()
         import httpx  # already loaded by _build_client: a dictionary lookup
 
@@ -408,30 +481,44 @@ class _TargetSender:
                 self._endpoint, content=body, headers=headers, timeout=self._request_timeout()
             )
         except httpx.HTTPError as exc:  # connection refused, TLS failure, timeout, ...
-            return _Outcome.RETRY, f"{type(exc).__name__}: {exc}"
+            return answers.no_answer(f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # e.g. a token httpx cannot put in a header: keep the alerts
-            return _Outcome.RETRY, f"unexpected {type(exc).__name__}: {exc}"
-        return _classify(response)
+            return answers.no_answer(f"unexpected {type(exc).__name__}: {exc}")
+        return answers.classify(response.status_code, response.text)
 
-    def _settle(self, batch: list[Payload], outcome: _Outcome, elapsed: float) -> int:
-        """Account for a finished POST; returns how many alerts it finally dropped."""
+    def _settle(self, batch: list[Payload], answer: Answer, elapsed: float) -> _Settled:
+        """Account for a finished POST and put back what is to be sent again."""
         with self._cond:
             size, displaced = len(batch), self._displaced
             self._inflight = self._displaced = 0
             self._attempts += 1
             self._latency_sum += elapsed
-            if outcome is _Outcome.DELIVERED:
+            if answer.verdict is Verdict.DELIVERED:
                 self._sent += size
                 self._last_success = self._clock()
-                return 0
-            self._failed += size
-            if outcome is _Outcome.REJECTED:
-                self._rejected += size
-                return 0
-            # Back to the head, in order, except the oldest ones newer alerts displaced.
-            self._queue.extendleft(reversed(batch[displaced:]))
+                return _Settled()
+            self._failed[answer.reason] += size
+            # The oldest alerts of the batch that newer ones displaced are dropped now.
             self._dropped += displaced
-            return displaced
+            live = batch[displaced:]
+            if answer.verdict is Verdict.SPLIT_OR_DROP and size == 1:
+                self._rejected[answer.reason] += len(live)
+                if answer.reason == answers.TOO_LARGE:
+                    self._limit = self._max_batch  # that alert was the problem, not the count
+                return _Settled(displaced, rejected=tuple(live))
+            # Back to the head, in order: the next batch starts with these alerts again.
+            self._queue.extendleft(reversed(live))
+            new_limit = None
+            same_piece = answer.verdict is Verdict.RETRY or answer.reason == answers.TOO_LARGE
+            if same_piece and self._batch_is_piece and live:
+                self._pieces.appendleft(len(live))
+            if answer.reason == answers.TOO_LARGE:
+                self._limit = new_limit = max(1, size // 2)
+                self._limit_lowered_at = time.monotonic()
+            elif answer.reason == answers.INVALID and live:
+                first = (len(live) + 1) // 2
+                self._pieces.extendleft(p for p in (len(live) - first, first) if p)
+            return _Settled(displaced, new_limit=new_limit)
 
     def _wait_backoff(self, seconds: float) -> None:
         with self._cond:  # sends do not shorten the back-off; stop() does
@@ -511,8 +598,8 @@ class _TargetSender:
             total,
         )
 
-    def _log_outcome(self, outcome: _Outcome, detail: str, size: int) -> None:
-        if outcome is _Outcome.DELIVERED:
+    def _log_answer(self, answer: Answer, size: int, settled: _Settled) -> None:
+        if answer.verdict is Verdict.DELIVERED:
             if self._failure_streak:
                 log.info(
                     "notifier: %s accepts alerts again after %d failed attempts",
@@ -521,37 +608,54 @@ class _TargetSender:
                 )
             self._failure_streak = 0
             return
-        if outcome is _Outcome.REJECTED:
-            log.error(
-                "notifier: %s rejected %d alerts as invalid, discarding them: %s",
-                self.url,
-                size,
-                detail,
-            )
+        for payload in settled.rejected:
+            if self._rejection_log.ready():
+                log.error(
+                    "notifier: %s refused alert %s on its own (%s), dropping it: %s%s",
+                    self.url,
+                    _describe(payload["labels"]),
+                    answer.reason,
+                    answer.detail,
+                    self._rejection_log.suppressed_note(),
+                )
+        if settled.rejected or (answer.verdict is Verdict.SPLIT_OR_DROP and size == 1):
+            return
+        if answer.verdict is Verdict.SPLIT_OR_DROP:
+            if settled.new_limit is not None:
+                log.warning(
+                    "notifier: %s refused %d alerts as too large (%s); sending at most %d "
+                    "per POST for %.0f s",
+                    self.url,
+                    size,
+                    answer.detail,
+                    settled.new_limit,
+                    self._limit_reset,
+                )
+            else:
+                log.warning(
+                    "notifier: %s refused a batch of %d alerts (%s); sending it in halves "
+                    "to find the refused ones",
+                    self.url,
+                    size,
+                    answer.detail,
+                )
             return
         self._failure_streak += 1
-        level = logging.WARNING if self._failure_warnings.ready() else logging.DEBUG
+        if not self._failure_warnings.ready():
+            level = logging.DEBUG
+        elif answer.reason in answers.NEEDS_ATTENTION:
+            level = logging.ERROR
+        else:
+            level = logging.WARNING
         log.log(
             level,
-            "notifier: sending %d alerts to %s failed (attempt %d, will retry): %s",
+            "notifier: sending %d alerts to %s failed (%s, attempt %d; kept and retried): %s",
             size,
             self.url,
+            answer.reason,
             self._failure_streak,
-            detail,
+            answer.detail,
         )
-
-
-def _classify(response: httpx.Response) -> tuple[_Outcome, str]:
-    code = response.status_code
-    if 200 <= code < 300:
-        return _Outcome.DELIVERED, ""
-    detail = f"HTTP {code}: {response.text[:_MAX_LOGGED_BODY]!r}"
-    # 4xx means the payload itself is bad (Alertmanager stores the valid alerts of a batch
-    # and answers 400 for the rest), so sending it again cannot help. 408 and 429 are the
-    # exceptions: they say "later", like 5xx, and are retried.
-    if 400 <= code < 500 and code not in (408, 429):
-        return _Outcome.REJECTED, detail
-    return _Outcome.RETRY, detail
 
 
 def _build_client(target: AlertmanagerTarget) -> httpx.Client:
@@ -609,6 +713,42 @@ def _text(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {value!r}")
     return value
+
+
+def _describe(labels: object) -> str:
+    """An alert for the log: its name first, then all its labels."""
+    if isinstance(labels, Mapping):
+        return f"{labels.get('alertname', '(no alertname)')} {dict(labels)}"
+    return repr(labels)
+
+
+class _DropLog:
+    """Log lines about dropped alerts: at most LOGGED_DROPS_PER_INTERVAL per interval, and the
+    next line allowed says how many were left out (the counters have them all)."""
+
+    def __init__(self) -> None:
+        self._window_start = -WARN_INTERVAL_SECONDS
+        self._logged = 0
+        self._suppressed = 0
+        self._lock = threading.Lock()
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._window_start >= WARN_INTERVAL_SECONDS:
+                self._window_start, self._logged = now, 0
+            if self._logged >= LOGGED_DROPS_PER_INTERVAL:
+                self._suppressed += 1
+                return False
+            self._logged += 1
+            return True
+
+    def suppressed_note(self) -> str:
+        with self._lock:
+            count, self._suppressed = self._suppressed, 0
+        return (
+            f" ({count} more not logged in the last {WARN_INTERVAL_SECONDS:.0f} s)" if count else ""
+        )
 
 
 class _Throttle:
