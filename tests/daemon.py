@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,10 +23,17 @@ def free_port() -> int:
 
 
 class Daemon:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        log: Path,
+        tls: ssl.SSLContext | None = None,
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         self.process, self.port, self.log = process, port, log
-        self.url = f"http://127.0.0.1:{port}"
-        self.client = httpx.Client(base_url=self.url, timeout=5.0)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        self.client = httpx.Client(base_url=self.url, timeout=5.0, verify=tls or True, auth=auth)
 
     def get(self, path: str, **kwargs: object) -> httpx.Response:
         return self.client.get(path, **kwargs)
@@ -57,7 +65,17 @@ def command(*args: str) -> list[str]:
 
 
 @contextmanager
-def serve(tmp_path: Path, *args: str) -> Iterator[Daemon]:
+def serve(
+    tmp_path: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    tls: ssl.SSLContext | None = None,
+    auth: tuple[str, str] | None = None,
+) -> Iterator[Daemon]:
+    """`env`: extra environment; `preexec_fn`: run in the child before exec (e.g. to lower
+    RLIMIT_NOFILE); `tls`: the client context for a daemon serving https; `auth`: basic auth
+    for the daemon's client."""
     port = free_port()
     log = tmp_path / f"daemon-{port}.log"
     with log.open("wb") as sink:
@@ -65,9 +83,10 @@ def serve(tmp_path: Path, *args: str) -> Iterator[Daemon]:
             command("serve", "--listen-address", f"127.0.0.1:{port}", *args),
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            preexec_fn=preexec_fn,
         )
-    daemon = Daemon(process, port, log)
+    daemon = Daemon(process, port, log, tls, auth)
     try:
         yield daemon
     finally:
