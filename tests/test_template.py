@@ -151,6 +151,14 @@ TEMPLATES = [
     "|{{ humanizeTimestamp -9.2e9 }}",
     "{{ title `ünïcode wörld` }}|{{ toUpper `ﬀ ŉ ǰ ᾀ` }}|{{ toLower `ΑΣ Ǆ` }}"
     "|{{ title `ᾀa ﬀb` }}|{{ printf `%q` `\x7f\u2028😀` }}",
+    # regexp syntax RE2 shares with Go, and Expand's corners (group names are Unicode words)
+    "{{ reReplaceAll `\\pL+` `L` `ab1çd` }}|{{ reReplaceAll `\\PL` `_` `a1é2` }}"
+    "|{{ reReplaceAll `[[:^alpha:]]+` `-` `ab12cd` }}|{{ reReplaceAll `\\p{Greek}` `g` `aβγ` }}"
+    "|{{ reReplaceAll `(?U)a+` `x` `aaa` }}|{{ reReplaceAll `(?i)k` `x` `kK\u212a` }}",
+    "{{ reReplaceAll `(?P<n>a)|(?P<n>b)` `[$n]` `ab` }}|{{ reReplaceAll `(a)` `$1²|${1}٣|$٣` `a` }}"
+    "|{{ reReplaceAll `(a)|b` `<${1}>` `ab` }}|{{ reReplaceAll `` `.` `é日` }}"
+    "|{{ reReplaceAll `x*` `-` `é` }}|{{ reReplaceAll `\\b` `|` `aé b` }}"
+    "|{{ reReplaceAll `[\\D]+` `#` `1a2` }}|{{ match `\\Qa.b\\E$` `xa.b` }}",
     "{{ printf `%-+8.2f|%+08d|%- 6d|%x` -1.5 42 7 -255 }}|{{ printf `% x|%#x|% #X|%#o|%#b|%x` "
     "`hi` `hi` `hi` 8 5 $externalLabels }}|{{ printf `%8x|%-8X|%.1x` `é` `é` `é` }}",
 ]
@@ -382,9 +390,14 @@ def test_labels_and_external_data() -> None:
         ("{{ printf `%#v` 1 }}", "'#'"),
         ('{{ js "x" }}', "js"),
         ("{{ (toTime 1).Unix }}", "toTime"),
-        ("{{ reReplaceAll `\\pL` `` `x` }}", "Unicode classes"),
-        ("{{ match `(?=x)` `x` }}", "not Go regexp"),
-        ("{{ match `(a)\\1` `aa` }}", "backreferences"),
+        # what Go's regexp refuses (RE2 syntax), in Go's words
+        ("{{ match `(?=x)` `x` }}", "error parsing regexp: invalid or unsupported Perl syntax"),
+        ("{{ match `(a)\\1` `aa` }}", "error parsing regexp: invalid escape sequence: `\\1`"),
+        ("{{ match `\\C` `aa` }}", "invalid escape sequence: `\\C`"),  # C++ RE2 takes \C
+        ("{{ match `(?<n>a)` `a` }}", "invalid or unsupported Perl syntax: `(?<`"),
+        ("{{ match `(?P<é>a)` `a` }}", "invalid named capture: `(?P<é>`"),
+        ("{{ reReplaceAll `a{1001}` `` `a` }}", "invalid repeat count: `{1001}`"),
+        ("{{ reReplaceAll `a**` `` `a` }}", "invalid nested repetition operator: `**`"),
         # malformed
         ("{{ $value", "unclosed action"),
         ("{{ if true }}x", "unexpected EOF"),

@@ -1,15 +1,31 @@
 """Regular expressions as Prometheus runs them: RE2 syntax, matched in linear time.
 
 Prometheus compiles label-matcher regexes with Go's `regexp` (RE2 syntax) anchored as
-`^(?:PATTERN)$` (prometheus/prometheus, model/labels/regexp.go, 2.42). The `google-re2` package
-binds the C++ RE2 library that Go's engine follows: the same syntax (Perl classes `\\d \\w \\s`
-ASCII-only, POSIX classes, `\\pL`, no backreferences or lookarounds) and, above all, matching in
-time linear in the input, so no rule or pod name can make a match run for seconds.
+`^(?:PATTERN)$` (prometheus/prometheus, model/labels/regexp.go, 2.42), and its templates call
+`regexp.MatchString` and `Regexp.ReplaceAllString` (template/template.go, 2.42). The
+`google-re2` package binds the C++ RE2 library that Go's engine follows: the same syntax (Perl
+classes `\\d \\w \\s` ASCII-only, POSIX classes, `\\pL`, no backreferences or lookarounds) and,
+above all, matching in time linear in the input, so no rule or pod name can make a match run
+for seconds.
+
+Where C++ RE2 (2025) and Go 1.19's `regexp/syntax` (what Prometheus 2.42 was built with) differ,
+Go is followed; each case was checked against `promtool check rules` 2.42 (go1.19.8):
+
+* `\\C` (any byte) is refused, as Go refuses it: "invalid escape sequence".
+* `(?<name>...)` is refused (Go accepts only `(?P<name>...)` before 1.22).
+* Group names must be ASCII letters, digits and `_` (RE2 also takes other Unicode letters).
+* Error messages use Go's wording ("missing closing )" for RE2's "missing )", and so on), with
+  the offending text as RE2 reports it, which may quote less of the pattern than Go does.
+
+Differences left: RE2 refuses programs over its 8 MiB memory budget ("expression too large")
+that Go would compile, and the Unicode tables behind `\\pL` and `(?i)` are RE2's (Unicode 15)
+rather than Go 1.19's (Unicode 13), which only matters for characters added in between.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import re2
@@ -19,24 +35,126 @@ import re2
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False
 
+# RE2's error codes (re2/regexp.cc, CodeText) in Go's words (regexp/syntax/parse.go, ErrorCode).
+_GO_ERROR_CODES = {
+    "missing ]": "missing closing ]",
+    "missing )": "missing closing )",
+    "trailing \\": "trailing backslash at end of expression",
+    "no argument for repetition operator": "missing argument to repetition operator",
+    "invalid repetition size": "invalid repeat count",
+    "bad repetition operator": "invalid nested repetition operator",
+    "invalid perl operator": "invalid or unsupported Perl syntax",
+    "invalid named capture group": "invalid named capture",
+    "pattern too large - compile failed": "expression too large",
+    "pattern too large - reverse compile failed": "expression too large",
+}
+
 
 class RegexError(ValueError):
-    """A pattern RE2 refuses; the message is RE2's reason, with the pattern."""
+    """A pattern RE2 (or Go) refuses; `reason` is RE2's "code: offending text"."""
 
     def __init__(self, pattern: str, reason: str) -> None:
         super().__init__(f"regular expression {pattern!r} ({reason})")
         self.pattern, self.reason = pattern, reason
 
+    @property
+    def go_message(self) -> str:
+        """The error as Go's regexp.Compile words it: "error parsing regexp: CODE: `TEXT`"."""
+        code, sep, text = self.reason.partition(": ")
+        if not sep and code.endswith(":"):  # "trailing \\": RE2 gives no text
+            code = code[:-1]
+        return f"error parsing regexp: {_GO_ERROR_CODES.get(code, code)}: `{text}`"
+
+
+@dataclass(frozen=True)
+class GoRegexp:
+    """A compiled pattern with Go's SubexpNames (index 0, the whole match, and unnamed: "")."""
+
+    program: Any  # re2._Regexp; match it against UTF-8 bytes for byte offsets
+    names: tuple[str, ...]
+
+    def search(self, data: bytes, pos: int = 0) -> list[tuple[int, int]] | None:
+        """Leftmost-first match at or after byte `pos` (context before `pos` counts for `^`, `\\b`):
+        the spans of the match and of every group ((-1, -1) if it took no part), or None."""
+        m = self.program.search(data, pos)
+        return None if m is None else [m.span(k) for k in range(len(self.names))]
+
 
 def compile_re2(pattern: str) -> Any:
     """`pattern` compiled as is (unanchored), or RegexError."""
+    return compile_go(pattern).program
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_go(pattern: str) -> GoRegexp:
+    """`pattern` as Go's regexp.Compile accepts it, or RegexError."""
     try:
-        return re2.compile(pattern, options=_OPTIONS)
+        program = re2.compile(pattern, options=_OPTIONS)
+    except UnicodeEncodeError:  # a lone surrogate: Go sees invalid UTF-8
+        raise RegexError(pattern, f"invalid UTF-8: {pattern}") from None
     except re2.error as exc:
         reason = exc.args[0] if exc.args else str(exc)
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
         raise RegexError(pattern, str(reason)) from None
+    names = _go_group_names(pattern)
+    if len(names) != program.groups + 1:  # cannot happen for a pattern RE2 parsed; be safe
+        by_index = {index: name for name, index in program.groupindex.items()}
+        names = tuple(by_index.get(k, "") for k in range(program.groups + 1))
+    return GoRegexp(program, names)
+
+
+def _go_group_names(pattern: str) -> tuple[str, ...]:
+    """SubexpNames of a pattern RE2 accepted; RegexError for what Go refuses beyond RE2."""
+    names = [""]
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            following = pattern[i + 1 : i + 2]
+            if following == "Q":  # literal text up to \E (or the end)
+                end = pattern.find("\\E", i + 2)
+                i = n if end < 0 else end + 2
+                continue
+            if following == "C":
+                raise RegexError(pattern, "invalid escape sequence: \\C")
+            i += 2  # \x{..} and \p{..} hold no parenthesis or bracket
+            continue
+        if c == "[":
+            i = _class_end(pattern, i)
+            continue
+        if c == "(":
+            if pattern.startswith("(?P<", i):
+                end = pattern.index(">", i)  # RE2 accepted it, so the name is closed
+                name = pattern[i + 4 : end]
+                if not (name.isascii() and name.replace("_", "a").isalnum()):
+                    raise RegexError(
+                        pattern, f"invalid named capture group: {pattern[i : end + 1]}"
+                    )
+                names.append(name)
+            elif pattern.startswith("(?<", i):  # lookbehinds are refused by RE2 already
+                raise RegexError(pattern, "invalid perl operator: (?<")
+            elif not pattern.startswith("(?", i):
+                names.append("")
+        i += 1
+    return tuple(names)
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """Index after the character class opening at `i` (RE2 parse.cc's rules for a valid one)."""
+    j = i + 1
+    if pattern.startswith("^", j):
+        j += 1
+    if pattern.startswith("]", j):  # a leading ] is a literal
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        if pattern[j] == "\\":
+            j += 2
+        elif pattern.startswith("[:", j) and (close := pattern.find(":]", j + 2)) >= 0:
+            j = close + 2  # [:alpha:]; RE2 looks for ":]" this far too
+        else:
+            j += 1
+    return j + 1
 
 
 @functools.lru_cache(maxsize=1024)

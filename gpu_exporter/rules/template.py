@@ -56,7 +56,6 @@ import datetime as _dt
 import functools
 import ipaddress
 import math
-import re
 import struct
 import unicodedata
 import urllib.parse
@@ -64,7 +63,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TemplateError", "check", "expand"]
+from gpu_exporter.rules import regex
+
+__all__ = [
+    "BUILD_LIMIT",
+    "FORMAT_WIDTH_LIMIT",
+    "NESTING_LIMIT",
+    "OUTPUT_LIMIT",
+    "STEP_LIMIT",
+    "TemplateError",
+    "check",
+    "expand",
+]
+
+# Budgets of one template. Go has none: Prometheus renders whatever a template asks for, a
+# 10 MB `printf "%9999999d"` or a loop that never ends. Here a template that passes one fails
+# like any other run-time error ("<error expanding template: ...>" in the alert), never by
+# truncation, which would silently cut a message; check() refuses what it can see at load.
+FORMAT_WIDTH_LIMIT = 1_000  # printf widths and precisions: far wider than any annotation line
+OUTPUT_LIMIT = 65_536  # characters of rendered text, and of any one string built on the way
+BUILD_LIMIT = 4 * OUTPUT_LIMIT  # characters all function calls build or scan, together
+STEP_LIMIT = 20_000  # nodes, commands, range iterations and regex matches run (about 0.1 s)
+NESTING_LIMIT = 100  # parentheses and control structures inside each other
 
 
 class TemplateError(ValueError):
@@ -91,6 +111,8 @@ def expand(
         return _Exec(data).run(nodes)
     except _Error as exc:
         raise TemplateError(_describe(template, exc)) from None
+    except RecursionError:  # cannot happen within NESTING_LIMIT; a failed expansion if it did
+        raise TemplateError("template nests too deeply to run") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,6 +134,43 @@ def _describe(src: str, exc: _Error) -> str:
     return f"line {line}, column {column}: {exc.msg}"
 
 
+class _Budget:
+    """What one expansion may still spend (STEP_LIMIT, BUILD_LIMIT)."""
+
+    def __init__(self) -> None:
+        self.steps_left = STEP_LIMIT
+        self.chars_left = BUILD_LIMIT
+
+    def step(self) -> None:
+        self.steps_left -= 1
+        if self.steps_left < 0:
+            raise _Error(f"template runs more than {STEP_LIMIT} steps")
+
+    def work(self, chars: int) -> None:
+        self.chars_left -= chars
+        if self.chars_left < 0:
+            raise _Error(f"template functions build or scan more than {BUILD_LIMIT} characters")
+
+
+class _Builder:
+    """Text assembled piece by piece, refused as soon as it passes `limit` (so never far past)."""
+
+    def __init__(self, limit: int, what: str, *, utf8: bool = False) -> None:
+        self.parts: list[Any] = []  # str, or bytes when utf8 (then up to 4 bytes a character)
+        self.size = 0
+        self.limit, self.what = limit, what
+        self.max_size = limit * 4 if utf8 else limit
+
+    def add(self, piece: Any) -> None:
+        self.size += len(piece)
+        if self.size > self.max_size:
+            raise _Error(f"{self.what} exceeds {self.limit} characters")
+        self.parts.append(piece)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
 @functools.lru_cache(maxsize=1024)
 def _compile(template: str) -> tuple[Any, ...]:
     try:
@@ -119,8 +178,6 @@ def _compile(template: str) -> tuple[Any, ...]:
         _Checker().check_list(nodes, _T_DATA)
     except _Error as exc:
         raise TemplateError(_describe(template, exc)) from None
-    except RecursionError:  # the parser recurses per parenthesis / control structure
-        raise TemplateError("template nests too deeply") from None
     return tuple(nodes)
 
 
@@ -395,11 +452,14 @@ def _fmt_arg(arg: Any, verb: str, spec: _Spec, depth: int = 0) -> str:
     if isinstance(arg, str):
         return _fmt_string(arg, verb, spec)
     if isinstance(arg, dict):  # maps print sorted by key, each element with the same verb
-        items = (
-            f"{_fmt_arg(k, verb, spec, depth + 1)}:{_fmt_arg(arg[k], verb, spec, depth + 1)}"
-            for k in sorted(arg)
-        )
-        return "map[" + " ".join(items) + "]"
+        # Bounded as it grows: `args` maps can hold maps, and the same map more than once.
+        out = _Builder(OUTPUT_LIMIT, "a formatted map")
+        out.add("map[")
+        for k, key in enumerate(sorted(arg)):
+            out.add((" " if k else "") + _fmt_arg(key, verb, spec, depth + 1) + ":")
+            out.add(_fmt_arg(arg[key], verb, spec, depth + 1))
+        out.add("]")
+        return out.text()
     if isinstance(arg, _GoTime):  # a fmt.Stringer (other verbs were refused by _unsupported)
         return _fmt_string(arg.text, "s" if verb == "v" else verb, spec)
     if isinstance(arg, _Data):
@@ -417,36 +477,37 @@ def _bad_verb(arg: Any, verb: str, spec: _Spec) -> str:
 
 def _sprintf(fmt: str, args: Sequence[Any]) -> str:
     """Go's fmt.Sprintf (doPrintf) for the supported verbs and flags."""
-    out: list[str] = []
+    out = _Builder(OUTPUT_LIMIT, "printf's result")
     argi, i, n = 0, 0, len(fmt)
     while i < n:
         j = fmt.find("%", i)
         if j < 0:
-            out.append(fmt[i:])
+            out.add(fmt[i:])
             break
-        out.append(fmt[i:j])
+        out.add(fmt[i:j])
         spec, i = _parse_spec(fmt, j + 1)
         if i >= n:
-            out.append("%!(NOVERB)")
+            out.add("%!(NOVERB)")
             break
         verb = fmt[i]
         i += 1
         if verb == "%":  # "%%" takes no operand and ignores width and precision
-            out.append("%")
+            out.add("%")
         elif argi >= len(args):
-            out.append(f"%!{verb}(MISSING)")
+            out.add(f"%!{verb}(MISSING)")
         else:
             if verb == "v":
                 spec.plus_v, spec.plus = spec.plus, False
-            out.append(_fmt_arg(args[argi], verb, spec))
+            out.add(_fmt_arg(args[argi], verb, spec))
             argi += 1
     if argi < len(args):
-        extra = (
-            "<nil>" if a is None else f"{_type_name(a)}={_fmt_arg(a, 'v', _Spec())}"
-            for a in args[argi:]
-        )
-        out.append("%!(EXTRA " + ", ".join(extra) + ")")
-    return "".join(out)
+        out.add("%!(EXTRA ")
+        for k, a in enumerate(args[argi:]):
+            out.add(("" if k == 0 else ", ") + ("<nil>" if a is None else _type_name(a) + "="))
+            if a is not None:
+                out.add(_fmt_arg(a, "v", _Spec()))
+        out.add(")")
+    return out.text()
 
 
 def _parse_spec(fmt: str, i: int) -> tuple[_Spec, int]:
@@ -471,7 +532,7 @@ def _parse_spec(fmt: str, i: int) -> tuple[_Spec, int]:
     while i < n and fmt[i].isdigit() and fmt[i].isascii():
         i += 1
     if i > start:
-        spec.width = int(fmt[start:i])
+        spec.width = _format_number(fmt[start:i], "width")
     if i + 1 < n and fmt[i] == ".":  # Go: a '.' that ends the format is the verb
         i += 1
         if fmt[i] in "[*":
@@ -479,8 +540,19 @@ def _parse_spec(fmt: str, i: int) -> tuple[_Spec, int]:
         start = i
         while i < n and fmt[i].isdigit() and fmt[i].isascii():
             i += 1
-        spec.prec = int(fmt[start:i]) if i > start else 0
+        spec.prec = _format_number(fmt[start:i], "precision") if i > start else 0
     return spec, i
+
+
+def _format_number(digits: str, what: str) -> int:
+    """A width or precision, within FORMAT_WIDTH_LIMIT (checked before int() meets 1e6 digits)."""
+    significant = digits.lstrip("0")
+    if (
+        len(significant) > len(str(FORMAT_WIDTH_LIMIT))
+        or int(significant or "0") > FORMAT_WIDTH_LIMIT
+    ):
+        raise _Error(f"printf: a {what} over {FORMAT_WIDTH_LIMIT} is not allowed")
+    return int(significant or "0")
 
 
 def _validate_format(fmt: str, types: Sequence[str | None]) -> None:
@@ -502,20 +574,24 @@ def _validate_format(fmt: str, types: Sequence[str | None]) -> None:
 
 def _sprint(args: Sequence[Any]) -> str:
     """fmt.Sprint: a space between operands when neither is a string."""
-    out: list[str] = []
+    out = _Builder(OUTPUT_LIMIT, "print's result")
     prev_string = False
     for k, arg in enumerate(args):
         is_string = isinstance(arg, str)
         if k > 0 and not is_string and not prev_string:
-            out.append(" ")
-        out.append(_fmt_arg(arg, "v", _Spec()))
+            out.add(" ")
+        out.add(_fmt_arg(arg, "v", _Spec()))
         prev_string = is_string
-    return "".join(out)
+    return out.text()
 
 
 def _sprintln(args: Sequence[Any]) -> str:
     """fmt.Sprintln: spaces between all operands and a final newline."""
-    return " ".join(_fmt_arg(arg, "v", _Spec()) for arg in args) + "\n"
+    out = _Builder(OUTPUT_LIMIT, "println's result")
+    for k, arg in enumerate(args):
+        out.add((" " if k else "") + _fmt_arg(arg, "v", _Spec()))
+    out.add("\n")
+    return out.text()
 
 
 def _print_value(v: Any) -> str:
@@ -549,16 +625,18 @@ def _go_quote(s: str, quote: str = '"') -> str:
 # --------------------------------------------------------------------------------------------
 # Other Go library behaviour the functions rely on.
 
-_GO_FLOAT = re.compile(
+_GO_FLOAT = regex.compile_re2(
     r"[+-]?(?:(?:\d(?:_?\d)*)?(?:\.(?:\d(?:_?\d)*)?)?(?:[eE][+-]?\d(?:_?\d)*)?"
     r"|0[xX](?:_?[0-9a-fA-F])*(?:\.[0-9a-fA-F]*)?[pP][+-]?\d+)"
 )
-_GO_SPECIAL_FLOAT = re.compile(r"(?i)[+-]?(?:inf|infinity)|nan")
+_GO_SPECIAL_FLOAT = regex.compile_re2(r"(?i)[+-]?(?:inf|infinity)|nan")
 
 
 def _go_parse_float(s: str) -> float:
     """strconv.ParseFloat(s, 64): Go syntax only (no spaces, no "+nan"), overflow is an error."""
     err = f"strconv.ParseFloat: parsing {_go_quote(s)}: "
+    if not s.isascii():  # Go's syntax is ASCII (and RE2 takes only valid UTF-8)
+        raise _Error(err + "invalid syntax")
     if _GO_SPECIAL_FLOAT.fullmatch(s):
         return float(s)
     if not _GO_FLOAT.fullmatch(s):
@@ -653,7 +731,7 @@ def _go_is_ip(host: str) -> bool:
     return True
 
 
-_DURATION = re.compile(
+_DURATION = regex.compile_re2(
     r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?"
 )
 _DURATION_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
@@ -665,7 +743,7 @@ def _parse_duration(s: str) -> float:
         return 0.0
     if s == "":
         raise _Error("empty duration string")
-    m = _DURATION.fullmatch(s)
+    m = _DURATION.fullmatch(s) if s.isascii() else None
     if m is None:
         raise _Error(f"not a valid duration string: {_go_quote(s)}")
     ms = sum(int(g) * mult for g, mult in zip(m.groups(), _DURATION_MS, strict=True) if g)
@@ -675,321 +753,130 @@ def _parse_duration(s: str) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# Go regexp (RE2 syntax) translated to Python `re`, and Regexp.ReplaceAllString.
-
-_WORD = "0-9A-Za-z_"
-_PERL_CLASSES = {"d": "0-9", "w": _WORD, "s": "\\t\\n\\f\\r "}
-_POSIX_CLASSES = {
-    "alnum": "0-9A-Za-z",
-    "alpha": "A-Za-z",
-    "ascii": "\\x00-\\x7f",
-    "blank": "\\t ",
-    "cntrl": "\\x00-\\x1f\\x7f",
-    "digit": "0-9",
-    "graph": "!-~",
-    "lower": "a-z",
-    "print": " -~",
-    "punct": "!-/:-@\\[-`{-~",
-    "space": "\\t\\n\\v\\f\\r ",
-    "upper": "A-Z",
-    "word": _WORD,
-    "xdigit": "0-9A-Fa-f",
-}
-# Go's \b and \B are ASCII word boundaries; Python's are Unicode ones.
-_WORD_BOUNDARY = f"(?:(?<![{_WORD}])(?=[{_WORD}])|(?<=[{_WORD}])(?![{_WORD}]))"
-_NOT_WORD_BOUNDARY = f"(?:(?<=[{_WORD}])(?=[{_WORD}])|(?<![{_WORD}])(?![{_WORD}]))"
-_CONTROL_ESCAPES = {"a": "\a", "f": "\f", "t": "\t", "n": "\n", "r": "\r", "v": "\v"}
+# Go regexp on RE2 (rules/regex.py): MatchString and Regexp.ReplaceAllString, on UTF-8 bytes
+# as Go matches them, so offsets, empty-match steps and group text are Go's.
 
 
-def _class_char(ch: str) -> str:
-    """A literal character inside a Python character class."""
-    if ch.isascii() and ch.isalnum():
-        return ch
-    code = ord(ch)
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
-
-
-class _RegexTranslator:
-    """Go regexp syntax -> an equivalent Python pattern, refusing what differs."""
-
-    def __init__(self, src: str) -> None:
-        self.src = src
-        self.i = 0
-        self.out: list[str] = []
-
-    def fail(self, what: str) -> _Error:
-        return _Error(f"regexp {_go_quote(self.src)}: {what}")
-
-    def translate(self) -> str:
-        multiline = False
-        # Per open group: (multiline before it, ")" owed for mid-group "(?flags)").
-        stack: list[tuple[bool, int]] = []
-        owed = 0
-        src = self.src
-        while self.i < len(src):
-            c = src[self.i]
-            if c == "\\":
-                self.out.append(self.escape(in_class=False))
-            elif c == "[":
-                self.out.append(self.char_class())
-            elif c == "(":
-                multiline, owed = self.group(stack, multiline, owed)
-            elif c == ")":
-                if not stack:
-                    raise self.fail("unexpected )")
-                self.out.append(")" * (owed + 1))
-                multiline, owed = stack.pop()
-                self.i += 1
-            elif c == "$":  # Go: end of text unless (?m); Python's $ also matches before "\n"
-                self.out.append("$" if multiline else r"\Z")
-                self.i += 1
-            elif c in "*+?{":
-                self.repetition()
-            else:
-                self.out.append(c)
-                self.i += 1
-        if stack:
-            raise self.fail("missing closing )")
-        self.out.append(")" * owed)
-        return "".join(self.out)
-
-    def group(self, stack: list[tuple[bool, int]], multiline: bool, owed: int) -> tuple[bool, int]:
-        src, i = self.src, self.i
-        if src.startswith("(?P<", i):
-            end = src.find(">", i)
-            name = src[i + 4 : end] if end > 0 else ""
-            if not re.fullmatch(r"[A-Za-z0-9_]+", name):
-                raise self.fail("invalid named capture")
-            self.out.append(f"(?P<{name}>")
-            stack.append((multiline, owed))
-            self.i = end + 1
-            return multiline, 0
-        if not src.startswith("(?", i):
-            self.out.append("(")
-            stack.append((multiline, owed))
-            self.i += 1
-            return multiline, 0
-        m = re.compile(r"\(\?([imsU]*)(?:-([imsU]*))?([:)])").match(src, i)
-        if m is None:
-            raise self.fail("lookarounds, comments and this group syntax are not Go regexp")
-        on, off, closer = m.group(1), m.group(2) or "", m.group(3)
-        if "U" in on + off:
-            raise self.fail("the (?U) flag is not supported")
-        flags = on + ("-" + off if off else "")
-        if not flags and closer == ")":
-            raise self.fail("missing argument to repetition operator: (?)")
-        new_multiline = (multiline or "m" in on) and "m" not in off
-        self.i = m.end()
-        if closer == ":":
-            self.out.append(f"(?{flags}:")
-            stack.append((multiline, owed))
-            return new_multiline, 0
-        # Go's "(?i)" applies to the rest of the enclosing group: open a scoped group instead.
-        if flags:
-            self.out.append(f"(?{flags}:")
-            owed += 1
-        return new_multiline, owed
-
-    def repetition(self) -> None:
-        src = self.src
-        c = src[self.i]
-        if c == "{":
-            m = re.compile(r"\{(\d+)(?:(,)(\d*))?\}").match(src, self.i)
-            if m is None:  # Go treats a "{" that starts no repetition as a literal
-                self.out.append(r"\{")
-                self.i += 1
-                return
-            low, high = int(m.group(1)), int(m.group(3) or 0)
-            if low > 1000 or high > 1000 or (m.group(3) and high < low):
-                raise self.fail("invalid repeat count")
-            self.out.append(m.group(0))
-            self.i = m.end()
-        else:
-            self.out.append(c)
-            self.i += 1
-        if self.i < len(src) and src[self.i] == "?":
-            self.out.append("?")
-            self.i += 1
-        if (self.i < len(src) and src[self.i] in "*+?") or re.match(r"\{\d", src[self.i :]):
-            raise self.fail("invalid nested repetition operator")
-
-    def escape(self, *, in_class: bool) -> str:
-        """Translate the escape at self.i; inside a class, returns class content."""
-        src = self.src
-        if self.i + 1 >= len(src):
-            raise self.fail("trailing backslash at end of expression")
-        c = src[self.i + 1]
-        self.i += 2
-        if c in _CONTROL_ESCAPES:
-            ch = _CONTROL_ESCAPES[c]
-        elif c in "01234567":
-            ch = self.octal(c)
-        elif c == "x":
-            ch = self.hex_escape()
-        elif c.lower() in _PERL_CLASSES:
-            body = _PERL_CLASSES[c.lower()]
-            if c.islower():
-                return body if in_class else f"[{body}]"
-            if in_class:
-                raise self.fail(f"\\{c} inside a character class is not supported")
-            return f"[^{body}]"
-        elif c in "bB" and not in_class:
-            return _WORD_BOUNDARY if c == "b" else _NOT_WORD_BOUNDARY
-        elif c in "Az" and not in_class:
-            return r"\A" if c == "A" else r"\Z"
-        elif c == "Q" and not in_class:
-            end = src.find("\\E", self.i)
-            end = len(src) if end < 0 else end
-            literal = src[self.i : end]
-            self.i = min(end + 2, len(src))
-            return re.escape(literal)
-        elif c.isascii() and not c.isalnum():
-            ch = c
-        elif c in "pP":
-            raise self.fail("Unicode classes (\\p) are not supported")
-        else:
-            raise self.fail(f"escape \\{c} is not supported")
-        return _class_char(ch) if in_class else re.escape(ch)
-
-    def octal(self, first: str) -> str:
-        src = self.src
-        digits = first
-        while len(digits) < 3 and self.i < len(src) and src[self.i] in "01234567":
-            digits += src[self.i]
-            self.i += 1
-        if first != "0" and len(digits) == 1:
-            raise self.fail("backreferences are not Go regexp")
-        return chr(int(digits, 8))
-
-    def hex_escape(self) -> str:
-        src = self.src
-        m = re.compile(r"\{([0-9a-fA-F]{1,8})\}|([0-9a-fA-F]{2})").match(src, self.i)
-        if m is None or int(m.group(1) or m.group(2), 16) > 0x10FFFF:
-            raise self.fail("invalid escape sequence \\x")
-        self.i = m.end()
-        return chr(int(m.group(1) or m.group(2), 16))
-
-    def char_class(self) -> str:
-        src = self.src
-        self.i += 1
-        out = ["["]
-        if self.i < len(src) and src[self.i] == "^":
-            out.append("^")
-            self.i += 1
-        first = True
-        while True:
-            if self.i >= len(src):
-                raise self.fail("missing closing ]")
-            c = src[self.i]
-            if c == "]" and not first:
-                self.i += 1
-                break
-            first = False
-            posix = re.compile(r"\[:(\^?)([a-z]+):\]").match(src, self.i)
-            if posix is not None:
-                if posix.group(1) or posix.group(2) not in _POSIX_CLASSES:
-                    raise self.fail(f"class {posix.group(0)} is not supported")
-                out.append(_POSIX_CLASSES[posix.group(2)])
-                self.i = posix.end()
-                continue
-            low = self.class_atom()
-            if len(low) != 1:  # \d and friends cannot start a range
-                out.append(low)
-                continue
-            if src.startswith("-", self.i) and self.i + 1 < len(src) and src[self.i + 1] != "]":
-                self.i += 1
-                high = self.class_atom()
-                if len(high) != 1 or high < low:
-                    raise self.fail("invalid character class range")
-                out.append(f"{_class_char(low)}-{_class_char(high)}")
-            else:
-                out.append(_class_char(low))
-        return "".join(out) + "]"
-
-    def class_atom(self) -> str:
-        """One class member: a single character, or the body of a Perl class."""
-        src = self.src
-        if src[self.i] == "\\":
-            if self.i + 1 < len(src) and src[self.i + 1] in "pP":
-                raise self.fail("Unicode classes (\\p) are not supported")
-            start = self.i
-            body = self.escape(in_class=True)
-            if src[start + 1].lower() in _PERL_CLASSES:
-                return body
-            return _class_literal(body)
-        ch = src[self.i]
-        self.i += 1
-        return ch
-
-
-def _class_literal(escaped: str) -> str:
-    """Undo _class_char (escape() returns class-escaped text for a literal)."""
-    if len(escaped) == 1:
-        return escaped
-    return chr(int(escaped[2:], 16))
-
-
-@functools.lru_cache(maxsize=256)
-def _go_regexp(pattern: str) -> re.Pattern[str]:
-    translated = _RegexTranslator(pattern).translate()
+def _go_regexp(pattern: str) -> regex.GoRegexp:
     try:
-        return re.compile(translated)
-    except re.error as exc:
-        raise _Error(f"error parsing regexp {_go_quote(pattern)}: {exc}") from None
+        return regex.compile_go(pattern)
+    except regex.RegexError as exc:
+        raise _Error(exc.go_message) from None
 
 
-def _go_expand(template: str, m: re.Match[str]) -> str:
-    """regexp's Expand: $1, ${1}, $name, ${name}, $$; unknown groups expand to ""."""
-    out: list[str] = []
+def _utf8(s: str) -> bytes:
+    # A lone surrogate (not UTF-8) passes as the invalid bytes that Go would carry along.
+    return s.encode("utf-8", "surrogatepass")
+
+
+def _from_utf8(data: bytes) -> str:
+    try:
+        return data.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:  # a group boundary split a passed-through surrogate
+        return data.decode("utf-8", "replace")
+
+
+def _go_can_backquote(s: str) -> bool:
+    """strconv.CanBackquote: no control character but tab, no '`', DEL or BOM, valid UTF-8."""
+    for ch in s:
+        if ch == "\ufeff" or "\ud800" <= ch <= "\udfff":
+            return False
+        if ch < "\x80" and ((ch < " " and ch != "\t") or ch in "`\x7f"):
+            return False
+    return True
+
+
+def _go_extract(repl: str, i: int) -> tuple[str, int, int] | None:
+    """regexp's extract after a '$' at i-1: (name, number or -1, end), None if malformed."""
+    brace = repl.startswith("{", i)
+    start = end = i + brace
+    while end < len(repl) and (repl[end].isalpha() or repl[end].isdecimal() or repl[end] == "_"):
+        end += 1  # unicode.IsLetter, unicode.IsDigit (Nd) or '_'
+    if end == start:
+        return None
+    name = repl[start:end]
+    if brace:
+        if not repl.startswith("}", end):
+            return None
+        end += 1
+    # A number: ASCII digits only, at most 9 of them, no leading zero.
+    is_num = name.isascii() and name.isdigit() and len(name) <= 9
+    num = int(name) if is_num and (name[0] != "0" or name == "0") else -1
+    return name, num, end
+
+
+def _re_replace_all(budget: _Budget, pattern: str, repl: str, text: str) -> str:
+    """Regexp.ReplaceAllString (regexp.go replaceAll and expand), Go's empty matches included."""
+    try:
+        rx = regex.compile_go(pattern)
+    except regex.RegexError as exc:  # Prometheus calls MustCompile: its panic text
+        shown = f"`{pattern}`" if _go_can_backquote(pattern) else _go_quote(pattern)
+        raise _Error(f"regexp: Compile({shown}): {exc.go_message}") from None
+    src = _utf8(text)
+    budget.work(len(text))
+    out = _Builder(OUTPUT_LIMIT, "reReplaceAll's result", utf8=True)
+    last_end = search = 0
+    while search <= len(src):
+        budget.step()
+        spans = rx.search(src, search)
+        if spans is None:
+            break
+        start, end = spans[0]
+        out.add(src[last_end:start])
+        # Go skips an empty match right after the previous match.
+        if end > last_end or start == 0:
+            _go_expand(out, repl, src, spans, rx.names)
+        last_end = end
+        width = _rune_width(src, search)
+        if search + width > end:
+            search += width
+        elif search + 1 > end:  # only at the end of the input, where the width is 0
+            search += 1
+        else:
+            search = end
+    out.add(src[last_end:])
+    return _from_utf8(b"".join(out.parts))
+
+
+def _rune_width(src: bytes, i: int) -> int:
+    """Bytes utf8.DecodeRune takes at i: 0 at the end, 1 for a byte that starts no rune."""
+    if i >= len(src):
+        return 0
+    lead = src[i]
+    width = 1 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    tail = src[i + 1 : i + width]
+    return width if len(tail) == width - 1 and all(0x80 <= b < 0xC0 for b in tail) else 1
+
+
+def _go_expand(
+    out: _Builder, repl: str, src: bytes, spans: Sequence[tuple[int, int]], names: Sequence[str]
+) -> None:
+    """regexp's expand: $1, ${1}, $name, ${name}, $$; a group that did not match adds nothing."""
     i = 0
-    while (j := template.find("$", i)) >= 0:
-        out.append(template[i:j])
-        rest = template[j + 1 :]
-        if rest.startswith("$"):
-            out.append("$")
+    while (j := repl.find("$", i)) >= 0:
+        out.add(_utf8(repl[i:j]))
+        if repl.startswith("$", j + 1):
+            out.add(b"$")
             i = j + 2
             continue
-        ref = re.match(r"\{(\w+)\}|(\w+)", rest)
+        ref = _go_extract(repl, j + 1)
         if ref is None:  # malformed: Go keeps the "$"
-            out.append("$")
+            out.add(b"$")
             i = j + 1
             continue
-        name = ref.group(1) or ref.group(2)
-        i = j + 1 + ref.end()
-        out.append(_group_text(m, name))
-    out.append(template[i:])
-    return "".join(out)
+        name, num, i = ref
+        if num < 0:  # the first group of that name that took part (names may repeat in Go)
+            num = next((k for k, n in enumerate(names) if n == name and spans[k][0] >= 0), -1)
+        if 0 <= num < len(spans) and spans[num][0] >= 0:
+            out.add(src[spans[num][0] : spans[num][1]])
+    out.add(_utf8(repl[i:]))
 
 
-def _group_text(m: re.Match[str], name: str) -> str:
-    # Go: a group number has no leading zero and at most 9 digits; otherwise it is a name.
-    if name.isascii() and name.isdigit() and len(name) <= 9 and (name[0] != "0" or name == "0"):
-        index = int(name)
-        if index <= (m.re.groups or 0):
-            return m.group(index) or ""
-        return ""
-    if name in m.re.groupindex:
-        return m.group(name) or ""
-    return ""
-
-
-def _re_replace_all(pattern: str, repl: str, text: str) -> str:
-    """Regexp.ReplaceAllString, including Go's handling of empty matches."""
+def _match_string(budget: _Budget, pattern: str, text: str) -> bool:
+    """regexp.MatchString: unanchored."""
     rx = _go_regexp(pattern)
-    out: list[str] = []
-    last_end = search = 0
-    while search <= len(text):
-        m = rx.search(text, search)
-        if m is None:
-            break
-        out.append(text[last_end : m.start()])
-        # Go skips an empty match right after the previous match.
-        if m.end() > last_end or m.start() == 0:
-            out.append(_go_expand(repl, m))
-        last_end = m.end()
-        search = search + 1 if search + 1 > m.end() else m.end()
-    out.append(text[last_end:])
-    return "".join(out)
+    budget.work(len(text))
+    return rx.search(_utf8(text)) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -1256,7 +1143,8 @@ _FUNCS: dict[str, _Func] = {
     "title": _fn("string", _T_STRING, _title),
     "toUpper": _fn("string", _T_STRING, _to_upper),
     "toLower": _fn("string", _T_STRING, _to_lower),
-    "match": _fn("string string", _T_BOOL, lambda p, s: _go_regexp(p).search(s) is not None),
+    # These two take the expansion's _Budget first; _Exec binds it.
+    "match": _fn("string string", _T_BOOL, _match_string),
     "reReplaceAll": _fn("string string string", _T_STRING, _re_replace_all),
     "stripPort": _fn("string", _T_STRING, _strip_port),
     "stripDomain": _fn("string", _T_STRING, _strip_domain),
@@ -1679,6 +1567,7 @@ class _Parser:
         self.i = 0
         self.end = end
         self.vars: list[str] = list(_ROOT_VARS)
+        self.depth = 0
 
     # -- token helpers
     def peek(self) -> _Tok:
@@ -1747,7 +1636,14 @@ class _Parser:
         self.i -= 1
         return _Action(self.pipeline("command", "right"), tok.pos)
 
+    def nest(self, pos: int) -> None:
+        """One level deeper; every level costs a few Python frames when the template runs."""
+        self.depth += 1
+        if self.depth > NESTING_LIMIT:
+            raise _Error(f"template nests deeper than {NESTING_LIMIT} levels", pos)
+
     def control(self, kind: str, pos: int) -> _Control:
+        self.nest(pos)  # an {{else if}} nests too: it is an {{if}} inside the {{else}}
         mark = len(self.vars)  # variables declared inside go out of scope at {{end}}
         pipe = self.pipeline(kind, "right")
         body, nxt = self.item_list()
@@ -1763,6 +1659,7 @@ class _Parser:
                 if not isinstance(nxt, _End):
                     raise _Error("expected {{end}}; found {{else}}", nxt.pos)
         del self.vars[mark:]
+        self.depth -= 1
         return _Control(kind, pipe, tuple(body), else_body, pos)
 
     def item_list(self) -> tuple[tuple[Any, ...], _End | _Else]:
@@ -1882,7 +1779,10 @@ class _Parser:
         if kind == "string":
             return _Lit("string", text, text, pos)
         if kind == "lparen":
-            return self.pipeline("parenthesized pipeline", "rparen")
+            self.nest(pos)
+            pipe = self.pipeline("parenthesized pipeline", "rparen")
+            self.depth -= 1
+            return pipe
         self.i -= 1
         return None
 
@@ -2089,23 +1989,25 @@ class _Checker:
 class _Exec:
     data: _Data
     vars: list[tuple[str, Any]] = field(default_factory=list)
-    out: list[str] = field(default_factory=list)
+    out: _Builder = field(default_factory=lambda: _Builder(OUTPUT_LIMIT, "template output"))
+    budget: _Budget = field(default_factory=_Budget)
 
     def run(self, nodes: Sequence[Any]) -> str:
         d = self.data
         self.vars = [("$", d), ("$labels", d.labels), ("$externalLabels", d.external_labels)]
         self.vars += [("$externalURL", d.external_url), ("$value", d.value)]
         self.walk_list(nodes, d)
-        return "".join(self.out)
+        return self.out.text()
 
     def walk_list(self, nodes: Sequence[Any], dot: Any) -> None:
         for node in nodes:
+            self.budget.step()
             if isinstance(node, _Text):
-                self.out.append(node.text)
+                self.out.add(node.text)
             elif isinstance(node, _Action):
                 value = self.pipe(node.pipe, dot)
                 if not node.pipe.decl:
-                    self.out.append(_print_value(value))
+                    self.out.add(_print_value(value))
             elif node.kind == "range":
                 self.range(node, dot)
             else:
@@ -2127,6 +2029,7 @@ class _Exec:
             names = node.pipe.decl
             inner = len(self.vars)
             for key in sorted(value):
+                self.budget.step()
                 elem = value[key]
                 if names:
                     self.vars[-1] = (names[-1], elem)
@@ -2154,6 +2057,7 @@ class _Exec:
         return value
 
     def command(self, cmd: _Cmd, dot: Any, final: Any) -> Any:
+        self.budget.step()
         first, args = cmd.args[0], cmd.args[1:]
         if isinstance(first, _FuncNode):
             return self.call(first, args, final, dot)
@@ -2244,13 +2148,20 @@ class _Exec:
         values = [self.arg(node, dot, kind) for node, kind in zip(args, kinds, strict=False)]
         if final is not _MISSING:
             values.append(self.convert(final, kinds[-1], fn.pos))
+        if fn.name in ("match", "reReplaceAll"):
+            values.insert(0, self.budget)
         impl = {"externalURL": self.external_url, "pathPrefix": self.path_prefix}.get(
             fn.name, spec.impl
         )
         try:
-            return impl(*values)
+            result = impl(*values)
+            if isinstance(result, str):
+                if len(result) > OUTPUT_LIMIT:  # html, toUpper...: a few times their input
+                    raise _Error(f"its result exceeds {OUTPUT_LIMIT} characters")
+                self.budget.work(len(result))
         except _Error as exc:
             raise _Error(f"error calling {fn.name}: {exc.msg}", fn.pos) from None
+        return result
 
     def short_circuit(self, fn: _FuncNode, args: Sequence[Any], final: Any, dot: Any) -> Any:
         """Go 1.18+ `and`/`or`: stop at the deciding operand and return it."""
