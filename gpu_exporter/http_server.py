@@ -1,11 +1,19 @@
 """The HTTP server: uvicorn, with our signal handling, idle wake-ups and connection limits.
 
 `run` serves an ASGI app until SIGTERM/SIGINT; `WebSettings` holds the HTTP limits and the
-web-config file (TLS, basic auth), with their defaults written once.
+web-config file (TLS, basic auth), with their defaults written once. The limits are
+gpu_exporter/http_limits.py's, TLS and basic auth gpu_exporter/web_config.py's and
+web_auth.py's; the web config is reloaded when one of its files changes (checked at each
+wake-up, once a second) and on SIGHUP.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -13,6 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import uvicorn
+
+    from gpu_exporter.web_config import LiveWebConfig
+
+log = logging.getLogger("gpu_exporter.http")
 
 
 @dataclass(frozen=True)
@@ -34,18 +46,106 @@ class WebSettings:
 
 
 def run(app: Any, host: str, port: int, settings: WebSettings, log_level: str) -> None:
-    """Serve `app` on HOST:PORT until a signal or `should_exit`."""
+    """Serve `app` on HOST:PORT until a signal or `should_exit`.
+
+    Raises `web_config.WebConfigError` (a ValueError naming file, line and field) before
+    serving anything when the web-config file cannot be used.
+    """
     import uvicorn
 
-    server = server_class()(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
+    from gpu_exporter import http_limits
+    from gpu_exporter.web_auth import WebSecurity
+    from gpu_exporter.web_config import LiveWebConfig
+
+    live = LiveWebConfig(settings.web_config_file)
+    cap = http_limits.connection_cap(settings.max_connections)
+    if cap < settings.max_connections:
+        log.warning(
+            "max_connections %d lowered to %d: the open-file limit is %d, %d of them kept for "
+            "everything but HTTP clients",
+            settings.max_connections,
+            cap,
+            cap + http_limits.FD_RESERVE,
+            http_limits.FD_RESERVE,
+        )
+    limits = http_limits.Limits(
+        settings.header_read_timeout_seconds, settings.idle_timeout_seconds, cap
     )
-    server.run()
+    connections = http_limits.Connections(limits, _peer_check(live))
+    tls = live.ssl_context
+    config = uvicorn.Config(
+        WebSecurity(app, live, settings.probes_without_auth),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        http=http_limits.protocol_class(connections),
+        # uvicorn's keep-alive timer is the idle timeout; it takes whole seconds.
+        timeout_keep_alive=max(1, math.ceil(settings.idle_timeout_seconds)),
+        ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
+    )
+    undo_log_limits = http_limits.install_log_limits()
+    server: Any = server_class()(config)
+    server.handshake_timeout = settings.header_read_timeout_seconds
+    server.on_wake = live.check
+    try:
+        with _reload_on_sighup(live, server):
+            server.run()
+    finally:
+        undo_log_limits()
+
+
+def web_config_problem(settings: WebSettings) -> str:
+    """Why the web-config file cannot be used ("" when it can), to check before starting."""
+    from gpu_exporter.web_config import WebConfigError, load_web_config
+
+    if settings.web_config_file is None:
+        return ""
+    try:
+        load_web_config(settings.web_config_file)
+    except WebConfigError as exc:
+        return str(exc)
+    return ""
+
+
+def _peer_check(live: LiveWebConfig) -> Callable[[Any], bool] | None:
+    if live.ssl_context is None:
+        return None
+
+    def allowed(transport: Any) -> bool:
+        config = live.current
+        if config.peer_allowed(transport.get_extra_info("peercert")):
+            return True
+        log.warning("closed a TLS connection: its certificate names none of client_allowed_sans")
+        return False
+
+    return allowed
+
+
+@contextlib.contextmanager
+def _reload_on_sighup(live: LiveWebConfig, server: Any) -> Iterator[None]:
+    """SIGHUP also reloads the web config; whatever handled it before (the rules) still runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGHUP)
+
+    def handle(signum: int, frame: Any) -> None:
+        live.request_reload()
+        server.wake_up()
+        if callable(before):
+            before(signum, frame)
+
+    signal.signal(signal.SIGHUP, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def server_class() -> type[uvicorn.Server]:
     import asyncio
-    import contextlib
+    import functools
 
     import uvicorn
 
@@ -61,9 +161,34 @@ def server_class() -> type[uvicorn.Server]:
         by up to a second), and at once when `should_exit` is set, by a signal handler or
         anyone else. So SIGTERM stops the server as promptly as before; only a reached
         `limit_max_requests` (unused here) may be noticed up to a second later.
+
+        Also: `on_wake` is called at each wake-up (the web config's reload check), and a TLS
+        handshake must be done within `handshake_timeout` (asyncio's default is 60 s, which a
+        slowloris of half-done handshakes would enjoy).
         """
 
         _wake: Callable[[], None] | None = None
+        on_wake: Callable[[], None] | None = None
+        handshake_timeout: float | None = None
+
+        def wake_up(self) -> None:
+            wake = self._wake
+            if wake is not None:
+                wake()
+
+        async def startup(self, sockets: Any = None) -> None:
+            if self.config.ssl is None or self.handshake_timeout is None:
+                await super().startup(sockets)
+                return
+            # uvicorn passes no ssl_handshake_timeout to create_server: bind it for this call.
+            loop = asyncio.get_running_loop()
+            create_server = loop.create_server
+            bound = functools.partial(create_server, ssl_handshake_timeout=self.handshake_timeout)
+            setattr(loop, "create_server", bound)  # noqa: B010 - an instance attribute, undone below
+            try:
+                await super().startup(sockets)
+            finally:
+                delattr(loop, "create_server")
 
         @property
         def should_exit(self) -> bool:
@@ -90,6 +215,9 @@ def server_class() -> type[uvicorn.Server]:
                 while not await self.on_tick(0):
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), seconds_to_next_second())
+                    stop.clear()
+                    if self.on_wake is not None:
+                        self.on_wake()
             finally:
                 self._wake = None
 
