@@ -45,10 +45,15 @@ def kubelet() -> Iterator[FakeKubelet]:
 
 
 def make(
-    kubelet: FakeKubelet, clock: Callable[[], float] = time.time, **settings
+    kubelet: FakeKubelet,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+    **settings,
 ) -> PodAttribution:
     settings.setdefault("timeout_seconds", 1.0)
-    return PodAttribution(AttributionSettings(socket_path=kubelet.socket_path, **settings), clock)
+    return PodAttribution(
+        AttributionSettings(socket_path=kubelet.socket_path, **settings), clock, monotonic
+    )
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = 3.0) -> bool:
@@ -230,9 +235,9 @@ def test_missing_socket_gives_no_labels_and_counts_an_error():
     assert sample(attribution, "gpu_exporter_attribution_refreshes_total", result="error") == 1
 
 
-def test_kubelet_stopped_mid_run_clears_labels_then_they_come_back(kubelet, caplog):
+def test_without_grace_a_stopped_kubelet_clears_labels_then_they_come_back(kubelet, caplog):
     kubelet.set_pods([pod("a", "p", {"c": [(GPU, [GPU0])]})])
-    attribution = make(kubelet)
+    attribution = make(kubelet, stale_after_seconds=0)
     assert attribution.refresh()
     assert GPU0 in attribution.pods_by_device()
 
@@ -254,9 +259,9 @@ def test_kubelet_stopped_mid_run_clears_labels_then_they_come_back(kubelet, capl
     assert sample(attribution, "gpu_exporter_attribution_up") == 1
 
 
-def test_hanging_kubelet_is_cut_off_at_the_timeout_and_clears_labels(kubelet):
+def test_hanging_kubelet_is_cut_off_at_the_timeout_and_clears_labels_without_grace(kubelet):
     kubelet.set_pods([pod("a", "p", {"c": [(GPU, [GPU0])]})])
-    attribution = make(kubelet, timeout_seconds=0.3)
+    attribution = make(kubelet, timeout_seconds=0.3, stale_after_seconds=0)
     assert attribution.refresh()
 
     kubelet.hang_seconds = 10.0
@@ -267,6 +272,115 @@ def test_hanging_kubelet_is_cut_off_at_the_timeout_and_clears_labels(kubelet):
     assert 0.25 <= elapsed < 1.0
     assert attribution.pods_by_device() == {}
     assert sample(attribution, "gpu_exporter_attribution_up") == 0
+
+
+# --- the grace period: one failed refresh keeps the labels -----------------------------------
+
+
+def _stop(kubelet: FakeKubelet) -> None:
+    kubelet.stop()  # gRPC removes the socket: "socket missing"
+
+
+def _stale_socket(kubelet: FakeKubelet) -> None:
+    kubelet.stop()
+    kubelet.leave_stale_socket()  # connection refused: UNAVAILABLE
+
+
+def _hang(kubelet: FakeKubelet) -> None:
+    kubelet.hang_seconds = 5.0  # DEADLINE_EXCEEDED at timeout_seconds
+
+
+FAILURES = {"socket missing": _stop, "connection refused": _stale_socket, "hung": _hang}
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_one_failed_refresh_keeps_every_pod_label(kubelet, clock, failure):
+    kubelet.set_pods(
+        [pod("a", "p", {"c": [(GPU, [GPU0])]}), pod("b", "q", {"c": [(GPU, [GPU1, GPU2])]})]
+    )
+    clock.now = 1_700_000_000.0
+    attribution = make(kubelet, clock=clock, monotonic=clock, timeout_seconds=0.2)
+    assert attribution.refresh()
+    before = attribution.pods_by_device()
+
+    FAILURES[failure](kubelet)
+    clock.advance(10)
+    assert attribution.refresh() is False
+    assert attribution.pods_by_device() is before  # the same map: no series ends
+    assert sample(attribution, "gpu_exporter_attribution_up") == 0
+    last = sample(attribution, "gpu_exporter_attribution_last_success_timestamp_seconds")
+    assert last == 1_700_000_000.0  # how old the kept map is
+
+
+def test_unexpected_errors_also_keep_the_labels_within_the_grace(kubelet, clock, monkeypatch):
+    kubelet.set_pods([pod("a", "p", {"c": [(GPU, [GPU0])]})])
+    attribution = make(kubelet, monotonic=clock, refresh_seconds=10)
+    assert attribution.refresh()
+
+    def explode():
+        raise ValueError("corrupt answer")
+
+    monkeypatch.setattr(attribution, "_list", explode)
+    clock.advance(29)
+    assert attribution.refresh() is False
+    assert attribution.pods_by_device() == {GPU0: (PodRef("a", "p", "c"),)}
+    clock.advance(1)  # 30 s = 3 refresh intervals after the last success: gone
+    assert attribution.refresh() is False
+    assert attribution.pods_by_device() == {}
+
+
+def test_failing_longer_than_the_grace_drops_the_labels(kubelet, clock, caplog):
+    caplog.set_level(logging.WARNING, logger="gpu_exporter.k8s.attribution")
+    kubelet.set_pods([pod("a", "p", {"c": [(GPU, [GPU0])]})])
+    attribution = make(kubelet, monotonic=clock, refresh_seconds=10)
+    assert attribution.settings.grace_seconds == 30  # 3 refresh intervals by default
+    assert attribution.refresh()
+
+    kubelet.stop()
+    for _ in range(2):
+        clock.advance(10)
+        assert attribution.refresh() is False
+        assert GPU0 in attribution.pods_by_device()
+    clock.advance(10)
+    assert attribution.refresh() is False
+    assert attribution.pods_by_device() == {}
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2  # kept (once, not per refresh), then dropped
+    assert "keeping the last known pod labels until 30 s" in messages[0]
+    assert "no pod labels until the kubelet answers" in messages[1]
+    assert "failing for 30 s" in messages[1]
+
+    kubelet.start()
+    assert attribution.refresh()
+    assert attribution.pods_by_device() == {GPU0: (PodRef("a", "p", "c"),)}
+
+
+def test_a_refresh_that_succeeds_in_between_restarts_the_grace(kubelet, clock):
+    kubelet.set_pods([pod("a", "p", {"c": [(GPU, [GPU0])]})])
+    attribution = make(kubelet, monotonic=clock, stale_after_seconds=15)
+    assert attribution.refresh()
+    for _ in range(3):  # fail, fail, succeed: never 15 s without a success
+        kubelet.stop()
+        clock.advance(7)
+        assert attribution.refresh() is False
+        clock.advance(7)
+        assert attribution.refresh() is False
+        assert GPU0 in attribution.pods_by_device()
+        kubelet.start()
+        assert attribution.refresh()
+
+
+def test_no_success_yet_means_no_labels_to_keep():
+    settings = AttributionSettings(socket_path="/tmp/kl-does-not-exist/kubelet.sock")
+    attribution = PodAttribution(settings)
+    assert attribution.refresh() is False
+    assert attribution.pods_by_device() == {}
+
+
+def test_a_negative_grace_is_refused():
+    with pytest.raises(ValueError, match="stale_after_seconds must be >= 0"):
+        AttributionSettings(stale_after_seconds=-1)
 
 
 def test_kubelet_without_the_v1_api_is_an_error(caplog):

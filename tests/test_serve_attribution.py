@@ -3,6 +3,7 @@ labels gone when the pod is, and every metric still served without a kubelet."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -106,3 +107,49 @@ def test_without_a_kubelet_every_metric_is_still_served(tmp_path: Path) -> None:
         assert 'gpu_exporter_attribution_refreshes_total{result="error"}' in text
         assert "pod=" not in text
         assert sum(1 for line in text.splitlines() if line.startswith("gpu_up{")) == 8
+
+
+def test_a_short_kubelet_outage_keeps_the_pod_labels_a_long_one_drops_them(
+    tmp_path: Path,
+) -> None:
+    """refresh_seconds 1: labels are kept until 3 s after the last success, then removed."""
+    kubelet = FakeKubelet().start()
+    try:
+        with serve(
+            tmp_path, "--simulate", "mixed", "--interval", "0.5", "--config",
+            str(config(tmp_path, kubelet)),
+        ) as daemon:  # fmt: skip
+            daemon.wait_ready()
+            gpu = uuids(daemon)
+            kubelet.set_pods([pod("ml", "trainer-0", {"main": [("nvidia.com/gpu", [gpu[4]])]})])
+            labelled = 'gpu_power_watts{container="main",gpu="4",namespace="ml",pod="trainer-0"'
+            text_with(daemon, labelled)
+
+            kubelet.stop()  # a kubelet restart: the socket is gone for a while
+            seen: list[str] = []
+
+            def failed_refresh() -> bool:
+                seen.append(daemon.metrics_text())
+                return "gpu_exporter_attribution_up 0.0" in seen[-1]
+
+            wait_for(failed_refresh, 15, "a failed refresh", interval=0.1)
+            # Scrapes over the next ticks too (the failure is at most 2 s past the last success,
+            # the labels would go at 3 s): every one kept the labels, the series did not end.
+            keep_until = time.monotonic() + 0.8
+            while time.monotonic() < keep_until:
+                seen.append(daemon.metrics_text())
+                time.sleep(0.1)
+            assert all(labelled in text for text in seen)
+            assert f'gpu_power_watts{{gpu="4",uuid="{gpu[4]}"}}' not in seen[-1]
+
+            kubelet.start()
+            text = text_with(daemon, "gpu_exporter_attribution_up 1.0")
+            assert labelled in text
+
+            kubelet.stop()  # now for longer than the grace
+            wait_for(lambda: 'pod="trainer-0"' not in daemon.metrics_text(), 15, "labels to go")
+            text = daemon.metrics_text()
+            assert f'gpu_power_watts{{gpu="4",uuid="{gpu[4]}"}}' in text
+            assert "gpu_exporter_attribution_up 0.0" in text
+    finally:
+        kubelet.close()

@@ -13,6 +13,11 @@ plugin hands to the container). With time-slicing or MPS sharing each physical d
 advertised `replicas` times as `<uuid>::<n>`; we strip `::<n>` so every replica lands on the
 physical device, and pods sharing it are listed together. Anything else (an index such as
 "0", another plugin's naming) is kept as given, so a consumer can still match it.
+
+A failed refresh (socket missing, kubelet restarting or hung, any error) keeps the last map for a
+grace period, `stale_after_seconds` after the last success (3 refresh intervals unless set), and
+only then clears it: one failure does not end and restart every per-GPU series. Meanwhile
+`gpu_exporter_attribution_up` is 0 and the last success timestamp says how old the map is.
 """
 
 from __future__ import annotations
@@ -59,11 +64,24 @@ class AttributionSettings:
     resource_prefixes: tuple[str, ...] = defaults.RESOURCE_PREFIXES
     refresh_seconds: float = defaults.REFRESH_SECONDS
     timeout_seconds: float = defaults.TIMEOUT_SECONDS
+    # How long after the last success a failing kubelet's last map is kept; None:
+    # defaults.STALE_AFTER_REFRESHES refresh intervals; 0: cleared at the first failure.
+    stale_after_seconds: float | None = None
 
     def __post_init__(self) -> None:
         # The config layer hands over lists; tuples keep the settings hashable and unshared.
         self.resource_names = tuple(self.resource_names)
         self.resource_prefixes = tuple(self.resource_prefixes)
+        if self.stale_after_seconds is not None and not self.stale_after_seconds >= 0:
+            raise ValueError(
+                f"kubernetes.stale_after_seconds must be >= 0, got {self.stale_after_seconds}"
+            )
+
+    @property
+    def grace_seconds(self) -> float:
+        if self.stale_after_seconds is not None:
+            return self.stale_after_seconds
+        return defaults.STALE_AFTER_REFRESHES * self.refresh_seconds
 
     def wants(self, resource_name: str) -> bool:
         return resource_name in self.resource_names or resource_name.startswith(
@@ -128,11 +146,16 @@ class PodAttribution:
     """Polls the kubelet and keeps the latest device -> pods map; see the module docstring."""
 
     def __init__(
-        self, settings: AttributionSettings, clock: Callable[[], float] = time.time
+        self,
+        settings: AttributionSettings,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self._clock = clock
+        self._clock = clock  # the last-success timestamp
+        self._monotonic = monotonic  # the grace period (immune to wall-clock steps)
         self._by_device: DeviceMap = _NO_PODS
+        self._succeeded_at: float | None = None  # monotonic time of the last success
         self._status = _Status()
         self._state: str | None = None  # _OK or an error key; a change is logged once
         self._refresh_lock = threading.Lock()  # the thread and a caller may refresh at once
@@ -203,6 +226,7 @@ class PodAttribution:
     def _succeeded(self, by_device: dict[str, tuple[PodRef, ...]]) -> None:
         # Pods absent from this answer (finished, evicted) lose their labels here.
         self._by_device = MappingProxyType(by_device)
+        self._succeeded_at = self._monotonic()
         old = self._status
         self._status = _Status(True, old.successes + 1, old.errors, self._clock())
         if self._state != _OK:
@@ -214,16 +238,32 @@ class PodAttribution:
         self._state = _OK
 
     def _failed(self, error: Exception) -> None:
-        # Stale labels are worse than none: a GPU would keep reporting a pod that has finished
-        # while another pod uses it. So an unreachable kubelet clears the map.
-        self._by_device = _NO_PODS
         old = self._status
         self._status = _Status(False, old.successes, old.errors + 1, old.last_success)
         state, message = _explain(error)
-        if state != self._state:
+        grace = self.settings.grace_seconds
+        since = None if self._succeeded_at is None else self._monotonic() - self._succeeded_at
+        if since is not None and since < grace:
+            # A kubelet restart or one slow answer: the pods are most likely where they were.
+            if state != self._state:
+                log.warning(
+                    "pod attribution: the kubelet at %s failed (%s); keeping the last known pod "
+                    "labels until %.0f s after the last success",
+                    self.settings.socket_path,
+                    message,
+                    grace,
+                )
+            self._state = state
+            return
+        # Past the grace, stale labels are worse than none: a GPU would keep reporting a pod
+        # that has finished while another pod uses it.
+        dropped = bool(self._by_device)
+        self._by_device = _NO_PODS
+        if state != self._state or dropped:
             log.warning(
-                "pod attribution: no pod labels until the kubelet answers at %s: %s",
+                "pod attribution: no pod labels until the kubelet answers at %s: %s%s",
                 self.settings.socket_path,
                 message,
+                f" (failing for {since:.0f} s since the last success)" if dropped else "",
             )
         self._state = state

@@ -12,3 +12,8 @@ RESOURCE_NAMES: tuple[str, ...] = ("nvidia.com/gpu",)
 RESOURCE_PREFIXES: tuple[str, ...] = ("nvidia.com/mig-",)  # every MIG profile's resource
 REFRESH_SECONDS = 10.0
 TIMEOUT_SECONDS = 2.0
+# After a failed refresh the last known pods stay on their GPUs until this many refresh
+# intervals after the last success: one kubelet hiccup must not drop every pod label at once
+# (each series would end and start again), while a pod that finished during a long outage
+# must not stay attributed for long.
+STALE_AFTER_REFRESHES = 3
