@@ -406,6 +406,38 @@ FAMILIES: tuple[Family, ...] = (
         per_device=False,
     ),
     Family(
+        "gpu_exporter_rule_group_budget_exceeded_total",
+        C,
+        "Evaluations of each rule group stopped at its time budget (its rules kept their state).",
+        ("group",),
+        source="rules",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_rule_history_bytes",
+        G,
+        "Memory the rule history holds (samples' arrays and series), at the last ingest.",
+        unit="bytes",
+        source="rules",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_rule_history_max_bytes",
+        G,
+        "The rule history's memory cap (rules.history_max_bytes).",
+        unit="bytes",
+        source="rules",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_rule_history_dropped_samples_total",
+        C,
+        "Samples the rule history dropped before the rules were done with them, to stay "
+        "within its memory cap.",
+        source="rules",
+        per_device=False,
+    ),
+    Family(
         "gpu_exporter_notifications_sent_total",
         C,
         "Alerts delivered to each Alertmanager.",

@@ -16,19 +16,30 @@ group is written at the same times, so each group keeps its ingests' times once 
 and a series present in each of its samples' ingests keeps only values (8 bytes a sample, not
 16); one that missed an ingest or was written outside one keeps its own times until its
 retained samples are all consecutive ingests' again.
+
+Memory is capped (`limit_bytes`): `bytes` is what the samples' arrays and the series hold,
+counted at each ingest. Over the cap, every series' history is shortened at once, oldest
+samples first, to what fits in three quarters of it (its newest sample always stays, so
+instant selectors keep working; range functions see the shorter window), and stays that short
+until the store is under half the cap again; if even the newest samples do not fit, series not
+yet stored are refused until it is. Both are counted (`cap_dropped_samples`) and logged once.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
+import sys
 import threading
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_exporter.rules.regex import label_matcher
+
+log = logging.getLogger(__name__)
 
 Labels = tuple[tuple[str, str], ...]  # sorted by name; includes ("__name__", metric)
 Sample = tuple[float, float]  # (unix seconds, value)
@@ -96,6 +107,8 @@ class Matcher:
 
 # No NaN (so no staleness marker) stored yet: older than any sample.
 _NO_NAN = -(1 << 63)
+# Selections over many series call their `check` (the rule group's deadline) this often.
+_CHECK_EVERY = 256
 # Expired samples are dropped from the arrays' front in batches of at least this many, and
 # once they are an eighth of the array: trimming stays amortized O(1) per sample.
 _COMPACT_MIN = 16
@@ -164,6 +177,14 @@ class _Series:
         self.times = None
 
 
+# What one stored series costs besides its samples' 8 bytes each: its object and the headers
+# of its two arrays (the allocator's slack is not counted).
+_SERIES_BYTES = sys.getsizeof(_Series()) + 2 * sys.getsizeof(array("d"))
+_SAMPLE_BYTES = 8  # a value, or a time (ms), in a typed array
+# Over the cap, the history is shortened to fit this share of it.
+_CAP_TARGET = 0.75
+
+
 class SeriesStore:
     """Thread-safe store; the sampler appends, the rule engine selects."""
 
@@ -187,6 +208,16 @@ class SeriesStore:
         self._lock = threading.Lock()
         # Counts changes to the contents: results computed from them stay valid while it stays.
         self.generation = 0
+        # The memory cap (None: none); what the arrays and series held at the last ingest; the
+        # windows as configured, before the cap shortens them; the longest history the cap
+        # allows (None: not shortening); whether series not yet stored are taken in.
+        self.max_bytes: int | None = None
+        self.bytes = 0
+        self.cap_dropped_samples = 0
+        self._configured_default_ms = self._default_window_ms
+        self._configured_ms: dict[str, int | None] = {}
+        self._cap_window_ms: int | None = None
+        self._admitting = True
 
     def configure(
         self,
@@ -201,17 +232,40 @@ class SeriesStore:
             self.retention_by_name = {
                 name: Retention.of(value) for name, value in (retention_by_name or {}).items()
             }
-            self._default_window_ms = _window_ms(self.retention)
-            self._window_ms = {n: _window_ms(r) for n, r in self.retention_by_name.items()}
+            self._configured_default_ms = _window_ms(self.retention)
+            self._configured_ms = {n: _window_ms(r) for n, r in self.retention_by_name.items()}
             self._expire = {n: r.expire for n, r in self.retention_by_name.items()}
-            windows = [self._default_window_ms, *self._window_ms.values()]
-            self._longest_ms = None if None in windows else max(w for w in windows if w is not None)
+            self._apply_windows()
             self.names = frozenset(names) if names is not None else None
             self.generation += 1
             if self.names is not None:
                 for name in list(self._by_name):
                     if name not in self.names:
                         del self._by_name[name]
+
+    def limit_bytes(self, max_bytes: int | None) -> None:
+        """Cap the history's memory at `max_bytes` (None: no cap), from the next ingest."""
+        with self._lock:
+            self.max_bytes = max_bytes
+
+    @property
+    def history_limit_seconds(self) -> float | None:
+        """The longest history the cap lets a series keep now (None: the cap is not biting;
+        0: the newest sample alone)."""
+        window = self._cap_window_ms
+        return None if window is None else window / 1000
+
+    def _apply_windows(self) -> None:
+        """The windows in use: as configured, none longer than the cap allows."""
+        cap = self._cap_window_ms
+
+        def capped(window: int | None) -> int | None:
+            return window if cap is None or (window is not None and window <= cap) else cap
+
+        self._default_window_ms = capped(self._configured_default_ms)
+        self._window_ms = {name: capped(w) for name, w in self._configured_ms.items()}
+        windows = [self._default_window_ms, *self._window_ms.values()]
+        self._longest_ms = None if None in windows else max(w for w in windows if w is not None)
 
     def clear(self) -> None:
         """Forget every sample, and which series each ingest group saw last (no markers)."""
@@ -244,6 +298,9 @@ class SeriesStore:
             by_labels = self._by_name[name] = {}
         series = by_labels.get(labels)
         if series is None:
+            if not self._admitting:  # over the memory cap even with the newest samples alone
+                self.cap_dropped_samples += 1
+                return
             series = by_labels[labels] = _Series()
         if ms <= series.last_ms:
             # Out of order, or on the newest sample's millisecond: Prometheus' TSDB keeps the
@@ -273,13 +330,19 @@ class SeriesStore:
             series.nan_ms = ms
         window_ms = self._window_ms.get(name, self._default_window_ms)
         if window_ms is not None:
-            self._trim(series, ms - window_ms)
+            if window_ms == self._cap_window_ms:  # shortened by the cap: count what it drops
+                before = len(series.values) - series.start
+                self._trim(series, ms - window_ms)
+                self.cap_dropped_samples += before - (len(series.values) - series.start)
+            else:
+                self._trim(series, ms - window_ms)
         if times is not None and series.run >= len(series):
             series.share_times()
 
-    def _trim(self, series: _Series, horizon: int) -> None:
+    def _trim(self, series: _Series, horizon: int, now: bool = False) -> None:
         # In milliseconds, as the evaluator's windows: [t - range, t] read at a sample's own
-        # time is exactly what a window of `range` before it keeps.
+        # time is exactly what a window of `range` before it keeps. `now`: free the memory at
+        # once (the cap), however few samples go.
         values = series.values
         times, timeline = series.times, series.timeline
         if times is None:  # series.view(), inlined: this runs for every sample
@@ -288,11 +351,17 @@ class SeriesStore:
         else:
             offset = 0
         start = series.start
+        if now:
+            start = bisect_left(times, horizon, start + offset, len(values) + offset) - offset
         while start < len(values) and times[start + offset] < horizon:
             start += 1
         # Batched (amortized O(1) a sample), except that a series down to its newest sample
         # (an instant-only metric's every append) drops the rest at once.
-        if (start >= _COMPACT_MIN and start * 8 >= len(values)) or 0 < start == len(values) - 1:
+        if (
+            (start >= _COMPACT_MIN and start * 8 >= len(values))
+            or 0 < start == len(values) - 1
+            or (now and start)
+        ):
             if series.times is not None:
                 del series.times[:start]
             del values[:start]
@@ -334,28 +403,128 @@ class SeriesStore:
                 self._append(labels, t, ms, STALE_NAN, shared, entry)
             self._present[group], self._marked[group] = present, marked
             self._trim_timeline(timeline, ms)
-            self._drop_empty(t)
+            self._sweep(t)
+            if self.max_bytes is not None:
+                self._enforce_cap(t)
 
-    def _trim_timeline(self, timeline: _Timeline, ms: int) -> None:
-        # Each series on it was written by this ingest and kept no more than its own window.
+    def _trim_timeline(self, timeline: _Timeline, ms: int, now: bool = False) -> None:
+        # Each series on it was written by its newest ingest and keeps no more than its own
+        # window (a series that missed two of its ingests has copied its times out).
         if self._longest_ms is None:
             return
         expired = bisect_left(timeline.times, ms - self._longest_ms)
-        if expired >= _COMPACT_MIN and expired * 8 >= len(timeline.times):
+        if (expired >= _COMPACT_MIN and expired * 8 >= len(timeline.times)) or (now and expired):
             del timeline.times[:expired]
             timeline.base += expired
 
-    def _drop_empty(self, now: float) -> None:
+    def _sweep(self, now: float) -> None:
+        """Drop series that are empty or whose newest sample expired; count the bytes kept."""
+        elements = stored = 0
         for name, by_labels in list(self._by_name.items()):
             horizon = now - self._expire.get(name, self.retention.expire)
             for labels, series in list(by_labels.items()):
-                if not len(series) or series.last_t < horizon:
+                count = len(series.values)
+                if count == series.start or series.last_t < horizon:
                     del by_labels[labels]
                     self.generation += 1
+                    continue
+                stored += 1
+                elements += count if series.times is None else count + len(series.times)
             if not by_labels:
                 del self._by_name[name]
+        elements += sum(len(timeline.times) for timeline in self._timelines.values())
+        self.bytes = elements * _SAMPLE_BYTES + stored * _SERIES_BYTES
 
-    def _candidates(self, matchers: Sequence[Matcher]) -> list[tuple[Labels, _Series]]:
+    def _enforce_cap(self, now: float) -> None:
+        cap = self.max_bytes
+        assert cap is not None
+        if self.bytes > cap:
+            self._shorten(now, cap)
+        elif self.bytes < cap // 2 and (self._cap_window_ms is not None or not self._admitting):
+            self._relax()
+
+    def _shorten(self, now: float, cap: int) -> None:
+        """Shorten every series' history until the store fits in _CAP_TARGET of the cap."""
+        target = int(cap * _CAP_TARGET)
+        was_capping = self._cap_window_ms is not None
+        window = self._cap_window_ms
+        if window is None:
+            window = self._longest_ms if self._longest_ms is not None else self._span_ms()
+        while self.bytes > target and window > 0:
+            stored = self._series_count()
+            fixed = stored * (_SERIES_BYTES + _SAMPLE_BYTES)  # each series' newest sample
+            shrinking = self.bytes - fixed
+            share = max(0, target - fixed) / shrinking if shrinking > 0 else 0.0
+            window = min(window - 1, int(window * share))
+            window = window if window >= 1000 else 0  # under a second: the newest sample only
+            self._cap_window_ms = window
+            self._apply_windows()
+            self._trim_all()
+            self._sweep(now)
+        if not was_capping and self._cap_window_ms is not None:
+            log.warning(
+                "rule history reached its memory cap of %d bytes (rules.history_max_bytes) with "
+                "%d series: each keeps at most %gs of history now, oldest samples dropped "
+                "first; rules reading further back see less (raise the cap, or shorten the "
+                "rules' ranges)",
+                cap, self._series_count(), self._cap_window_ms / 1000,
+            )  # fmt: skip
+        if self.bytes > cap and self._admitting:
+            self._admitting = False
+            log.warning(
+                "rule history over its memory cap of %d bytes (rules.history_max_bytes) with "
+                "the newest sample of each of its %d series alone: new series are not stored "
+                "until it is under half the cap",
+                cap, self._series_count(),
+            )  # fmt: skip
+
+    def _trim_all(self) -> None:
+        """Every series and timeline down to its window now (the cap shortened them)."""
+        for name, by_labels in self._by_name.items():
+            window = self._window_ms.get(name, self._default_window_ms)
+            if window is None:
+                continue
+            for series in by_labels.values():
+                before = len(series.values) - series.start
+                self._trim(series, series.last_ms - window, now=True)
+                self.cap_dropped_samples += before - (len(series.values) - series.start)
+        for timeline in self._timelines.values():
+            self._trim_timeline(timeline, timeline.last_ms, now=True)
+
+    def _relax(self) -> None:
+        """Under half the cap: take new series in again, and let the history grow back
+        (twice as long each time, until the configured windows apply again)."""
+        if not self._admitting:
+            self._admitting = True
+            log.info("rule history under half its memory cap: new series are stored again")
+        window = self._cap_window_ms
+        if window is None:
+            return
+        window = max(2 * window, 1000)
+        configured = [self._configured_default_ms, *self._configured_ms.values()]
+        if None not in configured and window >= max(w for w in configured if w is not None):
+            self._cap_window_ms = None
+            log.info("rule history under half its memory cap: the rules' full ranges are kept")
+        else:
+            self._cap_window_ms = window
+        self._apply_windows()
+
+    def _span_ms(self) -> int:
+        """The longest history any series holds (for a store keeping everything)."""
+        longest = 0
+        for by_labels in self._by_name.values():
+            for series in by_labels.values():
+                if len(series):
+                    times, offset = series.view()
+                    longest = max(longest, series.last_ms - times[series.start + offset])
+        return longest
+
+    def _series_count(self) -> int:
+        return sum(len(group) for group in self._by_name.values())
+
+    def _candidates(
+        self, matchers: Sequence[Matcher], check: Callable[[], None] | None = None
+    ) -> list[tuple[Labels, _Series]]:
         name_matcher = next((m for m in matchers if m.name == "__name__" and m.op == "="), None)
         if name_matcher is not None:
             found = list(self._by_name.get(name_matcher.value, {}).items())
@@ -363,15 +532,31 @@ class SeriesStore:
                 return found  # the name is all there is to match
         else:
             found = [item for group in self._by_name.values() for item in group.items()]
-        return [(labels, series) for labels, series in found if _labels_match(labels, matchers)]
+        if check is None:
+            return [(labels, s) for labels, s in found if _labels_match(labels, matchers)]
+        chosen: list[tuple[Labels, _Series]] = []
+        for start in range(0, len(found), _CHECK_EVERY):
+            check()
+            part = found[start : start + _CHECK_EVERY]
+            chosen += [(labels, s) for labels, s in part if _labels_match(labels, matchers)]
+        return chosen
 
-    def range_ms(self, matchers: Sequence[Matcher], lo_ms: int, hi_ms: int) -> list[Window]:
+    def range_ms(
+        self,
+        matchers: Sequence[Matcher],
+        lo_ms: int,
+        hi_ms: int,
+        check: Callable[[], None] | None = None,
+    ) -> list[Window]:
         """Per matching series, its times (ms) and values in [lo_ms, hi_ms], both ends
         inclusive, staleness markers left out (as PromQL's range selectors drop them);
-        series with no such sample are left out. Unordered."""
+        series with no such sample are left out. Unordered. `check` (a deadline's) is called
+        every few series and may raise to stop the selection."""
         with self._lock:
             chosen = []
-            for labels, series in self._candidates(matchers):
+            for i, (labels, series) in enumerate(self._candidates(matchers, check)):
+                if check is not None and not i % _CHECK_EVERY:
+                    check()
                 times, offset = series.view()
                 values = series.values
                 first = bisect_left(times, lo_ms, series.start + offset, len(values) + offset)
@@ -390,13 +575,15 @@ class SeriesStore:
         return chosen
 
     def latest_ms(
-        self, matchers: Sequence[Matcher], end_ms: int
+        self, matchers: Sequence[Matcher], end_ms: int, check: Callable[[], None] | None = None
     ) -> list[tuple[Labels, int, float]]:
         """Per matching series, its newest sample at or before `end_ms` as (labels, ms,
-        value), markers included. Unordered."""
+        value), markers included. Unordered. `check` as for range_ms."""
         with self._lock:
             chosen = []
-            for labels, series in self._candidates(matchers):
+            for i, (labels, series) in enumerate(self._candidates(matchers, check)):
+                if check is not None and not i % _CHECK_EVERY:
+                    check()
                 times, offset = series.view()
                 index = len(series.values) - 1 + offset
                 low = series.start + offset
@@ -441,7 +628,12 @@ class SeriesStore:
 
     def series_count(self) -> int:
         with self._lock:
-            return sum(len(group) for group in self._by_name.values())
+            return self._series_count()
+
+    def series_by_name(self) -> dict[str, int]:
+        """How many series each metric has now."""
+        with self._lock:
+            return {name: len(group) for name, group in self._by_name.items()}
 
     def sample_count(self) -> int:
         with self._lock:

@@ -9,11 +9,11 @@ alerts are kept for 15 minutes so Alertmanager hears that they ended. `needs_sen
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpu_exporter.rules import template
+from gpu_exporter.rules import promql, template
 from gpu_exporter.rules.loader import Rule
 from gpu_exporter.store import Labels, make_labels
 
@@ -79,10 +79,18 @@ class AlertingRule:
         except template.TemplateError as exc:
             return f"<error expanding template: {exc}>"
 
-    def evaluate(self, now: float, result: Sequence[tuple[Labels, float]]) -> None:
-        """Update states from one evaluation's result (the expression's elements)."""
+    def evaluate(
+        self,
+        now: float,
+        result: Sequence[tuple[Labels, float]],
+        check: Callable[[], None] | None = None,
+    ) -> None:
+        """Update states from one evaluation's result (the expression's elements). `check`
+        (the group's deadline) may stop it while the alerts are built, before any changes."""
         current: dict[Labels, Alert] = {}
-        for sample_labels, value in result:
+        for i, (sample_labels, value) in enumerate(result):
+            if check is not None and not i % promql.Deadline.CHECK_EVERY:
+                check()
             visible = dict(sample_labels)  # $labels keeps __name__, as in Prometheus
             sample = {k: v for k, v in sample_labels if k != "__name__"}
             extra = {k: self._expand(v, visible, value) for k, v in self.rule.labels.items()}

@@ -8,7 +8,15 @@ from typing import Any
 
 import yaml
 
-from gpu_exporter.rules.loader import RuleFileError, expand_paths, load_rule_files
+from gpu_exporter.rules.loader import (
+    DEFAULT_MAX_RANGE_SECONDS,
+    MAX_RANGE_SETTING,
+    LoadLimits,
+    RuleFileError,
+    expand_paths,
+    format_duration,
+    load_rule_files,
+)
 from gpu_exporter.rules.pack import all_pack_files
 from gpu_exporter.rules.unit_tests import run_test_files
 from gpu_exporter.yamlfile import YamlFileError, load_yaml_file
@@ -19,12 +27,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check(args: argparse.Namespace) -> int:
-    """Like `promtool check rules`: one verdict per file; exit 1 if any failed."""
+    """Like `promtool check rules`: one verdict per file; exit 1 if any failed. Rules are held
+    to what the daemon loads with its default settings (or `--max-range-seconds`, if given)."""
+    max_range = getattr(args, "max_range_seconds", None) or DEFAULT_MAX_RANGE_SECONDS
+    limits = LoadLimits(max_range_seconds=max_range)
+    print(
+        f"Rules may read at most {format_duration(max_range)} of history"
+        f" ({MAX_RANGE_SETTING} = {max_range:g}, the daemon's "
+        f"{'setting given' if max_range != DEFAULT_MAX_RANGE_SECONDS else 'default'})\n"
+    )
     failed = False
     for path in args.files:
         print(f"Checking {path}")
         try:
-            groups = load_rule_files([path])
+            groups = load_rule_files([path], limits)
         except RuleFileError as exc:
             failed = True
             print("  FAILED:\n" + "\n".join(f"    {p}" for p in exc.problems) + "\n")

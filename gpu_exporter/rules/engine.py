@@ -2,13 +2,18 @@
 
 `GroupEvaluator` is shared by the daemon and by `gpu-exporter rules test`, so the code that
 passes the unit tests is the code that raises the alerts.
+
+A group may be given a time budget: once it is spent, the rule being evaluated stops at its
+next check (between the steps of a query and every few hundred series of a loop), and it and
+the group's remaining rules report the error and keep their state (alerts stay as they were,
+recording rules write nothing), as a failed evaluation does.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpu_exporter.rules import promql
@@ -32,9 +37,17 @@ class RecordingRule:
     def name(self) -> str:
         return self.rule.name
 
-    def evaluate(self, now: float, result: Sequence[tuple[Labels, float]], store: SeriesStore):
+    def evaluate(
+        self,
+        now: float,
+        result: Sequence[tuple[Labels, float]],
+        store: SeriesStore,
+        check: Callable[[], None] | None = None,
+    ):
         current: dict[Labels, float] = {}
-        for labels, value in result:
+        for i, (labels, value) in enumerate(result):
+            if check is not None and not i % promql.Deadline.CHECK_EVERY:
+                check()  # nothing is written before this loop ends
             merged = {k: v for k, v in labels if k != "__name__"} | dict(self.rule.labels)
             series = make_labels(self.rule.name, merged.items())
             if series in current:
@@ -58,6 +71,8 @@ class GroupState:
     rules: list[RuleState]
     last_evaluation: float = 0.0
     last_duration: float = 0.0
+    # Rules the last evaluation did not finish because the time budget ran out (0: none).
+    last_stopped: int = 0
 
 
 class GroupEvaluator:
@@ -109,31 +124,53 @@ class GroupEvaluator:
             problems += self.evaluate_group(group, now)
         return problems
 
-    def evaluate_group(self, group: GroupState, now: float) -> list[str]:
-        """Evaluate each rule in order; a failing rule is reported and the others still run."""
+    def evaluate_group(
+        self, group: GroupState, now: float, budget: float | None = None
+    ) -> list[str]:
+        """Evaluate each rule in order; a failing rule is reported and the others still run.
+        With a `budget` (seconds), the rules still running or not started when it is spent are
+        stopped and keep their state; their `last_error` says so, `group.last_stopped` counts
+        them (they are not in the returned problems)."""
         started = time.perf_counter()
-        problems = []
+        deadline = promql.Deadline(budget)
+        check = None if budget is None else deadline.check
+        problems: list[str] = []
+        stopped: list[RuleState] = []
         for state in group.rules:
+            if stopped or deadline.expired():
+                stopped.append(state)  # not started: its state stays as it was
+                continue
             rule_started = time.perf_counter()
             try:
                 result = promql.evaluate(
-                    state.rule.expr, self.store, now, self.lookback, self._range_cache
+                    state.rule.expr, self.store, now, self.lookback, self._range_cache, deadline
                 )
                 elements = [((), result)] if isinstance(result, float) else [
                     (element.labels, element.value) for element in result
                 ]  # fmt: skip
                 if isinstance(state, AlertingRule):
-                    state.evaluate(now, elements)
+                    state.evaluate(now, elements, check)
                 else:
-                    state.evaluate(now, elements, self.store)
+                    state.evaluate(now, elements, self.store, check)
                 state.last_error = ""
                 if self.write_alert_series and isinstance(state, AlertingRule):
                     self._write_alert_series(state, now)
             except (promql.PromQLError, RuleEvaluationError) as exc:
                 state.last_error = str(exc)
                 problems.append(f"{state.rule.name}, err: {exc}")
+            except promql.EvaluationStopped:
+                stopped.append(state)
+                continue
             state.last_evaluation = now
             state.last_duration = time.perf_counter() - rule_started
+        if stopped:
+            reason = (
+                f"group {group.group.name!r} ran past its time budget of {budget:g}s "
+                f"(rules.group_time_budget_seconds): evaluation stopped, state kept"
+            )
+            for state in stopped:  # counted and logged by the caller, not as problems
+                state.last_error = reason
+        group.last_stopped = len(stopped)
         group.last_evaluation = now
         group.last_duration = time.perf_counter() - started
         return problems

@@ -4,6 +4,13 @@ The format is Prometheus' own, so the same file goes to `promtool check rules`, 
 PrometheusRule, and into the daemon. On top of promtool's checks, every expression must stay
 within the daemon's PromQL subset (`rules/promql.py`), and every template within the template
 subset (`rules/template.py`); anything else is refused with the file, line, rule and construct.
+
+What Prometheus' rulefmt (model/rulefmt/rulefmt.go, 2.42) or Alertmanager's API (an alert
+whose label or annotation names are not label names, or whose values are not UTF-8) would
+refuse is refused here, at load, rather than at evaluation or at the first notification; and
+labels starting with `__` (Prometheus' own) and an `alertname` label on an alerting rule
+(Prometheus replaces it with the rule's name, rules/alerting.go) as well. A rule reading
+further back than `max_range_seconds` is refused too: the daemon keeps no more history.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_exporter.promnames import is_label_name, is_metric_name
+from gpu_exporter.promnames import is_label_name, is_metric_name, label_name_problem
 from gpu_exporter.rules import promql, template
+from gpu_exporter.store import DEFAULT_LOOKBACK_SECONDS
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, load_yaml_file
 
 _DURATION = re.compile(
@@ -26,6 +34,10 @@ _UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 _GROUP_KEYS = {"name", "interval", "limit", "rules"}  # Prometheus 2.42's rulefmt
 _ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
 _RECORD_KEYS = {"record", "expr", "labels"}
+# How far back a rule may read (range + offset) unless `rules.max_range_seconds` says otherwise:
+# the rule store keeps each metric's history that long, at the sampling interval.
+DEFAULT_MAX_RANGE_SECONDS = 3600.0
+MAX_RANGE_SETTING = "rules.max_range_seconds"
 
 
 class RuleFileError(ValueError):
@@ -92,7 +104,18 @@ def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-def load_rule_files(patterns: Iterable[str | Path]) -> list[Group]:
+@dataclass(frozen=True)
+class LoadLimits:
+    """What the daemon can evaluate beyond the format: how far back a rule may read (None: no
+    limit), with the lookback an instant selector with an offset reads besides."""
+
+    max_range_seconds: float | None = None
+    lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS
+
+
+def load_rule_files(
+    patterns: Iterable[str | Path], limits: LoadLimits | None = None
+) -> list[Group]:
     """Every group of every file; raises RuleFileError listing every problem found."""
     groups: list[Group] = []
     problems: list[str] = []
@@ -102,7 +125,7 @@ def load_rule_files(patterns: Iterable[str | Path]) -> list[Group]:
         except YamlFileError as exc:
             problems.append(str(exc))
             continue
-        file_groups, file_problems = _parse_file(located)
+        file_groups, file_problems = _parse_file(located, limits or LoadLimits())
         groups += file_groups
         problems += file_problems
     if problems:
@@ -110,7 +133,7 @@ def load_rule_files(patterns: Iterable[str | Path]) -> list[Group]:
     return groups
 
 
-def _parse_file(located: LocatedYaml) -> tuple[list[Group], list[str]]:
+def _parse_file(located: LocatedYaml, limits: LoadLimits) -> tuple[list[Group], list[str]]:
     problems: list[str] = []
 
     def problem(path: tuple, message: str) -> None:
@@ -153,11 +176,11 @@ def _parse_file(located: LocatedYaml) -> tuple[list[Group], list[str]]:
             problem((*path, "rules"), "must be a list")
             raw_rules = []
         for ri, raw_rule in enumerate(raw_rules):
-            rule = _parse_rule(raw_rule, (*path, "rules", ri), located, problem)
+            rule = _parse_rule(raw_rule, (*path, "rules", ri), located, problem, limits)
             if rule is not None:
                 rules.append(rule)
         limit = raw.get("limit", 0)
-        if not isinstance(limit, int) or limit < 0:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             problem((*path, "limit"), "must be a non-negative integer")
             limit = 0
         groups.append(Group(name, located.filename, tuple(rules), interval, limit))
@@ -172,7 +195,9 @@ def _duration(value: Any, path: tuple, problem) -> float:
         return 0.0
 
 
-def _parse_rule(raw: Any, path: tuple, located: LocatedYaml, problem) -> Rule | None:
+def _parse_rule(
+    raw: Any, path: tuple, located: LocatedYaml, problem, limits: LoadLimits
+) -> Rule | None:
     if not isinstance(raw, dict):
         problem(path, "a rule is a mapping")
         return None
@@ -193,8 +218,12 @@ def _parse_rule(raw: Any, path: tuple, located: LocatedYaml, problem) -> Rule | 
         return None
     if kind == "record" and not is_metric_name(name):
         problem((*path, kind), f"{label}: not a valid metric name")
+    if not _is_utf8(name):  # an alert's name is its `alertname` label value
+        problem((*path, kind), f"{label}: the name is not valid UTF-8")
     raw_expr = raw.get("expr")
-    expr_text = raw_expr if isinstance(raw_expr, str) else ""
+    # A number is an expression too (YAML reads `expr: 1` as one; rulefmt takes its text).
+    is_number = isinstance(raw_expr, int | float) and not isinstance(raw_expr, bool)
+    expr_text = raw_expr if isinstance(raw_expr, str) else str(raw_expr) if is_number else ""
     expr = None
     if not expr_text.strip():
         problem((*path, "expr"), f"{label}: `expr` is required")
@@ -205,7 +234,11 @@ def _parse_rule(raw: Any, path: tuple, located: LocatedYaml, problem) -> Rule | 
             problem((*path, "expr"), f"{label}: unsupported construct: {exc.construct}")
         except promql.PromQLError as exc:
             problem((*path, "expr"), f"{label}: invalid PromQL: {exc}")
-    labels = _string_map(raw.get("labels"), (*path, "labels"), label, problem, labels=True)
+    if expr is not None and limits.max_range_seconds is not None:
+        reach = _reach_problem(expr, limits)
+        if reach:
+            problem((*path, "expr"), f"{label}: {reach}")
+    labels = _string_map(raw.get("labels"), (*path, "labels"), label, problem, kind=kind)
     annotations = _string_map(raw.get("annotations"), (*path, "annotations"), label, problem)
     for key, text in (*labels.items(), *annotations.items()):
         try:
@@ -223,19 +256,70 @@ def _parse_rule(raw: Any, path: tuple, located: LocatedYaml, problem) -> Rule | 
     )  # fmt: skip
 
 
-def _string_map(value: Any, path: tuple, label: str, problem, labels: bool = False) -> dict:
+def _reach_problem(expr: Any, limits: LoadLimits) -> str | None:
+    """Why `expr` reads further back than the limit allows, or None."""
+    assert limits.max_range_seconds is not None
+    reach = promql.reach_seconds(expr, limits.lookback_seconds)
+    if reach <= limits.max_range_seconds:
+        return None
+    return (
+        f"reads {format_duration(reach)} back (a range plus its offset, or an offset plus the "
+        f"{format_duration(limits.lookback_seconds)} lookback), more than the "
+        f"{format_duration(limits.max_range_seconds)} of history the daemon keeps "
+        f"({MAX_RANGE_SETTING}; set it to at least {reach:g} to load this rule)"
+    )
+
+
+def format_duration(seconds: float) -> str:
+    """Prometheus' duration spelling (model.Duration): 7d, 1h30m, 90ms."""
+    ms = round(seconds * 1000)
+    parts = []
+    for unit, size in (("y", 365 * 86_400_000), ("w", 7 * 86_400_000), ("d", 86_400_000),
+                       ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):  # fmt: skip
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
+
+
+def _is_utf8(text: str) -> bool:
+    # A YAML escape such as "\ud800" gives a lone surrogate, which no UTF-8 encoder accepts.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _string_map(value: Any, path: tuple, label: str, problem, kind: str | None = None) -> dict:
+    """A rule's `labels` (`kind` given: the rule's kind) or `annotations` (None), checked as
+    rulefmt and Alertmanager check them."""
     if value is None:
         return {}
     if not isinstance(value, dict):
         problem(path, f"{label}: must be a mapping")
         return {}
+    what = "label" if kind else "annotation"
     out = {}
     for key, item in value.items():
-        if labels and not is_label_name(key):
-            problem((*path, key), f"{label}: invalid label name {key!r}")
+        if kind:
+            reason = label_name_problem(key)
+            if reason is None and key == "alertname" and kind == "alert":
+                reason = (
+                    "'alertname' is the rule's name: Prometheus replaces this label with it "
+                    "(rules/alerting.go)"
+                )
+        else:
+            reason = None if is_label_name(key) else f"{key!r} is not a valid annotation name"
+        if reason:
+            problem((*path, key), f"{label}: {reason}")
             continue
         if isinstance(item, bool) or item is None or isinstance(item, dict | list):
-            problem((*path, key), f"{label}: value must be a string")
+            problem((*path, key), f"{label}: {what} value must be a string")
             continue
-        out[str(key)] = str(item)
+        text = str(item)
+        if not _is_utf8(text):
+            problem((*path, key), f"{label}: {what} value is not valid UTF-8")
+            continue
+        out[str(key)] = text
     return out

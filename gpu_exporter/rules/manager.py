@@ -4,11 +4,18 @@ that are due, and hand the alerts that need sending to the notifier.
 Reloads (SIGHUP, or a rule file changing on disk) replace the rules only when every file
 loads; otherwise the error is logged, counted, shown in /api/v1/rules, and the last good rules
 stay active.
+
+Budgets: a rule reading further back than `max_range_seconds` is refused at load; a group's
+evaluation running past its time budget is stopped (its rules keep their state and show the
+error), counted and logged at most once a minute, and the tick goes on; the rule history is
+capped at `history_max_bytes` (gpu_exporter/store.py says how), and rules whose history
+cannot fit in it for the series this node has (known once a tick was ingested) are refused.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -18,9 +25,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS
+from gpu_exporter.rules import promql
 from gpu_exporter.rules.alerts import Alert, AlertingRule, State, ends_at
 from gpu_exporter.rules.engine import GroupEvaluator, GroupState
-from gpu_exporter.rules.loader import RuleFileError, expand_paths, load_rule_files
+from gpu_exporter.rules.loader import (
+    DEFAULT_MAX_RANGE_SECONDS,
+    LoadLimits,
+    RuleFileError,
+    expand_paths,
+    load_rule_files,
+)
 from gpu_exporter.rules.pack import default_rule_files
 from gpu_exporter.series import Producer, Series, SeriesSet, series
 from gpu_exporter.store import Labels, SeriesStore, make_labels
@@ -43,9 +57,17 @@ class RuleSettings:
     # Budgets (the hardening issue): a rule's range or offset reaching further back than this is
     # refused at load; one group's evaluation running longer than this is stopped and counted
     # (None: half the evaluation interval); the rule history's memory is capped at this size.
-    max_range_seconds: float = 3600.0
+    max_range_seconds: float = DEFAULT_MAX_RANGE_SECONDS
     group_time_budget_seconds: float | None = None
     history_max_bytes: int = 64 * 1024 * 1024
+
+    @property
+    def group_budget(self) -> float:
+        return self.group_time_budget_seconds or self.evaluation_interval / 2
+
+
+# A group over its time budget is logged at most this often (each time counted).
+BUDGET_LOG_SECONDS = 60.0
 
 
 def store_samples(
@@ -96,7 +118,12 @@ class RuleManager:
         self.settings = settings
         self.notifier = notifier
         self.store = store or SeriesStore()
+        self.store.limit_bytes(settings.history_max_bytes)
         self._store_labels = _StoreLabels()
+        self._last_ingest = 0.0
+        self._ingest_interval: float | None = None  # seconds between the last two ticks
+        self.budget_exceeded_total: dict[str, int] = {}  # by group name, across reloads
+        self._budget_logged: dict[str, tuple[float, int]] = {}  # when, and how many since
         self.evaluator = GroupEvaluator([], self.store)
         self._lock = threading.Lock()
         self._mtimes: dict[Path, float] = {}
@@ -113,31 +140,78 @@ class RuleManager:
 
     def load(self) -> None:
         """Initial load: errors propagate (the daemon refuses to start with broken rules)."""
-        groups = load_rule_files(self.settings.files)
-        self._install(groups)
+        self._install(self._load())
+
+    def _load(self) -> GroupEvaluator:
+        """The rule files as an evaluator, carrying over the current rules' state; raises
+        RuleFileError for a broken file, or for rules whose history cannot fit the cap."""
+        groups = load_rule_files(self.settings.files, self._limits())
+        evaluator = GroupEvaluator(
+            groups,
+            self.store,
+            external_labels=self.settings.external_labels,
+            external_url=self.settings.external_url,
+            previous=self.evaluator,
+        )
+        problem = self._history_problem(evaluator)
+        if problem:
+            raise RuleFileError([problem])
+        return evaluator
+
+    def _history_problem(self, evaluator: GroupEvaluator) -> str | None:
+        """Why `evaluator`'s rules cannot keep their history within the cap for the series
+        stored now (8 bytes a sample at least, one sample a tick), or None; unknown (None)
+        until two ticks were ingested."""
+        interval = self._ingest_interval
+        if not interval:
+            return None
+        default, by_metric = evaluator.retention()
+        names = evaluator.referenced_metrics()
+        counts = self.store.series_by_name()
+        need = {
+            name: count * (int(by_metric.get(name, default).window / interval) + 1) * 8
+            for name, count in counts.items()
+            if names is None or name in names  # the others these rules would not keep
+        }
+        total, cap = sum(need.values()), self.settings.history_max_bytes
+        if total <= cap:
+            return None
+        name = max(need, key=need.__getitem__)
+        readers = sorted(
+            (state.rule for group in evaluator.groups for state in group.rules),
+            key=lambda rule: -promql.reach_seconds(rule.expr, evaluator.lookback),
+        )
+        reading = [
+            f"{rule.location} ({rule.name})"
+            for rule in readers
+            if name in (promql.referenced_metrics(rule.expr) or {name})
+        ]
+        return (
+            f"these rules would keep at least {_mib(total)} of history for the "
+            f"{sum(counts.values())} series stored now (a sample every {interval:g}s), more "
+            f"than rules.history_max_bytes ({_mib(cap)}); most for {name}: {counts[name]} "
+            f"series, {by_metric.get(name, default).window:g}s each, {_mib(need[name])}, read "
+            f"by {', '.join(reading[:3])}; raise rules.history_max_bytes or shorten the ranges"
+        )
+
+    def _limits(self) -> LoadLimits:
+        return LoadLimits(max_range_seconds=self.settings.max_range_seconds)
 
     def reload(self) -> bool:
         try:
-            groups = load_rule_files(self.settings.files)
+            evaluator = self._load()
         except Exception as exc:  # RuleFileError, or anything unexpected: keep the old rules
             self.last_reload_success = False
             self.last_reload_error = str(exc)
             self.reloads_failed_total += 1
             log.error("rule reload failed, keeping the previous rules:\n%s", exc)
             return False
-        self._install(groups)
-        log.info("rules reloaded: %d groups", len(groups))
+        self._install(evaluator)
+        log.info("rules reloaded: %d groups", len(evaluator.groups))
         return True
 
-    def _install(self, groups) -> None:
+    def _install(self, evaluator: GroupEvaluator) -> None:
         with self._lock:
-            evaluator = GroupEvaluator(
-                groups,
-                self.store,
-                external_labels=self.settings.external_labels,
-                external_url=self.settings.external_url,
-                previous=self.evaluator,
-            )
             default, by_metric = evaluator.retention()
             self.store.configure(default, evaluator.referenced_metrics(), by_metric)
             self.evaluator = evaluator
@@ -179,20 +253,45 @@ class RuleManager:
     def on_series(self, series_set: SeriesSet) -> None:
         """Ingest the tick's series and evaluate the groups that are due."""
         now = series_set.timestamp
+        if now > self._last_ingest:
+            if self._last_ingest:
+                self._ingest_interval = now - self._last_ingest
+            self._last_ingest = now
         self.reload_if_changed(time.monotonic())
         samples = self._store_labels.samples(series_set, self.store.names, "tick")
         self.store.ingest(now, samples, group="tick")
+        budget = self.settings.group_budget
         with self._lock:
             evaluator = self.evaluator
             for group in evaluator.groups:
                 if not self._due(group, now):
                     continue
-                problems = evaluator.evaluate_group(group, now)
+                problems = evaluator.evaluate_group(group, now, budget)
                 self.evaluations_total += 1
                 self.evaluation_failures_total += len(problems)
                 for problem in problems:
                     log.warning("rule evaluation failed in group %s: %s", group.group.name, problem)
+                if group.last_stopped:
+                    self._over_budget(group, budget)
                 self._send(group, now)
+
+    def _over_budget(self, group: GroupState, budget: float) -> None:
+        """Count a group stopped by its time budget; log it at most once a minute."""
+        name = group.group.name
+        self.budget_exceeded_total[name] = self.budget_exceeded_total.get(name, 0) + 1
+        logged_at, since = self._budget_logged.get(name, (-math.inf, 0))
+        clock = time.monotonic()
+        if clock - logged_at < BUDGET_LOG_SECONDS:
+            self._budget_logged[name] = (logged_at, since + 1)
+            return
+        self._budget_logged[name] = (clock, 0)
+        log.warning(
+            "rule group %s stopped after %.3fs, over its time budget of %gs "
+            "(rules.group_time_budget_seconds): %d of its %d rules not evaluated this time, "
+            "their alerts kept as they were%s",
+            name, group.last_duration, budget, group.last_stopped, len(group.rules),
+            f" ({since} more times since the last message)" if since else "",
+        )  # fmt: skip
 
     def on_late_series(self, series_set: SeriesSet) -> None:
         """The same tick's families built after evaluation (this manager's own, the notifier's,
@@ -272,6 +371,7 @@ class RuleManager:
                 for alert in rule.alerts():
                     counts[(rule.name, alert.state.value)] += 1
             durations = [(g.group.name, g.last_duration) for g in self.evaluator.groups]
+            over_budget = sorted(self.budget_exceeded_total.items())
         for (name, state_name), count in sorted(counts.items()):
             labels = (("alertname", name), ("state", state_name))
             yield series("gpu_exporter_alerts", count, labels)
@@ -281,6 +381,18 @@ class RuleManager:
         yield series("gpu_exporter_rule_reload_success", 1.0 if self.last_reload_success else 0.0)
         for group, seconds in durations:
             yield series("gpu_exporter_rule_group_duration_seconds", seconds, (("group", group),))
+        for group, count in over_budget:
+            yield series(
+                "gpu_exporter_rule_group_budget_exceeded_total", count, (("group", group),)
+            )
+        store = self.store
+        yield series("gpu_exporter_rule_history_bytes", store.bytes)
+        yield series("gpu_exporter_rule_history_max_bytes", store.max_bytes or 0)
+        yield series("gpu_exporter_rule_history_dropped_samples_total", store.cap_dropped_samples)
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
 
 
 def _rfc3339(unix: float) -> str:

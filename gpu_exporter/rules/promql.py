@@ -36,6 +36,7 @@ Known limits of the parity:
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -47,7 +48,9 @@ from gpu_exporter.rules.regex import RegexError, check_label_matcher
 from gpu_exporter.store import Labels, Matcher, SeriesStore, Window, is_stale
 
 __all__ = [
+    "Deadline",
     "Element",
+    "EvaluationStopped",
     "History",
     "PromQLError",
     "RangeCache",
@@ -58,6 +61,7 @@ __all__ = [
     "history_by_metric",
     "max_range_seconds",
     "parse",
+    "reach_seconds",
     "referenced_metrics",
 ]
 
@@ -74,6 +78,36 @@ class UnsupportedConstruct(PromQLError):
     def __init__(self, construct: str):
         super().__init__(f"unsupported PromQL construct: {construct}")
         self.construct = construct
+
+
+class EvaluationStopped(Exception):
+    """The evaluation ran past its deadline (the rule group's time budget) and was stopped.
+    Not a PromQLError: the query is fine, the time ran out."""
+
+
+class Deadline:
+    """When an evaluation must stop. `check` is called between steps and every
+    CHECK_EVERY elements of the loops over series, so even a query over very many series
+    stops within about one such stretch of its deadline."""
+
+    CHECK_EVERY = 256  # a power of two: loops test `i & (CHECK_EVERY - 1)`
+
+    __slots__ = ("at", "budget")
+
+    def __init__(self, budget: float | None = None) -> None:
+        self.budget = budget
+        self.at = math.inf if budget is None else time.perf_counter() + budget
+
+    def expired(self) -> bool:
+        return time.perf_counter() > self.at
+
+    def check(self) -> None:
+        if time.perf_counter() > self.at:
+            raise EvaluationStopped(f"time budget of {self.budget:g}s exceeded")
+
+
+NO_DEADLINE = Deadline()
+_MASK = Deadline.CHECK_EVERY - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +202,13 @@ def max_range_seconds(expr: P.Expr) -> float:
         elif isinstance(node, _Selector):
             longest = max(longest, node.offset_ms)
     return longest / 1000
+
+
+def reach_seconds(expr: P.Expr, lookback: float) -> float:
+    """How far before the evaluation time `expr` reads samples (`history_by_metric`'s longest
+    window: what the rule store must keep for it), 0 if it reads the newest samples only."""
+    needs = history_by_metric(expr, round(lookback * 1000))
+    return max((need.window_ms for need in needs.values()), default=0) / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,14 +448,17 @@ def evaluate(
     t: float,
     lookback: float = 300.0,
     cache: RangeCache | None = None,
+    deadline: Deadline = NO_DEADLINE,
 ) -> list[Element] | float:
     """Instant query at unix time `t`; a scalar expression gives a float.
 
     Raises PromQLError where Prometheus fails the query (ambiguous vector matching, duplicate
-    label sets in a result). `cache` shares range-function results between queries.
+    label sets in a result), EvaluationStopped once `deadline` has passed. `cache` shares
+    range-function results between queries.
     """
     plan = _compile(expr)
-    return _Evaluator(storage, round(t * 1000), round(lookback * 1000), cache).eval(plan)
+    evaluator = _Evaluator(storage, round(t * 1000), round(lookback * 1000), cache, deadline)
+    return evaluator.eval(plan)
 
 
 class RangeCache:
@@ -440,14 +484,22 @@ class RangeCache:
 
 class _Evaluator:
     def __init__(
-        self, storage: SeriesStore, t_ms: int, lookback_ms: int, cache: RangeCache | None = None
+        self,
+        storage: SeriesStore,
+        t_ms: int,
+        lookback_ms: int,
+        cache: RangeCache | None = None,
+        deadline: Deadline = NO_DEADLINE,
     ):
         self.storage = storage
         self.t_ms = t_ms
         self.lookback_ms = lookback_ms
         self.cache = cache
+        self.check = deadline.check
+        self.store_check = None if deadline is NO_DEADLINE else deadline.check
 
     def eval(self, node: _Node) -> Value:
+        self.check()
         if isinstance(node, _Number):
             return node.value
         if isinstance(node, _Selector):
@@ -477,7 +529,7 @@ class _Evaluator:
         # (2.42 keeps a sample exactly lookback old) and is not a staleness marker.
         ref = self.t_ms - node.offset_ms
         lo = ref - self.lookback_ms
-        rows = self.storage.latest_ms(node.matchers, ref)
+        rows = self.storage.latest_ms(node.matchers, ref, self.store_check)
         rows.sort(key=itemgetter(0))
         return [
             Element(labels, value) for labels, ms, value in rows if ms >= lo and not is_stale(value)
@@ -488,7 +540,7 @@ class _Evaluator:
         # (the store leaves them out).
         hi = self.t_ms - node.selector.offset_ms
         lo = hi - node.range_ms
-        rows = self.storage.range_ms(node.selector.matchers, lo, hi)
+        rows = self.storage.range_ms(node.selector.matchers, lo, hi, self.store_check)
         rows.sort(key=itemgetter(0))
         return lo, hi, rows
 
@@ -501,7 +553,7 @@ class _Evaluator:
         return _unique([Element(_drop_name(e.labels), -e.value) for e in value])
 
     def aggregate(self, node: _Aggregate) -> Vector:
-        return _unique(_aggregate(node, self.vector(node.expr)))
+        return _unique(_aggregate(node, self.vector(node.expr), self.check))
 
     def binary(self, node: _Binary) -> Value:
         lhs, rhs = self.eval(node.lhs), self.eval(node.rhs)
@@ -509,12 +561,13 @@ class _Evaluator:
             if isinstance(rhs, float):
                 value, keep = _elem_binop(node.op, lhs, rhs)
                 return float(keep) if node.op in COMPARISONS else value
-            return _unique(_vector_scalar(node, rhs, lhs, swapped=True))
+            return _unique(_vector_scalar(node, rhs, lhs, True, self.check))
         if isinstance(rhs, float):
-            return _unique(_vector_scalar(node, lhs, rhs, swapped=False))
+            return _unique(_vector_scalar(node, lhs, rhs, False, self.check))
+        self.check()
         if node.op in SET_OPERATORS:
             return _unique(_set_operation(node, lhs, rhs))
-        return _unique(_vector_binop(node, lhs, rhs))
+        return _unique(_vector_binop(node, lhs, rhs, self.check))
 
     # functions
 
@@ -554,8 +607,11 @@ class _Evaluator:
         if node.name == "absent_over_time":
             return [] if series else [Element(arg.selector.absent_labels, 1.0)]
         function = _RANGE_IMPLS[node.name]
+        check = self.check
         out: Vector = []
-        for labels, times, values in series:
+        for i, (labels, times, values) in enumerate(series):
+            if not i & _MASK:
+                check()
             value = function(times, values, lo, hi, arg.range_ms)
             if value is None:
                 continue
@@ -615,10 +671,12 @@ def _signature(labels: Labels, on: bool, names: frozenset[str]) -> Labels:
 # --- aggregation --------------------------------------------------------------------------------
 
 
-def _aggregate(node: _Aggregate, vector: Vector) -> Vector:
+def _aggregate(node: _Aggregate, vector: Vector, check: Callable[[], None]) -> Vector:
     # group labels -> [value, mean, count]; groups come out in order of first appearance.
     groups: dict[Labels, list] = {}
-    for element in vector:
+    for i, element in enumerate(vector):
+        if not i & _MASK:
+            check()
         key = _group_labels(element.labels, node)
         group = groups.get(key)
         value = element.value
@@ -697,10 +755,14 @@ def _elem_binop(op: str, lhs: float, rhs: float) -> tuple[float, bool]:
     raise UnsupportedConstruct(f"operator {op}")
 
 
-def _vector_scalar(node: _Binary, vector: Vector, scalar: float, swapped: bool) -> Vector:
+def _vector_scalar(
+    node: _Binary, vector: Vector, scalar: float, swapped: bool, check: Callable[[], None]
+) -> Vector:
     drop = node.op in ARITHMETIC or node.return_bool
     out: Vector = []
-    for element in vector:
+    for i, element in enumerate(vector):
+        if not i & _MASK:
+            check()
         lhs, rhs = (scalar, element.value) if swapped else (element.value, scalar)
         value, keep = _elem_binop(node.op, lhs, rhs)
         if node.op in COMPARISONS:
@@ -732,7 +794,7 @@ def _set_operation(node: _Binary, lhs: Vector, rhs: Vector) -> Vector:
     return [e for e in lhs if sig(e) not in right]
 
 
-def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector) -> Vector:
+def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector, check: Callable[[], None]) -> Vector:
     """Arithmetic/comparison between vectors, Prometheus' VectorBinop step by step."""
     if not lhs or not rhs:
         return []  # nothing can match, and no cardinality error is raised either
@@ -740,7 +802,9 @@ def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector) -> Vector:
     if swapped:  # work as many-to-one with the sides exchanged
         lhs, rhs = rhs, lhs
     right: dict[Labels, Element] = {}
-    for element in rhs:
+    for i, element in enumerate(rhs):
+        if not i & _MASK:
+            check()
         sig = _signature(element.labels, node.on, node.matching)
         if sig in right:
             side = "left" if swapped else "right"
@@ -753,7 +817,9 @@ def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector) -> Vector:
         right[sig] = element
     matched: dict[Labels, set[Labels]] = {}
     out: Vector = []
-    for element in lhs:
+    for i, element in enumerate(lhs):
+        if not i & _MASK:
+            check()
         sig = _signature(element.labels, node.on, node.matching)
         other = right.get(sig)
         if other is None:
