@@ -96,6 +96,8 @@ def compile_go(pattern: str) -> GoRegexp:
         reason = exc.args[0] if exc.args else str(exc)
         if isinstance(reason, bytes):
             reason = reason.decode("utf-8", "replace")
+        if reason.startswith(("invalid perl operator: (?<=", "invalid perl operator: (?<!")):
+            reason = "invalid perl operator: (?<"  # Go quotes up to the first character it refuses
         raise RegexError(pattern, str(reason)) from None
     names = _go_group_names(pattern)
     if len(names) != program.groups + 1:  # cannot happen for a pattern RE2 parsed; be safe
@@ -159,11 +161,16 @@ def _class_end(pattern: str, i: int) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def label_matcher(pattern: str) -> Any:
-    """A PromQL `=~`/`!~` pattern as Prometheus anchors it; `.match(value)` is a full match."""
+    """A PromQL `=~`/`!~` pattern as Prometheus anchors it; `.match(value)` is a full match.
+
+    Prometheus 2.42 (labels.NewFastRegexMatcher) compiles `^(?:PATTERN)$`, then parses PATTERN
+    alone, so `a)|(b`, valid once wrapped, is refused too; the first failure is the message."""
     try:
-        return compile_re2(f"^(?:{pattern})$")
+        anchored = compile_re2(f"^(?:{pattern})$")
+        compile_go(pattern)
     except RegexError as exc:
         raise RegexError(pattern, exc.reason) from None
+    return anchored
 
 
 def check_label_matcher(pattern: str) -> None:

@@ -27,9 +27,11 @@ Supported subset
   for every operand type (hex and binary floats included) with flags `+ - space 0`, width and
   precision, and `#` for `%x %X` of ints and strings and `%o %b` of ints; Go's error notations
   `%!d(float64=3)`, `%!d(MISSING)`, `%!(EXTRA int=2)` and `%!(NOVERB)` are reproduced.
-* Regular expressions (`match`, `reReplaceAll`) take Go RE2 syntax, translated to Python `re`
-  with Go's semantics for `$`, `\b`, `\d`, `\s`, `\w`, POSIX classes, `{,n}`, `\Q...\E`,
-  mid-pattern `(?i)`, `$1x`-style expansion and empty matches in ReplaceAll.
+* Regular expressions (`match`, `reReplaceAll`) run on RE2 (`rules/regex.py`: the library Go's
+  regexp follows, linear in time), on UTF-8 bytes as Go does; `match` is unanchored like
+  regexp.MatchString, and `reReplaceAll` expands `$1 ${1} $name ${name} $$` and steps over empty
+  matches as Regexp.ReplaceAllString does. Syntax RE2 takes but Go refuses is refused; what is
+  left of the differences is in rules/regex.py.
 * Prometheus functions: `humanize humanize1024 humanizeDuration humanizePercentage
   humanizeTimestamp toTime title toUpper toLower match reReplaceAll stripPort stripDomain
   safeHtml args graphLink tableLink parseDuration externalURL pathPrefix`.
@@ -37,9 +39,13 @@ Supported subset
 Not supported (check() names them): `define template block break continue`, character
 constants, complex numbers, the query functions `query first label value strvalue sortByLabel`,
 `tmpl`, and the builtins `call slice js`; fmt's `*` widths, `%[n]` indexes, `%#v` and other
-`#` forms, `%+q`, `%.3x` of floats; methods of `toTime`'s result; regexp constructs Python's `re`
-cannot express the same way (`\pL`, `[[:^alpha:]]`, `\D`/`\W`/`\S` inside a class, `(?U)`).
-Backreferences and lookarounds are refused as Go's regexp refuses them.
+`#` forms, `%+q`, `%.3x` of floats; methods of `toTime`'s result. Backreferences and
+lookarounds are refused as Go's regexp refuses them.
+
+Budgets (Go has none): printf widths and precisions up to FORMAT_WIDTH_LIMIT, rendered text and
+any one string up to OUTPUT_LIMIT characters, BUILD_LIMIT characters built or scanned by all
+function calls, STEP_LIMIT steps and NESTING_LIMIT levels. Past one, expand() fails with
+TemplateError like any run-time error; check() refuses literal widths and nesting at load.
 
 expand() raises TemplateError where Go fails at run time (e.g. `humanize` of a label that is not
 a number); Prometheus renders "<error expanding template: ...>" in that case. Unicode case
@@ -83,7 +89,7 @@ __all__ = [
 FORMAT_WIDTH_LIMIT = 1_000  # printf widths and precisions: far wider than any annotation line
 OUTPUT_LIMIT = 65_536  # characters of rendered text, and of any one string built on the way
 BUILD_LIMIT = 4 * OUTPUT_LIMIT  # characters all function calls build or scan, together
-STEP_LIMIT = 20_000  # nodes, commands, range iterations and regex matches run (about 0.1 s)
+STEP_LIMIT = 10_000  # nodes, commands, range iterations and regex matches run (~50 ms)
 NESTING_LIMIT = 100  # parentheses and control structures inside each other
 
 
@@ -551,7 +557,7 @@ def _format_number(digits: str, what: str) -> int:
         len(significant) > len(str(FORMAT_WIDTH_LIMIT))
         or int(significant or "0") > FORMAT_WIDTH_LIMIT
     ):
-        raise _Error(f"printf: a {what} over {FORMAT_WIDTH_LIMIT} is not allowed")
+        raise _Error(f"a {what} over {FORMAT_WIDTH_LIMIT} is not allowed")
     return int(significant or "0")
 
 
