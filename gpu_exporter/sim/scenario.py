@@ -19,12 +19,13 @@ from types import MappingProxyType
 from typing import Any, TypedDict
 
 from gpu_exporter import nvml_facts as facts
-from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml
+from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml, load_yaml_file
 
 __all__ = [
     "ARCHITECTURES",
     "CLOCK_EVENT_REASONS",
     "FEATURES",
+    "MAX_DEVICES",
     "QUANTITIES",
     "DeviceSpec",
     "DriverSpec",
@@ -207,6 +208,11 @@ QUANTITIES: dict[str, _Quantity] = {
     "retired_pages_dbe": _NONNEG,
     "retired_pages_pending": _Quantity(0.0, 1.0),
 }
+
+
+# At most this many GPUs in one scenario: each costs the simulator about 9 KiB and 0.5 ms to build
+# (and the daemon a reader thread); 1024 is 16 times the largest node benchmarked (64 GPUs).
+MAX_DEVICES = 1024
 
 
 class ScenarioError(ValueError):
@@ -560,14 +566,33 @@ def _parse(data: Any, ctx: _Ctx) -> Scenario:
     driver = _parse_driver(top.get("driver"))
     latency = _parse_latency(top.get("latency"))
     defaults = top["defaults"].mapping(_DEVICE_KEYS) if "defaults" in top else {}
-    device_nodes = top["devices"].seq(nonempty=True)
-    devices = tuple(
-        _parse_device(i, _merge(defaults, node), name, seed) for i, node in enumerate(device_nodes)
-    )
+    if isinstance(top["devices"].value, list) and len(top["devices"].value) > MAX_DEVICES:
+        count = len(top["devices"].value)
+        raise top["devices"].error(f"{count} GPUs, more than the {MAX_DEVICES} a scenario holds")
+    entries = [_merge(defaults, node) for node in top["devices"].seq(nonempty=True)]
+    devices = tuple(_parse_device(i, entry, name, seed) for i, entry in enumerate(entries))
+    _refuse_shared_ids(devices, entries, top["devices"])
     faults = tuple(_parse_fault(n, len(devices)) for n in _opt_seq(top.get("faults")))
     topology = tuple(_parse_topology(n, len(devices)) for n in _opt_seq(top.get("topology")))
     description = top["description"].string() if "description" in top else ""
     return Scenario(name, description, ctx.source, seed, driver, latency, devices, faults, topology)
+
+
+def _refuse_shared_ids(
+    devices: tuple[DeviceSpec, ...], entries: list[dict[str, Any]], devices_node: _Node
+) -> None:
+    """Two GPUs with one UUID or bus id: NVML lookups by either would find only the first."""
+    for key, what in (("uuid", "UUID"), ("pci_bus_id", "PCI bus id")):
+        first: dict[str, int] = {}
+        for device, entry in zip(devices, entries, strict=True):
+            value = getattr(device, key)
+            if value in first:
+                node = entry.get(key) or devices_node.child(device.index)
+                message = f"{what} {value!r} is also GPU {first[value]}'s"
+                if node.path[0] == "defaults":
+                    message += " (set in defaults, so every GPU shares it)"
+                raise node.error(message)
+            first[value] = device.index
 
 
 def _opt_seq(node: _Node | None) -> list[_Node]:
@@ -707,8 +732,11 @@ def _default_serial(scenario_name: str, index: int) -> str:
 
 
 def _default_bus_id(index: int) -> str:
-    bus = _DEFAULT_BUSES[index] if index < len(_DEFAULT_BUSES) else 0xDC + index
-    return f"00000000:{bus % 256:02X}:00.0"
+    """The HGX buses, then bus 0xDC + index, carrying into the PCI domain past 0xFF (unique)."""
+    domain, bus = divmod(
+        _DEFAULT_BUSES[index] if index < len(_DEFAULT_BUSES) else 0xDC + index, 256
+    )
+    return f"{domain:08X}:{bus:02X}:00.0"
 
 
 def normalize_bus_id(text: str) -> str | None:
@@ -880,10 +908,10 @@ def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> Scenario:
         resource = resources.files("gpu_exporter.sim") / "scenarios" / f"{name_or_path}.yaml"
         return _load_text(resource.read_text(encoding="utf-8"), str(resource))
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario: {exc.strerror or exc}") from None
-    return _load_text(text, str(path))
+        located = load_yaml_file(path)  # bounded: size, depth, aliases (gpu_exporter.yamlfile)
+    except YamlFileError as exc:
+        raise ScenarioError(str(exc)) from None
+    return _parse(located.data, _Ctx(located.filename, located.lines))
 
 
 def _load_text(text: str, source: str) -> Scenario:
