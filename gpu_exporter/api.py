@@ -1,9 +1,16 @@
-"""HTTP: /metrics, /healthz, /readyz and the JSON API, all served from the latest snapshot."""
+"""HTTP: /metrics, /healthz, /readyz and the JSON API, all served from the latest snapshot.
+
+The app works before the sampler has ticked, and before NVML has started (`startup`): /healthz
+says "starting" while start-up moves (503 only when start-up itself has not moved for the
+stale bound, or gave up), /readyz and /metrics answer 503 with the reason. Every GET endpoint
+also answers HEAD (the GET's status and headers, no body), as Prometheus' own server does.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +26,7 @@ from gpu_exporter.exposition import (
 )
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.series import DeviceView
+from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.status_page import render_status_page, status_page_headers
 
 # Liveness fails only when the sampler has clearly stopped: several missed ticks, never one.
@@ -27,20 +35,30 @@ MIN_STALE_SECONDS = 10.0
 
 
 def create_app(
-    sampler: Sampler, source_ready: Callable[[], bool], rules: Any | None = None
+    sampler: Sampler,
+    source_ready: Callable[[], bool],
+    rules: Any | None = None,
+    startup: StartupProgress | None = None,
 ) -> FastAPI:
-    """`rules` is the RuleManager, or None when in-daemon rules are disabled."""
+    """`rules` is the RuleManager, or None when in-daemon rules are disabled; `startup` the
+    source's start-up progress (None: the source was started before the app)."""
     app = FastAPI(title="gpu-exporter", version=__version__, docs_url=None, redoc_url=None)
     stale_after = max(MIN_STALE_SECONDS, STALE_TICKS * sampler.interval)
+    get = partial(app.api_route, methods=["GET", "HEAD"])
+
+    def not_started() -> str | None:
+        """Why start-up is not done (None when it is, or was done before the app)."""
+        return startup.reason() if startup is not None else None
 
     # async: the body is cached bytes except on a tick's first scrape, which writes it (about
     # 1 ms at 8 GPUs, 9 ms at 64); serving on the event loop skips a thread hop (about half
     # the CPU per scrape, measured with 32 concurrent scrapers).
-    @app.get("/metrics")
+    @get("/metrics")
     async def metrics(request: Request) -> Response:
         rendered = sampler.rendered
         if rendered is None:
-            return PlainTextResponse("no snapshot yet\n", status_code=503)
+            why = not_started() or "no snapshot yet"
+            return PlainTextResponse(f"{why}\n", status_code=503)
         openmetrics = wants_openmetrics(request.headers.get("accept"))
         gzipped = wants_gzip(request.headers.get("accept-encoding"))
         headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
@@ -50,9 +68,18 @@ def create_app(
             headers=headers,
         )
 
-    @app.get("/healthz")
+    @get("/healthz")
     def healthz() -> Response:
         age = sampler.seconds_since_last_tick()
+        if age is None and startup is not None and not startup.ready:
+            # NVML starting: alive while the start-up thread moves (it waits for NVML with
+            # deadlines, so a hung driver call never stops it; only our own bug would).
+            if startup.failure is not None:
+                return PlainTextResponse(f"{startup.reason()}\n", 503)
+            stuck = startup.stuck_for()
+            if stuck > stale_after:
+                return PlainTextResponse(f"start-up stuck for {stuck:.1f}s\n", 503)
+            return PlainTextResponse(f"starting: {startup.reason()}\n")
         if age is None:
             # Starting up: alive as long as the first tick is not overdue.
             waited = sampler.seconds_since_start()
@@ -63,8 +90,11 @@ def create_app(
             return PlainTextResponse(f"sampler stalled: last tick {age:.1f}s ago\n", 503)
         return PlainTextResponse("ok\n")
 
-    @app.get("/readyz")
+    @get("/readyz")
     def readyz() -> Response:
+        why = not_started()
+        if why is not None:
+            return PlainTextResponse(f"not ready: {why}\n", 503)
         if not source_ready():
             return PlainTextResponse("not ready: NVML has not been initialised\n", 503)
         if sampler.latest is None:
@@ -74,7 +104,7 @@ def create_app(
             return PlainTextResponse(f"not ready: last snapshot {age:.1f}s old\n", 503)
         return PlainTextResponse("ok\n")
 
-    @app.get("/api/v1/devices")
+    @get("/api/v1/devices")
     def devices() -> Response:
         published = sampler.published  # one tick's snapshot and series, never two
         if published is None:
@@ -92,16 +122,16 @@ def create_app(
             }
         )
 
-    @app.get("/", include_in_schema=False)
+    @get("/", include_in_schema=False)
     def status_page() -> Response:
         return HTMLResponse(render_status_page(), headers=status_page_headers())
 
-    @app.get("/api/v1/rules")
+    @get("/api/v1/rules")
     def rules_endpoint() -> Response:
         groups = rules.rules_json() if rules is not None else []
         return JSONResponse({"status": "success", "data": {"groups": groups}})
 
-    @app.get("/api/v1/alerts")
+    @get("/api/v1/alerts")
     def alerts_endpoint() -> Response:
         alerts = rules.alerts_json() if rules is not None else []
         return JSONResponse({"status": "success", "data": {"alerts": alerts}})

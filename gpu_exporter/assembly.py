@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
@@ -33,16 +33,39 @@ class Assembly:
     attribution: PodAttribution | None = None
     rules: RuleManager | None = None
     notifier: Notifier | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopped: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
         """Background work: attribution refreshes, notifier delivery, the scheduled tick."""
+        self._start_helpers()
+        self.sampler.start()
+
+    def start_when(self, ready: Callable[[float], bool]) -> None:
+        """Start what needs no GPU now, and the tick once `ready(timeout)` is true (waited for
+        on a thread of its own; never after `stop`): the sampler must not tick, and the rules
+        must not see an empty node, before the source knows its GPUs."""
+        self._start_helpers()
+
+        def wait_then_tick() -> None:
+            while not self._stopped.is_set():
+                if ready(0.5):
+                    with self._lock:
+                        if not self._stopped.is_set():
+                            self.sampler.start()
+                    return
+
+        threading.Thread(target=wait_then_tick, name="start-sampler", daemon=True).start()
+
+    def _start_helpers(self) -> None:
         if self.attribution is not None:
             self.attribution.start()
         if self.notifier is not None:
             self.notifier.start()
-        self.sampler.start()
 
     def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
         self.sampler.stop()
         if self.notifier is not None:
             self.notifier.stop()

@@ -1,7 +1,8 @@
 """Command line: `gpu-exporter serve`, `gpu-exporter --version`.
 
 Exit status: 0 after a clean stop, 1 when there is nothing to monitor (no driver), 2 for bad
-input (flags, config file, scenario file).
+input (flags, config file, scenario file, rule files, web-config file, more GPUs than
+nvml.max_devices).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRE
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
+# How long `serve` waits for the first NVML init before serving anyway: an init that fails
+# within it (no driver, no library) is the exit status; a slower one is waited for while
+# /healthz answers. Short, so that the port opens within a second of the start.
+INIT_GRACE_SECONDS = 0.25
 
 log = logging.getLogger("gpu_exporter")
 
@@ -111,10 +116,8 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from gpu_exporter import http_server
-    from gpu_exporter.api import create_app
-    from gpu_exporter.config import ConfigError, load_config, split_host_port
-    from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
+    from gpu_exporter.config import ConfigError, load_config
+    from gpu_exporter.sources.base import ErrorLog
     from gpu_exporter.sources.nvml import NvmlSource
 
     try:
@@ -147,35 +150,50 @@ def serve(args: argparse.Namespace) -> int:
         topology_reader=read_topology,
     )
     try:
-        source.start()
-    except SourceUnavailableError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return _serve(config, source, errors)
+    finally:
+        source.close()
+        if simulator is not None:
+            sim.uninstall()
+
+
+def _serve(config: Any, source: Any, errors: Any) -> int:
+    """Serve HTTP from the first second, whatever NVML does: NVML starts on its own thread
+    (`NvmlSource.begin`); an init that fails at once is the exit status
+    (1, or 2 for more GPUs than nvml.max_devices), one still running after
+    `INIT_GRACE_SECONDS` is waited for (and later failures retried) while /readyz says why."""
+    from gpu_exporter import http_server
+    from gpu_exporter.api import create_app
+    from gpu_exporter.assembly import assemble
+    from gpu_exporter.config import split_host_port
+    from gpu_exporter.sources.base import TooManyDevicesError
+
     host, port = split_host_port(config.listen_address)
     problem = http_server.cannot_listen(host, port)
     if problem:
         print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
-        source.close()
         return EXIT_USAGE
-    from gpu_exporter.assembly import assemble
-
+    source.begin()
+    failure = source.progress.commit(INIT_GRACE_SECONDS)
+    if failure is not None:
+        print(failure, file=sys.stderr)
+        return EXIT_USAGE if isinstance(failure, TooManyDevicesError) else EXIT_UNAVAILABLE
     try:
         assembly = assemble(config, source, errors)
     except ValueError as exc:  # RuleFileError, bad Alertmanager settings
         print(f"rule error: {exc}", file=sys.stderr)
-        source.close()
         return EXIT_USAGE
     try:
-        assembly.start()
+        assembly.start_when(source.progress.wait_ready)
         # Ready once NVML started, even while a re-init is under way: an unready pod drops out
         # of the Service exactly when Prometheus should be seeing gpu_up 0.
-        app = create_app(assembly.sampler, lambda: source.started, assembly.rules)
+        app = create_app(assembly.sampler, lambda: source.started, assembly.rules, source.progress)
         http_server.run(app, host, port, config.web_settings(), config.log_level)
+    except ValueError as exc:  # the web-config file, checked before serving
+        print(f"web config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         assembly.stop()
-        source.close()
-        if simulator is not None:
-            sim.uninstall()
     return 0
 
 

@@ -6,6 +6,15 @@ loaders should run. Read once at start-up and after every full NVML re-init (ind
 then), never per tick: a pair query can take hundreds of milliseconds on real drivers
 (k8s-device-plugin#774).
 
+Bounded: with a `deadline` (the source passes its per-GPU deadline) each call runs on a helper
+thread and one that does not answer in time is counted (error `Timeout`), noted, and left
+behind: that item is unknown, and that call is not asked again of that GPU in this read; after
+`max_hung_per_gpu` hung calls nothing more is asked of that GPU. So a hung
+`nvmlDeviceGetP2PStatus` leaves that GPU's P2P unknown instead of the read stuck. Pairs are
+read only for up to `MAX_PAIR_GPUS` GPUs (what is kept per pair grows with the square of the
+GPU count: the PeerLinks, the calls, the exceptions to the usual values); past that only
+the per-GPU facts are read and `errors` says why.
+
 Every NVML call goes through the choke point (`NvmlCalls`), which counts failures in
 gpu_exporter_errors_total (source `topology`) as it does for every other call: NotSupported /
 FunctionNotFound make that item absent, any other error is also noted in `Topology.errors`
@@ -22,12 +31,14 @@ HGX H100/H200 board, and the smaller count shows a pair slowed by a link that is
 
 from __future__ import annotations
 
+import concurrent.futures as futures
+import logging
 import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +48,7 @@ from gpu_exporter.snapshot import Labels, Reading
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml_device import NvmlCalls
 from gpu_exporter.sources.nvml_values import binding, field_value, normalise_bus_id
+from gpu_exporter.sources.worker import Worker
 
 # NVML_TOPOLOGY_* -> (metric label, nvidia-smi topo -m abbreviation)
 LEVELS: Mapping[int, tuple[str, str]] = {
@@ -85,6 +97,12 @@ EXTRA_LEGEND = {
 UNKNOWN_LINK = "unknown"
 SOURCE = "topology"  # the errors_total `source` of the calls made here
 _ABSENT = ("NotSupported", "FunctionNotFound")  # the item is absent; nothing went wrong
+# Pairs are read for at most this many GPUs: 4032 ordered pairs, 16128 P2P calls (the default
+# nvml.max_devices; a node with more still gets each GPU's own facts).
+MAX_PAIR_GPUS = 64
+_HUNG = "Timeout"  # a call that did not answer within the deadline
+_SKIPPED = "Skipped"  # not asked: that call, or too many calls, hung on that GPU before
+log = logging.getLogger(__name__)
 _CPU_WORDS = max(16, -(-(os.cpu_count() or 1) // 64))  # 64 CPUs per word; >= 1024 CPUs
 
 
@@ -305,10 +323,19 @@ def _columns(rows: list[list[str]]) -> str:
 
 
 class _Calls:
-    """The topology's NVML calls through the choke point; notes what failed instead of raising."""
+    """The topology's NVML calls through the choke point; notes what failed instead of raising.
 
-    def __init__(self, errors: ErrorLog) -> None:
+    With a `deadline`, each call runs on a helper thread (see the module docstring)."""
+
+    def __init__(
+        self, errors: ErrorLog, deadline: float | None = None, max_hung_per_gpu: int = 2
+    ) -> None:
         self._nvml = NvmlCalls(errors, SOURCE)
+        self._deadline = deadline
+        self._max_hung = max_hung_per_gpu
+        self._worker: Worker | None = None
+        self._hung: Counter[int] = Counter()  # id(a GPU's handle) -> its calls that hung
+        self._skip: set[tuple[str, int]] = set()  # (key, id(handle)) that hung once
         self.errors: list[str] = []
 
     def __call__(self, key: str, what: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
@@ -328,11 +355,45 @@ class _Calls:
 
         `key` is the errors_total field; `what` names the GPUs for `Topology.errors`.
         """
-        value, error = self._nvml.attempt(key, fn, *args, expected=expected)
-        quiet = {*_ABSENT, *(e.__name__.removeprefix("NVMLError_") for e in expected)}
+        if self._deadline is None or not args or fn is None:
+            value, error = self._nvml.attempt(key, fn, *args, expected=expected)
+        else:
+            value, error = self._bounded(key, what, fn, args, expected)
+        quiet = {*_ABSENT, _SKIPPED, *(e.__name__.removeprefix("NVMLError_") for e in expected)}
         if error and error not in quiet:
             self.errors.append(f"{what}: {error}")
         return value, error
+
+    def _bounded(
+        self,
+        key: str,
+        what: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        expected: tuple[type[N.NVMLError], ...],
+    ) -> tuple[Any, str]:
+        gpu = id(args[0])  # the GPU asked: every call here takes its handle first
+        if (key, gpu) in self._skip or self._hung[gpu] >= self._max_hung:
+            return None, _SKIPPED
+        if self._worker is None:
+            self._worker = Worker("nvml-topology")
+        job = self._worker.submit(partial(self._nvml.attempt, key, fn, *args, expected=expected))
+        try:
+            result: tuple[Any, str] = job.result(timeout=self._deadline)
+        except futures.TimeoutError:
+            self._worker.stop()  # left behind in the call; the next call gets a fresh thread
+            self._worker = None
+            self._skip.add((key, gpu))
+            self._hung[gpu] += 1
+            self._nvml.errors.add(SOURCE, key, _HUNG)
+            log.warning("topology: %s did not answer within %.2fs", what, self._deadline)
+            return None, _HUNG
+        return result
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
 
 
 def read_topology(
@@ -340,18 +401,32 @@ def read_topology(
     sysfs_root: Path | str = "/sys",
     *,
     errors: ErrorLog | None = None,
+    deadline: float | None = None,
+    max_hung_per_gpu: int = 2,
 ) -> Topology:
     """Read the topology of these (uuid, index, NVML handle) GPUs. Never raises NVMLError.
 
-    NVML failures are counted in `errors` (the source's, for gpu_exporter_errors_total).
+    NVML failures are counted in `errors` (the source's, for gpu_exporter_errors_total);
+    `deadline` bounds each call (see the module docstring).
     """
-    calls = _Calls(errors if errors is not None else ErrorLog())
-    nodes = [
-        _read_gpu(calls, uuid, index, handle, Path(sysfs_root)) for uuid, index, handle in devices
-    ]
-    handles = {uuid: handle for uuid, _, handle in devices}
-    levels = _read_levels(calls, devices)
-    peers = [_peer(calls, a, b, handles, levels) for a in nodes for b in nodes if a.uuid != b.uuid]
+    calls = _Calls(errors if errors is not None else ErrorLog(), deadline, max_hung_per_gpu)
+    try:
+        nodes = [
+            _read_gpu(calls, uuid, index, handle, Path(sysfs_root))
+            for uuid, index, handle in devices
+        ]
+        if len(devices) > MAX_PAIR_GPUS:
+            calls.errors.append(
+                f"GPU pairs not read: {len(devices)} GPUs, more than {MAX_PAIR_GPUS}"
+            )
+            return Topology(tuple(nodes), (), tuple(calls.errors))
+        handles = {uuid: handle for uuid, _, handle in devices}
+        levels = _read_levels(calls, devices)
+        peers = [
+            _peer(calls, a, b, handles, levels) for a in nodes for b in nodes if a.uuid != b.uuid
+        ]
+    finally:
+        calls.close()
     return Topology(tuple(nodes), tuple(peers), tuple(calls.errors))
 
 

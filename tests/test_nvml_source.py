@@ -254,7 +254,10 @@ def test_a_gpu_lost_at_start_joins_after_recovery(start, clock: ManualClock) -> 
         faults=[{"at": 0, "device": 1, "kind": "gpu_lost", "until": 2}],
     )
     source = start(spec, recovery_initial_backoff_seconds=0.5, recovery_max_backoff_seconds=1)
-    assert len(source.sample()) == 1  # GPU 1 could not even be listed
+    first = {d.index: d for d in source.sample()}
+    # GPU 1 could not even be read: shown down (no UUID yet) with the reason, not left out.
+    assert first[0].up and not first[1].up and first[1].uuid == ""
+    assert "GpuIsLost" in first[1].down_reason
     for _ in range(6):
         devices = tick(source, clock)
     assert set(devices) == {0, 1}

@@ -335,11 +335,13 @@ class _FlakyTopology:
         self.failing = failing
         self.reads = 0
 
-    def __call__(self, devices: Devices, *, errors: ErrorLog) -> Topology:
+    def __call__(
+        self, devices: Devices, *, errors: ErrorLog, deadline: float | None = None, **_: Any
+    ) -> Topology:
         self.reads += 1
         if self.failing:
             raise RuntimeError("no topology today")
-        return read_topology(devices, sysfs_root="/nonexistent", errors=errors)
+        return read_topology(devices, sysfs_root="/nonexistent", errors=errors, deadline=deadline)
 
 
 def _topology_status(source: NvmlSource) -> bool:

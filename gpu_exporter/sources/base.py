@@ -13,6 +13,10 @@ class SourceUnavailableError(RuntimeError):
     """The source cannot start at all (no driver, no library); the message is for a person."""
 
 
+class TooManyDevicesError(SourceUnavailableError):
+    """More GPUs than the configured maximum (`nvml.max_devices`): a configuration to fix."""
+
+
 class ErrorLog:
     """Thread-safe cumulative counts of failed reads, exported as gpu_exporter_errors_total."""
 

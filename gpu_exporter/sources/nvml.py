@@ -1,7 +1,17 @@
 """The NVML source: every GPU on the node, read concurrently, each within a deadline.
 
 Lifecycle:
-- `start()` initialises NVML, lists GPUs by index and keys them by UUID, starts the XID thread.
+- `begin()` starts NVML on a start-up thread of its own, so that nothing NVML does can keep the
+  caller (the HTTP server) from answering; `progress` says how far it got. `start()` is
+  `begin()` and a wait for it. The start-up thread initialises NVML (an init that does not
+  answer is waited for and, after `hang_quarantine_seconds`, tried again on a fresh thread, at
+  most `max_abandoned_threads_per_device` left behind; one that fails is retried with the
+  recovery back-off once the daemon serves, else it is the caller's error); refuses more than
+  `max_devices` GPUs (TooManyDevicesError); lists GPUs by index, each GPU's handle and UUID read
+  on its own worker thread within `device_deadline_seconds` (a GPU that does not answer in time,
+  or fails, comes up down with the reason, as an unidentified GPU with uuid "", and joins after
+  a full re-init, like a lost GPU); registers for XID events within the deadline; is then
+  ready (sampling may begin) and reads the topology, each call within the deadline.
   Identity and slow-changing data are read in each GPU's first tick, under its deadline.
 - `sample()` gives each GPU's `DeviceReader.read_tick` (every enabled collector of
   `sources/collectors/`, guarded) to that GPU's own worker thread and waits at most
@@ -24,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +46,7 @@ from gpu_exporter import guard
 from gpu_exporter.guard import Guard
 from gpu_exporter.snapshot import CollectorStatus, DeviceSample
 from gpu_exporter.sources import collectors
-from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
+from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError, TooManyDevicesError
 from gpu_exporter.sources.nvml_device import (
     DRIVER_GONE,
     DeviceLostError,
@@ -48,7 +59,8 @@ from gpu_exporter.sources.nvml_device import (
     error_name,
 )
 from gpu_exporter.sources.settings import NvmlSettings
-from gpu_exporter.sources.worker import Worker
+from gpu_exporter.sources.startup import StartupProgress
+from gpu_exporter.sources.worker import Worker, on_own_thread
 from gpu_exporter.sources.xid import XidCounts, XidWatcher
 
 __all__ = ["SIMULATE_HINT", "NvmlSettings", "NvmlSource", "TopologyReader"]
@@ -62,7 +74,14 @@ class TopologyReader(Protocol):
     """Reads GPU-to-GPU topology from [(uuid, index, handle)], counting NVML failures in
     `errors`; returns an object with `readings_for(uuid)` (`gpu_exporter.topology.Topology`)."""
 
-    def __call__(self, devices: list[tuple[str, int, Any]], *, errors: ErrorLog) -> Any: ...
+    def __call__(
+        self,
+        devices: list[tuple[str, int, Any]],
+        *,
+        errors: ErrorLog,
+        deadline: float | None = None,
+        max_hung_per_gpu: int = 2,
+    ) -> Any: ...
 
 
 @dataclass
@@ -74,17 +93,47 @@ class _Device:
     pending: futures.Future[Any] | None = None
     abandoned: list[futures.Future[Any]] = field(default_factory=list)  # ticks stuck in a call
 
+    @property
+    def identified(self) -> bool:
+        """False for a GPU listed by NVML whose handle or UUID could not be read."""
+        return bool(self.reader.uuid)
+
 
 @dataclass
 class _Found:
     index: int
     handle: Any
+    worker: Worker | None = None  # the thread that read it, kept as the GPU's worker
+
+
+@dataclass
+class _Unlisted:
+    """A GPU index whose handle or UUID could not be read: it is shown down, unidentified."""
+
+    reason: str
+    hung: futures.Future[Any] | None = None  # the read still stuck in a call
+    worker: Worker | None = None
+
+
+class _Identify:
+    """Reads one GPU's handle and UUID by index; `current` names the call it is in."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.current = "nvmlDeviceGetHandleByIndex"
+
+    def run(self, calls: NvmlCalls) -> tuple[Any, str]:
+        handle = calls.run("device_handle", N.nvmlDeviceGetHandleByIndex, self.index)
+        self.current = "nvmlDeviceGetUUID"
+        uuid = calls.run("device_handle", N.nvmlDeviceGetUUID, handle)
+        return handle, uuid
 
 
 @dataclass
 class _RecoveryResult:
     full: bool
     found: dict[str, _Found] = field(default_factory=dict)
+    unlisted: dict[int, _Unlisted] = field(default_factory=dict)
     node_info: dict[str, str] = field(default_factory=dict)
     error: str = ""
     incomplete: bool = False  # NVML listed a GPU whose handle or UUID could not be read
@@ -143,6 +192,11 @@ class NvmlSource:
         self.timings: dict[str, list[float]] = {}
         self.topology: Any = None
         self._topology_error = ""  # the latest topology read raised (see `_read_topology`)
+        self._topology_lock = threading.Lock()
+        self._topology_generation = 0  # full re-inits applied
+        self.progress = StartupProgress()
+        self._startup: threading.Thread | None = None
+        self._stopping = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -151,31 +205,184 @@ class NvmlSource:
         return self._initialised
 
     def start(self) -> None:
-        calls = self._calls
+        """`begin()`, then wait until start-up finished (the topology read included); raises
+        SourceUnavailableError (TooManyDevicesError) when it failed."""
+        self.begin()
+        self.progress.wait_finished()
+        failure = self.progress.failure
+        if failure is not None:
+            raise failure
+
+    def begin(self) -> None:
+        """Start NVML on the start-up thread; `progress` says how far it got."""
+        if self._startup is None:
+            self._startup = threading.Thread(target=self._start_up, name="nvml-start", daemon=True)
+            self._startup.start()
+
+    def _start_up(self) -> None:
         try:
-            calls.run("init", N.nvmlInit)
-            self._initialised = True
-            self._node_info = self._read_node_info()
-            count = calls.run("device_count", N.nvmlDeviceGetCount)
-        except N.NVMLError as exc:
-            raise _start_error(exc) from exc
+            count = self._initialise()
+            if count is None or self._stopping.is_set():
+                return
+            self.progress.step("GPU enumeration")
+            found, unlisted = self._enumerate(count)
+            for uuid, gpu in found.items():
+                self._bind(uuid, gpu, full=False)
+            for index, why in unlisted.items():
+                self._add_unidentified(index, why)
+            self._recovery.incomplete = bool(unlisted)
+            self.progress.step("XID registration")
+            self._start_xid()
+            self.started = True
+            self.progress.mark_ready()
+            generation = self._topology_generation
+            topology, error = self._read_topology(found)
+            with self._topology_lock:  # a full re-init since then has read a newer one
+                if generation == self._topology_generation and not self._stopping.is_set():
+                    self.topology, self._topology_error = topology, error
+            self.progress.mark_finished()
+        except Exception as exc:  # a bug: say so, rather than stay unready without a reason
+            log.exception("NVML start-up failed")
+            self.progress.fail(exc)
+
+    def _initialise(self) -> int | None:
+        """NVML init, driver facts and the GPU count, on a thread of their own (the start-up
+        thread waits, beating); None when start-up gave up or is being stopped."""
+        settings = self.settings
+        backoff = settings.recovery_initial_backoff_seconds
+        hung: list[futures.Future[Any]] = []
+        note = ""  # why the last attempt failed
+        while not self._stopping.is_set():
+            self.progress.step("NVML init", note)
+            job = on_own_thread("nvml-init", self._init_nvml)
+            asked = time.monotonic()
+            while not self._wait_beating(job, 1.0):
+                if self._stopping.is_set():
+                    return None
+                overdue = time.monotonic() - asked >= settings.hang_quarantine_seconds
+                hung = [stuck for stuck in hung if not stuck.done()]
+                if overdue and len(hung) < settings.max_abandoned_threads_per_device:
+                    log.warning(
+                        "nvmlInit did not answer in %.0fs; trying again", time.monotonic() - asked
+                    )
+                    self.errors.add(self.name, "init", "Timeout")
+                    hung.append(job)
+                    job = on_own_thread("nvml-init", self._init_nvml)
+                    asked = time.monotonic()
+            error = job.exception()
+            if error is None:
+                self._node_info, count = job.result()
+                self.progress.init_answered(None)
+                return int(count)
+            if isinstance(error, TooManyDevicesError) or not isinstance(error, N.NVMLError):
+                self.progress.fail(error)
+                self.progress.init_answered(error)
+                return None
+            failure = _start_error(error)
+            if not self.progress.init_answered(failure):
+                return None  # not serving yet: the caller exits with the error
+            log.warning("NVML init failed (%s); retrying in %gs", error_name(error), backoff)
+            note = f"last attempt: {error_name(error)}; next in {backoff:g}s"
+            if self._sleep_beating(backoff):
+                return None
+            backoff = min(backoff * 2, settings.recovery_max_backoff_seconds)
+        return None
+
+    def _init_nvml(self) -> tuple[dict[str, str], int]:
+        self._calls.run("init", N.nvmlInit)
+        self._initialised = True
+        node_info = self._read_node_info()
+        count = int(self._calls.run("device_count", N.nvmlDeviceGetCount))
+        if count > self.settings.max_devices:
+            raise TooManyDevicesError(
+                f"NVML lists {count} GPUs, more than nvml.max_devices ({self.settings.max_devices}"
+                "); raise nvml.max_devices in the configuration to monitor them all (each GPU "
+                "costs a reader thread)"
+            )
+        return node_info, count
+
+    def _wait_beating(self, job: futures.Future[Any], seconds: float) -> bool:
+        """Wait up to `seconds` for `job`, telling `progress` the start-up thread is alive."""
+        with contextlib.suppress(futures.TimeoutError):
+            futures.wait([job], timeout=seconds)
+        self.progress.beat()
+        return job.done()
+
+    def _sleep_beating(self, seconds: float) -> bool:
+        """Sleep, beating every second; True when stopped meanwhile."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            if self._stopping.wait(min(1.0, left)):
+                return True
+            self.progress.beat()
+        return self._stopping.is_set()
+
+    def _enumerate(self, count: int) -> tuple[dict[str, _Found], dict[int, _Unlisted]]:
+        """Each GPU's handle and UUID by index, each on its own thread within the deadline."""
+        found: dict[str, _Found] = {}
+        unlisted: dict[int, _Unlisted] = {}
+        jobs: dict[int, tuple[Worker, _Identify, futures.Future[Any]]] = {}
         for index in range(count):
-            try:
-                handle = calls.run("device_handle", N.nvmlDeviceGetHandleByIndex, index)
-                uuid = calls.run("device_handle", N.nvmlDeviceGetUUID, handle)
-            except N.NVMLError as exc:
-                # Listed but unusable (e.g. lost): a later full re-init will pick it up.
-                log.warning("GPU %d not usable at start (%s); will retry", index, exc)
-                self._recovery.incomplete = True
+            if self._still_hung(index):
+                unlisted[index] = _Unlisted("NVML calls still hung")
                 continue
-            self._bind(uuid, _Found(index, handle), full=False)
-        self.topology, self._topology_error = self._read_topology(
-            {uuid: _Found(d.reader.index, d.reader.handle) for uuid, d in self._devices.items()}
-        )
-        self._start_xid()
-        self.started = True
+            worker, probe = Worker(f"nvml-gpu{index}"), _Identify(index)
+            jobs[index] = (worker, probe, worker.submit(probe.run, self._calls))
+        if jobs:
+            futures.wait([job for *_, job in jobs.values()], self.settings.device_deadline_seconds)
+        for index, (worker, probe, job) in jobs.items():
+            if not job.done():
+                worker.stop()
+                self.errors.add(self.name, "device_handle", "Timeout")
+                log.warning(
+                    "GPU %d: %s did not answer within %.2fs; the GPU is down",
+                    index,
+                    probe.current,
+                    self.settings.device_deadline_seconds,
+                )
+                why = f"NVML call {probe.current} did not answer in time"
+                unlisted[index] = _Unlisted(why, job, worker)
+                continue
+            error = job.exception()
+            if error is None:
+                handle, uuid = job.result()
+                if uuid not in found:
+                    found[uuid] = _Found(index, handle, worker)
+                    continue
+                error_text = f"UUID {uuid} also listed at index {found[uuid].index}"
+            elif isinstance(error, N.NVMLError):
+                error_text = f"{error_name(error)} from {probe.current}"
+            else:
+                log.error("GPU %d: reading its handle failed", index, exc_info=error)
+                error_text = f"{type(error).__name__} from {probe.current}"
+            worker.stop()
+            # Listed but unusable (e.g. lost): shown down; a later full re-init picks it up.
+            log.warning("GPU %d not usable (%s); will retry", index, error_text)
+            unlisted[index] = _Unlisted(f"not usable: {error_text}", None, worker)
+        return found, unlisted
+
+    def _still_hung(self, index: int) -> bool:
+        """An earlier read of this unidentified GPU is still stuck, and no thread may be spent."""
+        device = self._devices.get(_unidentified_key(index))
+        if device is None:
+            return False
+        device.abandoned = [job for job in device.abandoned if not job.done()]
+        return len(device.abandoned) >= self.settings.max_abandoned_threads_per_device
+
+    def _add_unidentified(self, index: int, unlisted: _Unlisted) -> None:
+        key = _unidentified_key(index)
+        device = self._devices.get(key)
+        if device is None:
+            reader = self._new_reader(index, None, "")
+            device = _Device(reader, unlisted.worker or Worker(f"nvml-gpu{index}"), lost=True)
+            device.worker.stop()  # never ticks: it joins, identified, after a full re-init
+            self._devices[key] = device
+        device.down_reason = unlisted.reason
+        if unlisted.hung is not None:
+            device.abandoned.append(unlisted.hung)
 
     def close(self) -> None:
+        self._stopping.set()
         if self._xid is not None:
             self._xid.stop(join=True)
             self._xid = None
@@ -219,34 +426,47 @@ class NvmlSource:
                 info[key] = str(value)
         return info
 
+    def _new_reader(self, index: int, handle: Any, uuid: str) -> DeviceReader:
+        return DeviceReader(
+            index=index,
+            handle=handle,
+            errors=self.errors,
+            xid_counts=self._xid_counts,
+            settings=self.settings,
+            collectors=[collector() for collector in self.collectors],
+            guard=self.guard,
+            clock=self.clock,
+            timings=self.timings if self.record_timings else None,
+            uuid=uuid,
+        )
+
     def _bind(self, uuid: str, found: _Found, full: bool) -> None:
         """Attach a (re-)acquired handle to the reader kept for this UUID."""
         device = self._devices.get(uuid)
         if device is None:
-            reader = DeviceReader(
-                index=found.index,
-                handle=found.handle,
-                errors=self.errors,
-                xid_counts=self._xid_counts,
-                settings=self.settings,
-                collectors=[collector() for collector in self.collectors],
-                guard=self.guard,
-                clock=self.clock,
-                timings=self.timings if self.record_timings else None,
-                uuid=uuid,
-            )
-            self._devices[uuid] = _Device(reader, Worker(f"nvml-gpu{found.index}"))
+            reader = self._new_reader(found.index, found.handle, uuid)
+            worker = found.worker or Worker(f"nvml-gpu{found.index}")
+            self._devices[uuid] = _Device(reader, worker)
             return
+        if found.worker is not None:
+            found.worker.stop()  # the GPU keeps its own worker
         if device.lost or full or device.reader.handle is not found.handle:
             device.reader.rebind(found.index, found.handle)
         device.lost, device.down_reason = False, ""
 
     def _start_xid(self) -> None:
+        """Register for XID events, waiting at most the deadline: a registration that hangs
+        costs only the XID counts until it answers (the watcher starts then)."""
         if not self.settings.xid_events:
             return
         handles = {uuid: d.reader.handle for uuid, d in self._devices.items() if not d.lost}
-        self._xid = XidWatcher(handles, self._xid_counts, self.errors)
-        self._xid.start()
+        self._xid = watcher = XidWatcher(handles, self._xid_counts, self.errors)
+        registering = on_own_thread("nvml-xid-register", watcher.start)
+        with contextlib.suppress(futures.TimeoutError):
+            registering.result(timeout=self.settings.device_deadline_seconds)
+        if not registering.done():
+            self.errors.add(self.name, "xid_events", "Timeout")
+            log.warning("XID event registration did not answer in time; XIDs wait for it")
 
     # -- recovery --------------------------------------------------------------------------------
 
@@ -265,7 +485,7 @@ class NvmlSource:
         r.attempts += 1
         # Re-acquiring lost GPUs by UUID disturbs nobody; a full re-init interrupts every
         # GPU's GPM window and XID registration, so it comes second.
-        lost = [uuid for uuid, d in self._devices.items() if d.lost]
+        lost = [uuid for uuid, d in self._devices.items() if d.lost and d.identified]
         full = r.driver_gone or r.attempts % 2 == 0 or (r.incomplete and not lost)
         xid, self._xid = self._xid, None
         if full and xid is not None:
@@ -299,13 +519,12 @@ class NvmlSource:
             calls.run("recovery", N.nvmlInit)
             self._initialised = True
             result.node_info = self._read_node_info()
-            for index in range(calls.run("recovery", N.nvmlDeviceGetCount)):
-                try:
-                    handle = calls.run("device_handle", N.nvmlDeviceGetHandleByIndex, index)
-                    uuid = calls.run("device_handle", N.nvmlDeviceGetUUID, handle)
-                    result.found[uuid] = _Found(index, handle)
-                except N.NVMLError:
-                    result.incomplete = True
+            count = calls.run("recovery", N.nvmlDeviceGetCount)
+            if count > self.settings.max_devices:
+                log.error("NVML lists %d GPUs after re-init, more than nvml.max_devices", count)
+                count = self.settings.max_devices  # the GPUs of the start, not a thread each
+            result.found, result.unlisted = self._enumerate(count)
+            result.incomplete = bool(result.unlisted)
             result.topology, result.topology_error = self._read_topology(result.found)
         except N.NVMLError as exc:
             result.incomplete = True
@@ -325,18 +544,39 @@ class NvmlSource:
                 self._node_info = result.node_info
             listed = set(result.found)
             r.incomplete = result.incomplete
+            self._replace_unidentified(result.unlisted)
             for uuid, device in self._devices.items():
-                if uuid not in listed:
+                if device.identified and uuid not in listed:
                     device.lost = True
-                    device.down_reason = device.down_reason or "not listed by NVML after re-init"
+                    unlisted = result.unlisted.get(device.reader.index)
+                    device.down_reason = (
+                        unlisted.reason
+                        if unlisted
+                        else device.down_reason or "not listed by NVML after re-init"
+                    )
         for uuid, found in result.found.items():
             self._bind(uuid, found, full=result.full)
             log.info("GPU %s answering again (index %d)", uuid, found.index)
         if result.full and self._initialised:
-            if result.topology is not None:
-                self.topology = result.topology
-            self._topology_error = result.topology_error
+            with self._topology_lock:
+                self._topology_generation += 1
+                if result.topology is not None:
+                    self.topology = result.topology
+                self._topology_error = result.topology_error
             self._start_xid()
+
+    def _replace_unidentified(self, unlisted: dict[int, _Unlisted]) -> None:
+        """After a full re-init: unidentified GPUs are those it could not read (an index now
+        held by a known GPU that is lost shows as that GPU, down, not a second time)."""
+        known = {d.reader.index for d in self._devices.values() if d.identified}
+        for key in [k for k, d in self._devices.items() if not d.identified]:
+            device = self._devices[key]
+            if device.reader.index not in unlisted or device.reader.index in known:
+                device.reader.close()
+                del self._devices[key]
+        for index, why in unlisted.items():
+            if index not in known:
+                self._add_unidentified(index, why)
 
     def _read_topology(self, found: dict[str, _Found]) -> tuple[Any, str]:
         """(the topology, "") or, when the reader raised, (None, why).
@@ -351,7 +591,13 @@ class NvmlSource:
             return None, ""
         devices = [(uuid, f.index, f.handle) for uuid, f in found.items()]
         try:
-            return self.topology_reader(devices, errors=self.errors), ""
+            topology = self.topology_reader(
+                devices,
+                errors=self.errors,
+                deadline=self.settings.device_deadline_seconds,
+                max_hung_per_gpu=self.settings.max_abandoned_threads_per_device,
+            )
+            return topology, ""
         except Exception as exc:  # topology is a nicety: never let it stop sampling
             log.exception("reading the GPU topology failed")
             self.errors.add(self.name, "topology", "exception")
@@ -469,3 +715,8 @@ class NvmlSource:
         return DeviceSample(
             reader.index, reader.uuid, dict(reader.info), False, offline.readings, reason
         )
+
+
+def _unidentified_key(index: int) -> str:
+    """The key of a GPU listed at `index` whose UUID is unknown (never a real UUID)."""
+    return f"unidentified:{index}"

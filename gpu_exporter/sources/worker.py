@@ -42,3 +42,11 @@ class Worker:
                 future.set_result(fn(*args))
             except BaseException as exc:  # delivered to whoever waits on the future
                 future.set_exception(exc)
+
+
+def on_own_thread(name: str, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """Run `fn(*args)` once on a fresh daemon thread (abandoned if it never returns)."""
+    worker = Worker(name)
+    future = worker.submit(fn, *args)
+    worker.stop()
+    return future
