@@ -6,9 +6,12 @@ Here a batch stays queued and is retried with back-off for every answer except t
 the payload itself can never be accepted:
 
 - 400 and 422: Alertmanager's API v2 (api/v2/api.go postAlertsHandler, 0.25) stores the valid
-  alerts of a batch and answers 400 with the first problems of the others (`invalid label set:
-  invalid name "k8s-cluster"`); its request validation answers 422 (a required field missing).
-  The batch is split in halves until each refused alert is alone; only those are dropped.
+  alerts of a batch and answers 400 with the problems of the others, joined by "; " and not
+  saying which alert (`invalid label set: invalid name "k8s-cluster"`); its request validation
+  answers 422 (a required field missing). The batch is split in halves until each refused alert
+  is alone; only those are dropped, each logged with its labels and that message. The valid
+  alerts sent again meanwhile are merged by Alertmanager (same labels, same alert), as the
+  rule engine's resends are.
 - 413 (a proxy's or server's body limit): the batch is sent again in halves; a single alert
   still too large is dropped.
 
