@@ -10,9 +10,10 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -26,6 +27,7 @@ from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRE
 from gpu_exporter.http_server import WebSettings
 from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSettings
+from gpu_exporter.promnames import label_name_problem
 from gpu_exporter.rules.manager import RuleSettings
 from gpu_exporter.rules.pack import default_rule_files
 from gpu_exporter.sources.settings import NvmlSettings, default_deadline
@@ -105,14 +107,28 @@ def _split_commas(value: Any) -> Any:
 def _parse_pairs(value: Any) -> Any:
     """Label maps from the environment arrive as `k=v,k2=v2`."""
     if isinstance(value, str):
-        pairs = {}
+        pairs: dict[str, str] = {}
         for part in filter(None, (p.strip() for p in value.split(","))):
             key, sep, item = part.partition("=")
             if not sep:
                 raise ValueError(f"expected key=value, got {part!r}")
+            if key.strip() in pairs:
+                raise ValueError(f"{key.strip()!r} is given twice")
             pairs[key.strip()] = item.strip()
         return pairs
     return value
+
+
+def _label_name(name: str) -> str:
+    """Alertmanager's API answers 400 to an alert with an invalid label name: all are lost."""
+    problem = label_name_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return name
+
+
+LabelName = Annotated[str, AfterValidator(_label_name)]
+LabelValue = Annotated[str, Field(min_length=1)]  # an empty value is no label at all
 
 
 class RulesConfig(_Strict):
@@ -171,7 +187,7 @@ class AlertmanagerConfig(_Strict):
 class AlertingConfig(_Strict):
     alertmanagers: list[AlertmanagerConfig] = []
     # Added to every alert sent; `node` defaults to $NODE_NAME (the DaemonSet's downward API).
-    external_labels: dict[str, str] = {}
+    external_labels: dict[LabelName, LabelValue] = {}
     external_url: str = RuleSettings.external_url
     resend_delay_seconds: float = Field(default=RuleSettings.resend_delay, gt=0, le=86400)
     queue_capacity: int = Field(default=NotifierSettings.queue_capacity, ge=1, le=1_000_000)
@@ -298,41 +314,59 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
-# Setting path (as pydantic's error `loc`) -> where its value came from, for error messages.
-_Origins = dict[tuple[str | int, ...], str]
+# Setting path (as pydantic's error `loc`) -> (precedence, where its value came from).
+_Origins = dict[tuple[str | int, ...], tuple[int, str]]
+_FROM_ENVIRONMENT, _FROM_FLAG = 1, 2  # the file is 0 and has no entries: its lines say where
 
 
-def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], _Origins]:
-    """GPU_EXPORTER_A__B=v -> {"a": {"b": "v"}}; `__` separates nesting levels.
+def _env_settings(environ: Mapping[str, str]) -> list[tuple[tuple[str, ...], str, str]]:
+    """GPU_EXPORTER_A__B=v -> (("a", "b"), "v", origin); `__` separates nesting levels.
 
     Only variables naming a top-level setting are read: Kubernetes injects
     GPU_EXPORTER_SERVICE_HOST and friends for a Service called gpu-exporter, and those must
     not stop the daemon. Below the top level, unknown names are errors as in the file.
     """
-    data: dict[str, Any] = {}
-    origins: _Origins = {}
-    for name, value in environ.items():
+    settings = []
+    for name, value in sorted(environ.items()):  # sorted: the same error whatever the order
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_FILE:
             continue
         path = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
-        if path[0] not in Config.model_fields:
-            continue
-        node = data
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = value
-        origins[path] = f"environment variable {name}"
-    return data, origins
+        if path[0] in Config.model_fields:
+            settings.append((path, value, f"environment variable {name}"))
+    return settings
 
 
-def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+def _place(
+    data: dict[str, Any],
+    path: tuple[str, ...],
+    value: Any,
+    origin: tuple[int, str],
+    origins: _Origins,
+) -> None:
+    """Set `path` in `data`, over what a source of lower precedence set there or around it.
+
+    Two variables (or two flags) that set one setting, or one a setting inside the other's
+    (GPU_EXPORTER_RULES and GPU_EXPORTER_RULES__ENABLED), are a ConfigError naming both.
+    """
+    overlapping = [
+        other for other in origins if other[: len(path)] == path or path[: len(other)] == other
+    ]
+    for other in overlapping:
+        rank, where = origins[other]
+        if rank == origin[0]:
+            shared = format_path(min(other, path, key=len))
+            raise ConfigError(
+                f"config error: {where} and {origin[1]} both set {shared}; give one of them"
+            )
+        del origins[other]  # replaced by a source that wins
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        # A copy, so the file's data stays as read; anything but a mapping is replaced.
+        node[part] = child = dict(child) if isinstance(child, dict) else {}
+        node = child
+    node[path[-1]] = value
+    origins[path] = origin
 
 
 def load_config(
@@ -354,18 +388,13 @@ def load_config(
             located.data = {}
         if not isinstance(located.data, dict):
             raise ConfigError(f"config error: {path}: the top level must be a mapping")
-        data = located.data
-    env_data, origins = _env_overrides(environ)
-    data = _merge(data, env_data)
+        data = dict(located.data)
+    origins: _Origins = {}
+    for setting, value, where in _env_settings(environ):
+        _place(data, setting, value, (_FROM_ENVIRONMENT, where), origins)
     for key, value in (flags or {}).items():
-        setting = tuple(key.split("."))
-        node = data
-        for part in setting[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[setting[-1]] = value
-        origins[setting] = f"flag --{FLAG_NAMES.get(key, key.replace('_', '-'))}"
+        flag = f"flag --{FLAG_NAMES.get(key, key.replace('_', '-'))}"
+        _place(data, tuple(key.split(".")), value, (_FROM_FLAG, flag), origins)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
@@ -375,12 +404,14 @@ def load_config(
 
 def _describe(err: Mapping[str, Any], located: LocatedYaml | None, origins: _Origins) -> str:
     loc = tuple(err["loc"])
-    message = err["msg"]
+    message = str(err["msg"]).removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         message = "unknown setting"
+    if loc and loc[-1] == "[key]":  # pydantic's mark for a problem with a mapping's key
+        loc = loc[:-1]
     for i in range(len(loc), 0, -1):
         if loc[:i] in origins:
-            return f"config error: {origins[loc[:i]]} ({format_path(loc)}): {message}"
+            return f"config error: {origins[loc[:i]][1]} ({format_path(loc)}): {message}"
     if located is not None:
         return f"config error: {located.where(loc)}: {message}"
     return f"config error: {format_path(loc)}: {message}"
