@@ -12,8 +12,9 @@ everyone once attackers hold the slots, probes included. Here:
   request in flight (one still sending its header first, then an idle kept-alive one), so a
   kubelet probe or a scrape gets through a slowloris; only when every connection has a request
   in flight is the new one answered a fast 503 and closed;
-- the cap stays below the open-file limit (RLIMIT_NOFILE less `FD_RESERVE`), so a flood meets
-  the cap, not EMFILE (at EMFILE asyncio stops accepting for a second and logs each failure);
+- the cap stays below the open-file limit (RLIMIT_NOFILE less `FD_RESERVE`), and asyncio
+  accepts at most `ACCEPT_BATCH` connections before their protocols run, so a flood meets the
+  cap, not EMFILE (at EMFILE asyncio stops accepting for a second: probes would wait);
 - `RateLimitFilter`: one line per kind of message per `LOG_INTERVAL_SECONDS`, with a count of
   the ones left out, on uvicorn's and asyncio's loggers and ours.
 """
@@ -34,9 +35,13 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("gpu_exporter.http")
 
-# Descriptors kept for everything but HTTP clients: NVML's device files, the log, the rule and
-# web-config files, Alertmanager and kubelet sockets.
+# Descriptors kept for everything but HTTP clients (NVML's device files, the log, the rule and
+# web-config files, Alertmanager and kubelet sockets: about 10) and for one accept batch.
 FD_RESERVE = 64
+# asyncio accepts up to this many connections in one go before their protocols run (it is the
+# `backlog` given to create_server); the kernel's listen queue is LISTEN_BACKLOG (uvicorn's).
+ACCEPT_BATCH = 16
+LISTEN_BACKLOG = 2048
 LOG_INTERVAL_SECONDS = 60.0
 # The loggers a flood of bad clients writes to: uvicorn's protocol errors ("Invalid HTTP
 # request received."), asyncio's accept and TLS handshake errors, and ours.

@@ -83,10 +83,12 @@ def run(app: Any, host: str, port: int, settings: WebSettings, log_level: str) -
         # uvicorn's keep-alive timer is the idle timeout; it takes whole seconds.
         timeout_keep_alive=max(1, math.ceil(settings.idle_timeout_seconds)),
         ssl_context_factory=(lambda _config, _default: tls) if tls is not None else None,
+        backlog=http_limits.ACCEPT_BATCH,
     )
     undo_log_limits = http_limits.install_log_limits()
     server: Any = server_class()(config)
     server.handshake_timeout = settings.header_read_timeout_seconds
+    server.listen_backlog = http_limits.LISTEN_BACKLOG
     server.on_wake = live.check
     try:
         with _reload_on_sighup(live, server):
@@ -170,6 +172,7 @@ def server_class() -> type[uvicorn.Server]:
         _wake: Callable[[], None] | None = None
         on_wake: Callable[[], None] | None = None
         handshake_timeout: float | None = None
+        listen_backlog: int | None = None
 
         def wake_up(self) -> None:
             wake = self._wake
@@ -179,16 +182,25 @@ def server_class() -> type[uvicorn.Server]:
         async def startup(self, sockets: Any = None) -> None:
             if self.config.ssl is None or self.handshake_timeout is None:
                 await super().startup(sockets)
-                return
-            # uvicorn passes no ssl_handshake_timeout to create_server: bind it for this call.
-            loop = asyncio.get_running_loop()
-            create_server = loop.create_server
-            bound = functools.partial(create_server, ssl_handshake_timeout=self.handshake_timeout)
-            setattr(loop, "create_server", bound)  # noqa: B010 - an instance attribute, undone below
-            try:
-                await super().startup(sockets)
-            finally:
-                delattr(loop, "create_server")
+            else:
+                # uvicorn passes no ssl_handshake_timeout to create_server: bind it here.
+                loop = asyncio.get_running_loop()
+                bound = functools.partial(
+                    loop.create_server, ssl_handshake_timeout=self.handshake_timeout
+                )
+                setattr(loop, "create_server", bound)  # noqa: B010 - an instance attribute
+                try:
+                    await super().startup(sockets)
+                finally:
+                    delattr(loop, "create_server")
+            if self.listen_backlog is not None:
+                # asyncio accepts up to `backlog` connections per loop iteration before any
+                # protocol runs (config.backlog is kept small, so the connection cap acts
+                # before EMFILE); the kernel's queue gets the larger backlog.
+                for server in getattr(self, "servers", ()):
+                    for listening in server.sockets:
+                        with listening.dup() as same_socket:
+                            same_socket.listen(self.listen_backlog)
 
         @property
         def should_exit(self) -> bool:
