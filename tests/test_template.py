@@ -12,12 +12,23 @@ import random
 import re
 import shutil
 import subprocess
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 import yaml
 
-from gpu_exporter.rules.template import TemplateError, check, expand
+from gpu_exporter.rules.template import (
+    BUILD_LIMIT,
+    FORMAT_WIDTH_LIMIT,
+    NESTING_LIMIT,
+    OUTPUT_LIMIT,
+    STEP_LIMIT,
+    TemplateError,
+    check,
+    expand,
+)
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed")
@@ -153,7 +164,8 @@ TEMPLATES = [
     "|{{ title `ᾀa ﬀb` }}|{{ printf `%q` `\x7f\u2028😀` }}",
     # regexp syntax RE2 shares with Go, and Expand's corners (group names are Unicode words)
     "{{ reReplaceAll `\\pL+` `L` `ab1çd` }}|{{ reReplaceAll `\\PL` `_` `a1é2` }}"
-    "|{{ reReplaceAll `[[:^alpha:]]+` `-` `ab12cd` }}|{{ reReplaceAll `\\p{Greek}` `g` `aβγ` }}"
+    "|{{ reReplaceAll `[[:^alpha:]]+` `-` `ab12cd` }}"
+    "|{{ reReplaceAll `\\p{Greek}` `g` `a\u03b2\u03b3` }}"
     "|{{ reReplaceAll `(?U)a+` `x` `aaa` }}|{{ reReplaceAll `(?i)k` `x` `kK\u212a` }}",
     "{{ reReplaceAll `(?P<n>a)|(?P<n>b)` `[$n]` `ab` }}|{{ reReplaceAll `(a)` `$1²|${1}٣|$٣` `a` }}"
     "|{{ reReplaceAll `(a)|b` `<${1}>` `ab` }}|{{ reReplaceAll `` `.` `é日` }}"
@@ -460,3 +472,102 @@ def test_expand_raises_where_go_fails(template: str, labels: dict[str, str], val
     check(template)
     with pytest.raises(TemplateError):
         expand(template, labels=labels, value=value)
+
+
+# --- budgets (Go has none; a rule must not stall the evaluation thread or exhaust memory) ----
+
+
+def _expand_bounded(template: str, labels: dict[str, str] | None = None) -> str:
+    """expand(), asserting it stays within a few MB and a generous time bound."""
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        return expand(template, labels=labels or {}, value=1.0)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 8 << 20, f"peak {peak} bytes"
+        assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize(
+    "template",
+    ['{{ printf "%999999999d" 1 }}', '{{ printf "%.999999999f" 1.5 }}', '{{ printf "%1001s" "" }}'],
+)
+def test_format_widths_over_the_limit_are_refused_at_load(template: str) -> None:
+    with pytest.raises(TemplateError, match=f"over {FORMAT_WIDTH_LIMIT} is not allowed"):
+        check(template)
+
+
+def test_format_widths_from_data_fail_at_run_time_without_allocating() -> None:
+    template = "{{ printf $labels.format 1 }}"
+    check(template)
+    for width in ("999999999", "9" * 6000):  # 6000 digits: beyond int()'s own digit limit
+        with pytest.raises(TemplateError, match="error calling printf: a width over"):
+            _expand_bounded(template, {"format": f"%{width}d"})
+    text = _expand_bounded(template, {"format": f"%{FORMAT_WIDTH_LIMIT}d"})
+    assert len(text) == FORMAT_WIDTH_LIMIT
+
+
+def test_output_up_to_the_limit_renders_and_one_more_character_fails() -> None:
+    full, rest = divmod(OUTPUT_LIMIT, 1000)
+    template = '{{ printf "%1000s" "" }}' * full + f'{{{{ printf "%{rest}s" "" }}}}'
+    assert len(_expand_bounded(template)) == OUTPUT_LIMIT
+    with pytest.raises(TemplateError, match=f"template output exceeds {OUTPUT_LIMIT} characters"):
+        _expand_bounded(template + "x")
+
+
+@pytest.mark.parametrize(
+    ("template", "fragment"),
+    [
+        # doubling a string: 2**40 characters in 40 statements
+        ('{{ $x := printf "%1000s" "" }}' + "{{ $x = print $x $x }}" * 40, "print's result"),
+        # a map holding itself twice, 40 deep, printed
+        ("{{ $m := args 1 }}" + "{{ $m = args $m $m }}" * 40 + "{{ $m }}", "a formatted map"),
+        # every empty match of a 64 KB text replaced by the text
+        (
+            '{{ $x := printf "%1000s" "" }}{{ $x = print' + " $x" * 64 + " }}"
+            '{{ reReplaceAll "" $x $x }}',
+            "reReplaceAll's result",
+        ),
+        # ranges nested 8 deep over 10 labels: 10**8 iterations
+        ("{{ range $labels }}" * 8 + "{{ end }}" * 8, f"more than {STEP_LIMIT} steps"),
+        # a 64 KB string scanned over and over
+        (
+            '{{ $x := printf "%1000s" "" }}{{ $x = print'
+            + " $x" * 64
+            + " }}"
+            + '{{ match "a$" $x }}' * 10,
+            f"more than {BUILD_LIMIT} characters",
+        ),
+    ],
+)
+def test_amplifiers_fail_within_the_budgets(template: str, fragment: str) -> None:
+    labels = {f"l{i}": str(i) for i in range(10)}
+    check(template)
+    with pytest.raises(TemplateError, match=re.escape(fragment)):
+        _expand_bounded(template, labels)
+
+
+def test_nesting_up_to_the_limit_runs_and_one_level_more_is_refused_at_load() -> None:
+    deep = "{{ " + "(" * NESTING_LIMIT + "1" + ")" * NESTING_LIMIT + " }}"
+    assert _expand_bounded(deep) == "1"
+    deep_if = "{{ if true }}" * NESTING_LIMIT + "x" + "{{ end }}" * NESTING_LIMIT
+    assert _expand_bounded(deep_if) == "x"
+    for template in ("{{ (" + deep[3:-3] + ") }}", "{{ if true }}" + deep_if + "{{ end }}"):
+        with pytest.raises(TemplateError, match=f"nests deeper than {NESTING_LIMIT} levels"):
+            check(template)
+
+
+def test_regexp_errors_read_as_prometheus_renders_them() -> None:
+    with pytest.raises(TemplateError) as info:
+        expand("{{ reReplaceAll $labels.re `` `x` }}", labels={"re": "a("}, value=1.0)
+    assert str(info.value) == (
+        "line 1, column 4: error calling reReplaceAll: regexp: Compile(`a(`): "
+        "error parsing regexp: missing closing ): `a(`"
+    )
+    with pytest.raises(TemplateError) as info:
+        expand("{{ match $labels.re `x` }}", labels={"re": "a("}, value=1.0)
+    assert str(info.value) == (
+        "line 1, column 4: error calling match: error parsing regexp: missing closing ): `a(`"
+    )
