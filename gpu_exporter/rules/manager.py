@@ -177,15 +177,15 @@ class RuleManager:
         if total <= cap:
             return None
         name = max(need, key=need.__getitem__)
-        readers = sorted(
-            (state.rule for group in evaluator.groups for state in group.rules),
-            key=lambda rule: -promql.reach_seconds(rule.expr, evaluator.lookback),
-        )
-        reading = [
-            f"{rule.location} ({rule.name})"
-            for rule in readers
-            if name in (promql.referenced_metrics(rule.expr) or {name})
-        ]
+        lookback_ms = round(evaluator.lookback * 1000)
+        readers: list[tuple[int, str]] = []  # the rules reading that metric's history
+        for group in evaluator.groups:
+            for rule in (state.rule for state in group.rules):
+                needs = promql.history_by_metric(rule.expr, lookback_ms)
+                window = max((needs[k].window_ms for k in (name, None) if k in needs), default=0)
+                if window:
+                    readers.append((-window, f"{rule.location} ({rule.name})"))
+        reading = [where for _, where in sorted(readers)]  # longest first
         return (
             f"these rules would keep at least {_mib(total)} of history for the "
             f"{sum(counts.values())} series stored now (a sample every {interval:g}s), more "

@@ -1,0 +1,271 @@
+"""The rule engine's budgets: how far back a rule may read, how long a group may evaluate, and
+how much memory the rule history may hold. Each is refused at load where it can be known
+there, enforced at run time where it cannot, counted, and shown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu_exporter.rules import promql
+from gpu_exporter.rules.loader import RuleFileError
+from gpu_exporter.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.series import SeriesSet, series
+from tests.daemon import command, free_port
+
+WEEK = 7 * 86400
+WEEK_RULE = """\
+groups:
+  - name: g
+    rules:
+      - alert: Hot
+        expr: gpu_temperature_celsius > 80
+      - alert: HotAllWeek
+        expr: avg_over_time(gpu_temperature_celsius[7d]) > 80
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "rules.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def node(t: float, gpus: int = 8, families: int = 1, value: float = 90.0) -> SeriesSet:
+    """One tick of a node: `families` per-GPU gauges (gpu_temperature_celsius first)."""
+    names = ["gpu_temperature_celsius", *(f"gpu_extra_{i}" for i in range(families - 1))]
+    rows = {
+        name: tuple(
+            series(name, value, (("gpu", str(g)), ("uuid", f"GPU-{g}"))) for g in range(gpus)
+        )
+        for name in names
+    }
+    return SeriesSet(t, rows)
+
+
+def metric(manager: RuleManager, name: str, **labels: str) -> float:
+    for row in manager.series():
+        if row.name == name and all(dict(row.labels).get(k) == v for k, v in labels.items()):
+            return row.value
+    raise AssertionError(f"{name} {labels} not exported")
+
+
+# --- maximum range ------------------------------------------------------------------------------
+
+
+def test_a_7d_range_is_refused_at_load_by_the_1h_default(tmp_path: Path) -> None:
+    path = write(tmp_path, WEEK_RULE)
+    manager = RuleManager(RuleSettings(files=[str(path)]))
+    with pytest.raises(RuleFileError) as caught:
+        manager.load()
+    (problem,) = caught.value.problems
+    assert problem.startswith(f"{path}:7: groups[0].rules[1].expr: alert HotAllWeek: reads 1w")
+    assert "more than the 1h of history the daemon keeps" in problem
+    assert "rules.max_range_seconds; set it to at least 604800" in problem
+
+
+def test_what_the_limit_counts_is_what_the_store_keeps(tmp_path: Path) -> None:
+    # Range + offset for a range selector, offset + the 5m lookback for an instant one.
+    text = """\
+groups:
+  - name: g
+    rules:
+      - record: exactly_an_hour
+        expr: rate(c_total[50m] offset 10m) + (g offset 55m)
+      - record: past_it
+        expr: g offset 56m
+"""
+    manager = RuleManager(RuleSettings(files=[str(write(tmp_path, text))]))
+    with pytest.raises(RuleFileError) as caught:
+        manager.load()
+    (problem,) = caught.value.problems
+    assert "record past_it: reads 1h1m back" in problem
+
+
+def test_raising_the_limit_loads_the_rule(tmp_path: Path) -> None:
+    path = write(tmp_path, WEEK_RULE)
+    manager = RuleManager(RuleSettings(files=[str(path)], max_range_seconds=WEEK))
+    manager.load()
+    assert [r["name"] for r in manager.rules_json()[0]["rules"]] == ["Hot", "HotAllWeek"]
+
+
+def test_a_reload_past_the_limit_is_refused_and_the_old_rules_stay(tmp_path: Path) -> None:
+    path = write(tmp_path, WEEK_RULE.split("      - alert: HotAllWeek")[0])
+    manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=3600))
+    manager.load()
+    manager.on_series(node(1000.0))
+    path.write_text(WEEK_RULE)
+    manager.request_reload()  # what SIGHUP does; a changed file goes the same way
+    manager.on_series(node(1001.0))
+    assert manager.last_reload_success is False
+    assert "HotAllWeek: reads 1w back" in manager.last_reload_error
+    assert metric(manager, "gpu_exporter_rule_reload_failures_total") == 1
+    assert [r["name"] for r in manager.rules_json()[0]["rules"]] == ["Hot"]
+    assert len(manager.alerts_json()) == 8  # still evaluated: one alert per GPU
+
+
+def test_rules_check_applies_the_default_limit_and_says_so(tmp_path: Path) -> None:
+    path = write(tmp_path, WEEK_RULE)
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", "rules", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "at most 1h of history (rules.max_range_seconds = 3600, the daemon's default)" in (
+        result.stdout
+    )
+    assert f"{path}:7: groups[0].rules[1].expr: alert HotAllWeek: reads 1w back" in result.stdout
+
+
+def test_serve_exits_2_naming_the_rule_past_the_limit(tmp_path: Path) -> None:
+    path = write(tmp_path, WEEK_RULE)
+    listen = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        command("serve", "--simulate", "--rules", str(path), "--listen-address", listen),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"{path}:7: groups[0].rules[1].expr: alert HotAllWeek: reads 1w back" in result.stderr
+
+
+# --- group time budget --------------------------------------------------------------------------
+
+# 20,000 series and a query that reads them 40 times over: seconds of work without a budget.
+HEAVY_TERMS = 40
+HEAVY = f"""\
+groups:
+  - name: heavy
+    rules:
+      - alert: Hot
+        expr: gpu_temperature_celsius > 80
+      - record: heavy
+        expr: sum({" + ".join(["(gpu_temperature_celsius > 0)"] * HEAVY_TERMS)})
+      - alert: After
+        expr: gpu_temperature_celsius > 85
+  - name: light
+    rules:
+      - alert: Light
+        expr: vector(1) > 0
+"""
+
+
+def test_a_group_past_its_budget_stops_is_counted_and_the_tick_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, HEAVY)
+    settings = RuleSettings(files=[str(path)], group_time_budget_seconds=0.05)
+    manager = RuleManager(settings)
+    manager.load()
+    started = time.perf_counter()
+    manager.on_series(node(1000.0, gpus=20_000))
+    elapsed = time.perf_counter() - started
+    heavy = manager.evaluator.groups[0]
+    assert heavy.last_stopped >= 2  # `heavy` and `After` at least
+    assert elapsed < 5.0, elapsed  # generous: unbudgeted, the heavy rule alone takes longer
+    assert metric(manager, "gpu_exporter_rule_group_budget_exceeded_total", group="heavy") == 1
+    rules = {r["name"]: r for g in manager.rules_json() for r in g["rules"]}
+    for name in ("heavy", "After"):
+        assert rules[name]["health"] == "err"
+        assert "ran past its time budget of 0.05s" in rules[name]["lastError"]
+    assert rules["Light"]["health"] == "ok"  # the next group had its own budget
+    assert len(manager.alerting_rules()[-1].alerts()) == 1
+    assert "rule group heavy stopped after" in caplog.text
+    # Counted every time, logged once a minute.
+    manager.on_series(node(1001.0, gpus=20_000))
+    assert metric(manager, "gpu_exporter_rule_group_budget_exceeded_total", group="heavy") == 2
+    assert caplog.text.count("rule group heavy stopped after") == 1
+
+
+def test_a_stopped_evaluation_keeps_firing_alerts_firing(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAVY.split("  - name: light")[0])
+    settings = RuleSettings(files=[str(path)], group_time_budget_seconds=60)
+    manager = RuleManager(settings)
+    manager.load()
+    manager.on_series(node(1000.0, gpus=4))
+    firing = manager.alerts_json()
+    assert {a["labels"]["alertname"] for a in firing} == {"Hot", "After"}
+    assert {a["state"] for a in firing} == {"firing"}
+    settings.group_time_budget_seconds = 1e-9  # spent before the first rule starts
+    manager.on_series(node(1001.0, gpus=4, value=20.0))  # would resolve every alert
+    assert manager.evaluator.groups[0].last_stopped == 3
+    assert manager.alerts_json() == firing  # same alerts, states, activeAt and values
+    settings.group_time_budget_seconds = 60
+    manager.on_series(node(1002.0, gpus=4, value=20.0))  # evaluated again: now they resolve
+    assert manager.alerts_json() == []
+    rules = {r["name"]: r for g in manager.rules_json() for r in g["rules"]}
+    assert rules["Hot"]["health"] == "ok" and rules["Hot"]["lastError"] == ""
+
+
+def test_the_default_budget_is_half_the_evaluation_interval() -> None:
+    assert RuleSettings(evaluation_interval=1.0).group_budget == 0.5
+    assert RuleSettings(evaluation_interval=1.0, group_time_budget_seconds=0.2).group_budget == 0.2
+
+
+# --- history memory -----------------------------------------------------------------------------
+
+FAMILIES = ["gpu_temperature_celsius", "gpu_extra_0", "gpu_extra_1", "gpu_extra_2"]
+WEEK_OF_ALL = "groups:\n  - name: week\n    rules:\n" + "".join(
+    f"      - record: week_of_{name}\n        expr: count_over_time({name}[7d])\n"
+    for name in FAMILIES
+)
+
+
+def test_a_7d_rule_on_8_gpus_stays_under_the_history_cap(tmp_path: Path) -> None:
+    # A week of 1 s ticks of 8 GPUs x 4 families would need 4 x 8 x 604,800 samples (155 MB)
+    # uncapped; with a 1 MiB cap the history shortens itself and stays under it.
+    path = write(tmp_path, WEEK_OF_ALL)
+    cap = 1 << 20
+    manager = RuleManager(
+        RuleSettings(files=[str(path)], max_range_seconds=WEEK, history_max_bytes=cap)
+    )
+    manager.load()
+    peak = 0.0
+    for tick in range(6000):  # an accelerated clock: one tick a second
+        manager.on_series(node(1_000_000.0 + tick, families=4))
+        peak = max(peak, metric(manager, "gpu_exporter_rule_history_bytes"))
+    assert metric(manager, "gpu_exporter_rule_history_max_bytes") == cap
+    assert 0 < peak <= cap + 64 * 1024  # at most one ingest's samples over, between ingests
+    assert metric(manager, "gpu_exporter_rule_history_bytes") <= cap
+    assert metric(manager, "gpu_exporter_rule_history_dropped_samples_total") > 0
+    limit = manager.store.history_limit_seconds
+    assert limit is not None and 0 < limit < 6000
+    # The rule still sees every series, over the history that fits (a sample a second).
+    counts = promql.evaluate(promql.parse('{__name__=~"week_of_.+"}'), manager.store, 1_005_999.0)
+    assert len(counts) == 32
+    assert all(limit <= e.value <= limit + 2 for e in counts), (limit, counts[:3])
+
+
+def test_a_reload_whose_history_cannot_fit_the_node_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, WEEK_RULE.split("      - alert: HotAllWeek")[0])
+    manager = RuleManager(
+        RuleSettings(
+            files=[str(path)], max_range_seconds=WEEK, history_max_bytes=1 << 20,
+            reload_check_seconds=3600,
+        )
+    )  # fmt: skip
+    manager.load()
+    for tick in range(3):
+        manager.on_series(node(1000.0 + tick, gpus=8))
+    path.write_text(WEEK_RULE)
+    manager.request_reload()
+    manager.on_series(node(1003.0, gpus=8))
+    assert manager.last_reload_success is False
+    error = manager.last_reload_error
+    assert "these rules would keep at least 36.9 MiB of history" in error, error
+    assert "more than rules.history_max_bytes (1.0 MiB)" in error
+    assert "most for gpu_temperature_celsius: 8 series" in error
+    assert error.endswith(
+        f"read by {path}:6 (HotAllWeek); raise rules.history_max_bytes or shorten the ranges"
+    )
+    assert [r["name"] for r in manager.rules_json()[0]["rules"]] == ["Hot"]
