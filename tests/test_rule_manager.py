@@ -231,3 +231,51 @@ def test_the_store_is_fed_the_label_sets_store_samples_builds() -> None:
             )
     # Only the last feed's label sets are kept.
     assert {key[1] for key in labels._by_group["gTrue"]} == {r.labels for r in feeds[-1]}
+
+
+# Label and annotation checks: (labels/annotations YAML, our problem, whether promtool 2.42
+# refuses it too). Where it does not, Prometheus would pass a reserved label on or replace
+# `alertname` silently (rules/alerting.go); we refuse both.
+LABEL_CASES = [
+    ("labels: {__name__: x}", "groups[0].rules[0].labels.__name__: alert A: '__name__' is", True),
+    ("labels: {0a: x}", "groups[0].rules[0].labels.0a: alert A: '0a' is not a valid label", True),
+    ('labels: {"a-b": x}', "groups[0].rules[0].labels.a-b: alert A: 'a-b' is not a valid", True),
+    ('annotations: {"a b": x}', "groups[0].rules[0].annotations.a b: alert A: 'a b' is not", True),
+    ("labels: {__x: y}", "groups[0].rules[0].labels.__x: alert A: '__x' is reserved", False),
+    ("labels: {alertname: y}", "groups[0].rules[0].labels.alertname: alert A: 'alertname'", False),
+    ("labels: {ok: [1]}", "groups[0].rules[0].labels.ok: alert A: label value must be a", True),
+    # A value that is not UTF-8 cannot get past the YAML reader (a lone surrogate escape).
+    ('labels: {ok: "\\ud800"}', "invalid YAML: found invalid Unicode character escape", True),
+]
+
+
+@pytest.mark.parametrize(("mapping", "problem", "promtool_refuses"), LABEL_CASES)
+def test_labels_and_annotations_alertmanager_would_refuse_are_refused_at_load(
+    tmp_path: Path, mapping: str, problem: str, promtool_refuses: bool
+) -> None:
+    from tests.support import require_tool
+
+    text = (
+        f"groups:\n  - name: g\n    rules:\n      - alert: A\n        expr: up\n        {mapping}\n"
+    )
+    path = write(tmp_path, text)
+    with pytest.raises(RuleFileError) as caught:
+        load_rule_files([path])
+    (found,) = caught.value.problems
+    assert found.startswith(f"{path}:6: {problem}"), found
+    checked = subprocess.run(
+        [require_tool("promtool"), "check", "rules", str(path)], capture_output=True, text=True
+    )
+    assert (checked.returncode != 0) == promtool_refuses, checked.stdout + checked.stderr
+
+
+def test_valid_labels_and_annotations_load() -> None:
+    text = GOOD.replace("labels: {severity: warning}", 'labels: {severity: warning, _x: "1", n: 3}')
+    text = text.replace("annotations: {", 'annotations: {__doc: "y", ')
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (group,) = load_rule_files([write(Path(tmp), text)])
+    rule = group.rules[0]
+    assert dict(rule.labels) == {"severity": "warning", "_x": "1", "n": "3"}
+    assert set(rule.annotations) == {"__doc", "summary"}
