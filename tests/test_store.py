@@ -412,3 +412,67 @@ def window_of(
         return []
     ((_, times, values),) = rows
     return list(zip(times, values, strict=True))
+
+
+# --- the memory cap ------------------------------------------------------------------------------
+
+
+def gpus(count: int, name: str = "a") -> list[Labels]:
+    return [make_labels(name, [("gpu", str(i))]) for i in range(count)]
+
+
+def test_bytes_count_the_samples_arrays_and_series() -> None:
+    from gpu_exporter.store import _SERIES_BYTES
+
+    store = SeriesStore(retention_seconds=3600)
+    for t in range(100):
+        store.ingest(1000.0 + t, [(labels, 1.0) for labels in gpus(4)])
+    # Four series sharing one timeline: 4 x 100 values, 100 times, four series' overhead.
+    assert store.bytes == (4 * 100 + 100) * 8 + 4 * _SERIES_BYTES
+
+
+def test_over_the_cap_every_history_is_shortened_oldest_first() -> None:
+    cap = 64 * 1024
+    store, full = SeriesStore(retention_seconds=3600), SeriesStore(retention_seconds=math.inf)
+    store.limit_bytes(cap)
+    labelsets = gpus(8)
+    rng = random.Random(3)
+    for t in range(3000):
+        samples = [(labels, rng.random()) for labels in labelsets]
+        for target in (store, full):
+            target.ingest(1000.0 + t, samples)
+        assert store.bytes <= cap, t
+    limit = store.history_limit_seconds
+    assert limit is not None and 0 < limit < 3000
+    assert store.cap_dropped_samples > 0
+    # What is kept is exactly the newest `limit` seconds of each series, as the full store has it.
+    newest = round((1000.0 + 2999) * 1000)
+    for labels in labelsets:
+        kept = window_of(store, labels, 0, newest)
+        assert kept == window_of(full, labels, kept[0][0], newest)
+        assert kept[-1][0] == newest
+        assert newest - kept[0][0] >= limit * 1000 * 7 / 8  # trimmed in batches, never below
+
+
+def test_when_the_newest_samples_alone_do_not_fit_new_series_are_refused() -> None:
+    from gpu_exporter.store import _SERIES_BYTES
+
+    store = SeriesStore(retention_seconds=Retention(window=60, expire=5))
+    store.limit_bytes(20 * 1024)
+    many = 20 * 1024 // _SERIES_BYTES + 10  # more series than the cap holds
+    for t in range(3):
+        store.ingest(1000.0 + t, [(labels, 1.0) for labels in gpus(many)])
+    assert store.history_limit_seconds == 0  # the newest sample of each, and still too much
+    before = store.series_count()
+    store.ingest(1003.0, [(labels, 1.0) for labels in gpus(many + 30)])
+    assert store.series_count() == before  # the 30 new ones were not stored
+    assert store.cap_dropped_samples >= 30
+    # The series go (expire 5 s after their newest sample), the store is under half its cap:
+    # new series are stored again, and the history grows back to what the rules asked for.
+    for t in range(1010, 1020):  # the old ones' staleness markers at 1010, gone at 1016
+        store.ingest(float(t), [(labels, 2.0) for labels in gpus(2, "b")])
+    assert store.series_count() == 2
+    for t in range(1020, 1200):
+        store.ingest(float(t), [(labels, 2.0) for labels in gpus(2, "b")])
+    assert store.history_limit_seconds is None
+    assert store.bytes < 20 * 1024
