@@ -112,14 +112,23 @@ def read_bounded(path: str | Path) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise YamlFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as file:
+    try:
         kind = _file_kind(os.fstat(fd).st_mode)
         if kind:
             raise YamlFileError(f"{path}: cannot read: {kind}, not a regular file")
-        try:
-            data = file.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:
-            raise YamlFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise YamlFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
     if len(data) > MAX_FILE_BYTES:
         raise YamlFileError(_too_large(path))
     return data
