@@ -305,6 +305,9 @@ def test_rule_overrides_reach_the_prometheusrule(rendered):
         ("rules.alertOverrides.NoSuchAlert.for=5m", "no alert"),
         ("podAttribution.mode=everything", "podAttribution.mode"),
         ("unknownKey=1", "unknownKey"),
+        ("webConfig.enabled=true", "webConfig.enabled needs webConfig.inline"),
+        ("serviceMonitor.scheme=ftp", "serviceMonitor.scheme"),
+        ("webConfig.inline.basic_auth_users.alice=plaintext", "basic_auth_users"),
     ],
 )
 def test_bad_values_fail_the_render(tools, setting, message):
@@ -401,3 +404,110 @@ def test_notes_render(tools, tmp_path, args):
         assert "UID 65532" in text and "serviceMonitor.enabled=false" in text
     else:
         assert "UID 0 without capabilities" in text
+
+
+# --- security: web config, ServiceMonitor TLS, NetworkPolicy --------------------------------
+
+
+def test_web_config_is_off_by_default_and_so_is_the_network_policy(rendered):
+    for variant in ("chart-default", "deploy"):
+        objects = docs(rendered, variant)
+        assert not [o for o in objects if o["kind"] in ("NetworkPolicy", "Secret")]
+        (container,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+        assert "scheme" not in container["readinessProbe"]["httpGet"]
+    monitor = one(docs(rendered, "chart-operator"), "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["scheme"] == "http"
+
+
+def test_web_config_secret_is_mounted_passed_and_loadable(rendered, tmp_path):
+    from gpu_exporter.web_config import load_web_config
+    from tests.tlsfiles import make_pki
+
+    objects = docs(rendered, "chart-all-on")
+    secret = one(objects, "Secret", "-web")
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["web-config"]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volumes["web-tls"]["secret"]["secretName"] == "gpu-exporter-tls"
+    assert mounts["web-config"]["readOnly"] and mounts["web-tls"]["readOnly"]
+    assert "subPath" not in mounts["web-config"]  # a directory: Secret updates reach the daemon
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+
+    config_text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    settings = yaml.safe_load(config_text)
+    web_file = f"{mounts['web-config']['mountPath']}/web-config.yml"
+    assert settings["web_config_file"] == web_file
+    assert settings["web"] == {"probes_without_auth": True}
+    # The rendered file, with the TLS Secret's files standing in, is one the daemon loads.
+    pki = make_pki(tmp_path / "pki")
+    (tmp_path / "tls.crt").symlink_to(pki.server_cert)
+    (tmp_path / "tls.key").symlink_to(pki.server_key)
+    text = secret["stringData"]["web-config.yml"].replace(
+        mounts["web-tls"]["mountPath"], str(tmp_path)
+    )
+    (tmp_path / "web-config.yml").write_text(text)
+    web = load_web_config(tmp_path / "web-config.yml")
+    assert web.ssl_context is not None and set(web.users) == {"prometheus"}
+
+
+def test_servicemonitor_scrapes_https_with_the_given_tls_and_basic_auth(rendered):
+    (endpoint,) = one(docs(rendered, "chart-all-on"), "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gpu-exporter-tls", "key": "ca.crt"}
+    assert endpoint["basicAuth"]["password"] == {"name": "gpu-exporter-scrape", "key": "password"}
+    test_pod = one(docs(rendered, "chart-all-on"), "Pod", "-test-readyz")
+    assert test_pod["spec"]["containers"][0]["command"][-1].startswith("https://")
+
+
+def _assert_only_prometheus_may_connect(policy, selector):
+    assert policy["spec"]["podSelector"]["matchLabels"] == selector
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    (peer,) = rule["from"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_chart_network_policy_admits_only_prometheus_on_the_metrics_port(rendered):
+    objects = docs(rendered, "chart-all-on")
+    daemonset = one(objects, "DaemonSet")
+    _assert_only_prometheus_may_connect(
+        one(objects, "NetworkPolicy"), daemonset["spec"]["selector"]["matchLabels"]
+    )
+
+
+def test_deploy_network_policy_component(tools, tmp_path):
+    """deploy/components/network-policy, rendered with kustomize and validated strictly."""
+    rel = os.path.relpath(ROOT / "deploy", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{rel}]\ncomponents: [{rel}/components/network-policy]\n"
+    )
+    result = subprocess.run(
+        [str(TOOLS / "kubectl"), "kustomize", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "rendered.yaml"
+    out.write_text(result.stdout)
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    policy = one(objects, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "gpu-exporter"
+    daemonset = one(objects, "DaemonSet")
+    _assert_only_prometheus_may_connect(policy, daemonset["spec"]["selector"]["matchLabels"])
+    ports = daemonset["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert [p["name"] for p in ports] == ["metrics"]
+    for version in ("1.25.0", "1.37.0"):
+        checked = subprocess.run(
+            [str(VENV_BIN / "kubernetes-validate"), "--strict", "--quiet", "-k", version, str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr

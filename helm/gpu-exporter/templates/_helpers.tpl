@@ -54,6 +54,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpu-exporter.configDir" -}}/etc/gpu-exporter/config{{- end }}
 {{- define "gpu-exporter.rulesDir" -}}/etc/gpu-exporter/rules{{- end }}
 {{- define "gpu-exporter.secretsDir" -}}/etc/gpu-exporter/secrets{{- end }}
+{{- define "gpu-exporter.webDir" -}}/etc/gpu-exporter/web{{- end }}
 {{- define "gpu-exporter.podResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end }}
 
 {{/*
@@ -202,5 +203,24 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{- $alerting := dict "alertmanagers" $ams "external_labels" $v.alerting.externalLabels "resend_delay_seconds" $v.alerting.resendDelaySeconds "queue_capacity" $v.alerting.queueCapacity }}
 {{- with $v.alerting.externalUrl }}{{ $_ := set $alerting "external_url" . }}{{ end }}
 {{- $_ := set $config "alerting" $alerting }}
+{{- if $v.webConfig.enabled }}
+{{- $_ := set $config "web_config_file" (printf "%s/config/web-config.yml" (include "gpu-exporter.webDir" .)) }}
+{{- $_ := set $config "web" (dict "probes_without_auth" $v.webConfig.probesWithoutAuth) }}
+{{- end }}
 {{- toYaml (mergeOverwrite $config (deepCopy $v.config.extra)) }}
+{{- end }}
+
+{{/* "true" when the web config turns TLS on: probes, the ServiceMonitor and helm test use https. */}}
+{{- define "gpu-exporter.https" -}}
+{{- $w := .Values.webConfig }}
+{{- if and $w.enabled (ternary $w.existingSecretTls (hasKey $w.inline "tls_server_config") (ne $w.existingSecret "")) }}true{{ end }}
+{{- end }}
+
+{{/* A probe from values, with scheme HTTPS when the web config turns TLS on. */}}
+{{- define "gpu-exporter.probe" -}}
+{{- $probe := deepCopy .probe }}
+{{- if and (include "gpu-exporter.https" .root) (hasKey $probe "httpGet") }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
 {{- end }}
