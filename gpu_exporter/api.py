@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -29,6 +28,8 @@ from gpu_exporter.series import DeviceView
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.status_page import render_status_page, status_page_headers
 
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+
 # Liveness fails only when the sampler has clearly stopped: several missed ticks, never one.
 STALE_TICKS = 5
 MIN_STALE_SECONDS = 10.0
@@ -44,7 +45,16 @@ def create_app(
     source's start-up progress (None: the source was started before the app)."""
     app = FastAPI(title="gpu-exporter", version=__version__, docs_url=None, redoc_url=None)
     stale_after = max(MIN_STALE_SECONDS, STALE_TICKS * sampler.interval)
-    get = partial(app.api_route, methods=["GET", "HEAD"])
+
+    def get(path: str, **options: Any) -> Callable[[Endpoint], Endpoint]:
+        """A GET route that answers HEAD too (kept out of the OpenAPI schema: one operation)."""
+
+        def register(endpoint: Endpoint) -> Endpoint:
+            app.add_api_route(path, endpoint, methods=["GET"], **options)
+            app.add_api_route(path, endpoint, methods=["HEAD"], include_in_schema=False)
+            return endpoint
+
+        return register
 
     def not_started() -> str | None:
         """Why start-up is not done (None when it is, or was done before the app)."""

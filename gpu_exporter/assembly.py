@@ -162,5 +162,4 @@ def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifi
     if threading.current_thread() is threading.main_thread():
         # SIGHUP asks for a reload at the next tick (no work in the signal handler).
         signal.signal(signal.SIGHUP, lambda *_: manager.request_reload())
-    log.info("loaded %d rule groups", len(manager.evaluator.groups))
     return manager, notifier

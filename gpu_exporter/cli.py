@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,6 +117,9 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve(args: argparse.Namespace) -> int:
+    # Every module serving needs, imported before anything starts (so that what follows,
+    # from NVML's start to the open port, is quick).
+    from gpu_exporter import api, assembly, http_server  # noqa: F401
     from gpu_exporter.config import ConfigError, load_config
     from gpu_exporter.sources.base import ErrorLog
     from gpu_exporter.sources.nvml import NvmlSource
@@ -149,17 +153,18 @@ def serve(args: argparse.Namespace) -> int:
         errors=errors,
         topology_reader=read_topology,
     )
+    source.begin()  # NVML starts while the rest loads
     try:
-        return _serve(config, source, errors)
+        return _serve(config, source, errors, time.monotonic() + INIT_GRACE_SECONDS)
     finally:
         source.close()
         if simulator is not None:
             sim.uninstall()
 
 
-def _serve(config: Any, source: Any, errors: Any) -> int:
+def _serve(config: Any, source: Any, errors: Any, grace_ends: float) -> int:
     """Serve HTTP from the first second, whatever NVML does: NVML starts on its own thread
-    (`NvmlSource.begin`); an init that fails at once is the exit status
+    (`NvmlSource.begin`) while the rules load; an init that fails at once is the exit status
     (1, or 2 for more GPUs than nvml.max_devices), one still running after
     `INIT_GRACE_SECONDS` is waited for (and later failures retried) while /readyz says why."""
     from gpu_exporter import http_server
@@ -173,16 +178,17 @@ def _serve(config: Any, source: Any, errors: Any) -> int:
     if problem:
         print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    source.begin()
-    failure = source.progress.commit(INIT_GRACE_SECONDS)
-    if failure is not None:
-        print(failure, file=sys.stderr)
-        return EXIT_USAGE if isinstance(failure, TooManyDevicesError) else EXIT_UNAVAILABLE
     try:
         assembly = assemble(config, source, errors)
     except ValueError as exc:  # RuleFileError, bad Alertmanager settings
         print(f"rule error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    failure = source.progress.commit(max(0.0, grace_ends - time.monotonic()))
+    if failure is not None:
+        print(failure, file=sys.stderr)
+        return EXIT_USAGE if isinstance(failure, TooManyDevicesError) else EXIT_UNAVAILABLE
+    if assembly.rules is not None:
+        log.info("loaded %d rule groups", len(assembly.rules.evaluator.groups))
     try:
         assembly.start_when(source.progress.wait_ready)
         # Ready once NVML started, even while a re-init is under way: an unready pod drops out

@@ -8,8 +8,9 @@ from fastapi.testclient import TestClient
 
 from gpu_exporter.api import create_app
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.sources.base import ErrorLog
+from gpu_exporter.sources.base import ErrorLog, TooManyDevicesError
 from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.sources.startup import StartupProgress
 
 
 def make(fake_nvml, interval: float = 1.0):
@@ -67,3 +68,79 @@ def test_not_ready_before_nvml_started(fake_nvml) -> None:
     client = TestClient(create_app(Sampler(source, errors), lambda: source.started))
     response = client.get("/readyz")
     assert response.status_code == 503 and "NVML" in response.text
+
+
+class StepClock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def starting_app(fake_nvml) -> tuple[StartupProgress, StepClock, TestClient]:
+    fake_nvml.install("mixed")
+    errors = ErrorLog()
+    source = NvmlSource(errors=errors)  # never started: the progress below stands for it
+    clock = StepClock()
+    progress = StartupProgress(clock)
+    app = create_app(Sampler(source, errors), lambda: progress.ready, startup=progress)
+    return progress, clock, TestClient(app)
+
+
+def test_while_starting_alive_and_unready_with_the_step_and_its_time(fake_nvml) -> None:
+    progress, clock, client = starting_app(fake_nvml)
+    clock.now += 3.2
+    progress.beat()  # the start-up thread waits, beating
+    health = client.get("/healthz")
+    assert health.status_code == 200
+    assert health.text == "starting: NVML init not finished after 3.2s\n"
+    ready = client.get("/readyz")
+    assert (ready.status_code, ready.text) == (
+        503,
+        "not ready: NVML init not finished after 3.2s\n",
+    )
+    progress.step("GPU enumeration")
+    clock.now += 0.5
+    metrics = client.get("/metrics")
+    assert (metrics.status_code, metrics.text) == (503, "GPU enumeration not finished after 0.5s\n")
+    progress.mark_ready()
+    assert client.get("/readyz").text == "not ready: no snapshot yet\n"
+    assert client.get("/healthz").text == "starting\n"
+
+
+def test_liveness_fails_when_start_up_itself_stops_moving_or_gives_up(fake_nvml) -> None:
+    progress, clock, client = starting_app(fake_nvml)
+    clock.now += 9.0
+    assert client.get("/healthz").status_code == 200  # within the stale bound (10 s)
+    clock.now += 2.0  # no beat for 11 s: our own start-up thread is stuck
+    health = client.get("/healthz")
+    assert (health.status_code, health.text) == (503, "start-up stuck for 11.0s\n")
+    progress.beat()
+    assert client.get("/healthz").status_code == 200
+    progress.fail(TooManyDevicesError("NVML lists 70 GPUs, more than nvml.max_devices (64)"))
+    for path in ("/healthz", "/readyz"):
+        response = client.get(path)
+        assert response.status_code == 503 and "more than nvml.max_devices" in response.text
+
+
+def test_head_is_answered_on_every_get_endpoint(fake_nvml) -> None:
+    source, sampler, client = make(fake_nvml)
+    try:
+        sampler.tick()
+        methods: dict[str, set[str]] = {}
+        for route in client.app.routes:  # type: ignore[attr-defined]
+            methods.setdefault(route.path, set()).update(getattr(route, "methods", None) or ())
+        gets = [path for path, verbs in methods.items() if "GET" in verbs and "{" not in path]
+        assert "/metrics" in gets
+        for path in gets:
+            if path.startswith("/openapi") or path.startswith("/docs"):
+                continue  # FastAPI's own
+            assert "HEAD" in methods[path], path
+            head, get = client.head(path), client.get(path)
+            assert head.status_code == get.status_code, path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+    finally:
+        source.close()

@@ -203,3 +203,21 @@ def test_sigterm_stops_cleanly_with_status_0(tmp_path: Path) -> None:
         daemon.wait_ready()
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.process.wait(timeout=15) == 0, daemon.output()
+
+
+def test_head_answers_as_get_does_without_a_body(tmp_path: Path) -> None:
+    # A long interval: GET and HEAD of /metrics fall in one tick, so their bodies match.
+    with serve(tmp_path, "--simulate", "mixed", "--interval", "30") as daemon:
+        daemon.wait_ready()
+        for path in ("/metrics", "/healthz", "/readyz", "/api/v1/devices", "/api/v1/rules", "/"):
+            get = daemon.get(path)
+            head = daemon.client.head(path)
+            assert head.status_code == get.status_code == 200, (path, head.status_code)
+            assert head.content == b"", path
+            assert head.headers["content-type"] == get.headers["content-type"], path
+            for header in ("content-length", "content-encoding", "vary"):
+                assert head.headers.get(header) == get.headers.get(header), (path, header)
+        plain = daemon.client.head("/metrics", headers={"Accept-Encoding": "identity"})
+        assert "content-encoding" not in plain.headers
+        assert int(plain.headers["content-length"]) == len(daemon.get("/metrics").content)
+        assert daemon.client.post("/metrics").status_code == 405

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ from gpu_exporter.sources.collectors import Topology as TopologyCollector
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
 from gpu_exporter.topology import P2P_CAPABILITIES, Topology, cpu_list, read_topology
 from tests.conftest import ManualClock
+from tests.support import wait_for
 
 Devices = list[tuple[str, int, Any]]
 TOPOLOGY_FAMILIES = TopologyCollector.families
@@ -438,3 +440,40 @@ def test_collector_names_are_the_enabled_collectors_in_order(fake_nvml, clock: M
         assert sorted(names) == [s.collector for s in plain.collector_status()]
     finally:
         plain.close()
+
+
+def test_a_hung_pair_call_leaves_that_gpus_p2p_unknown_and_one_thread_behind(devices) -> None:
+    hang = {"at": 0, "device": 1, "kind": "hang", "function": "nvmlDeviceGetP2PStatus"}
+    found = devices({**PCIE_ONLY, "faults": [{**hang, "duration": 600}]})
+    uuids = [uuid for uuid, _, _ in found]
+    errors = ErrorLog()
+    before = _topology_threads()
+    topology = read_topology(found, "/nonexistent", errors=errors, deadline=0.2)
+    # The first hung P2P call of GPU 1 is left behind on its thread; GPU 1 is not asked again
+    # (the helper thread of the other calls ends once the read is done).
+    wait_for(lambda: _topology_threads() - before == 1, 5, "one thread left behind")
+    assert errors.count("topology", "p2p_status") == 1
+    assert all(peer.p2p == {} for peer in topology.peers_of(uuids[1]))
+    for uuid in (uuids[0], uuids[2], uuids[3]):
+        assert all(len(peer.p2p) == len(P2P_CAPABILITIES) for peer in topology.peers_of(uuid))
+    assert any("GPU1-GPU0 P2P read: Timeout" in error for error in topology.errors)
+    # The link levels of GPU 1 are still read; its P2P families are absent, not guessed.
+    assert {p.pcie_level for p in topology.peers_of(uuids[1])} == {"single", "node", "system"}
+    families = {r.family for r in topology.readings_for(uuids[1])}
+    assert "gpu_topology_usual_link_info" in families
+    assert not families & {"gpu_p2p_usual_supported", "gpu_p2p_supported"}
+
+
+def _topology_threads() -> int:
+    return sum(thread.name == "nvml-topology" for thread in threading.enumerate())
+
+
+def test_pairs_are_read_only_up_to_the_bound(devices, monkeypatch) -> None:
+    from gpu_exporter import topology as module
+
+    monkeypatch.setattr(module, "MAX_PAIR_GPUS", 3)
+    found = devices(PCIE_ONLY)  # 4 GPUs
+    topology = read_topology(found, "/nonexistent", errors=ErrorLog())
+    assert topology.peers == ()
+    assert topology.errors == ("GPU pairs not read: 4 GPUs, more than 3",)
+    assert [g.numa_node for g in topology.gpus] == [0, 0, 0, 1]  # each GPU's own facts

@@ -36,7 +36,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -136,7 +136,6 @@ class _RecoveryResult:
     unlisted: dict[int, _Unlisted] = field(default_factory=dict)
     node_info: dict[str, str] = field(default_factory=dict)
     error: str = ""
-    incomplete: bool = False  # NVML listed a GPU whose handle or UUID could not be read
     topology: Any = None
     topology_error: str = ""  # the topology reader raised: why
 
@@ -149,7 +148,6 @@ class _Recovery:
     job: futures.Future[_RecoveryResult] | None = None
     job_full: bool = False
     driver_gone: bool = False
-    incomplete: bool = False  # some GPU could not be listed at start
 
 
 def _start_error(exc: BaseException) -> SourceUnavailableError:
@@ -230,7 +228,6 @@ class NvmlSource:
                 self._bind(uuid, gpu, full=False)
             for index, why in unlisted.items():
                 self._add_unidentified(index, why)
-            self._recovery.incomplete = bool(unlisted)
             self.progress.step("XID registration")
             self._start_xid()
             self.started = True
@@ -472,7 +469,20 @@ class NvmlSource:
 
     def _needs_recovery(self) -> bool:
         r = self._recovery
-        return r.driver_gone or r.incomplete or any(d.lost for d in self._devices.values())
+        if r.driver_gone or any(d.lost and d.identified for d in self._devices.values()):
+            return True
+        # An unidentified GPU is read again by a full re-init, but not while its last read is
+        # still stuck in a call: that re-init would only hang there too, every GPU down
+        # meanwhile. When the call returns, the next tick starts one.
+        return any(self._unidentified_to_retry())
+
+    def _unidentified_to_retry(self) -> Iterator[_Device]:
+        """Unidentified GPUs whose reads are no longer stuck."""
+        for device in self._devices.values():
+            if not device.identified:
+                device.abandoned = [job for job in device.abandoned if not job.done()]
+                if not device.abandoned:
+                    yield device
 
     def _schedule_recovery(self, now: float) -> None:
         r = self._recovery
@@ -486,7 +496,7 @@ class NvmlSource:
         # Re-acquiring lost GPUs by UUID disturbs nobody; a full re-init interrupts every
         # GPU's GPM window and XID registration, so it comes second.
         lost = [uuid for uuid, d in self._devices.items() if d.lost and d.identified]
-        full = r.driver_gone or r.attempts % 2 == 0 or (r.incomplete and not lost)
+        full = r.driver_gone or r.attempts % 2 == 0 or not lost
         xid, self._xid = self._xid, None
         if full and xid is not None:
             xid.stop(join=False)  # the recovery job waits for it, not the sampler thread
@@ -524,10 +534,8 @@ class NvmlSource:
                 log.error("NVML lists %d GPUs after re-init, more than nvml.max_devices", count)
                 count = self.settings.max_devices  # the GPUs of the start, not a thread each
             result.found, result.unlisted = self._enumerate(count)
-            result.incomplete = bool(result.unlisted)
             result.topology, result.topology_error = self._read_topology(result.found)
         except N.NVMLError as exc:
-            result.incomplete = True
             result.error = error_name(exc)
         return result
 
@@ -543,8 +551,8 @@ class NvmlSource:
             if result.node_info:
                 self._node_info = result.node_info
             listed = set(result.found)
-            r.incomplete = result.incomplete
-            self._replace_unidentified(result.unlisted)
+            if not result.error:  # a failed re-init listed nothing: keep showing them
+                self._replace_unidentified(result.unlisted)
             for uuid, device in self._devices.items():
                 if device.identified and uuid not in listed:
                     device.lost = True
