@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import signal
+import socket
 import ssl
 from pathlib import Path
 
@@ -393,3 +395,25 @@ def test_certificate_rotation_and_sighup(tmp_path: Path, pki: Pki) -> None:
             lambda: daemon.output().count("web config reloaded") > before, 10, "SIGHUP's reload"
         )
         assert daemon.process.poll() is None
+
+
+def test_a_bad_web_config_stops_the_daemon_with_status_2_and_the_place(tmp_path: Path) -> None:
+    web = write(tmp_path, "tls_server_config:\n  cert_file: nowhere.crt\n  key_file: nowhere.key\n")
+    with serve(tmp_path, "--simulate", "--web-config-file", str(web)) as daemon:
+        assert daemon.process.wait(timeout=30) == 2
+        output = daemon.output()
+    assert f"{web}:2: tls_server_config.cert_file: cannot load the certificate and key" in output
+    assert "Traceback" not in output
+
+
+def test_a_tls_handshake_not_done_in_time_is_closed(tmp_path: Path, pki: Pki) -> None:
+    """The header-read timeout bounds the TLS handshake too (asyncio's default is 60 s)."""
+    web = write(tmp_path, tls_web_config(pki, users=False))
+    config = write(tmp_path, "web:\n  header_read_timeout_seconds: 1\n", "config.yml")
+    args = ("--simulate", "--config", str(config), "--web-config-file", str(web))
+    with serve(tmp_path, *args, tls=pki.client_context()) as daemon:
+        daemon.wait_ready()
+        with socket.create_connection(("127.0.0.1", daemon.port)) as silent:
+            silent.settimeout(8)  # closed by the 1 s timeout; at 60 s recv raises TimeoutError
+            with contextlib.suppress(ConnectionResetError):
+                assert silent.recv(1) == b""
