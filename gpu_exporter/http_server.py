@@ -229,7 +229,10 @@ def server_class() -> type[uvicorn.Server]:
                         await asyncio.wait_for(stop.wait(), seconds_to_next_second())
                     stop.clear()
                     if self.on_wake is not None:
-                        self.on_wake()
+                        try:
+                            self.on_wake()
+                        except Exception:  # a reload bug must not stop serving
+                            log.exception("web config check failed; serving on")
             finally:
                 self._wake = None
 

@@ -327,7 +327,7 @@ class _Parser:
                 context.load_verify_locations(cafile=value)
             else:
                 context.load_verify_locations(cadata=value)
-        except (OSError, ssl.SSLError) as exc:
+        except (OSError, ssl.SSLError, TypeError) as exc:  # TypeError: non-ASCII inline PEM
             raise self.fail(where, f"cannot load the CA certificates: {_reason(exc)}") from exc
 
 

@@ -225,3 +225,16 @@ def test_probes_answer_through_a_slowloris_with_few_file_descriptors(tmp_path: P
         while open_fds(pid) > fds_before + 5 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert open_fds(pid) <= fds_before + 5
+
+
+def test_a_flood_of_malformed_requests_logs_one_line(tmp_path: Path) -> None:
+    with serve(tmp_path, "--simulate") as daemon:
+        daemon.wait_ready()
+        before = daemon.output().count("Invalid HTTP request received")
+        for _ in range(300):
+            with socket.create_connection(("127.0.0.1", daemon.port)) as sock:
+                sock.sendall(b"\x16\x03\x01 not HTTP at all\r\n\r\n")
+                sock.settimeout(5)
+                assert sock.recv(4096).startswith(b"HTTP/1.1 400")
+        assert daemon.get("/healthz").status_code == 200
+        assert daemon.output().count("Invalid HTTP request received") - before == 1

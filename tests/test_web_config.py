@@ -85,6 +85,8 @@ def test_bad_files_name_file_line_and_field(tmp_path: Path, text: str, message: 
         ("  min_version: TLS13\n  max_version: TLS12\n", "min_version: is above max_version"),
         ("  cipher_suites: [TLS_AES_128_GCM_SHA256]\n", "is not a TLS 1.2 suite we know"),
         ("  client_allowed_sans: [a]\n", "needs client_auth_type: RequireAndVerifyClientCert"),
+        ("  client_ca: caf\u00e9\n", "client_ca: cannot load the CA certificates"),
+        ("  client_ca: not a certificate\n", "client_ca: cannot load the CA certificates"),
     ],
 )
 def test_what_cannot_be_honoured_is_refused(
