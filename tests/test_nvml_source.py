@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from gpu_exporter.sources.base import SourceUnavailableError
-from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
 from tests.conftest import ManualClock
+from tests.support import wait_for
 
 H200 = {"model": "NVIDIA H200", "architecture": "hopper", "nvlink_links": 18}
 BUSY = {"utilization": 0.9, "sm_active": 0.8, "tensor_active": 0.5, "power_watts": 500}
@@ -348,3 +349,57 @@ def test_xid_registration_failures_are_counted_like_any_nvml_failure(
     counted = [(e.source, e.field, e.error, e.count) for e in source.errors.snapshot()]
     assert counted == [("nvml", "xid_events", "NoPermission", 1)]
     assert source._xid is not None and len(source._xid.registered) == 1  # GPU 0 still is
+
+
+def test_an_init_that_fails_once_serving_is_retried_with_back_off(fake_nvml) -> None:
+    fake_nvml.uninstall()  # the real library: absent on this machine
+    settings = NvmlSettings(recovery_initial_backoff_seconds=0.2, recovery_max_backoff_seconds=0.4)
+    source = NvmlSource(settings=settings)
+    assert source.progress.commit(0) is None  # the daemon serves: from now on, failures retry
+    source.begin()
+    try:
+        reason = wait_for(
+            lambda: (
+                "LibraryNotFound" in (source.progress.reason() or "") and source.progress.reason()
+            ),
+            10,
+            "a failed attempt",
+        )
+        assert reason.startswith("NVML init not finished after"), reason
+        assert "next in" in reason and source.progress.failure is None
+        fake_nvml.install(scenario([{"label": "a"}, {"label": "b"}]))  # the driver arrives
+        assert source.progress.wait_ready(10), source.progress.reason()
+        assert [d.up for d in source.sample()] == [True, True]
+    finally:
+        source.close()
+
+
+def test_a_hung_init_is_tried_again_and_the_first_answer_wins(fake_nvml) -> None:
+    spec = scenario([{"label": "a"}], latency={"functions": {"nvmlInitWithFlags": 2500}})
+    fake = fake_nvml.install(spec)
+    settings = NvmlSettings(hang_quarantine_seconds=1, max_abandoned_threads_per_device=1)
+    source = NvmlSource(settings=settings)
+    try:
+        source.start()
+        assert fake.call_counts["nvmlInitWithFlags"] == 2  # one left behind, one more tried
+        assert source.errors.count("nvml", "init") == 1  # the timeout, counted
+        assert [d.up for d in source.sample()] == [True]
+    finally:
+        source.close()
+
+
+def test_a_gpu_whose_uuid_read_hangs_is_down_and_costs_no_re_init_while_hung(
+    start, clock: ManualClock
+) -> None:
+    hang = {"at": 0, "device": 1, "kind": "hang", "function": "nvmlDeviceGetUUID"}
+    spec = scenario([{"label": "a"}, {"label": "hung"}], faults=[{**hang, "duration": 600}])
+    source = start(spec, device_deadline_seconds=0.2, recovery_initial_backoff_seconds=0.1)
+    fake = source.fake
+    for _ in range(5):
+        devices = tick(source, clock)
+        assert devices[0].up, devices[0].down_reason
+        assert not devices[1].up and devices[1].uuid == ""
+        assert "nvmlDeviceGetUUID did not answer in time" in devices[1].down_reason
+    # Re-enumerating while the read is stuck would only hang again, every GPU down meanwhile.
+    assert fake.generation == 1
+    assert source.errors.count("nvml", "device_handle") == 1

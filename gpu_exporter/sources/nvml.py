@@ -247,25 +247,12 @@ class NvmlSource:
         thread waits, beating); None when start-up gave up or is being stopped."""
         settings = self.settings
         backoff = settings.recovery_initial_backoff_seconds
-        hung: list[futures.Future[Any]] = []
         note = ""  # why the last attempt failed
         while not self._stopping.is_set():
             self.progress.step("NVML init", note)
-            job = on_own_thread("nvml-init", self._init_nvml)
-            asked = time.monotonic()
-            while not self._wait_beating(job, 1.0):
-                if self._stopping.is_set():
-                    return None
-                overdue = time.monotonic() - asked >= settings.hang_quarantine_seconds
-                hung = [stuck for stuck in hung if not stuck.done()]
-                if overdue and len(hung) < settings.max_abandoned_threads_per_device:
-                    log.warning(
-                        "nvmlInit did not answer in %.0fs; trying again", time.monotonic() - asked
-                    )
-                    self.errors.add(self.name, "init", "Timeout")
-                    hung.append(job)
-                    job = on_own_thread("nvml-init", self._init_nvml)
-                    asked = time.monotonic()
+            job = self._await_init()
+            if job is None:
+                return None
             error = job.exception()
             if error is None:
                 self._node_info, count = job.result()
@@ -285,6 +272,30 @@ class NvmlSource:
             backoff = min(backoff * 2, settings.recovery_max_backoff_seconds)
         return None
 
+    def _await_init(self) -> futures.Future[Any] | None:
+        """The first init attempt to answer (None: stopped). One that does not answer within
+        `hang_quarantine_seconds` is left behind and another started, at most
+        `max_abandoned_threads_per_device` left behind at once; whichever answers first wins."""
+        settings = self.settings
+        attempts = [on_own_thread("nvml-init", self._init_nvml)]
+        asked = time.monotonic()
+        while True:
+            futures.wait(attempts, timeout=1.0, return_when=futures.FIRST_COMPLETED)
+            self.progress.beat()
+            answered = next((job for job in attempts if job.done()), None)
+            if answered is not None:
+                return answered
+            if self._stopping.is_set():
+                return None
+            overdue = time.monotonic() - asked >= settings.hang_quarantine_seconds
+            if overdue and len(attempts) <= settings.max_abandoned_threads_per_device:
+                log.warning(
+                    "nvmlInit did not answer in %.0fs; trying again", time.monotonic() - asked
+                )
+                self.errors.add(self.name, "init", "Timeout")
+                attempts.append(on_own_thread("nvml-init", self._init_nvml))
+                asked = time.monotonic()
+
     def _init_nvml(self) -> tuple[dict[str, str], int]:
         self._calls.run("init", N.nvmlInit)
         self._initialised = True
@@ -297,13 +308,6 @@ class NvmlSource:
                 "costs a reader thread)"
             )
         return node_info, count
-
-    def _wait_beating(self, job: futures.Future[Any], seconds: float) -> bool:
-        """Wait up to `seconds` for `job`, telling `progress` the start-up thread is alive."""
-        with contextlib.suppress(futures.TimeoutError):
-            futures.wait([job], timeout=seconds)
-        self.progress.beat()
-        return job.done()
 
     def _sleep_beating(self, seconds: float) -> bool:
         """Sleep, beating every second; True when stopped meanwhile."""
