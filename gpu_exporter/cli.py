@@ -12,10 +12,15 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+
+if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
+    from gpu_exporter.config import Config
+    from gpu_exporter.sources.base import ErrorLog
+    from gpu_exporter.sources.nvml import NvmlSource
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -162,7 +167,7 @@ def serve(args: argparse.Namespace) -> int:
             sim.uninstall()
 
 
-def _serve(config: Any, source: Any, errors: Any, grace_ends: float) -> int:
+def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: float) -> int:
     """Serve HTTP from the first second, whatever NVML does: NVML starts on its own thread
     (`NvmlSource.begin`) while the rules load; an init that fails at once is the exit status
     (1, or 2 for more GPUs than nvml.max_devices), one still running after
