@@ -870,3 +870,11 @@ def test_rate_over_two_samples_on_one_millisecond_agrees_with_prometheus(tmp_pat
     write_tests(tmp_path / "same_ms.yaml", [promtool_group(case, tests)])
     proc = run_promtool(tmp_path / "same_ms.yaml")
     assert proc.returncode == 0, f"promtool disagrees:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_a_series_expands_to_at_most_a_million_values() -> None:
+    assert len(parse_values("1x999999")) == 1_000_000
+    assert len(parse_values("_x999999 _")) == 1_000_000
+    for text in ("1x1000000", "1x999999 2", "0+1x" + "9" * 5000, "_x500000 1x500000"):
+        with pytest.raises(PromQLError, match="1000000 values"):
+            parse_values(text)

@@ -10,6 +10,9 @@ A series is `metric{label="value", ...}`; its values are space-separated items, 
   unknown word).
 - `AxN`: A repeated N+1 times; `A+BxN` / `A-BxN`: N+1 values A, A+B, ... by repeated addition.
 - `Inf`/`NaN` followed directly by `x` form one unknown word as well, so they cannot be repeated.
+
+A series expands to at most MAX_VALUES_PER_SERIES values (promtool has no limit): a typo such
+as `1x100000000000` is refused before anything is built. Bad notation raises PromQLError.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from gpu_exporter.store import STALE_NAN, Labels, SeriesStore, make_labels
 
 __all__ = ["load_input_series", "parse_series", "parse_values"]
 
-# promtool would try to build any list; a typo like 1x100000000000 should fail instead.
-MAX_VALUES_PER_ITEM = 10_000_000
+# promtool would try to build any list; a typo like 1x100000000000 must fail instead. A
+# million values is two years at one a minute, and about 30 MB while expanded.
+MAX_VALUES_PER_SERIES = 1_000_000
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -123,13 +127,18 @@ def _number(token: _Token) -> float:
         raise PromQLError(f"error parsing number {text!r} in series values") from None
 
 
-def _count(token: _Token) -> int:
+def _count(token: _Token, room: int) -> int:
+    """The repetition count `token` gives, if its values (count + 1 at most) fit in `room`."""
     if not (token.kind == "NUMBER" and token.text.isdigit() and token.text.isascii()):
         raise PromQLError(f"invalid repetition {token.text!r} in series values")
-    count = int(token.text)
-    if count >= MAX_VALUES_PER_ITEM:
-        raise PromQLError(f"repetition {token.text!r} in series values is too large")
-    return count
+    # Measured as text first: int() of a huge digit string is slow, and refused past 4300.
+    digits = token.text.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_VALUES_PER_SERIES)) or int(digits) >= room:
+        raise PromQLError(
+            f"repetition {token.text!r} in series values is too large: a series expands to "
+            f"at most {MAX_VALUES_PER_SERIES} values"
+        )
+    return int(digits)
 
 
 def parse_values(text: str) -> list[float | None]:
@@ -143,7 +152,9 @@ def parse_values(text: str) -> list[float | None]:
     values: list[float | None] = []
     for item in items:
         if item:
-            values.extend(_expand(item))
+            values.extend(_expand(item, MAX_VALUES_PER_SERIES - len(values)))
+    if len(values) > MAX_VALUES_PER_SERIES:
+        raise PromQLError(f"series values expand to more than {MAX_VALUES_PER_SERIES} values")
     return values
 
 
@@ -182,22 +193,23 @@ def _shape(item: list[_Token]) -> tuple[str, ...]:
     )
 
 
-def _expand(item: list[_Token]) -> list[float | None]:
+def _expand(item: list[_Token], room: int) -> list[float | None]:
+    """One item's values; a repetition whose values would not fit in `room` is refused."""
     shape = _shape(item)
     if shape[0] == "BLANK":
-        return [None] * (_count(item[2]) if len(item) == 3 else 1)
+        return [None] * (_count(item[2], room + 1) if len(item) == 3 else 1)
     start = _value(item)
     rest = item[2 if shape[0] == "SIGN" else 1 :]
     if not rest:
         return [start]
     if len(rest) == 2:  # A x N
-        return [start] * (_count(rest[1]) + 1)
+        return [start] * (_count(rest[1], room) + 1)
     step = _number(rest[1])
     if rest[0].kind == "SUB":
         step = -step
     values: list[float | None] = [start]
     current = start
-    for _ in range(_count(rest[3])):
+    for _ in range(_count(rest[3], room)):
         current += step  # repeated addition, like promtool (no multiplication)
         values.append(current)
     return values
