@@ -428,7 +428,7 @@ def _fmt_string(s: str, verb: str, spec: _Spec) -> str:
 
 def _hex_bytes(s: str, verb: str, spec: _Spec) -> str:
     """fmt's %x of a string: UTF-8 bytes; ' ' separates them, '#' adds 0x (to each with ' ')."""
-    data = s.encode()
+    data = _utf8(s)
     data = data if spec.prec is None else data[: spec.prec]
     prefix = "0" + verb if spec.sharp else ""
     digits = [f"{b:02x}" if verb == "x" else f"{b:02X}" for b in data]
@@ -1023,7 +1023,7 @@ def _strip_domain(hostport: str) -> str:
 
 def _query_escape(s: str) -> str:
     """url.QueryEscape."""
-    return urllib.parse.quote_plus(s, safe="")
+    return urllib.parse.quote_plus(s, safe="", errors="surrogatepass")
 
 
 def _args(*values: Any) -> _ArgsMap:
@@ -1078,7 +1078,7 @@ def _le(a: Any, b: Any) -> bool:
 
 def _len(v: Any) -> int:
     if isinstance(v, str):
-        return len(v.encode())
+        return len(_utf8(v))
     if isinstance(v, dict):
         return len(v)
     raise _Error(f"len of type {_type_name(v)}")
