@@ -221,3 +221,108 @@ def test_the_validation_scripts_deadline_is_the_daemons() -> None:
     assert parse_args(["--workloads", "idle"]).deadline == default_deadline(1.0)
     assert parse_args(["--workloads", "idle", "--interval", "0.5"]).deadline == pytest.approx(0.4)
     assert parse_args(["--workloads", "idle", "--deadline", "0.3"]).deadline == 0.3
+
+
+# -- external labels: what Alertmanager accepts, checked at load --------------------------
+
+
+def test_an_invalid_external_label_name_from_a_flag_is_named() -> None:
+    # Alertmanager answers 400 to an alert with this label: every alert would be dropped.
+    with pytest.raises(ConfigError) as err:
+        load_config(flags={"alerting.external_labels": "k8s-cluster=prod"}, environ={})
+    assert str(err.value) == (
+        "config error: flag --external-label (alerting.external_labels.k8s-cluster): "
+        "'k8s-cluster' is not a valid label name (letters, digits and _, not starting with a digit)"
+    )
+
+
+def test_a_reserved_or_empty_external_label_in_the_file_names_its_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "alerting:\n  external_labels:\n    cluster: prod\n    __tenant: a\n    region: ''\n",
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    problems = str(err.value).splitlines()
+    assert problems == [
+        f"config error: {path}:4: alerting.external_labels.__tenant: '__tenant' is reserved: "
+        "names starting with __ are Prometheus' own",
+        f"config error: {path}:5: alerting.external_labels.region: "
+        "String should have at least 1 character",
+    ]
+
+
+def test_an_external_label_from_the_environment_is_checked_and_named() -> None:
+    env = {"GPU_EXPORTER_ALERTING__EXTERNAL_LABELS": "cluster=prod,1zone=a"}
+    with pytest.raises(ConfigError, match=r"GPU_EXPORTER_ALERTING__EXTERNAL_LABELS .*'1zone'"):
+        load_config(environ=env)
+    with pytest.raises(ConfigError, match="'cluster' is given twice"):
+        load_config(flags={"alerting.external_labels": "cluster=a,cluster=b"}, environ={})
+    valid = load_config(flags={"alerting.external_labels": "cluster=prod,_zone=a"}, environ={})
+    assert valid.alerting.external_labels == {"cluster": "prod", "_zone": "a"}
+
+
+def test_serve_exits_2_for_an_invalid_external_label() -> None:
+    import subprocess
+
+    from tests.daemon import command, free_port
+
+    listen = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        command("serve", "--listen-address", listen, "--external-label", "k8s-cluster=prod"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "flag --external-label" in result.stderr and "'k8s-cluster'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# -- environment variables and flags that collide -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GPU_EXPORTER_RULES": "x", "GPU_EXPORTER_RULES__ENABLED": "false"},
+        {"GPU_EXPORTER_RULES__ENABLED": "false", "GPU_EXPORTER_RULES": "x"},
+    ],
+    ids=["outer first", "inner first"],
+)
+def test_a_variable_inside_another_is_a_conflict_naming_both(env: dict[str, str]) -> None:
+    # Was a TypeError traceback in one order and a silent pick in the other.
+    with pytest.raises(ConfigError) as err:
+        load_config(environ=env)
+    assert str(err.value) == (
+        "config error: environment variable GPU_EXPORTER_RULES and environment variable "
+        "GPU_EXPORTER_RULES__ENABLED both set rules; give one of them"
+    )
+
+
+def test_two_spellings_of_one_variable_are_a_conflict() -> None:
+    env = {"GPU_EXPORTER_LOG_LEVEL": "debug", "GPU_EXPORTER_log_level": "error"}
+    with pytest.raises(ConfigError, match=r"GPU_EXPORTER_LOG_LEVEL and .*GPU_EXPORTER_log_level"):
+        load_config(environ=env)
+
+
+def test_a_flag_wins_over_a_variable_around_or_inside_it() -> None:
+    # Precedence, not a conflict: the flag replaces what the environment set there.
+    env = {"GPU_EXPORTER_ALERTING": "oops", "GPU_EXPORTER_RULES__FILES": "/absent/*.yaml"}
+    config = load_config(
+        flags={"alerting.external_labels": "cluster=a", "rules.files": ["/x.yaml"]}, environ=env
+    )
+    assert config.alerting.external_labels == {"cluster": "a"}
+    assert config.rules.files == ["/x.yaml"]
+    env = {"GPU_EXPORTER_ALERTING__EXTERNAL_LABELS__CLUSTER": "b"}
+    config = load_config(flags={"alerting.external_labels": "cluster=a"}, environ=env)
+    assert config.alerting.external_labels == {"cluster": "a"}
+
+
+def test_a_variable_under_a_file_value_that_is_not_a_mapping_wins(tmp_path: Path) -> None:
+    path = write(tmp_path, "rules: [a, b]\n")
+    config = load_config(path, environ={"GPU_EXPORTER_RULES__ENABLED": "false"})
+    assert config.rules.enabled is False
+    with pytest.raises(ConfigError, match=r"\.yaml:1: rules: Input should be a valid dictionary"):
+        load_config(path, environ={})
