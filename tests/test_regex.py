@@ -116,3 +116,16 @@ def test_errors_read_as_go_and_as_before() -> None:
 def test_a_lone_surrogate_is_invalid_utf8_not_a_crash() -> None:
     with pytest.raises(RegexError, match="invalid UTF-8"):
         compile_go("a\ud800")
+
+
+def test_label_values_with_lone_surrogates_match_without_raising() -> None:
+    assert label_matcher("a.*").match("a\ud800b") is not None
+    assert label_matcher("b.*").match("a\ud800b") is None
+
+
+def test_programs_over_re2s_memory_budget_are_refused_as_too_large() -> None:
+    # Go 1.19 compiles this (promtool accepts it); RE2's 8 MiB program budget does not: the one
+    # difference kept, since it bounds what a single pattern may cost.
+    with pytest.raises(RegexError) as info:
+        label_matcher(r"\pL{1000}")
+    assert info.value.go_message == "error parsing regexp: expression too large: `\\pL{1000}`"

@@ -15,11 +15,13 @@ Go is followed; each case was checked against `promtool check rules` 2.42 (go1.1
 * `(?<name>...)` is refused (Go accepts only `(?P<name>...)` before 1.22).
 * Group names must be ASCII letters, digits and `_` (RE2 also takes other Unicode letters).
 * Error messages use Go's wording ("missing closing )" for RE2's "missing )", and so on), with
-  the offending text as RE2 reports it, which may quote less of the pattern than Go does.
+  the offending text as RE2 reports it (the same as Go's for every pattern tests/test_regex.py
+checks).
 
 Differences left: RE2 refuses programs over its 8 MiB memory budget ("expression too large")
-that Go would compile, and the Unicode tables behind `\\pL` and `(?i)` are RE2's (Unicode 15)
-rather than Go 1.19's (Unicode 13), which only matters for characters added in between.
+that Go would compile; the Unicode tables behind `\\pL` and `(?i)` are RE2's, newer than Go
+1.19's Unicode 13, which only matters for characters assigned since; and a Python string may
+hold a lone surrogate, which no Go string can: it is matched as the invalid bytes it encodes to.
 """
 
 from __future__ import annotations
@@ -60,10 +62,11 @@ class RegexError(ValueError):
     @property
     def go_message(self) -> str:
         """The error as Go's regexp.Compile words it: "error parsing regexp: CODE: `TEXT`"."""
-        code, sep, text = self.reason.partition(": ")
-        if not sep and code.endswith(":"):  # "trailing \\": RE2 gives no text
-            code = code[:-1]
-        return f"error parsing regexp: {_GO_ERROR_CODES.get(code, code)}: `{text}`"
+        code, _, text = self.reason.partition(": ")
+        go_code = _GO_ERROR_CODES.get(code, code)
+        if go_code == "expression too large":  # RE2 names no part; Go quotes the pattern
+            text = self.pattern
+        return f"error parsing regexp: {go_code}: `{text}`"
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,19 @@ def _class_end(pattern: str, i: int) -> int:
     return j + 1
 
 
+@dataclass(frozen=True)
+class FullMatcher:
+    """An anchored pattern; `match(value)` is a match object when all of `value` matches."""
+
+    program: Any
+
+    def match(self, value: str) -> Any:
+        # A lone surrogate in a value (not UTF-8) must not raise: it matches as invalid bytes.
+        return self.program.match(value.encode("utf-8", "surrogatepass"))
+
+
 @functools.lru_cache(maxsize=1024)
-def label_matcher(pattern: str) -> Any:
+def label_matcher(pattern: str) -> FullMatcher:
     """A PromQL `=~`/`!~` pattern as Prometheus anchors it; `.match(value)` is a full match.
 
     Prometheus 2.42 (labels.NewFastRegexMatcher) compiles `^(?:PATTERN)$`, then parses PATTERN
@@ -170,7 +184,7 @@ def label_matcher(pattern: str) -> Any:
         compile_go(pattern)
     except RegexError as exc:
         raise RegexError(pattern, exc.reason) from None
-    return anchored
+    return FullMatcher(anchored)
 
 
 def check_label_matcher(pattern: str) -> None:
