@@ -13,6 +13,7 @@ from gpu_exporter.sim.fake_nvml import implemented_functions
 from gpu_exporter.sim.scenario import (
     CLOCK_EVENT_REASONS,
     FEATURES,
+    MAX_DEVICES,
     QUANTITIES,
     TOPOLOGY_LEVELS,
     ScenarioError,
@@ -333,3 +334,111 @@ def test_doc_names_every_quantity_feature_and_reason() -> None:
     text = DOC.read_text()
     for name in (*QUANTITIES, *FEATURES, *CLOCK_EVENT_REASONS):
         assert f"`{name}`" in text, name
+
+
+# -- identities and size --------------------------------------------------------------------
+
+
+def _scenario_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+def test_two_gpus_with_one_uuid_are_refused_at_the_second(tmp_path: Path) -> None:
+    # Looked up by UUID, the second GPU was silently the first.
+    path = _scenario_file(
+        tmp_path,
+        """
+        name: t
+        devices:
+          - uuid: GPU-11111111-2222-3333-4444-555555555555
+          - {}
+          - uuid: GPU-11111111-2222-3333-4444-555555555555
+        """,
+    )
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert str(err.value) == (
+        f"{path}:5: devices[2].uuid: UUID 'GPU-11111111-2222-3333-4444-555555555555' "
+        "is also GPU 0's"
+    )
+
+
+def test_a_uuid_in_defaults_is_shared_by_every_gpu(tmp_path: Path) -> None:
+    path = _scenario_file(
+        tmp_path,
+        """
+        name: t
+        defaults:
+          uuid: GPU-11111111-2222-3333-4444-555555555555
+        devices: [{}, {}]
+        """,
+    )
+    with pytest.raises(ScenarioError, match=r"s\.yaml:3: defaults\.uuid: .* every GPU shares"):
+        load_scenario(path)
+
+
+def test_two_gpus_on_one_pci_bus_id_are_refused_however_written(tmp_path: Path) -> None:
+    path = _scenario_file(
+        tmp_path,
+        """
+        name: t
+        devices:
+          - pci_bus_id: "0000:5d:00.0"
+          - pci_bus_id: 5D:00.0
+        """,
+    )
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert str(err.value) == (
+        f"{path}:4: devices[1].pci_bus_id: PCI bus id '00000000:5D:00.0' is also GPU 0's"
+    )
+
+
+def test_a_default_bus_id_taken_explicitly_is_refused() -> None:
+    with pytest.raises(
+        ScenarioError,
+        match=r"devices\[1\]\.pci_bus_id: PCI bus id '00000000:18:00.0' is also GPU 0's",
+    ):
+        load_scenario({"name": "t", "devices": [{}, {"pci_bus_id": "18:00.0"}]})
+
+
+def test_the_largest_scenario_has_distinct_default_identities() -> None:
+    scenario = load_scenario({"name": "t", "devices": [{}] * MAX_DEVICES})
+    assert len({d.uuid for d in scenario.devices}) == MAX_DEVICES
+    assert len({d.pci_bus_id for d in scenario.devices}) == MAX_DEVICES
+    assert scenario.devices[0].pci_bus_id == "00000000:18:00.0"  # the HGX buses first
+    assert scenario.devices[8].pci_bus_id == "00000000:E4:00.0"
+    assert scenario.devices[36].pci_bus_id == "00000001:00:00.0"
+
+
+def test_more_gpus_than_the_cap_are_refused_before_any_is_built(tmp_path: Path) -> None:
+    # 10,000 GPUs used to end in a thread-creation traceback in the daemon.
+    path = _scenario_file(tmp_path, "name: t\ndevices:\n" + "  - {model: nope}\n" * 10_000)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)  # `model: nope` would be an error in the first GPU built
+    assert str(err.value) == (
+        f"{path}:2: devices: 10000 GPUs, more than the {MAX_DEVICES} a scenario holds"
+    )
+
+
+def test_serve_exits_2_for_a_scenario_of_10000_gpus(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.daemon import command, free_port
+
+    path = _scenario_file(tmp_path, "name: t\ndevices:\n" + "  - {}\n" * 10_000)
+    listen = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        command("serve", "--listen-address", listen, "--simulate", str(path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"scenario error: {path}:2: devices: 10000 GPUs, more than the {MAX_DEVICES} a scenario "
+        "holds"
+    )
