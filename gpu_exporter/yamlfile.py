@@ -10,8 +10,8 @@ broken or hostile file from costing more than a little memory and time:
 - `MAX_DEPTH`: nesting, counted on the parser's events, before anything recursive runs.
 - `MAX_NODES`: values in the document, aliases expanded.
 - Aliases may add at most as many values as the file writes itself, or `ALIAS_NODES_FLOOR` if
-  that is more: shared label sets are fine, a "billion laughs" (an alias of an alias of ...,
-  283 bytes for a billion values) is refused after a few thousand.
+  that is more: shared label sets are fine, a "billion laughs" (aliases of aliases of ...: a
+  few hundred bytes for a billion values) is refused after ten thousand.
 
 Every problem is a `YamlFileError` whose message starts `file:line:`.
 """
@@ -110,7 +110,7 @@ def read_bounded(path: str | Path) -> bytes:
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise YamlFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
         kind = _file_kind(os.fstat(fd).st_mode)

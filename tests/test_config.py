@@ -6,6 +6,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.config import (
@@ -326,3 +328,36 @@ def test_a_variable_under_a_file_value_that_is_not_a_mapping_wins(tmp_path: Path
     assert config.rules.enabled is False
     with pytest.raises(ConfigError, match=r"\.yaml:1: rules: Input should be a valid dictionary"):
         load_config(path, environ={})
+
+
+_ENV_PARTS = ["rules", "RULES", "enabled", "files", "nvml", "alerting", "external_labels", "", "x"]
+_VALUES = ["", "1", "true", "a=b", "k8s-cluster=1", "http://am", "x,y", "=", "a=b,a=c", "\x00"]
+_FLAG_KEYS = [
+    "interval_seconds",
+    "rules.files",
+    "alerting.alertmanagers",
+    "alerting.external_labels",
+]
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=300)
+@given(
+    env=st.dictionaries(
+        st.lists(st.sampled_from(_ENV_PARTS), min_size=1, max_size=3).map(
+            lambda parts: "GPU_EXPORTER_" + "__".join(parts)
+        ),
+        st.sampled_from(_VALUES),
+        max_size=4,
+    ),
+    flags=st.dictionaries(
+        st.sampled_from(_FLAG_KEYS),
+        st.one_of(st.sampled_from(_VALUES), st.lists(st.sampled_from(_VALUES), max_size=2)),
+    ),
+)
+def test_any_variables_and_flags_give_a_config_or_a_config_error(
+    env: dict[str, str], flags: dict[str, object]
+) -> None:
+    try:
+        load_config(flags=flags, environ=env)
+    except ConfigError as exc:
+        assert str(exc).startswith("config error: "), exc
