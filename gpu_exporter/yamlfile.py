@@ -111,7 +111,8 @@ def read_bounded(path: str | Path) -> bytes:
         # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise YamlFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        reason = getattr(exc, "strerror", None) or exc
+        raise YamlFileError(f"{path}: cannot read: {reason}") from None
     try:
         kind = _file_kind(os.fstat(fd).st_mode)
         if kind:
