@@ -524,11 +524,15 @@ def test_output_up_to_the_limit_renders_and_one_more_character_fails() -> None:
         ('{{ $x := printf "%1000s" "" }}' + "{{ $x = print $x $x }}" * 40, "print's result"),
         # a map holding itself twice, 40 deep, printed
         ("{{ $m := args 1 }}" + "{{ $m = args $m $m }}" * 40 + "{{ $m }}", "a formatted map"),
-        # every empty match of a 64 KB text replaced by the text
+        # every empty match of a 1000-char text replaced by 100 emoji: 100,000 characters
         (
-            '{{ $x := printf "%1000s" "" }}{{ $x = print' + " $x" * 64 + " }}"
-            '{{ reReplaceAll "" $x $x }}',
+            '{{ reReplaceAll "" `' + "\U0001f600" * 100 + '` (printf "%1000s" "") }}',
             "reReplaceAll's result",
+        ),
+        # a replacement that expands to nothing, long, at every empty match of a 1000-char text
+        (
+            '{{ reReplaceAll "" `' + "$9" * 5000 + '` (printf "%1000s" "") }}',
+            f"more than {BUILD_LIMIT} characters",
         ),
         # ranges nested 8 deep over 10 labels: 10**8 iterations
         ("{{ range $labels }}" * 8 + "{{ end }}" * 8, f"more than {STEP_LIMIT} steps"),
