@@ -448,8 +448,9 @@ class SeriesStore:
         target = int(cap * _CAP_TARGET)
         was_capping = self._cap_window_ms is not None
         window = self._cap_window_ms
-        if window is None:
-            window = self._longest_ms if self._longest_ms is not None else self._span_ms()
+        if window is None:  # start from the history actually held, not the rules' ranges
+            span = self._span_ms()
+            window = span if self._longest_ms is None else min(self._longest_ms, span)
         while self.bytes > target and window > 0:
             stored = self._series_count()
             fixed = stored * (_SERIES_BYTES + _SAMPLE_BYTES)  # each series' newest sample
