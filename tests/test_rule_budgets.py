@@ -269,3 +269,42 @@ def test_a_reload_whose_history_cannot_fit_the_node_is_refused(tmp_path: Path) -
         f"read by {path}:6 (HotAllWeek); raise rules.history_max_bytes or shorten the ranges"
     )
     assert [r["name"] for r in manager.rules_json()[0]["rules"]] == ["Hot"]
+
+
+class CountingDeadline(promql.Deadline):
+    """Counts its checks; runs out at check number `stop_at` (0: never)."""
+
+    def __init__(self, stop_at: int = 0) -> None:
+        super().__init__(None)
+        self.checks, self.stop_at = 0, stop_at
+
+    def check(self) -> None:
+        self.checks += 1
+        if self.checks == self.stop_at:
+            raise promql.EvaluationStopped("stopped")
+
+
+def test_queries_check_their_deadline_inside_the_loops_over_series() -> None:
+    from gpu_exporter.store import SeriesStore, make_labels
+
+    store = SeriesStore(retention_seconds=600)
+    for t in range(3):
+        store.ingest(1000.0 + t, [(make_labels("x", [("gpu", str(i))]), 1.0) for i in range(600)])
+    assert not issubclass(promql.EvaluationStopped, promql.PromQLError)
+    # (query, its plan's nodes: one check each when it starts)
+    for text, nodes in [
+        ("x", 1),
+        ('rate({__name__=~"x|y"}[5m])', 1),
+        ("sum by (gpu) (x)", 2),
+        ("x * on (gpu) x", 3),
+        ("count(x > 0)", 4),
+    ]:
+        expr = promql.parse(text)
+        counting = CountingDeadline()
+        expected = promql.evaluate(expr, store, 1002.0)
+        assert promql.evaluate(expr, store, 1002.0, deadline=counting) == expected
+        # 600 series: every loop over them checks 3 times (every 256), besides each node.
+        assert counting.checks >= nodes + 3, (text, counting.checks)
+        for stop_at in range(1, counting.checks + 1):  # out of time at any check: stopped
+            with pytest.raises(promql.EvaluationStopped):
+                promql.evaluate(expr, store, 1002.0, deadline=CountingDeadline(stop_at))
