@@ -19,8 +19,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import bcrypt
-
 from gpu_exporter.web_config import LiveWebConfig
 
 # Paths open without auth when probes_without_auth is set (kubelet sends no credentials).
@@ -58,6 +56,8 @@ class PasswordCheck:
         return True
 
     def _check(self, password: bytes, hashed: bytes) -> bool:
+        import bcrypt  # only with basic auth configured
+
         with self._bcrypt:
             try:
                 return bcrypt.checkpw(password, hashed)
@@ -67,6 +67,8 @@ class PasswordCheck:
     def _dummy(self, like: bytes) -> bytes:
         prefix = like[:7]  # "$2y$10$": the same cost as a real user's check
         if prefix not in self._dummies:
+            import bcrypt
+
             rounds = int(prefix[4:6])
             self._dummies[prefix] = bcrypt.hashpw(b"no such user", bcrypt.gensalt(rounds))
         return self._dummies[prefix]
