@@ -198,4 +198,4 @@ def test_rules_check_refuses_what_re2_refuses_naming_file_and_line(tmp_path: Pat
         "line 1, column 4: reReplaceAll: error parsing regexp: invalid escape sequence: `\\1`"
     ) in proc.stdout
     assert f"{path}:13: groups[0].rules[2].expr: alert Wide:" in proc.stdout
-    assert "a{1001}" in proc.stdout
+    assert "invalid repeat count: `{1001}`" in proc.stdout

@@ -350,11 +350,12 @@ def _compile_selector(vs: P.VectorSelector) -> _Selector:
 
 
 def _checked_regex(pattern: str) -> str:
-    """`pattern` unchanged, once RE2 accepts it (the store matches it, anchored)."""
+    """`pattern` unchanged, once RE2 accepts it (the store matches it, anchored). A pattern
+    refused here is refused by Prometheus too: an error in the rule, worded as Go words it."""
     try:
         check_label_matcher(pattern)
     except RegexError as exc:
-        raise UnsupportedConstruct(str(exc)) from None
+        raise PromQLError(exc.go_message) from None
     return pattern
 
 

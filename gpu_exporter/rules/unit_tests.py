@@ -69,7 +69,7 @@ def run_test_file(path: Path) -> FileOutcome:
             raise RuleTestFileError(f"{path}: a test file is a mapping")
         unknown = set(spec) - _TEST_FILE_KEYS
         if unknown:
-            raise RuleTestFileError(f"{path}: unknown keys {sorted(unknown)}")
+            raise RuleTestFileError(f"{path}: unknown keys {sorted(unknown, key=str)}")
         interval = parse_duration(str(spec.get("evaluation_interval", "1m")))
         rule_files = [
             str(p if Path(p).is_absolute() else path.parent / p)
