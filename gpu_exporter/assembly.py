@@ -118,6 +118,7 @@ def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | No
             resource_prefixes=tuple(k8s.resource_prefixes),
             refresh_seconds=k8s.refresh_seconds,
             timeout_seconds=k8s.timeout_seconds,
+            stale_after_seconds=k8s.stale_after_seconds,
         ),
         clock=clock,
     )

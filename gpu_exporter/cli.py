@@ -94,6 +94,12 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
     rules = commands.add_parser("rules", help="check, test and export rule files")
     verbs = rules.add_subparsers(dest="rules_command", metavar="VERB", required=True)
     check = verbs.add_parser("check", help="validate rule files (promtool check rules + subset)")
+    check.add_argument(
+        "--max-range-seconds",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="how far back a rule may read (default: the daemon's rules.max_range_seconds, 1h)",
+    )
     check.add_argument("files", nargs="+", metavar="FILE")
     test = verbs.add_parser("test", help="run promtool-format rule unit tests on our evaluator")
     test.add_argument("files", nargs="+", metavar="FILE")
@@ -105,6 +111,16 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
         "--label", action="append", metavar="NAME=VALUE", help="metadata label, repeatable"
     )
     export.add_argument("files", nargs="*", metavar="FILE", help="default: the shipped pack")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def _given_flags(args: argparse.Namespace) -> dict[str, Any]:

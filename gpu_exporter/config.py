@@ -221,6 +221,9 @@ class KubernetesConfig(_Strict):
     resource_prefixes: list[str] = list(k8s_defaults.RESOURCE_PREFIXES)
     # labels: namespace/pod/container on every per-GPU series; info: only gpu_pod_info.
     mode: Literal["labels", "info"] = "labels"
+    # How long a failing kubelet's last pod labels are kept after its last success (default:
+    # k8s.defaults.STALE_AFTER_REFRESHES refresh intervals); 0 clears them at the first failure.
+    stale_after_seconds: float | None = Field(default=None, ge=0, le=86400)
 
     _lists = field_validator("resource_names", "resource_prefixes", mode="before")(_split_commas)
 

@@ -361,3 +361,20 @@ def test_any_variables_and_flags_give_a_config_or_a_config_error(
         load_config(flags=flags, environ=env)
     except ConfigError as exc:
         assert str(exc).startswith("config error: "), exc
+
+
+def test_the_kubelet_grace_reaches_pod_attribution(tmp_path: Path) -> None:
+    from gpu_exporter.assembly import _attribution
+
+    path = tmp_path / "config.yaml"
+    path.write_text("kubernetes:\n  enabled: true\n  stale_after_seconds: 45\n")
+    attribution = _attribution(load_config(path, environ={}), clock=lambda: 0.0)
+    assert attribution is not None
+    assert attribution.settings.stale_after_seconds == 45
+    default = _attribution(
+        load_config(None, {"kubernetes.enabled": True}, environ={}), clock=lambda: 0.0
+    )
+    assert default is not None and default.settings.stale_after_seconds is None
+    path.write_text("kubernetes:\n  stale_after_seconds: -1\n")
+    with pytest.raises(ConfigError, match=r"config.yaml:2: kubernetes.stale_after_seconds"):
+        load_config(path, environ={})

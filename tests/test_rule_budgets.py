@@ -124,6 +124,29 @@ def test_rules_check_applies_the_default_limit_and_says_so(tmp_path: Path) -> No
     assert f"{path}:7: groups[0].rules[1].expr: alert HotAllWeek: reads 1w back" in result.stdout
 
 
+def test_rules_check_with_a_wider_limit_accepts_the_rule(tmp_path: Path) -> None:
+    path = write(tmp_path, WEEK_RULE)
+    command = [sys.executable, "-m", "gpu_exporter", "rules", "check"]
+    result = subprocess.run(
+        [*command, "--max-range-seconds", "604800", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout
+    assert "at most 1w of history (rules.max_range_seconds = 604800, the daemon's setting" in (
+        result.stdout
+    )
+    refused = subprocess.run(
+        [*command, "--max-range-seconds", "-1", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "must be a positive number of seconds" in refused.stderr
+
+
 def test_serve_exits_2_naming_the_rule_past_the_limit(tmp_path: Path) -> None:
     path = write(tmp_path, WEEK_RULE)
     listen = f"127.0.0.1:{free_port()}"

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     """Like `promtool check rules`: one verdict per file; exit 1 if any failed. Rules are held
     to what the daemon loads with its default settings (or `--max-range-seconds`, if given)."""
-    max_range = getattr(args, "max_range_seconds", None) or DEFAULT_MAX_RANGE_SECONDS
+    max_range = args.max_range_seconds or DEFAULT_MAX_RANGE_SECONDS
     limits = LoadLimits(max_range_seconds=max_range)
     print(
         f"Rules may read at most {format_duration(max_range)} of history"
