@@ -24,3 +24,17 @@ def test_readme_quickstart_commands_exist_and_are_executable() -> None:
         assert f"./{script}" in readme
         assert (ROOT / script).stat().st_mode & 0o111, f"{script} is not executable"
     assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_test_the_fault_matrix_names_exists() -> None:
+    import re
+
+    matrix = (ROOT / "docs" / "reliability.md").read_text()
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", matrix)
+    assert len(named) > 50
+    missing = [
+        f"{path}::{name}"
+        for path, name in named
+        if not re.search(rf"^(?:async )?def {name}\(", (ROOT / path).read_text(), re.M)
+    ]
+    assert not missing, f"docs/reliability.md names tests that do not exist: {missing}"
