@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ from typing import Any, ClassVar
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gpu_exporter.ratelimit import RateLimit
 
 log = logging.getLogger("gpu_exporter.http")
 
@@ -220,26 +221,15 @@ class RateLimitFilter(logging.Filter):
 
     def __init__(self, interval: float = LOG_INTERVAL_SECONDS) -> None:
         super().__init__()
-        self.interval = interval
-        self._kinds: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
+        self._limit = RateLimit(interval, max_keys=self.MAX_KINDS)
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc_type = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
-        kind = (record.name, str(record.msg).split("\n", 1)[0], exc_type)
-        now = time.monotonic()
-        since, left_out = self._kinds.get(kind, (-self.interval, 0))
-        if now - since < self.interval:
-            self._kinds[kind] = (since, left_out + 1)
+        passed = self._limit.allow((record.name, str(record.msg).split("\n", 1)[0], exc_type))
+        if passed is None:
             return False
-        self._kinds[kind] = (now, 0)
-        self._kinds.move_to_end(kind)
-        while len(self._kinds) > self.MAX_KINDS:
-            self._kinds.popitem(last=False)
-        if left_out:
-            record.msg = (
-                f"{record.getMessage()} ({left_out} more like this in the last {now - since:.0f}s)"
-            )
-            record.args = None
+        if passed.left_out:
+            record.msg, record.args = record.getMessage() + passed.note, None
         return True
 
 

@@ -81,7 +81,7 @@ def test_rate_limited_logging_keeps_one_line_per_kind_with_a_count(
     )
     for i in range(2 * RateLimitFilter.MAX_KINDS):  # kinds are bounded
         limiter.filter(record(f"kind {i}"))
-    assert len(limiter._kinds) == RateLimitFilter.MAX_KINDS
+    assert len(limiter._limit) == RateLimitFilter.MAX_KINDS
 
 
 # --- a live daemon -------------------------------------------------------------------------

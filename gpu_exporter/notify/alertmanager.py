@@ -30,6 +30,7 @@ from gpu_exporter import __version__
 from gpu_exporter.notify import answers
 from gpu_exporter.notify.answers import Answer, Verdict
 from gpu_exporter.notify.validation import payload_problem
+from gpu_exporter.ratelimit import RateLimit
 
 if TYPE_CHECKING:  # imported by _build_client, only when an Alertmanager is configured
     import httpx
@@ -199,8 +200,8 @@ class Notifier:
         self._lock = threading.Lock()
         self._started = False
         self._stopped = False
-        self._late_sends = _Throttle(WARN_INTERVAL_SECONDS)
-        self._invalid_log = _DropLog()
+        self._late_sends = RateLimit(WARN_INTERVAL_SECONDS)
+        self._invalid_log = RateLimit(WARN_INTERVAL_SECONDS, burst=LOGGED_DROPS_PER_INTERVAL)
         self._senders = _build_senders(settings, clock)
 
     def start(self) -> None:
@@ -221,7 +222,7 @@ class Notifier:
             if not payloads or not self._senders:
                 return
             if self._stopped:
-                if self._late_sends.ready():
+                if self._late_sends.allow():
                     log.warning("notifier is stopped; %d alerts not sent", len(payloads))
                 return
             for sender in self._senders:
@@ -254,12 +255,13 @@ class Notifier:
             problem = f"malformed: {exc}"
         if problem is None:
             return payload
-        if self._invalid_log.ready():
+        passed = self._invalid_log.allow()
+        if passed is not None:
             log.error(
                 "notifier: not sending alert %s, Alertmanager would refuse it: %s%s",
                 _describe(payload["labels"] if payload else getattr(alert, "labels", alert)),
                 problem,
-                self._invalid_log.suppressed_note(),
+                passed.note,
             )
         return None
 
@@ -359,9 +361,9 @@ class _TargetSender:
         self._attempts = 0
         self._last_success: float | None = None
         self._unreported_drops = 0
-        self._drop_warnings = _Throttle(WARN_INTERVAL_SECONDS)
-        self._failure_warnings = _Throttle(WARN_INTERVAL_SECONDS)
-        self._rejection_log = _DropLog()
+        self._drop_warnings = RateLimit(WARN_INTERVAL_SECONDS)
+        self._failure_warnings = RateLimit(WARN_INTERVAL_SECONDS)
+        self._rejection_log = RateLimit(WARN_INTERVAL_SECONDS, burst=LOGGED_DROPS_PER_INTERVAL)
         self._failure_streak = 0
 
     # --- called from other threads -------------------------------------------------------
@@ -585,7 +587,7 @@ class _TargetSender:
             return
         with self._cond:
             self._unreported_drops += count
-            if not self._drop_warnings.ready():
+            if not self._drop_warnings.allow():
                 return
             count, self._unreported_drops = self._unreported_drops, 0
             total = self._dropped
@@ -609,14 +611,15 @@ class _TargetSender:
             self._failure_streak = 0
             return
         for payload in settled.rejected:
-            if self._rejection_log.ready():
+            passed = self._rejection_log.allow()
+            if passed is not None:
                 log.error(
                     "notifier: %s refused alert %s on its own (%s), dropping it: %s%s",
                     self.url,
                     _describe(payload["labels"]),
                     answer.reason,
                     answer.detail,
-                    self._rejection_log.suppressed_note(),
+                    passed.note,
                 )
         if settled.rejected or (answer.verdict is Verdict.SPLIT_OR_DROP and size == 1):
             return
@@ -641,7 +644,7 @@ class _TargetSender:
                 )
             return
         self._failure_streak += 1
-        if not self._failure_warnings.ready():
+        if not self._failure_warnings.allow():
             level = logging.DEBUG
         elif answer.reason in answers.NEEDS_ATTENTION:
             level = logging.ERROR
@@ -720,49 +723,3 @@ def _describe(labels: object) -> str:
     if isinstance(labels, Mapping):
         return f"{labels.get('alertname', '(no alertname)')} {dict(labels)}"
     return repr(labels)
-
-
-class _DropLog:
-    """Log lines about dropped alerts: at most LOGGED_DROPS_PER_INTERVAL per interval, and the
-    next line allowed says how many were left out (the counters have them all)."""
-
-    def __init__(self) -> None:
-        self._window_start = -WARN_INTERVAL_SECONDS
-        self._logged = 0
-        self._suppressed = 0
-        self._lock = threading.Lock()
-
-    def ready(self) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            if now - self._window_start >= WARN_INTERVAL_SECONDS:
-                self._window_start, self._logged = now, 0
-            if self._logged >= LOGGED_DROPS_PER_INTERVAL:
-                self._suppressed += 1
-                return False
-            self._logged += 1
-            return True
-
-    def suppressed_note(self) -> str:
-        with self._lock:
-            count, self._suppressed = self._suppressed, 0
-        return (
-            f" ({count} more not logged in the last {WARN_INTERVAL_SECONDS:.0f} s)" if count else ""
-        )
-
-
-class _Throttle:
-    """True at most once per interval (monotonic time); thread-safe."""
-
-    def __init__(self, interval: float) -> None:
-        self._interval = interval
-        self._next = 0.0
-        self._lock = threading.Lock()
-
-    def ready(self) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            if now < self._next:
-                return False
-            self._next = now + self._interval
-            return True

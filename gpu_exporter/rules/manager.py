@@ -15,7 +15,6 @@ cannot fit in it for the series this node has (known once a tick was ingested) a
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS
+from gpu_exporter.ratelimit import RateLimit
 from gpu_exporter.rules import promql
 from gpu_exporter.rules.alerts import Alert, AlertingRule, State, ends_at
 from gpu_exporter.rules.engine import GroupEvaluator, GroupState
@@ -54,7 +54,7 @@ class RuleSettings:
     external_labels: dict[str, str] = field(default_factory=dict)
     external_url: str = ""
     reload_check_seconds: float = 5.0
-    # Budgets (the hardening issue): a rule's range or offset reaching further back than this is
+    # Budgets: a rule's range or offset reaching further back than this is
     # refused at load; one group's evaluation running longer than this is stopped and counted
     # (None: half the evaluation interval); the rule history's memory is capped at this size.
     max_range_seconds: float = DEFAULT_MAX_RANGE_SECONDS
@@ -123,7 +123,7 @@ class RuleManager:
         self._last_ingest = 0.0
         self._ingest_interval: float | None = None  # seconds between the last two ticks
         self.budget_exceeded_total: dict[str, int] = {}  # by group name, across reloads
-        self._budget_logged: dict[str, tuple[float, int]] = {}  # when, and how many since
+        self._budget_log = RateLimit(BUDGET_LOG_SECONDS)  # by group name
         self.evaluator = GroupEvaluator([], self.store)
         self._lock = threading.Lock()
         self._mtimes: dict[Path, float] = {}
@@ -279,18 +279,14 @@ class RuleManager:
         """Count a group stopped by its time budget; log it at most once a minute."""
         name = group.group.name
         self.budget_exceeded_total[name] = self.budget_exceeded_total.get(name, 0) + 1
-        logged_at, since = self._budget_logged.get(name, (-math.inf, 0))
-        clock = time.monotonic()
-        if clock - logged_at < BUDGET_LOG_SECONDS:
-            self._budget_logged[name] = (logged_at, since + 1)
+        passed = self._budget_log.allow(name)
+        if passed is None:
             return
-        self._budget_logged[name] = (clock, 0)
         log.warning(
             "rule group %s stopped after %.3fs, over its time budget of %gs "
             "(rules.group_time_budget_seconds): %d of its %d rules not evaluated this time, "
             "their alerts kept as they were%s",
-            name, group.last_duration, budget, group.last_stopped, len(group.rules),
-            f" ({since} more times since the last message)" if since else "",
+            name, group.last_duration, budget, group.last_stopped, len(group.rules), passed.note,
         )  # fmt: skip
 
     def on_late_series(self, series_set: SeriesSet) -> None:
