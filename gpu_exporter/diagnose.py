@@ -1,4 +1,4 @@
-"""`gpu-exporter diagnose`: a one-shot report on this node's GPUs, in the seed's diagnosis order.
+"""`gpu-exporter diagnose`: a one-shot report on this node's GPUs, in a fixed diagnosis order.
 
 1. Versions: driver, NVML, CUDA driver API, the Python binding and the exporter (a result is
    only reproducible with the software it came from).
@@ -208,8 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 @dataclass
 class _Profile:
     classifier: Classifier
-    last: dict[str, DeviceView]  # each GPU as the last tick's series show it
-    last_up: dict[str, DeviceView]  # ... as the last tick in which it answered
+    # By NVML index: a GPU whose UUID could not be read has none, and two such are two GPUs.
+    last: dict[int, DeviceView]  # each GPU as the last tick's series show it
+    last_up: dict[tuple[int, str], DeviceView]  # ... as the last tick in which it answered
     ticks: int
 
 
@@ -266,9 +267,9 @@ def _run_profile(
             time.sleep(delay)
         devices = classifier.process(sample(), time.monotonic())
         for view in builder.build(Snapshot(time.time(), tuple(devices))).devices():
-            profile.last[view.uuid] = view
+            profile.last[view.index] = view
             if view.up:
-                profile.last_up[view.uuid] = view
+                profile.last_up[view.index, view.uuid] = view
         profile.ticks += 1
     return profile
 
@@ -328,7 +329,7 @@ def build_report(
 
 
 def _device_report(last: DeviceView, profile: _Profile, topology: Topology) -> dict[str, Any]:
-    sample = profile.last_up.get(last.uuid, last)
+    sample = profile.last_up.get((last.index, last.uuid), last)
     # A GPU that is down at the end has no class: what limits it now is not known.
     verdict = profile.classifier.verdict(last.uuid) if last.up else None
     cls = verdict.cls if verdict else None

@@ -5,7 +5,7 @@ JSON API (and through it the status page) and `diagnose` — so what Prometheus 
 daemon's own rules see.
 
 Labels of a per-GPU series (the exposition and the store sort them by name):
-  - `gpu` and `uuid`;
+  - `gpu` and `uuid` (no `uuid` on a GPU whose UUID could not be read: `gpu` tells GPUs apart);
   - the family's own labels from the catalog (`clock`, `reason`, `peer_gpu`, ...);
   - with pod attribution in `labels` mode, the GPU's `namespace`, `pod` and `container` — on
     EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an alert on a lost GPU names the
@@ -106,8 +106,9 @@ class SeriesSet:
     timestamp: float
     families: Mapping[str, tuple[Series, ...]]
     collectors: tuple[CollectorStatus, ...] = ()
-    # Why a GPU is down (by uuid): context for people, not a series.
-    down_reasons: Mapping[str, str] = field(default_factory=dict)
+    # Why a GPU is down, by NVML index (an unidentified GPU has no uuid): context for people,
+    # not a series.
+    down_reasons: Mapping[int, str] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Series]:
         for rows in self.families.values():
@@ -120,29 +121,31 @@ class SeriesSet:
         return set(self.families)
 
     def devices(self) -> list[DeviceView]:
-        """Per-GPU views, by NVML index; built from `gpu_up` and every series with a uuid,
-        once per tick however often the API asks."""
+        """Per-GPU views, by NVML index; built from `gpu_up` and every per-GPU series, once per
+        tick however often the API asks. Grouped by the `gpu` label, not `uuid`: a GPU whose
+        UUID could not be read at start has none, and two such GPUs are still two."""
         return self._views
 
     @cached_property
     def _views(self) -> list[DeviceView]:
-        by_uuid: dict[str, list[Series]] = {}
+        by_index: dict[str, list[Series]] = {}
         for row in self:
             if BY_NAME[row.family].per_device:
-                by_uuid.setdefault(_label(row.labels, "uuid"), []).append(row)
+                by_index.setdefault(_label(row.labels, "gpu"), []).append(row)
         views = []
         for up in self.of("gpu_up"):
-            uuid = _label(up.labels, "uuid")
-            rows = by_uuid.get(uuid, [])
+            gpu = _label(up.labels, "gpu")
+            rows = by_index.get(gpu, [])
             info = next((r for r in rows if r.family == "gpu_info"), None)
+            index = int(gpu)
             views.append(
                 DeviceView(
-                    index=int(_label(up.labels, "gpu")),
-                    uuid=uuid,
+                    index=index,
+                    uuid=_label(up.labels, "uuid"),
                     up=up.value == 1.0,
                     info=_own_labels(BY_NAME["gpu_info"], info.labels) if info else {},
                     labels={k: v for k, v in up.labels if k not in DEVICE_LABELS},
-                    down_reason=self.down_reasons.get(uuid, ""),
+                    down_reason=self.down_reasons.get(index, ""),
                     readings=tuple(
                         Reading(
                             r.family,
@@ -177,7 +180,8 @@ class SeriesBuilder:
 
     def __init__(self, guard: Guard | None = None) -> None:
         self.guard = guard or Guard()
-        self._cache: dict[str, dict[int, _Cached]] = {}  # uuid -> id(reading) -> cached
+        # device labels (gpu, uuid; uuid empty when unidentified) -> id(reading) -> cached
+        self._cache: dict[Labels, dict[int, _Cached]] = {}
 
     def build(self, snapshot: Snapshot, producers: Sequence[Producer] = ()) -> SeriesSet:
         """The device series, the exporter's self-metrics and `producers`, each guarded; then
@@ -189,7 +193,7 @@ class SeriesBuilder:
             produced, status = self._run(producer)
             rows += produced
             statuses.append(status)
-        reasons = {d.uuid: d.down_reason for d in snapshot.devices if d.down_reason}
+        reasons = {d.index: d.down_reason for d in snapshot.devices if d.down_reason}
         return self._finish(snapshot.timestamp, rows, statuses, reasons)
 
     def build_more(self, timestamp: float, producers: Sequence[Producer]) -> SeriesSet:
@@ -212,11 +216,11 @@ class SeriesBuilder:
 
     def _device_rows(self, snapshot: Snapshot, problems: list[str]) -> list[Series]:
         rows: list[Series] = []
-        cache: dict[str, dict[int, _Cached]] = {}
+        cache: dict[Labels, dict[int, _Cached]] = {}
         info_labels = BY_NAME["gpu_info"].labels
         for device in snapshot.devices:
             base = device.labels
-            pods = snapshot.device_labels.get(device.uuid, ())
+            pods = snapshot.device_labels.get(device.uuid, ()) if device.uuid else ()
             key = (base, pods)
             info = tuple((name, device.info.get(name, "")) for name in info_labels)
             for identity in (
@@ -224,7 +228,7 @@ class SeriesBuilder:
                 series("gpu_up", 1.0 if device.up else 0.0, (*base, *pods)),
             ):
                 _keep(_checked(identity, per_device=True), rows, problems)
-            seen = self._cache.get(device.uuid, {})
+            seen = self._cache.get(base, {})
             kept: dict[int, _Cached] = {}
             for reading in device.readings:
                 hit = seen.get(id(reading))
@@ -237,7 +241,7 @@ class SeriesBuilder:
                     continue
                 kept[id(reading)] = (reading, key, row)
                 rows.append(row)
-            cache[device.uuid] = kept
+            cache[base] = kept
         self._cache = cache  # GPUs and readings that are gone drop out here
         return rows
 
@@ -268,7 +272,7 @@ class SeriesBuilder:
         timestamp: float,
         rows: list[Series],
         statuses: list[CollectorStatus],
-        down_reasons: Mapping[str, str] | None = None,
+        down_reasons: Mapping[int, str] | None = None,
     ) -> SeriesSet:
         grouped: dict[str, list[Series]] = {}
         for row in rows:

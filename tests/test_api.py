@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from gpu_exporter.api import create_app
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog, TooManyDevicesError
-from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
 from gpu_exporter.sources.startup import StartupProgress
 
 
@@ -142,5 +142,49 @@ def test_head_is_answered_on_every_get_endpoint(fake_nvml) -> None:
             head, get = client.head(path), client.get(path)
             assert head.status_code == get.status_code, path
             assert head.headers["content-type"] == get.headers["content-type"], path
+    finally:
+        source.close()
+
+
+def test_two_gpus_unidentified_at_start_are_two_devices(fake_nvml) -> None:
+    """Identity reads that hang at start (the UUID on one GPU, the handle on another) leave two
+    GPUs down without a UUID: /api/v1/devices lists each on its own, with its own reason."""
+    hang = {"at": 0, "kind": "hang", "duration": 30}
+    spec = {
+        "name": "unidentified",
+        "defaults": {"model": "NVIDIA H200", "values": {"power_watts": 400}},
+        "devices": [{"label": "a"}, {"label": "no uuid"}, {"label": "no handle"}, {"label": "d"}],
+        "faults": [
+            {**hang, "device": 1, "function": "nvmlDeviceGetUUID"},
+            {**hang, "device": 2, "function": "nvmlDeviceGetHandleByIndex_v2"},
+        ],
+    }
+    fake_nvml.install(spec)
+    errors = ErrorLog()
+    source = NvmlSource(settings=NvmlSettings(device_deadline_seconds=0.3), errors=errors)
+    source.start()
+    sampler = Sampler(source, errors, interval=1.0)
+    client = TestClient(create_app(sampler, lambda: source.started))
+    try:
+        sampler.tick()
+        devices = client.get("/api/v1/devices").json()["data"]["devices"]
+        assert [(d["index"], d["up"]) for d in devices] == [
+            (0, True),
+            (1, False),
+            (2, False),
+            (3, True),
+        ]
+        no_uuid, no_handle = devices[1], devices[2]
+        assert no_uuid["down_reason"] == "NVML call nvmlDeviceGetUUID did not answer in time"
+        assert no_handle["down_reason"] == (
+            "NVML call nvmlDeviceGetHandleByIndex did not answer in time"
+        )
+        for down in (no_uuid, no_handle):
+            assert down["uuid"] == "" and down["info"] == {}
+            assert "gpu_power_watts" not in down["metrics"]
+        uuids = [d["uuid"] for d in (devices[0], devices[3])]
+        assert all(uuids) and len(set(uuids)) == 2
+        assert devices[0]["metrics"]["gpu_power_watts"] > 0
+        assert client.get("/").status_code == 200  # the status page reads this same list
     finally:
         source.close()

@@ -300,3 +300,38 @@ def test_pod_info_and_pod_labels_come_from_one_kubelet_answer() -> None:
     attribution.answer = {"GPU-a": (PodRef("ml", "new", "c"),)}  # a refresh lands mid-tick
     assert dict(pods.labels()["GPU-a"])["pod"] == "old"
     assert dict(devices[0].readings[0].labels)["pod"] == "old"
+
+
+def test_two_unidentified_gpus_are_two_devices_each_with_its_own_readings() -> None:
+    """A GPU whose UUID could not be read at start has none: its series carry only `gpu`, and
+    two such GPUs must not pool their readings (nor their reasons) under the one empty UUID."""
+
+    def unidentified(index: int, xids: float, why: str) -> DeviceSample:
+        readings = (Reading("gpu_xid_errors_total", xids, (("xid", "79"),)),)
+        return DeviceSample(index, "", {}, False, readings, why)
+
+    snapshot = Snapshot(
+        1.0,
+        (
+            DeviceSample(0, "GPU-a", {}, True, (Reading("gpu_power_watts", 100.0),)),
+            unidentified(1, 1.0, "NVML call nvmlDeviceGetUUID did not answer in time"),
+            unidentified(2, 7.0, "not usable: GPU_IS_LOST from nvmlDeviceGetHandleByIndex"),
+        ),
+    )
+    builder = SeriesBuilder()
+    for built in (builder.build(snapshot), builder.build(snapshot)):  # the cached series too
+        views = built.devices()
+        assert [(v.index, v.uuid, v.up) for v in views] == [
+            (0, "GPU-a", True),
+            (1, "", False),
+            (2, "", False),
+        ]
+        assert [v.readings for v in views] == [
+            (Reading("gpu_power_watts", 100.0),),
+            (Reading("gpu_xid_errors_total", 1.0, (("xid", "79"),)),),
+            (Reading("gpu_xid_errors_total", 7.0, (("xid", "79"),)),),
+        ]
+        assert views[1].down_reason.endswith("did not answer in time")
+        assert views[2].down_reason.startswith("not usable: GPU_IS_LOST")
+        ups = {dict(row.labels)["gpu"]: row.labels for row in built.of("gpu_up")}
+        assert ups["1"] == (("gpu", "1"),)  # the empty uuid is dropped, as Prometheus reads it
