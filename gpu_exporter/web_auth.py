@@ -46,9 +46,10 @@ class PasswordCheck:
         if hashed is not None and key in self._verified:
             self._verified.move_to_end(key)
             return True
-        reference = hashed if hashed is not None else self._dummy(next(iter(users.values())))
-        matches = await asyncio.to_thread(self._check, password, reference)
-        if not (matches and hashed is not None):
+        if hashed is None:  # the dummy costs what a real user's check costs
+            await asyncio.to_thread(self._check_unknown, password, next(iter(users.values())))
+            return False
+        if not await asyncio.to_thread(self._check, password, hashed):
             return False
         self._verified[key] = None
         while len(self._verified) > self.CACHE_SIZE:
@@ -64,14 +65,17 @@ class PasswordCheck:
             except ValueError:  # a password over bcrypt's 72 bytes: refused, as Go's bcrypt
                 return False
 
-    def _dummy(self, like: bytes) -> bytes:
-        prefix = like[:7]  # "$2y$10$": the same cost as a real user's check
-        if prefix not in self._dummies:
-            import bcrypt
+    def _check_unknown(self, password: bytes, like: bytes) -> None:
+        """An unknown user's check, against a dummy hash of `like`'s cost (made here, on the
+        worker thread: hashing at cost 14 takes a second, which the event loop must not)."""
+        import bcrypt
 
-            rounds = int(prefix[4:6])
-            self._dummies[prefix] = bcrypt.hashpw(b"no such user", bcrypt.gensalt(rounds))
-        return self._dummies[prefix]
+        prefix = like[:7]  # "$2y$10$"
+        with self._bcrypt:
+            if prefix not in self._dummies:
+                rounds = int(prefix[4:6])
+                self._dummies[prefix] = bcrypt.hashpw(b"no such user", bcrypt.gensalt(rounds))
+        self._check(password, self._dummies[prefix])
 
 
 def basic_credentials(authorization: bytes | None) -> tuple[str, bytes] | None:

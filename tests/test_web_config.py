@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import ssl
+import threading
 from pathlib import Path
 
 import httpx
@@ -253,6 +254,30 @@ def test_only_verified_passwords_are_cached(
     assert len(calls) == 7  # the right password was checked with bcrypt once
     assert len(check._verified) == 1
     assert allowed(USER, "x" * 100) is False  # over bcrypt's 72 bytes: refused, no error
+
+
+def test_an_unknown_user_costs_bcrypt_on_a_worker_thread_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bcrypt
+
+    users = {USER: password_hash().encode()}
+    hashed_on, checked_on = [], []
+    real_hash, real_check = bcrypt.hashpw, bcrypt.checkpw
+    monkeypatch.setattr(
+        bcrypt, "hashpw", lambda *a: hashed_on.append(threading.current_thread()) or real_hash(*a)
+    )
+    monkeypatch.setattr(
+        bcrypt,
+        "checkpw",
+        lambda *a: checked_on.append(threading.current_thread()) or real_check(*a),
+    )
+    header = basic("nobody", PASSWORD)["Authorization"].encode()
+    check = PasswordCheck()
+    assert asyncio.run(check.allowed(users, header)) is False
+    assert asyncio.run(check.allowed(users, header)) is False
+    assert len(hashed_on) == 1 and len(checked_on) == 2  # the dummy is made once, then reused
+    assert threading.main_thread() not in hashed_on + checked_on  # never on the event loop
 
 
 # --- reload --------------------------------------------------------------------------------
