@@ -11,6 +11,7 @@ import re
 
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+LABEL_NAME_RULE = "letters, digits and _, not starting with a digit"  # LABEL_NAME, for a person
 
 
 def is_metric_name(name: object) -> bool:
@@ -24,9 +25,7 @@ def is_label_name(name: object) -> bool:
 def label_name_problem(name: object) -> str | None:
     """Why `name` cannot be a label name on an alert, or None when it can."""
     if not is_label_name(name):
-        return (
-            f"{name!r} is not a valid label name (letters, digits and _, not starting with a digit)"
-        )
+        return f"{name!r} is not a valid label name ({LABEL_NAME_RULE})"
     assert isinstance(name, str)
     if name.startswith("__"):
         return f"{name!r} is reserved: names starting with __ are Prometheus' own"

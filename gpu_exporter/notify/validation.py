@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpu_exporter.promnames import is_label_name
+from gpu_exporter.promnames import LABEL_NAME_RULE, is_label_name
 
 
 def payload_problem(payload: Mapping[str, Any]) -> str | None:
@@ -22,10 +22,7 @@ def payload_problem(payload: Mapping[str, Any]) -> str | None:
     for kind in ("labels", "annotations"):
         for name in payload.get(kind, {}):
             if not is_label_name(name):
-                return (
-                    f"{kind[:-1]} name {name!r} is not valid "
-                    "(letters, digits and _, not starting with a digit)"
-                )
+                return f"{kind[:-1]} name {name!r} is not valid ({LABEL_NAME_RULE})"
     ends = payload.get("endsAt")
     # Both are format_timestamp's fixed-width UTC text, so text order is time order.
     if ends is not None and ends < payload["startsAt"]:
