@@ -107,8 +107,9 @@ class Matcher:
 
 # No NaN (so no staleness marker) stored yet: older than any sample.
 _NO_NAN = -(1 << 63)
-# Selections over many series call their `check` (the rule group's deadline) this often.
-_CHECK_EVERY = 256
+# Loops over many series (here and in the rule engine) call their `check` (the rule group's
+# deadline) every this many series; a power of two, so a loop may test `i & (CHECK_EVERY - 1)`.
+CHECK_EVERY = 256
 # Expired samples are dropped from the arrays' front in batches of at least this many, and
 # once they are an eighth of the array: trimming stays amortized O(1) per sample.
 _COMPACT_MIN = 16
@@ -536,9 +537,9 @@ class SeriesStore:
         if check is None:
             return [(labels, s) for labels, s in found if _labels_match(labels, matchers)]
         chosen: list[tuple[Labels, _Series]] = []
-        for start in range(0, len(found), _CHECK_EVERY):
+        for start in range(0, len(found), CHECK_EVERY):
             check()
-            part = found[start : start + _CHECK_EVERY]
+            part = found[start : start + CHECK_EVERY]
             chosen += [(labels, s) for labels, s in part if _labels_match(labels, matchers)]
         return chosen
 
@@ -556,7 +557,7 @@ class SeriesStore:
         with self._lock:
             chosen = []
             for i, (labels, series) in enumerate(self._candidates(matchers, check)):
-                if check is not None and not i % _CHECK_EVERY:
+                if check is not None and not i % CHECK_EVERY:
                     check()
                 times, offset = series.view()
                 values = series.values
@@ -583,7 +584,7 @@ class SeriesStore:
         with self._lock:
             chosen = []
             for i, (labels, series) in enumerate(self._candidates(matchers, check)):
-                if check is not None and not i % _CHECK_EVERY:
+                if check is not None and not i % CHECK_EVERY:
                     check()
                 times, offset = series.view()
                 index = len(series.values) - 1 + offset

@@ -45,7 +45,7 @@ from operator import itemgetter
 import promql_parser as P
 
 from gpu_exporter.rules.regex import RegexError, check_label_matcher
-from gpu_exporter.store import Labels, Matcher, SeriesStore, Window, is_stale
+from gpu_exporter.store import CHECK_EVERY, Labels, Matcher, SeriesStore, Window, is_stale
 
 __all__ = [
     "Deadline",
@@ -90,7 +90,7 @@ class Deadline:
     CHECK_EVERY elements of the loops over series, so even a query over very many series
     stops within about one such stretch of its deadline."""
 
-    CHECK_EVERY = 256  # a power of two: loops test `i & (CHECK_EVERY - 1)`
+    CHECK_EVERY = CHECK_EVERY
 
     __slots__ = ("at", "budget")
 
