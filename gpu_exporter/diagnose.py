@@ -12,13 +12,17 @@
    class, and what to look at next for that class.
 
 Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario);
-3 no NVIDIA driver to read. "Needs attention" means a GPU that is down or unhealthy (XID,
-uncorrectable ECC, row remap pending or failed, retired pages pending, NVLink links down, P2P
-over NVLink unavailable, PCIe link down-trained while busy), clocks held down by a HW / thermal
-/ power-brake reason, or a class in ATTENTION_CLASSES: throttled, launch_bound and link_bound
-waste a GPU that is nominally busy. memory_bound is reported but is not a fault: on the
-roofline, low-intensity work (LLM decode, elementwise ops) is memory-bound by nature; idle,
-tensor_bound and compute_bound are not problems, and unknown means missing data, not a fault.
+3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the GPU count, XID
+registration) does not answer within `--start-timeout`, which names the stuck step and how
+long it waited (a driver that hangs there gives nothing to report on; a GPU whose own start
+calls hang is down in the report instead, with why). "Needs attention" means a GPU that is
+down or unhealthy (XID, uncorrectable ECC, row remap pending or failed, retired pages pending,
+NVLink links down, P2P over NVLink unavailable, PCIe link down-trained while busy), clocks
+held down by a HW / thermal / power-brake reason, or a class in ATTENTION_CLASSES: throttled,
+launch_bound and link_bound waste a GPU that is nominally busy. memory_bound is reported but is
+not a fault: on the roofline, low-intensity work (LLM decode, elementwise ops) is memory-bound
+by nature; idle, tensor_bound and compute_bound are not problems, and unknown means missing
+data, not a fault.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from gpu_exporter import __version__
 from gpu_exporter.classify import CLASSES, THROTTLE_REASONS, Classifier, Thresholds, Verdict
 from gpu_exporter.series import DeviceView, SeriesBuilder
 from gpu_exporter.snapshot import DeviceSample, Snapshot
+from gpu_exporter.sources.settings import NvmlSettings
+from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.topology import Topology, read_topology
 from gpu_exporter.xids import xid_severity
 
@@ -48,6 +54,11 @@ EXIT_USAGE = 2
 EXIT_NO_DRIVER = 3
 
 SCHEMA_VERSION = 1
+# How long NVML's start may take before diagnose gives up: as long as the source waits for one
+# call before it counts it hung (nvmlInit without persistence mode takes seconds per GPU).
+DEFAULT_START_TIMEOUT_SECONDS = NvmlSettings.hang_quarantine_seconds
+MAX_START_TIMEOUT_SECONDS = 3600.0
+_SIMULATE_HINT = "run `gpu-exporter diagnose --simulate` to see a report on a simulated node"
 ATTENTION_CLASSES = frozenset({"throttled", "launch_bound", "link_bound"})
 
 NEXT_STEPS: Mapping[str, tuple[str, ...]] = {
@@ -139,6 +150,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="sampling interval of the profile, at least 0.2 (default 1)",
     )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=DEFAULT_START_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="how long NVML may take to start before diagnose gives up with exit status 3 "
+        f"(default {DEFAULT_START_TIMEOUT_SECONDS:g})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-color", action="store_true", help="never colour the output")
 
@@ -162,6 +181,11 @@ def check_arguments(args: argparse.Namespace) -> str:
         return f"--interval must be 0.2-3600 seconds, got {args.interval:g}"
     if args.interval > args.duration:
         return f"--interval ({args.interval:g}) must not exceed --duration ({args.duration:g})"
+    if not 0 < args.start_timeout <= MAX_START_TIMEOUT_SECONDS:
+        return (
+            f"--start-timeout must be > 0 and at most {MAX_START_TIMEOUT_SECONDS:g} seconds, "
+            f"got {args.start_timeout:g}"
+        )
     return ""
 
 
@@ -215,8 +239,8 @@ class _Profile:
 
 
 def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
-    from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
-    from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+    from gpu_exporter.sources.base import ErrorLog
+    from gpu_exporter.sources.nvml import NvmlSource
     from gpu_exporter.sources.settings import default_deadline
 
     settings = NvmlSettings(
@@ -225,19 +249,20 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
     )
     source = NvmlSource(settings=settings, errors=ErrorLog(), topology_reader=read_topology)
     try:
-        source.start()
-    except SourceUnavailableError as exc:
-        why = str(exc).partition("; ")[0]
-        print(
-            f"{why}; run `gpu-exporter diagnose --simulate` to see a report on a simulated node.",
-            file=sys.stderr,
-        )
-        source.close()
-        return EXIT_NO_DRIVER
-    try:
+        # Not `start()`: that waits for ever on a driver whose nvmlInit hangs.
+        source.begin()
+        deadline = time.monotonic() + args.start_timeout
+        problem = _not_started(source.progress, args.start_timeout)
+        if problem:
+            print(f"gpu-exporter diagnose: {problem}", file=sys.stderr)
+            return EXIT_NO_DRIVER
         colour = use_colour(args, out)
         versions = _versions(source.node_info())
-        topology = source.topology or Topology((), (), ("topology could not be read",))
+        if source.progress.wait_finished(max(0.0, deadline - time.monotonic())):
+            topology = source.topology or Topology((), (), ("topology could not be read",))
+        else:
+            note = f"the topology read did not finish within {args.start_timeout:g}s"
+            topology = Topology((), (), (note,))
         text = None if args.json else _Text(out, colour)
         if text:
             text.header(args.simulate, versions, topology, args.duration)
@@ -250,6 +275,24 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
         return report["exit_status"]
     finally:
         source.close()
+
+
+def _not_started(progress: StartupProgress, timeout: float) -> str:
+    """Why the GPUs cannot be sampled after waiting up to `timeout` for NVML's start ("" once
+    they can): its error, or the step that has not answered and for how long."""
+    from gpu_exporter.sources.base import SourceUnavailableError
+
+    if progress.wait_ready(timeout):
+        return ""
+    failure = progress.failure
+    if isinstance(failure, SourceUnavailableError):  # no driver, or more GPUs than we take
+        return f"{str(failure).partition('; ')[0]}; {_SIMULATE_HINT}."
+    if failure is not None:
+        return f"NVML start-up failed: {type(failure).__name__}: {failure}"
+    return (
+        f"NVML does not answer: {progress.reason()} (--start-timeout {timeout:g}); the driver "
+        "looks hung: check `dmesg` for NVRM and Xid messages and whether `nvidia-smi` answers"
+    )
 
 
 def _run_profile(

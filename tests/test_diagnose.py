@@ -156,6 +156,8 @@ def test_colour_only_on_a_tty_and_when_allowed(monkeypatch) -> None:
         (["--interval", "0.05"], "--interval"),
         (["--duration", "1", "--interval", "2"], "must not exceed"),
         (["--simulate", "no-such-scenario"], "no such scenario"),
+        (["--start-timeout", "0"], "--start-timeout must be > 0"),
+        (["--start-timeout", "1e9"], "--start-timeout must be > 0 and at most 3600"),
     ],
 )
 def test_bad_input_exits_2(capsys, argv: list[str], message: str) -> None:
@@ -179,3 +181,71 @@ def test_no_driver_exits_3_with_a_hint(capsys, monkeypatch) -> None:
     assert captured.out == ""
     assert "libnvidia-ml.so.1 was not found" in captured.err
     assert "gpu-exporter diagnose --simulate" in captured.err
+
+
+HANG_MS = 600_000  # longer than any test: the call never answers while diagnose waits
+LIVENESS_SECONDS = 30  # diagnose gives up after --start-timeout 1 (and its close), never hangs
+
+
+def diagnose_process(tmp_path: Path, spec: dict[str, Any], *argv: str) -> tuple[int, str, str]:
+    """`gpu-exporter diagnose` in its own interpreter (its hung fake-NVML calls die with it)."""
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(json.dumps(spec))  # JSON is YAML
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter.diagnose", "--simulate", str(scenario), *argv],
+        capture_output=True,
+        text=True,
+        timeout=LIVENESS_SECONDS,
+        check=False,
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("hung", ["nvmlInitWithFlags", "nvmlDeviceGetCount_v2"])
+def test_a_hung_nvml_start_exits_3_naming_the_step_and_how_long(tmp_path: Path, hung: str) -> None:
+    spec = {
+        "name": "hung-init",
+        "devices": [{"label": "a"}],
+        "latency": {"functions": {hung: HANG_MS}},
+    }
+    status, out, err = diagnose_process(tmp_path, spec, "--duration", "1", "--start-timeout", "1")
+    assert status == diagnose.EXIT_NO_DRIVER, err
+    assert out == ""
+    assert re.search(r"NVML does not answer: NVML init not finished after 1\.\ds", err), err
+    assert "(--start-timeout 1)" in err and "nvidia-smi" in err
+    assert "Traceback" not in err
+
+
+def test_gpus_whose_identity_reads_hang_at_start_are_down_with_their_reasons(
+    tmp_path: Path,
+) -> None:
+    """Two GPUs unidentified at start (their UUID, their handle read hangs): each is its own
+    entry, down, with the call that hung; the others are diagnosed as usual."""
+    hang = {"at": 0, "kind": "hang", "duration": HANG_MS / 1000}
+    spec = {
+        "name": "hung-gpus",
+        "defaults": {"model": "NVIDIA H200", "values": {"utilization": 0.9, "sm_active": 0.8}},
+        "devices": [{"label": "a"}, {"label": "no uuid"}, {"label": "no handle"}, {"label": "d"}],
+        "faults": [
+            {**hang, "device": 1, "function": "nvmlDeviceGetUUID"},
+            {**hang, "device": 2, "function": "nvmlDeviceGetHandleByIndex_v2"},
+        ],
+    }
+    status, out, err = diagnose_process(
+        tmp_path, spec, "--json", "--duration", "1", "--interval", "0.5"
+    )
+    assert status == diagnose.EXIT_ATTENTION, err
+    devices = json.loads(out)["devices"]
+    assert [(d["index"], d["up"]) for d in devices] == [
+        (0, True),
+        (1, False),
+        (2, False),
+        (3, True),
+    ]
+    assert devices[1]["down_reason"] == "NVML call nvmlDeviceGetUUID did not answer in time"
+    assert devices[2]["down_reason"] == (
+        "NVML call nvmlDeviceGetHandleByIndex did not answer in time"
+    )
+    for down in devices[1:3]:
+        assert down["uuid"] == "" and down["class"] is None and down["problems"]
+    assert devices[0]["uuid"] and devices[0]["class"] is not None
