@@ -193,11 +193,16 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
     from gpu_exporter.assembly import assemble
     from gpu_exporter.config import split_host_port
     from gpu_exporter.sources.base import TooManyDevicesError
+    from gpu_exporter.web_config import WebConfigError
 
     host, port = split_host_port(config.listen_address)
     problem = http_server.cannot_listen(host, port)
     if problem:
         print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    problem = http_server.web_config_problem(config.web_settings())
+    if problem:
+        print(f"web config error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
         assembly = assemble(config, source, errors)
@@ -216,7 +221,7 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
         # of the Service exactly when Prometheus should be seeing gpu_up 0.
         app = create_app(assembly.sampler, lambda: source.started, assembly.rules, source.progress)
         http_server.run(app, host, port, config.web_settings(), config.log_level)
-    except ValueError as exc:  # the web-config file, checked before serving
+    except WebConfigError as exc:  # the web-config file changed since it was checked above
         print(f"web config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
