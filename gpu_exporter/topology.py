@@ -97,8 +97,9 @@ EXTRA_LEGEND = {
 UNKNOWN_LINK = "unknown"
 SOURCE = "topology"  # the errors_total `source` of the calls made here
 _ABSENT = ("NotSupported", "FunctionNotFound")  # the item is absent; nothing went wrong
-# Pairs are read for at most this many GPUs: 4032 ordered pairs, 16128 P2P calls (the default
-# nvml.max_devices; a node with more still gets each GPU's own facts).
+# Pairs are read for at most this many GPUs: 4032 ordered pairs, 16128 P2P calls, a few seconds
+# at start; the per-pair data grows with the square of the count. A node with more GPUs still
+# gets each GPU's own facts, and the topology errors say why its pairs are missing.
 MAX_PAIR_GPUS = 64
 _HUNG = "Timeout"  # a call that did not answer within the deadline
 _SKIPPED = "Skipped"  # not asked: that call, or too many calls, hung on that GPU before

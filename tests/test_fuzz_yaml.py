@@ -8,7 +8,6 @@ file, memory stays bounded, and what the loader accepts PyYAML reads to the same
 from __future__ import annotations
 
 import math
-import tempfile
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,13 +149,18 @@ def test_random_text_gives_data_or_a_yaml_file_error(parser: str, text: str) -> 
         agrees_with_pyyaml(text, data)
 
 
-FILES = Path(tempfile.mkdtemp(prefix="fuzz-yaml-"))
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Module-scoped: hypothesis runs many examples per call of a function-scoped fixture.
+    return tmp_path_factory.mktemp("fuzz-yaml")
 
 
 @FUZZ
 @given(data=st.binary(max_size=200))
-def test_random_bytes_in_a_file_give_data_or_a_yaml_file_error(parser: str, data: bytes) -> None:
-    path = FILES / "fuzz.yaml"
+def test_random_bytes_in_a_file_give_data_or_a_yaml_file_error(
+    parser: str, files: Path, data: bytes
+) -> None:
+    path = files / "fuzz.yaml"
     path.write_bytes(data)
     try:
         load_yaml_file(path)
