@@ -135,7 +135,7 @@ def fuzz_every_operation(schema: Any, examples: int, authorization: str | None) 
     return sorted(tested)
 
 
-def test_the_handlers_never_fail_and_answer_as_the_schema_declares(
+def test_api_never_fails_and_answers_as_declared(
     daemon: Daemon, served_schema: dict[str, Any]
 ) -> None:
     """With the right credentials: the handlers answer (the generated headers reach them)."""
