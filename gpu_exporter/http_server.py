@@ -29,7 +29,7 @@ log = logging.getLogger("gpu_exporter.http")
 
 @dataclass(frozen=True)
 class WebSettings:
-    """HTTP limits and security. Defaults: see the README's "Security and limits" section."""
+    """HTTP limits and security; the README's "Limits, security and failure handling" says why."""
 
     # exporter-toolkit web-configuration file (tls_server_config, basic_auth_users); None: plain
     # HTTP without authentication.
