@@ -142,6 +142,9 @@ def _explain(error: Exception) -> tuple[str, str]:
     return code.name, f"{code.name}: {error.details()}"
 
 
+_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+
+
 class PodAttribution:
     """Polls the kubelet and keeps the latest device -> pods map; see the module docstring."""
 
@@ -217,8 +220,12 @@ class PodAttribution:
         if not os.path.exists(path):
             raise FileNotFoundError(path)
         # A fresh channel per refresh: a long-lived one backs off for up to two minutes after
-        # a kubelet restart, while a unix-socket connect every few seconds costs nothing.
-        with grpc.insecure_channel("unix://" + os.path.abspath(path)) as channel:
+        # a kubelet restart, while a unix-socket connect every few seconds costs nothing. Its
+        # own subchannel pool: from gRPC's global one, a new channel may pick up the previous
+        # channel's subchannel still in back-off from a refused connect, and fail at once.
+        with grpc.insecure_channel(
+            "unix://" + os.path.abspath(path), options=_CHANNEL_OPTIONS
+        ) as channel:
             stub = api_pb2_grpc.PodResourcesListerStub(channel)
             request = api_pb2.ListPodResourcesRequest()
             return stub.List(request, timeout=self.settings.timeout_seconds)
