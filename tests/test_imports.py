@@ -62,6 +62,18 @@ def test_default_serve_imports_neither_httpx_nor_grpc(tmp_path: Path) -> None:
     assert not loaded & {"httpx", "httpcore", "pygments", "grpc", "google"}, sorted(loaded)
 
 
+def test_re2_is_loaded_only_for_a_matcher_that_needs_it(tmp_path: Path) -> None:
+    # The shipped rules' matchers are literal alternatives (`a|b`) or `.*text.*`: no RE2
+    # (its C++ library is about 2.6 MiB resident).
+    assert "re2" not in packages(loaded_modules(tmp_path))
+    rules = tmp_path / "regex.rules.yaml"
+    rules.write_text(
+        "groups:\n- name: g\n  rules:\n  - alert: A\n"
+        '    expr: gpu_up{uuid=~"GPU-[0-9a-f-]+"} == 0\n'
+    )
+    assert "re2" in packages(loaded_modules(tmp_path, "--rules", str(rules)))
+
+
 @pytest.mark.parametrize(
     ("flags", "environ", "package"),
     [

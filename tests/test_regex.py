@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.rules.regex import RegexError, compile_go, label_matcher
+from gpu_exporter.rules.regex import (
+    AffixMatcher,
+    RegexError,
+    SetMatcher,
+    compile_go,
+    compile_re2,
+    label_matcher,
+)
 from tests.support import require_tool
 
 PATTERNS = [
@@ -129,3 +136,34 @@ def test_programs_over_re2s_memory_budget_are_refused_as_too_large() -> None:
     with pytest.raises(RegexError) as info:
         label_matcher(r"\pL{1000}")
     assert info.value.go_message == "error parsing regexp: expression too large: `\\pL{1000}`"
+
+
+@pytest.mark.parametrize(
+    "pattern", ["launch_bound|link_bound", "a", "", "a|", "|", "a||b", "x-1:y/z,q=r@s% t"]
+)
+def test_literal_alternatives_are_a_set_that_matches_as_re2_does(pattern: str) -> None:
+    matcher = label_matcher(pattern)
+    assert isinstance(matcher, SetMatcher)
+    anchored = compile_re2(f"^(?:{pattern})$")
+    values = ["", "a", "b", "ab", "a|b", "launch_bound", "link_bound", "launch", " ", "A"]
+    values += [*pattern.split("|"), pattern, pattern + "x"]
+    for value in values:
+        assert (matcher.match(value) is not None) == (anchored.match(value) is not None), value
+
+
+@pytest.mark.parametrize("pattern", ["a.b", "a|b.*", "(a|b)", "a+", "[ab]", "(?i)a", "a\\|b"])
+def test_patterns_with_any_operator_are_not_a_set(pattern: str) -> None:
+    assert not isinstance(label_matcher(pattern), SetMatcher)
+
+
+@pytest.mark.parametrize(
+    "pattern", [".*gpu-exporter.*", "gpu.*", ".*exporter", ".*", ".*.*", ".*a|b.*"]
+)
+def test_a_literal_between_wildcards_matches_as_re2_does(pattern: str) -> None:
+    matcher = label_matcher(pattern)
+    anchored = compile_re2(f"^(?:{pattern})$")
+    values = ["", "gpu", "gpu-exporter", "x-gpu-exporter-y", "exporter", "gpu\nexporter", "\n"]
+    values += ["a|b", "a", "b", "xa|bx", "gpu-exporter\n", "\ngpu-exporter"]
+    for value in values:
+        assert (matcher.match(value) is not None) == (anchored.match(value) is not None), value
+    assert isinstance(matcher, AffixMatcher) == ("|" not in pattern)

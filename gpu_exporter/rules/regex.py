@@ -27,15 +27,33 @@ hold a lone surrogate, which no Go string can: it is matched as the invalid byte
 from __future__ import annotations
 
 import functools
+import string
 from dataclasses import dataclass
 from typing import Any
 
-import re2
+# Characters that are literal everywhere in RE2 and Go syntax. A matcher made of them and `|`
+# alone (`launch_bound|link_bound`, the commonest kind in rule files) is a set of strings; one
+# literal between `.*`s a substring, prefix or suffix test. Neither needs RE2.
+_LITERAL = frozenset(string.ascii_letters + string.digits + "_-:/,=@% ")
 
-# RE2's own default program budget (8 MiB) bounds what one compiled pattern may cost; log_errors
-# off: RE2 would print every refused pattern to stderr, where it is refused at load already.
-_OPTIONS = re2.Options()
-_OPTIONS.log_errors = False
+
+@functools.cache
+def _re2() -> Any:
+    """The google-re2 module, imported on first use: its C++ library costs about 2.6 MiB of
+    resident memory, which rule files whose matchers are all literal sets never need."""
+    import re2
+
+    return re2
+
+
+@functools.cache
+def _options() -> Any:
+    # RE2's own default program budget (8 MiB) bounds what one pattern may cost; log_errors
+    # off: RE2 would print every refused pattern to stderr, where it is refused at load already.
+    options = _re2().Options()
+    options.log_errors = False
+    return options
+
 
 # RE2's error codes (re2/regexp.cc, CodeText) in Go's words (regexp/syntax/parse.go, ErrorCode).
 _GO_ERROR_CODES = {
@@ -91,8 +109,9 @@ def compile_re2(pattern: str) -> Any:
 @functools.lru_cache(maxsize=1024)
 def compile_go(pattern: str) -> GoRegexp:
     """`pattern` as Go's regexp.Compile accepts it, or RegexError."""
+    re2 = _re2()
     try:
-        program = re2.compile(pattern, options=_OPTIONS)
+        program = re2.compile(pattern, options=_options())
     except UnicodeEncodeError:  # a lone surrogate: Go sees invalid UTF-8
         raise RegexError(pattern, f"invalid UTF-8: {pattern}") from None
     except re2.error as exc:
@@ -173,12 +192,58 @@ class FullMatcher:
         return self.program.match(value.encode("utf-8", "surrogatepass"))
 
 
+@dataclass(frozen=True)
+class SetMatcher:
+    """A pattern of literal alternatives: a full match is membership in the set (Prometheus'
+    FastRegexMatcher does the same, model/labels/regexp.go `setMatches`)."""
+
+    values: frozenset[str]
+
+    def match(self, value: str) -> bool | None:
+        return True if value in self.values else None  # None: no match, as RE2's match()
+
+
+@dataclass(frozen=True)
+class AffixMatcher:
+    """`.*TEXT.*`, `TEXT.*` or `.*TEXT` with literal TEXT: a substring, prefix or suffix test
+    (FastRegexMatcher's contains/prefix/suffix cases). `.` matches anything but a newline."""
+
+    text: str
+    any_before: bool
+    any_after: bool
+
+    def match(self, value: str) -> bool | None:
+        if "\n" in value:
+            return None
+        if self.any_before and self.any_after:
+            found = self.text in value
+        elif self.any_before:
+            found = value.endswith(self.text)
+        else:
+            found = value.startswith(self.text)
+        return True if found else None
+
+
+def _literal_matcher(pattern: str) -> SetMatcher | AffixMatcher | None:
+    """The pattern as a set or affix test when it is one of those shapes, else None."""
+    if _LITERAL.issuperset(pattern.replace("|", "")):
+        return SetMatcher(frozenset(pattern.split("|")))
+    any_before, any_after = pattern.startswith(".*"), pattern.endswith(".*")
+    text = pattern[2 if any_before else 0 : len(pattern) - 2 if any_after else len(pattern)]
+    if (any_before or any_after) and _LITERAL.issuperset(text):
+        return AffixMatcher(text, any_before, any_after)
+    return None
+
+
 @functools.lru_cache(maxsize=1024)
-def label_matcher(pattern: str) -> FullMatcher:
+def label_matcher(pattern: str) -> FullMatcher | SetMatcher | AffixMatcher:
     """A PromQL `=~`/`!~` pattern as Prometheus anchors it; `.match(value)` is a full match.
 
     Prometheus 2.42 (labels.NewFastRegexMatcher) compiles `^(?:PATTERN)$`, then parses PATTERN
     alone, so `a)|(b`, valid once wrapped, is refused too; the first failure is the message."""
+    simple = _literal_matcher(pattern)
+    if simple is not None:
+        return simple
     try:
         anchored = compile_re2(f"^(?:{pattern})$")
         compile_go(pattern)

@@ -632,11 +632,12 @@ def _go_quote(s: str, quote: str = '"') -> str:
 # --------------------------------------------------------------------------------------------
 # Other Go library behaviour the functions rely on.
 
-_GO_FLOAT = regex.compile_re2(
+# Patterns, compiled (and cached) by rules/regex.py at first use: RE2 is imported only then.
+_GO_FLOAT = (
     r"[+-]?(?:(?:\d(?:_?\d)*)?(?:\.(?:\d(?:_?\d)*)?)?(?:[eE][+-]?\d(?:_?\d)*)?"
     r"|0[xX](?:_?[0-9a-fA-F])*(?:\.[0-9a-fA-F]*)?[pP][+-]?\d+)"
 )
-_GO_SPECIAL_FLOAT = regex.compile_re2(r"(?i)[+-]?(?:inf|infinity)|nan")
+_GO_SPECIAL_FLOAT = r"(?i)[+-]?(?:inf|infinity)|nan"
 
 
 def _go_parse_float(s: str) -> float:
@@ -644,9 +645,9 @@ def _go_parse_float(s: str) -> float:
     err = f"strconv.ParseFloat: parsing {_go_quote(s)}: "
     if not s.isascii():  # Go's syntax is ASCII (and RE2 takes only valid UTF-8)
         raise _Error(err + "invalid syntax")
-    if _GO_SPECIAL_FLOAT.fullmatch(s):
+    if regex.compile_re2(_GO_SPECIAL_FLOAT).fullmatch(s):
         return float(s)
-    if not _GO_FLOAT.fullmatch(s):
+    if not regex.compile_re2(_GO_FLOAT).fullmatch(s):
         raise _Error(err + "invalid syntax")
     text = s.replace("_", "")
     is_hex = text.lstrip("+-")[:2].lower() == "0x"
@@ -738,9 +739,7 @@ def _go_is_ip(host: str) -> bool:
     return True
 
 
-_DURATION = regex.compile_re2(
-    r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?"
-)
+_DURATION = r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?"
 _DURATION_MS = (365 * 86400_000, 7 * 86400_000, 86400_000, 3600_000, 60_000, 1000, 1)
 
 
@@ -750,7 +749,7 @@ def _parse_duration(s: str) -> float:
         return 0.0
     if s == "":
         raise _Error("empty duration string")
-    m = _DURATION.fullmatch(s) if s.isascii() else None
+    m = regex.compile_re2(_DURATION).fullmatch(s) if s.isascii() else None
     if m is None:
         raise _Error(f"not a valid duration string: {_go_quote(s)}")
     ms = sum(int(g) * mult for g, mult in zip(m.groups(), _DURATION_MS, strict=True) if g)
