@@ -7,6 +7,7 @@ source exactly as they would from the driver.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -403,3 +404,23 @@ def test_a_gpu_whose_uuid_read_hangs_is_down_and_costs_no_re_init_while_hung(
     # Re-enumerating while the read is stuck would only hang again, every GPU down meanwhile.
     assert fake.generation == 1
     assert source.errors.count("nvml", "device_handle") == 1
+
+
+def test_closing_during_start_up_is_clean(fake_nvml) -> None:
+    # serve closes the source while start-up may still be adding GPUs (a signal, or bad input
+    # found meanwhile): nothing may raise on either thread, and every GPU's worker is stopped.
+    fake_nvml.install(scenario([{"label": str(i)} for i in range(8)]))
+    failures: list[BaseException] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: failures.append(args.exc_value)  # type: ignore[assignment]
+    try:
+        for _ in range(20):
+            source = NvmlSource(settings=NvmlSettings())
+            source.begin()
+            source.close()
+            assert source._startup is not None
+            source._startup.join(5)  # a start-up that outlived close() would add GPUs now
+            assert not source._devices
+    finally:
+        threading.excepthook = previous
+    assert not failures, failures

@@ -384,10 +384,15 @@ class NvmlSource:
 
     def close(self) -> None:
         self._stopping.set()
+        startup = self._startup
+        if startup is not None and startup is not threading.current_thread():
+            # Let a start-up still under way finish adding GPUs before they are closed; one
+            # stuck in NVML is left behind (its calls are abandoned as at any other time).
+            startup.join(timeout=self.settings.device_deadline_seconds + 1.0)
         if self._xid is not None:
             self._xid.stop(join=True)
             self._xid = None
-        for device in self._devices.values():
+        for device in list(self._devices.values()):
             device.reader.close()
             device.worker.stop()
         self._devices.clear()

@@ -81,8 +81,9 @@ class XidWatcher:
             self._register(uuid, handle)
         if not self.registered:
             return
-        self._thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="nvml-xid-events", daemon=True)
+        thread.start()
+        self._thread = thread  # only once started: stop() may join it from another thread
 
     def _register(self, uuid: str, handle: object) -> None:
         supported = self._calls.call(KEY, N.nvmlDeviceGetSupportedEventTypes, handle)
