@@ -297,6 +297,9 @@ class NvmlSource:
                 asked = time.monotonic()
 
     def _init_nvml(self) -> tuple[dict[str, str], int]:
+        # An attempt left behind that answers after another one did raises NVML's init count
+        # once more (nvmlInit is reference-counted); close() shuts down once, which leaves the
+        # library initialised in a process that is about to exit: harmless.
         self._calls.run("init", N.nvmlInit)
         self._initialised = True
         node_info = self._read_node_info()

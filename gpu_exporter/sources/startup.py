@@ -26,7 +26,7 @@ class StartupProgress:
         self._ready = False  # the GPUs are known: sampling may begin
         self._finished = False  # everything start-up does is done (topology included)
         self._failure: BaseException | None = None  # start-up gave up: the reason
-        self._first_init: BaseException | bool | None = False  # False: not answered yet
+        self._init_answered = False  # the first NVML init attempt has answered (either way)
         self._retrying = False  # set by `commit`: init failures are retried from then on
 
     # -- the start-up thread --------------------------------------------------------------------
@@ -45,8 +45,7 @@ class StartupProgress:
         """The first NVML init attempt's outcome. True: retry a failure; False: give up (the
         daemon was not yet serving, so `serve` exits with the error instead)."""
         with self._changed:
-            if self._first_init is False:
-                self._first_init = error
+            self._init_answered = True
             self._changed.notify_all()
             if error is not None and not self._retrying:
                 self._failure = error
@@ -75,7 +74,7 @@ class StartupProgress:
         """Wait up to `timeout` for the first init attempt; then either its error (the caller
         exits with it) or None: serve, and retry any later init failure with back-off."""
         with self._changed:
-            self._changed.wait_for(lambda: self._first_init is not False, timeout)
+            self._changed.wait_for(lambda: self._init_answered, timeout)
             if self._failure is not None:
                 return self._failure
             self._retrying = True
