@@ -59,6 +59,17 @@ class Daemon:
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def sample(self, series: str) -> float:
+        """The value of one series (`name` or `name{labels}`) in a scrape of /metrics."""
+        return parse_samples(self.metrics_text())[series]
+
+    def rule_names(self) -> list[str]:
+        groups = self.get("/api/v1/rules").json()["data"]["groups"]
+        return [rule["name"] for group in groups for rule in group["rules"]]
+
+    def reload_rules(self) -> None:
+        self.process.send_signal(signal.SIGHUP)
+
 
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "gpu_exporter.cli", *args]
@@ -98,6 +109,21 @@ def serve(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=5)
+
+
+@contextmanager
+def serve_with_live_rules(tmp_path: Path, rules_text: str) -> Iterator[tuple[Daemon, Path]]:
+    """A ready simulated daemon evaluating one rule file (yielded with it), which it reloads on
+    `Daemon.reload_rules` (SIGHUP) only: the periodic check is an hour away."""
+    rules = tmp_path / "live.rules.yaml"
+    rules.write_text(rules_text)
+    config = tmp_path / "daemon.yaml"
+    config.write_text("rules:\n  reload_check_seconds: 3600\n")
+    with serve(
+        tmp_path, "--simulate", "mixed", "--rules", str(rules), "--config", str(config)
+    ) as daemon:
+        daemon.wait_ready()
+        yield daemon, rules
 
 
 def parse_samples(text: str) -> dict[str, float]:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.daemon import free_port, serve
+from tests.daemon import free_port, serve, serve_with_live_rules
 from tests.servers import Recorder, alertmanager, prometheus
 from tests.support import wait_for
 
@@ -166,33 +166,20 @@ def test_alerts_survive_alertmanager_downtime(tmp_path: Path) -> None:
 
 
 def test_sighup_reloads_rules_and_a_broken_file_keeps_the_last_good_ones(tmp_path: Path) -> None:
-    import signal
-
-    rules = tmp_path / "live.rules.yaml"
-    rules.write_text("groups:\n- name: live\n  rules:\n  - alert: First\n    expr: gpu_up == 1\n")
-    config = tmp_path / "daemon.yaml"
-    config.write_text("rules:\n  reload_check_seconds: 3600\n")  # only SIGHUP reloads here
-    with serve(
-        tmp_path, "--simulate", "mixed", "--rules", str(rules), "--config", str(config)
-    ) as daemon:
-        daemon.wait_ready()
-
-        def names() -> list[str]:
-            groups = httpx.get(f"{daemon.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
-            return [rule["name"] for group in groups for rule in group["rules"]]
-
-        assert names() == ["First"]
+    first = "groups:\n- name: live\n  rules:\n  - alert: First\n    expr: gpu_up == 1\n"
+    with serve_with_live_rules(tmp_path, first) as (daemon, rules):
+        assert daemon.rule_names() == ["First"]
         rules.write_text(rules.read_text().replace("First", "Second"))
-        daemon.process.send_signal(signal.SIGHUP)
-        wait_for(lambda: names() == ["Second"], 10, "the reload after SIGHUP")
+        daemon.reload_rules()
+        wait_for(lambda: daemon.rule_names() == ["Second"], 10, "the reload after SIGHUP")
         rules.write_text("groups:\n- name: live\n  rules:\n  - alert: Third\n    expr: 'up >'\n")
-        daemon.process.send_signal(signal.SIGHUP)
+        daemon.reload_rules()
         wait_for(
             lambda: "gpu_exporter_rule_reload_success 0.0" in daemon.metrics_text(),
             10,
             "the failed reload to be reported",
         )
-        assert names() == ["Second"]
+        assert daemon.rule_names() == ["Second"]
         assert daemon.process.poll() is None
 
 

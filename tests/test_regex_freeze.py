@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from gpu_exporter.rules.unit_tests import run_test_files
-from tests.daemon import serve
+from tests.daemon import serve_with_live_rules
 from tests.support import require_tool, wait_for
 
 UUID_BOMB = "GPU-([0-9a-f]+-?)*Z"  # promtool and `rules check` accept it
@@ -128,28 +128,17 @@ groups:
 """ % ("a" * 40)
 
 
-def _ticks(text: str) -> float:
-    line = next(x for x in text.splitlines() if x.startswith("gpu_exporter_ticks_total "))
-    return float(line.split()[1])
-
-
 def test_a_daemon_reloading_catastrophic_regexes_stays_live_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
-    rules = tmp_path / "live.rules.yaml"
-    rules.write_text("groups:\n- name: live\n  rules:\n  - alert: First\n    expr: gpu_up == 1\n")
-    config = tmp_path / "daemon.yaml"
-    config.write_text("rules:\n  reload_check_seconds: 3600\n")  # only SIGHUP reloads here
-    with serve(
-        tmp_path, "--simulate", "mixed", "--rules", str(rules), "--config", str(config)
-    ) as daemon:
-        daemon.wait_ready()
+    first = "groups:\n- name: live\n  rules:\n  - alert: First\n    expr: gpu_up == 1\n"
+    with serve_with_live_rules(tmp_path, first) as (daemon, rules):
 
         def alerts() -> list[dict[str, object]]:
-            return httpx.get(f"{daemon.url}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+            return daemon.get("/api/v1/alerts").json()["data"]["alerts"]
 
         rules.write_text(LIVE_RULES)
-        daemon.process.send_signal(signal.SIGHUP)
+        daemon.reload_rules()
         firing = wait_for(
             lambda: [a for a in alerts() if a["labels"]["alertname"] == "GpuUp"],  # type: ignore[index]
             15,
@@ -158,14 +147,14 @@ def test_a_daemon_reloading_catastrophic_regexes_stays_live_and_stops_on_sigterm
         assert {a["annotations"]["worker"] for a in firing} == {"no"}  # type: ignore[index]
         assert all(a["annotations"]["uuid"] == a["labels"]["uuid"] for a in firing)  # type: ignore[index]
         assert any(a["labels"]["alertname"] == "NoUuidEndsInZ" for a in alerts())  # type: ignore[index]
-        ticks = _ticks(daemon.metrics_text())
+        ticks = daemon.sample("gpu_exporter_ticks_total")
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:  # a few evaluation intervals under the new rules
             start = time.monotonic()
             response = httpx.get(f"{daemon.url}/healthz", timeout=1.0)
             assert response.status_code == 200 and time.monotonic() - start < 1.0
             time.sleep(0.2)
-        assert _ticks(daemon.metrics_text()) > ticks, "ticking stopped"
+        assert daemon.sample("gpu_exporter_ticks_total") > ticks, "ticking stopped"
         daemon.process.send_signal(signal.SIGTERM)
         assert daemon.process.wait(timeout=10) == 0, daemon.output()[-2000:]
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -33,7 +31,7 @@ from gpu_exporter.yamlfile import (
     load_yaml,
     load_yaml_file,
 )
-from tests.daemon import command, free_port, serve
+from tests.daemon import command, free_port, serve_with_live_rules
 from tests.support import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -349,40 +347,25 @@ def _rss_kib(pid: int) -> int:
     return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
 
 
-def _metric(text: str, name: str) -> float:
-    return float(next(x for x in text.splitlines() if x.startswith(name + " ")).split()[1])
-
-
 def test_sighup_with_an_alias_bomb_keeps_rules_ticks_and_memory(tmp_path: Path) -> None:
-    rules = tmp_path / "live.rules.yaml"
-    rules.write_text("groups:\n- name: live\n  rules:\n  - alert: Kept\n    expr: gpu_up == 1\n")
-    config = tmp_path / "daemon.yaml"
-    config.write_text("rules:\n  reload_check_seconds: 3600\n")  # only SIGHUP reloads here
-    with serve(
-        tmp_path, "--simulate", "mixed", "--rules", str(rules), "--config", str(config)
-    ) as daemon:
-        daemon.wait_ready()
-
-        def names() -> list[str]:
-            groups = httpx.get(f"{daemon.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
-            return [rule["name"] for group in groups for rule in group["rules"]]
-
-        assert names() == ["Kept"]
-        wait_for(lambda: _metric(daemon.metrics_text(), "gpu_exporter_ticks_total") >= 3, 15)
+    kept = "groups:\n- name: live\n  rules:\n  - alert: Kept\n    expr: gpu_up == 1\n"
+    with serve_with_live_rules(tmp_path, kept) as (daemon, rules):
+        assert daemon.rule_names() == ["Kept"]
+        wait_for(lambda: daemon.sample("gpu_exporter_ticks_total") >= 3, 15)
         steady = _rss_kib(daemon.process.pid)
         rules.write_text(ALIAS_BOMB)
-        daemon.process.send_signal(signal.SIGHUP)
+        daemon.reload_rules()
         wait_for(
             lambda: "gpu_exporter_rule_reload_success 0.0" in daemon.metrics_text(),
             15,
             "the refused reload to be reported",
         )
-        assert _metric(daemon.metrics_text(), "gpu_exporter_rule_reload_failures_total") == 1
+        assert daemon.sample("gpu_exporter_rule_reload_failures_total") == 1
         assert "aliases expand to more than" in daemon.output()
-        assert names() == ["Kept"]
-        ticks = _metric(daemon.metrics_text(), "gpu_exporter_ticks_total")
+        assert daemon.rule_names() == ["Kept"]
+        ticks = daemon.sample("gpu_exporter_ticks_total")
         wait_for(
-            lambda: _metric(daemon.metrics_text(), "gpu_exporter_ticks_total") >= ticks + 2,
+            lambda: daemon.sample("gpu_exporter_ticks_total") >= ticks + 2,
             15,
             "ticks after the refused reload",
         )
