@@ -27,7 +27,14 @@ from typing import Any, TypeAlias, TypeVar
 
 import pynvml
 
-from gpu_exporter.sim.scenario import DeviceSpec, FaultSpec, Scenario, normalize_bus_id
+from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
+from gpu_exporter.sim.scenario import (
+    DeviceSpec,
+    FaultSpec,
+    Scenario,
+    ValueSpec,
+    normalize_bus_id,
+)
 
 __all__ = ["THROTTLE_FIELDS", "FakeNvmlLib", "implemented_functions"]
 
@@ -54,10 +61,14 @@ _ALL_ONES_32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
 _KIB = 1024
 _MIB = 1024 * 1024
+_MIG_RESERVED = 64 * 1024 * 1024  # memory a GPU instance reserves for the driver (assumed)
+# SMs of the whole GPU (NVIDIA data sheets), for nvmlDeviceGetAttributes on a parent.
+_WHOLE_GPU_SMS = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132, "NVIDIA A100-SXM4-80GB": 108}
 _RAW_OVERHEAD = 1.0625  # NVLink raw bytes = data bytes + protocol overhead (assumed ratio)
 
 # Handle tokens stored in the opaque NVML pointers; distinct ranges catch mixed-up handles.
 _DEVICE_TOKEN_BASE = 0x6E760000
+_MIG_TOKEN_BASE = 0x6D000000  # + parent index * 0x1000 + instance position * 8 + CI
 _TOKENS = itertools.count(0x6E770000)
 
 # Clock-event bits, from the vendor's binding (not the exporter's copy, which the fake tests):
@@ -202,6 +213,9 @@ class _Fn:
 
 
 _FUNCTIONS: dict[str, _Fn] = {}
+# C symbol -> its implementation for a MIG device handle; a device function without one answers
+# NOT_SUPPORTED there (nvml.h: utilization, power, clocks, ... are the parent's, not per MIG).
+_MIG_IMPLS: dict[str, Callable[..., _Result]] = {}
 
 
 def _nvml(
@@ -210,6 +224,17 @@ def _nvml(
     def register(impl: _Impl) -> _Impl:
         for name in names:
             _FUNCTIONS[name] = _Fn(impl, device, feature, needs_init)
+        return impl
+
+    return register
+
+
+def _on_mig(*names: str) -> Callable[[_Impl], _Impl]:
+    """What these (already registered) device functions do given a MIG device handle."""
+
+    def register(impl: _Impl) -> _Impl:
+        for name in names:
+            _MIG_IMPLS[name] = impl
         return impl
 
     return register
@@ -224,24 +249,24 @@ def implemented_functions() -> frozenset[str]:
 # Per-device state
 
 
-class _Device:
-    """A device: its spec, its handle token and the integrals of its rates over time."""
+class _Integrals:
+    """Integrals of time-varying rates from scenario time 0 (energy, bytes, GPM activity)."""
 
-    def __init__(self, spec: DeviceSpec) -> None:
-        self.spec = spec
-        self.index = spec.index
-        self.token = _DEVICE_TOKEN_BASE + spec.index
+    def __init__(
+        self,
+        values: Mapping[str, ValueSpec],
+        rates: tuple[str, ...],
+        reasons: Callable[[float], int] | None = None,
+    ) -> None:
+        self._values = values
+        self._rates = rates
+        self._reasons = reasons  # clock-event reasons at t, integrated per mask; None: none
         self._lock = threading.Lock()
         self._t = 0.0
-        self._totals: dict[str, float] = dict.fromkeys((*_RATES, *map(_mask_key, _MASKS)), 0.0)
+        masks = map(_mask_key, _MASKS) if reasons is not None else ()
+        self._totals: dict[str, float] = dict.fromkeys((*rates, *masks), 0.0)
 
-    def value(self, quantity: str, t: float) -> float:
-        return self.spec.values[quantity].value_at(t)
-
-    def reasons(self, t: float) -> int:
-        return int(self.value("clock_event_reasons", t)) & _ALL_REASONS
-
-    def totals(self, t: float) -> dict[str, float]:
+    def at(self, t: float) -> dict[str, float]:
         """Integrals from scenario time 0 to t (never backwards: a late caller gets the latest)."""
         with self._lock:
             if t > self._t:
@@ -253,15 +278,72 @@ class _Device:
         steps = max(1, math.ceil((t1 - t0) / _STEP_S))
         h = (t1 - t0) / steps
         mids = [t0 + (i + 0.5) * h for i in range(steps)]
-        for name in _RATES:
-            spec = self.spec.values[name]
+        for name in self._rates:
+            spec = self._values[name]
             if spec.is_constant:
                 self._totals[name] += spec.constant * (t1 - t0)
             else:
                 self._totals[name] += h * sum(spec.value_at(m) for m in mids)
-        reasons = [self.reasons(m) for m in mids]
-        for mask in _MASKS:
-            self._totals[_mask_key(mask)] += h * sum(1 for r in reasons if r & mask)
+        if self._reasons is not None:
+            reasons = [self._reasons(m) for m in mids]
+            for mask in _MASKS:
+                self._totals[_mask_key(mask)] += h * sum(1 for r in reasons if r & mask)
+
+
+class _Device:
+    """A device: its spec, its handle token and the integrals of its rates over time."""
+
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self.index = spec.index
+        self.token = _DEVICE_TOKEN_BASE + spec.index
+        self._integrals = _Integrals(spec.values, _RATES, self.reasons)
+        # GPU instance (by position in the scenario) -> its activity integrals
+        self.instance_integrals = {
+            inst.position: _Integrals(inst.values, _ACTIVITY)
+            for inst in (spec.mig.instances if spec.mig else ())
+        }
+
+    def value(self, quantity: str, t: float) -> float:
+        return self.spec.values[quantity].value_at(t)
+
+    def reasons(self, t: float) -> int:
+        return int(self.value("clock_event_reasons", t)) & _ALL_REASONS
+
+    def totals(self, t: float) -> dict[str, float]:
+        return self._integrals.at(t)
+
+    def mig_live(self, t: float) -> tuple[MigInstanceSpec, ...]:
+        return self.spec.mig.live(t) if self.spec.mig is not None else ()
+
+    def gpu_instance(self, gpu_instance: int, t: float) -> MigInstanceSpec | None:
+        return next((i for i in self.mig_live(t) if i.gpu_instance == gpu_instance), None)
+
+
+@dataclass(frozen=True)
+class _MigDevice:
+    """A MIG device (one compute instance of one GPU instance) and its handle token."""
+
+    parent: _Device
+    instance: MigInstanceSpec
+    compute_instance: int
+
+    @property
+    def token(self) -> int:
+        return (
+            _MIG_TOKEN_BASE
+            + self.parent.index * 0x1000
+            + self.instance.position * 8
+            + self.compute_instance
+        )
+
+    @property
+    def uuid(self) -> str:
+        return self.instance.mig_uuids[self.compute_instance]
+
+    def live(self, t: float) -> bool:
+        mig = self.parent.spec.mig
+        return mig is not None and mig.enabled and self.instance.live(t)
 
 
 @dataclass
@@ -273,6 +355,7 @@ class _EventSet:
 @dataclass
 class _GpmSample:
     device: int | None = None
+    gpu_instance: int | None = None  # a GPU instance's sample (nvmlGpmMigSampleGet)
     t: float = 0.0
     totals: dict[str, float] = field(default_factory=dict)
 
@@ -300,6 +383,12 @@ class FakeNvmlLib:
         self._recovered: frozenset[int] = frozenset()  # gpu_lost faults cleared by a re-init
         self._devices = [_Device(spec) for spec in scenario.devices]
         self._by_token = {dev.token: dev for dev in self._devices}
+        self._mig_by_token = {
+            mig.token: mig
+            for dev in self._devices
+            for inst in (dev.spec.mig.instances if dev.spec.mig else ())
+            for mig in (_MigDevice(dev, inst, ci) for ci in range(inst.compute_instances))
+        }
         self._faults = list(enumerate(scenario.faults))
         self._event_sets: dict[int, _EventSet] = {}
         self._samples: dict[int, _GpmSample] = {}
@@ -332,6 +421,9 @@ class FakeNvmlLib:
             return UNINITIALIZED
         if not fn.device:
             return fn.impl(self, *args)
+        mig = _lookup(self._mig_by_token, _token(args[0]))
+        if mig is not None:
+            return self._dispatch_mig(name, mig, args)
         dev = self._device(args[0])
         if dev is None:
             return INVALID_ARGUMENT
@@ -341,6 +433,19 @@ class FakeNvmlLib:
         if fn.feature and not dev.spec.supports(fn.feature):
             return NOT_SUPPORTED
         return fn.impl(self, dev, self.clock(), *args[1:])
+
+    def _dispatch_mig(self, name: str, mig: _MigDevice, args: tuple[Any, ...]) -> _Result:
+        rc = self._gate(name, mig.parent)  # the parent's faults hold for its MIG devices
+        if rc != SUCCESS:
+            return rc
+        t = self.clock()
+        if not mig.live(t):
+            # Destroyed by a reconfiguration (or MIG turned off): the handle is stale.
+            return INVALID_ARGUMENT
+        impl = _MIG_IMPLS.get(name)
+        if impl is None:
+            return NOT_SUPPORTED
+        return impl(self, mig, t, *args[1:])
 
     def _device(self, handle: Any) -> _Device | None:
         return _lookup(self._by_token, _token(handle))
@@ -510,18 +615,142 @@ class FakeNvmlLib:
         _set(out, dev.spec.performance_state)
         return SUCCESS
 
+    # -- MIG --------------------------------------------------------------------------------
+
     @_nvml("nvmlDeviceGetMigMode")
     def _mig_mode(self, dev: _Device, t: float, current: Any, pending: Any) -> int:
-        if not dev.spec.at_least("ampere") or dev.spec.architecture == "ada":
+        if not dev.spec.mig_capable:
             return NOT_SUPPORTED
-        _set(current, 0)  # MIG is never enabled in the simulator (yet)
-        _set(pending, 0)
+        mig = dev.spec.mig
+        _set(current, int(mig is not None and mig.enabled))
+        _set(pending, int(mig is not None and mig.pending))
         return SUCCESS
+
+    @_nvml("nvmlDeviceGetMaxMigDeviceCount")
+    def _max_mig_devices(self, dev: _Device, t: float, out: Any) -> int:
+        if not dev.spec.mig_capable:
+            return NOT_SUPPORTED
+        # nvml.h: "Returns zero if MIG is not supported or enabled."
+        _set(out, dev.spec.mig.max_devices if dev.spec.mig_enabled and dev.spec.mig else 0)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetMigDeviceHandleByIndex")
+    def _mig_handle_by_index(self, dev: _Device, t: float, index: Any, out: Any) -> int:
+        mig = dev.spec.mig
+        if not dev.spec.mig_capable:
+            return NOT_SUPPORTED
+        if mig is None or not mig.enabled or not 0 <= _int(index) < mig.max_devices:
+            return INVALID_ARGUMENT
+        for inst in mig.live(t):
+            if _int(index) in inst.slots:
+                ci = inst.slots.index(_int(index))
+                _store_token(out, _MigDevice(dev, inst, ci).token)
+                return SUCCESS
+        return NOT_FOUND  # nvml.h: "no valid MIG device was found at index"
+
+    @_nvml("nvmlDeviceIsMigDeviceHandle")
+    def _is_mig_handle(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, 0)
+        return SUCCESS
+
+    @_on_mig("nvmlDeviceIsMigDeviceHandle")
+    def _is_mig_handle_mig(self, mig: _MigDevice, t: float, out: Any) -> int:
+        _set(out, 1)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId")
+    def _instance_id_parent(self, dev: _Device, t: float, out: Any) -> int:
+        return NOT_SUPPORTED  # only MIG device handles have instance ids
+
+    @_on_mig("nvmlDeviceGetGpuInstanceId")
+    def _gpu_instance_id(self, mig: _MigDevice, t: float, out: Any) -> int:
+        _set(out, mig.instance.gpu_instance)
+        return SUCCESS
+
+    @_on_mig("nvmlDeviceGetComputeInstanceId")
+    def _compute_instance_id(self, mig: _MigDevice, t: float, out: Any) -> int:
+        _set(out, mig.compute_instance)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+    def _parent_of_parent(self, dev: _Device, t: float, out: Any) -> int:
+        return INVALID_ARGUMENT  # not a MIG device handle
+
+    @_on_mig("nvmlDeviceGetDeviceHandleFromMigDeviceHandle")
+    def _parent_handle(self, mig: _MigDevice, t: float, out: Any) -> int:
+        _store_token(out, mig.parent.token)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetAttributes_v2")
+    def _attributes(self, dev: _Device, t: float, out: Any) -> int:
+        attrs = _target(out)
+        attrs.multiprocessorCount = _WHOLE_GPU_SMS.get(dev.spec.model, 0)
+        attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = 0
+        attrs.memorySizeMB = dev.spec.memory_total_bytes // _MIB
+        return SUCCESS
+
+    @_on_mig("nvmlDeviceGetAttributes_v2")
+    def _mig_attributes(self, mig: _MigDevice, t: float, out: Any) -> int:
+        attrs, inst = _target(out), mig.instance
+        attrs.multiprocessorCount = inst.profile.multiprocessors // inst.compute_instances
+        attrs.gpuInstanceSliceCount = inst.profile.gpu_slices
+        attrs.computeInstanceSliceCount = inst.compute_slices
+        attrs.memorySizeMB = inst.profile.memory_bytes // _MIB
+        return SUCCESS
+
+    @_on_mig("nvmlDeviceGetUUID")
+    def _mig_uuid(self, mig: _MigDevice, t: float, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, mig.uuid)
+
+    @_on_mig("nvmlDeviceGetName")
+    def _mig_name(self, mig: _MigDevice, t: float, buf: Any, size: Any) -> int:
+        return _write_str(buf, size, mig_device_name(mig.parent.spec.model, mig.instance))
+
+    def _mig_memory(self, mig: _MigDevice, t: float) -> tuple[int, int, int]:
+        """A GPU instance's memory, the same through each of its compute instances."""
+        total = mig.instance.profile.memory_bytes
+        used = min(int(mig.instance.values["memory_used_bytes"].value_at(t)), total - _MIG_RESERVED)
+        return total, _MIG_RESERVED, used
+
+    @_on_mig("nvmlDeviceGetMemoryInfo")
+    def _mig_memory_v1(self, mig: _MigDevice, t: float, out: Any) -> int:
+        mem = _target(out)
+        total, reserved, allocated = self._mig_memory(mig, t)
+        mem.total, mem.used, mem.free = total, allocated + reserved, total - allocated - reserved
+        return SUCCESS
+
+    @_on_mig("nvmlDeviceGetMemoryInfo_v2")
+    def _mig_memory_v2(self, mig: _MigDevice, t: float, out: Any) -> int:
+        mem = _target(out)
+        if mem.version != pynvml.nvmlMemory_v2:
+            return ARGUMENT_VERSION_MISMATCH
+        total, reserved, allocated = self._mig_memory(mig, t)
+        mem.total, mem.reserved, mem.used = total, reserved, allocated
+        mem.free = total - reserved - allocated
+        return SUCCESS
+
+    def _parent_memory(self, dev: _Device, t: float) -> tuple[int, int, int] | int:
+        """(total, reserved, allocated), or NO_PERMISSION: with MIG on, the parent's aggregate
+        memory needs the MIG monitor capability (nvml.h)."""
+        mig = dev.spec.mig
+        if mig is None or not mig.enabled:
+            return self._memory(dev, t)
+        if not mig.monitor_capability:
+            return NO_PERMISSION
+        used = sum(
+            min(int(i.values["memory_used_bytes"].value_at(t)), i.profile.memory_bytes)
+            for i in mig.live(t)
+            if i.compute_instances
+        )
+        total, reserved = dev.spec.memory_total_bytes, dev.spec.memory_reserved_bytes
+        return total, reserved, min(used, total - reserved)
 
     # -- utilization, memory, power, temperature --------------------------------------------
 
     @_nvml("nvmlDeviceGetUtilizationRates", feature="utilization")
     def _utilization(self, dev: _Device, t: float, out: Any) -> int:
+        if dev.spec.mig_enabled:
+            return NOT_SUPPORTED  # nvml.h: not supported on MIG-enabled GPUs
         util = _target(out)
         util.gpu = _percent(dev.value("utilization", t))
         util.memory = _percent(dev.value("memory_utilization", t))
@@ -534,8 +763,11 @@ class FakeNvmlLib:
 
     @_nvml("nvmlDeviceGetMemoryInfo")
     def _memory_v1(self, dev: _Device, t: float, out: Any) -> int:
+        read = self._parent_memory(dev, t)
+        if isinstance(read, int):
+            return read
         mem = _target(out)
-        total, reserved, allocated = self._memory(dev, t)
+        total, reserved, allocated = read
         mem.total, mem.used = total, allocated + reserved  # v1 `used` includes reserved
         mem.free = total - mem.used
         return SUCCESS
@@ -545,7 +777,10 @@ class FakeNvmlLib:
         mem = _target(out)
         if mem.version != pynvml.nvmlMemory_v2:
             return ARGUMENT_VERSION_MISMATCH
-        total, reserved, allocated = self._memory(dev, t)
+        read = self._parent_memory(dev, t)
+        if isinstance(read, int):
+            return read
+        total, reserved, allocated = read
         mem.total, mem.reserved, mem.used = total, reserved, allocated
         mem.free = total - reserved - allocated
         return SUCCESS
@@ -991,17 +1226,41 @@ class FakeNvmlLib:
 
     @_nvml("nvmlGpmSampleGet", feature="gpm")
     def _gpm_sample_get(self, dev: _Device, t: float, handle: Any) -> int:
-        sample = _lookup(self._samples, _token(handle))
-        if sample is None:
-            return INVALID_ARGUMENT
-        totals = dev.totals(t)
-        with self._lock:
-            sample.device, sample.t, sample.totals = dev.index, t, totals
-        return SUCCESS
+        return self._store_sample(handle, dev.index, None, dev.totals(t), t)
+
+    @_on_mig("nvmlGpmSampleGet")
+    def _gpm_sample_get_mig(self, mig: _MigDevice, t: float, handle: Any) -> int:
+        if not mig.parent.spec.supports("gpm"):
+            return NOT_SUPPORTED
+        return self._gpm_instance_sample(mig.parent, mig.instance.gpu_instance, handle, t)
 
     @_nvml("nvmlGpmMigSampleGet", feature="gpm")
     def _gpm_mig_sample_get(self, dev: _Device, t: float, gpu_instance: Any, handle: Any) -> int:
-        return NOT_SUPPORTED  # MIG is never enabled in the simulator
+        return self._gpm_instance_sample(dev, _int(gpu_instance), handle, t)
+
+    def _gpm_instance_sample(self, dev: _Device, gpu_instance: int, handle: Any, t: float) -> int:
+        # Samples name the GPU instance by id alone: a sample taken before a reconfiguration
+        # that reused the id diffs against the new instance's counters, as NVML's would.
+        inst = dev.gpu_instance(gpu_instance, t)
+        if inst is None:
+            return INVALID_ARGUMENT
+        totals = dev.instance_integrals[inst.position].at(t)
+        return self._store_sample(handle, dev.index, gpu_instance, totals, t)
+
+    def _store_sample(
+        self, handle: Any, device: int, gpu_instance: int | None, totals: dict[str, float], t: float
+    ) -> int:
+        sample = _lookup(self._samples, _token(handle))
+        if sample is None:
+            return INVALID_ARGUMENT
+        with self._lock:
+            sample.device, sample.gpu_instance, sample.t = device, gpu_instance, t
+            sample.totals = totals
+        return SUCCESS
+
+    @_on_mig("nvmlGpmQueryDeviceSupport")
+    def _gpm_support_mig(self, mig: _MigDevice, t: float, out: Any) -> int:
+        return self._gpm_support(mig.parent, t, out)
 
     @_nvml("nvmlGpmMetricsGet", device=False)
     def _gpm_metrics_get(self, arg: Any) -> int:
@@ -1011,7 +1270,12 @@ class FakeNvmlLib:
         with self._lock:
             first = _lookup(self._samples, _token(request.sample1))
             second = _lookup(self._samples, _token(request.sample2))
-        if first is None or second is None or first.device is None or first.device != second.device:
+        if (
+            first is None
+            or second is None
+            or first.device is None
+            or (first.device, first.gpu_instance) != (second.device, second.gpu_instance)
+        ):
             return INVALID_ARGUMENT
         if request.numMetrics > len(request.metrics):
             return INVALID_ARGUMENT
@@ -1020,7 +1284,10 @@ class FakeNvmlLib:
         if self._lost(dev.index, t):
             return GPU_IS_LOST
         for slot in request.metrics[: request.numMetrics]:
-            rc, value = self._gpm_metric(dev, t, slot.metricId, first, second)
+            if first.gpu_instance is not None and slot.metricId not in _GPM_INSTANCE_METRICS:
+                rc, value = NOT_SUPPORTED, 0.0  # links and engines are the parent's
+            else:
+                rc, value = self._gpm_metric(dev, t, slot.metricId, first, second)
             slot.nvmlReturn, slot.value = rc, value
             short, unit = _GPM_INFO.get(slot.metricId, (None, None))
             slot.metricInfo.shortName = slot.metricInfo.longName = short
@@ -1222,6 +1489,9 @@ _GPM_METRICS: dict[int, _GpmReader] = {
 for _link in range(18):  # NVML_GPM_METRIC_NVLINK_L{n}_RX/TX_PER_SEC = 62 + 2n / 63 + 2n
     _GPM_METRICS[62 + 2 * _link] = _gpm_rate("nvlink_rx_bytes_per_second", True, _link)
     _GPM_METRICS[63 + 2 * _link] = _gpm_rate("nvlink_tx_bytes_per_second", True, _link)
+
+# Per GPU instance: the SM, tensor, DRAM and pipe activity (1-13).
+_GPM_INSTANCE_METRICS = frozenset(range(1, 14))
 
 # metricInfo strings (kept alive here: the struct holds bare char pointers).
 _GPM_INFO: dict[int, tuple[bytes, bytes]] = {

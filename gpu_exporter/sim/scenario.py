@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, TypedDict
 
 from gpu_exporter import nvml_facts as facts
+from gpu_exporter.sim.mig import MigSpec, parse_mig
 from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml, load_yaml_file
 
 __all__ = [
@@ -348,6 +349,16 @@ class DeviceSpec:
     performance_state: int
     unsupported: frozenset[str]
     values: Mapping[str, ValueSpec]
+    mig: MigSpec | None = None  # None: MIG disabled (on GPUs that have it)
+
+    @property
+    def mig_capable(self) -> bool:
+        """A100/A30 (Ampere) and Hopper and newer data-center GPUs; not Ada or older."""
+        return self.at_least("ampere") and self.architecture != "ada"
+
+    @property
+    def mig_enabled(self) -> bool:
+        return self.mig is not None and self.mig.enabled
 
     @property
     def arch_code(self) -> int:
@@ -537,6 +548,7 @@ _DEVICE_KEYS = frozenset(
         "pci_device_id", "vbios_version", "memory_total_bytes", "memory_reserved_bytes",
         "power_limit_watts", "max_clocks_mhz", "pcie", "nvlink_links", "nvlink_version", "ecc",
         "numa_node", "cpus", "persistence_mode", "performance_state", "unsupported", "values",
+        "mig",
     }
 )  # fmt: skip
 # Mapping-valued device keys that `defaults` merges key by key instead of replacing.
@@ -677,6 +689,16 @@ def _parse_device(index: int, d: dict[str, Any], scenario_name: str, seed: int) 
     total = int(get("memory_total_bytes", _num_in(1), known.memory_total_bytes))
     fixed = {"sm_clock_mhz": clocks["sm"], "memory_clock_mhz": clocks["memory"]}
     fixed |= {"pcie_generation": max_gen, "pcie_width": max_width}
+    mig = None
+    if "mig" in d:
+        if not _ARCH_RANK[arch] >= _ARCH_RANK["ampere"] or arch == "ada":
+            raise d["mig"].error(f"{arch} GPUs have no MIG (Ampere data-center GPUs and newer)")
+        mig = parse_mig(
+            d["mig"],
+            model,
+            f"{scenario_name}:{index}",
+            lambda nodes, key: _parse_values(nodes, {}, f"{seed}:{key}"),
+        )
     return DeviceSpec(
         index=index,
         label=get("label", _Node.string, f"gpu{index}"),
@@ -704,6 +726,7 @@ def _parse_device(index: int, d: dict[str, Any], scenario_name: str, seed: int) 
         performance_state=get("performance_state", _int_in(0, 15), 0),
         unsupported=frozenset(n.choice(FEATURES) for n in _opt_seq(d.get("unsupported"))),
         values=_parse_values(d.get("values", {}), fixed, f"{seed}:{index}"),
+        mig=mig,
     )
 
 
