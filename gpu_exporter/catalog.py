@@ -19,6 +19,19 @@ class Kind(StrEnum):
     HISTOGRAM = "histogram"
 
 
+class Scope(StrEnum):
+    """Which series of a per-GPU family exist: the whole GPU's, MIG instances', or both."""
+
+    GPU = "gpu"
+    GPU_AND_INSTANCE = "gpu, instance"
+    INSTANCE = "instance"
+
+
+# Labels of a MIG instance's series, after the parent GPU's gpu and uuid (series.py says when
+# each is present).
+INSTANCE_LABELS = ("gpu_instance", "compute_instance", "mig_uuid", "mig_profile")
+
+
 @dataclass(frozen=True, slots=True)
 class Family:
     name: str  # as exposed; counters include the `_total` suffix
@@ -28,6 +41,17 @@ class Family:
     unit: str = ""  # OpenMetrics unit; must be the name's suffix
     source: str = "nvml"
     per_device: bool = True
+    # Per-GPU families only: whether MIG instances have series of it too (memory, activity,
+    # classes, pods) or only whole GPUs do (power, clocks, links: the parent's quantities).
+    scope: Scope = Scope.GPU
+
+    @property
+    def on_gpus(self) -> bool:
+        return self.per_device and self.scope is not Scope.INSTANCE
+
+    @property
+    def on_instances(self) -> bool:
+        return self.per_device and self.scope is not Scope.GPU
 
     @property
     def base_name(self) -> str:
@@ -38,6 +62,7 @@ class Family:
 
 
 G, C = Kind.GAUGE, Kind.COUNTER
+BOTH = Scope.GPU_AND_INSTANCE
 
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -47,6 +72,28 @@ FAMILIES: tuple[Family, ...] = (
         ("model", "pci_bus_id", "architecture", "compute_capability", "driver_version"),
     ),
     Family("gpu_up", G, "1 when the GPU answered NVML in this tick, 0 when lost or hung."),
+    Family(
+        "gpu_mig_mode",
+        G,
+        "1 when MIG is enabled, now (current) and after the next GPU reset (pending); only on "
+        "GPUs with MIG.",
+        ("state",),
+    ),
+    Family(
+        "gpu_mig_instance_info",
+        Kind.INFO,
+        "A MIG instance's size: GPU and compute slices, SMs and memory (NVML device "
+        "attributes); value is always 1.",
+        ("gpu_slices", "compute_slices", "multiprocessors", "memory_bytes"),
+        scope=Scope.INSTANCE,
+    ),
+    Family(
+        "gpu_mig_instance_slices",
+        G,
+        "GPU slices of the MIG instance's GPU instance (of 7 on A100, H100 and H200): the "
+        "weight of an instance in averages over a GPU or a fleet.",
+        scope=Scope.INSTANCE,
+    ),
     Family(
         "gpu_utilization_ratio",
         G,
@@ -65,6 +112,7 @@ FAMILIES: tuple[Family, ...] = (
         "Fraction of cycles an SM had at least one warp, averaged over SMs (GPM SM_UTIL).",
         unit="ratio",
         source="gpm",
+        scope=BOTH,
     ),
     Family(
         "gpu_sm_occupancy_ratio",
@@ -72,6 +120,7 @@ FAMILIES: tuple[Family, ...] = (
         "Resident warps as a fraction of the theoretical maximum (GPM SM_OCCUPANCY).",
         unit="ratio",
         source="gpm",
+        scope=BOTH,
     ),
     Family(
         "gpu_tensor_active_ratio",
@@ -79,6 +128,7 @@ FAMILIES: tuple[Family, ...] = (
         "Fraction of cycles any tensor pipe was active (GPM ANY_TENSOR_UTIL).",
         unit="ratio",
         source="gpm",
+        scope=BOTH,
     ),
     Family(
         "gpu_dram_active_ratio",
@@ -86,6 +136,7 @@ FAMILIES: tuple[Family, ...] = (
         "Device memory bandwidth used as a fraction of the maximum (GPM DRAM_BW_UTIL).",
         unit="ratio",
         source="gpm",
+        scope=BOTH,
     ),
     Family(
         "gpu_graphics_engine_active_ratio",
@@ -93,6 +144,7 @@ FAMILIES: tuple[Family, ...] = (
         "Fraction of time the graphics/compute engine was busy (GPM GRAPHICS_UTIL).",
         unit="ratio",
         source="gpm",
+        scope=BOTH,
     ),
     Family(
         "gpu_pipe_active_ratio",
@@ -101,16 +153,24 @@ FAMILIES: tuple[Family, ...] = (
         ("pipe",),
         unit="ratio",
         source="gpm",
+        scope=BOTH,
     ),
-    Family("gpu_memory_total_bytes", G, "Total device memory.", unit="bytes"),
-    Family("gpu_memory_used_bytes", G, "Device memory allocated by processes.", unit="bytes"),
+    Family("gpu_memory_total_bytes", G, scope=BOTH, help="Total device memory.", unit="bytes"),
+    Family(
+        "gpu_memory_used_bytes",
+        G,
+        scope=BOTH,
+        help="Device memory allocated by processes.",
+        unit="bytes",
+    ),
     Family(
         "gpu_memory_reserved_bytes",
         G,
         "Device memory reserved by the driver and firmware (memory info v2).",
         unit="bytes",
+        scope=BOTH,
     ),
-    Family("gpu_memory_free_bytes", G, "Device memory free.", unit="bytes"),
+    Family("gpu_memory_free_bytes", G, scope=BOTH, help="Device memory free.", unit="bytes"),
     Family("gpu_power_watts", G, "Power draw (1 s average on Ampere and newer).", unit="watts"),
     Family(
         "gpu_power_limit_watts",
@@ -275,6 +335,7 @@ FAMILIES: tuple[Family, ...] = (
         "compute_bound, unknown), 0 for the others.",
         ("class",),
         source="classifier",
+        scope=BOTH,
     ),
     Family(
         "gpu_bottleneck_seconds_total",
@@ -283,6 +344,7 @@ FAMILIES: tuple[Family, ...] = (
         ("class",),
         unit="seconds",
         source="classifier",
+        scope=BOTH,
     ),
     Family(
         "gpu_pod_info",
@@ -290,6 +352,7 @@ FAMILIES: tuple[Family, ...] = (
         "Pod and container the GPU is allocated to (kubelet PodResources); value is always 1.",
         ("namespace", "pod", "container"),
         source="kubernetes",
+        scope=BOTH,
     ),
     # Self-telemetry.
     Family(
@@ -521,13 +584,21 @@ def family(name: str) -> Family:
     return BY_NAME[name]
 
 
+_SCOPE_NAMES = {
+    Scope.GPU: "GPUs",
+    Scope.GPU_AND_INSTANCE: "GPUs, MIG instances",
+    Scope.INSTANCE: "MIG instances",
+}
+
+
 def markdown_table() -> str:
     """The metric reference embedded in the README (checked for drift by a test)."""
-    rows = ["| metric | type | labels | description |", "|---|---|---|---|"]
+    rows = ["| metric | type | series of | labels | description |", "|---|---|---|---|---|"]
     for fam in FAMILIES:
         base = ["gpu", "uuid"] if fam.per_device else []
         labels = ", ".join(f"`{label}`" for label in (*base, *fam.labels)) or "—"
-        rows.append(f"| `{fam.name}` | {fam.kind.value} | {labels} | {fam.help} |")
+        of = _SCOPE_NAMES[fam.scope] if fam.per_device else "the exporter"
+        rows.append(f"| `{fam.name}` | {fam.kind.value} | {of} | {labels} | {fam.help} |")
     return "\n".join(rows)
 
 

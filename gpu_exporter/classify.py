@@ -20,6 +20,12 @@ GPU and applies these checks in order; the first that matches is the class (DESI
 
 The classifier is pure: no NVML calls, no clock of its own; the same inputs give the same
 classes. Down GPUs get no class; their time is not attributed to any class.
+
+MIG: a GPU with MIG enabled gets no class of its own; each of its MIG instances gets one, from
+its own activity (NVML utilization does not exist under MIG: its graphics-engine activity,
+the share of time any kernel ran on it, stands in) and its parent's clock events and links,
+which all of the parent's instances share. An instance whose GPU instance is split into
+several compute instances has no activity of its own (it is the GPU instance's): `unknown`.
 """
 
 from __future__ import annotations
@@ -218,27 +224,59 @@ class Classifier:
         self._devices: dict[str, _DeviceState] = {}
 
     def process(self, devices: list[DeviceSample], now: float) -> list[DeviceSample]:
-        return [self._process_one(device, now) for device in devices]
+        seen: set[str] = set()
+        out = [self._process_one(device, now, seen) for device in devices]
+        # A MIG instance that is gone (reconfigured away) takes its state with it.
+        for key in [k for k in self._devices if _INSTANCE_KEY in k and k not in seen]:
+            del self._devices[key]
+        return out
 
-    def verdict(self, uuid: str) -> Verdict | None:
-        """The latest class of this GPU with its window statistics (for `diagnose`)."""
-        state = self._devices.get(uuid)
+    def verdict(self, uuid: str, mig_uuid: str = "") -> Verdict | None:
+        """The latest class of this GPU (or of its MIG instance) with its window statistics
+        (for `diagnose`)."""
+        state = self._devices.get(_key(uuid, mig_uuid))
         return state.verdict if state else None
 
-    def seconds(self, uuid: str) -> dict[str, float]:
-        state = self._devices.get(uuid)
+    def seconds(self, uuid: str, mig_uuid: str = "") -> dict[str, float]:
+        state = self._devices.get(_key(uuid, mig_uuid))
         return dict(state.seconds) if state else dict.fromkeys(CLASSES, 0.0)
 
-    def _process_one(self, device: DeviceSample, now: float) -> DeviceSample:
-        state = self._devices.setdefault(device.uuid, _DeviceState())
+    def _process_one(self, device: DeviceSample, now: float, seen: set[str]) -> DeviceSample:
+        mig = device.value("gpu_mig_mode", state="current") == 1.0
+        if mig:
+            self._devices.pop(device.uuid, None)  # a MIG parent's classes are its instances'
         if not device.up:
             # Rates across an outage mean nothing (counters may reset on a driver reload), and
             # the time it was down belongs to no class.
+            self._forget(device.uuid)
+            return device
+        parent = _index(device.readings)
+        architecture = device.info.get("architecture", "")
+        if mig:
+            instances = []
+            for instance in device.instances:
+                key = _key(device.uuid, instance.mig_uuid)
+                seen.add(key)
+                point = _point(_index(instance.readings), parent, architecture, now)
+                classes = self._classify(key, point, now)
+                readings = _without_classes(instance.readings) + classes
+                instances.append(dataclasses.replace(instance, readings=readings))
+            return dataclasses.replace(
+                device, readings=_without_classes(device.readings), instances=tuple(instances)
+            )
+        classes = self._classify(device.uuid, _point(parent, parent, architecture, now), now)
+        return dataclasses.replace(device, readings=_without_classes(device.readings) + classes)
+
+    def _forget(self, key: str) -> None:
+        state = self._devices.get(key)
+        if state is not None:
             state.window.clear()
             state.last_call = None
             state.verdict = None
-            return device
-        state.window.append(_point(device, now))
+
+    def _classify(self, key: str, point: _Point, now: float) -> tuple[Reading, ...]:
+        state = self._devices.setdefault(key, _DeviceState())
+        state.window.append(point)
         self._trim(state.window, now)
         stats = window_stats(state.window, now, self.window_seconds)
         cls, why = decide(stats, self.thresholds)
@@ -247,9 +285,7 @@ class Classifier:
             step = min(max(now - state.last_call, 0.0), self.window_seconds)
             state.seconds[cls] += step
         state.last_call = now
-        readings = [r for r in device.readings if r.family not in OUTPUT_FAMILIES]
-        readings += _class_readings(cls, state.seconds)
-        return dataclasses.replace(device, readings=tuple(readings))
+        return _class_readings(cls, state.seconds)
 
     def _trim(self, window: deque[_Point], now: float) -> None:
         # Keep one point at or before the window start, so rates cover the whole window.
@@ -258,24 +294,43 @@ class Classifier:
             window.popleft()
 
 
-def _class_readings(current: str, seconds: Mapping[str, float]) -> list[Reading]:
+_INSTANCE_KEY = "/"  # in a MIG instance's state key: "<parent uuid>/<mig uuid>"
+
+
+def _key(uuid: str, mig_uuid: str = "") -> str:
+    return f"{uuid}{_INSTANCE_KEY}{mig_uuid}" if mig_uuid else uuid
+
+
+def _without_classes(readings: tuple[Reading, ...]) -> tuple[Reading, ...]:
+    return tuple(r for r in readings if r.family not in OUTPUT_FAMILIES)
+
+
+def _class_readings(current: str, seconds: Mapping[str, float]) -> tuple[Reading, ...]:
     out = [Reading("gpu_bottleneck", float(c == current), (("class", c),)) for c in CLASSES]
     out += [Reading("gpu_bottleneck_seconds_total", seconds[c], (("class", c),)) for c in CLASSES]
-    return out
+    return tuple(out)
 
 
 # -- inputs -----------------------------------------------------------------------------------
 
 
-def _index(readings: Iterable[Reading]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+_Values = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _index(readings: Iterable[Reading]) -> _Values:
     return {(r.family, tuple(sorted(r.labels))): r.value for r in readings}
 
 
-def _point(device: DeviceSample, now: float) -> _Point:
-    values = _index(device.readings)
+def _point(own: _Values, parent: _Values, architecture: str, now: float) -> _Point:
+    """The inputs of one GPU (`own` is `parent`) or MIG instance: activity from `own`; clock
+    events and links, which are the physical GPU's, from `parent`."""
 
     def get(family: str, **labels: str) -> float | None:
-        value = values.get((family, tuple(sorted(labels.items()))))
+        value = parent.get((family, tuple(sorted(labels.items()))))
+        return None if value is None or math.isnan(value) else value
+
+    def own_get(family: str) -> float | None:
+        value = own.get((family, ()))
         return None if value is None or math.isnan(value) else value
 
     def by_direction(family: str) -> dict[str, float]:
@@ -284,20 +339,20 @@ def _point(device: DeviceSample, now: float) -> _Point:
 
     reasons = {
         labels[0][1]: value
-        for (family, labels), value in values.items()
+        for (family, labels), value in parent.items()
         if family == "gpu_clock_event_active" and labels and labels[0][0] == "reason"
     }
-    utilization = get("gpu_utilization_ratio")
-    if utilization is None:  # MIG-enabled GPUs: GR engine activity is the closest analogue
-        utilization = get("gpu_graphics_engine_active_ratio")
+    utilization = own_get("gpu_utilization_ratio")
+    if utilization is None:  # MIG instances: GR engine activity is the closest analogue
+        utilization = own_get("gpu_graphics_engine_active_ratio")
     links_active = get("gpu_nvlink_links_active")
     nvlink_bytes = by_direction("gpu_nvlink_bytes_total")
     return _Point(
         t=now,
         utilization=utilization,
-        sm=get("gpu_sm_active_ratio"),
-        tensor=get("gpu_tensor_active_ratio"),
-        dram=get("gpu_dram_active_ratio"),
+        sm=own_get("gpu_sm_active_ratio"),
+        tensor=own_get("gpu_tensor_active_ratio"),
+        dram=own_get("gpu_dram_active_ratio"),
         reasons_active=(tuple(r for r in THROTTLE_REASONS if reasons.get(r)) if reasons else None),
         throttle_seconds={
             r: v
@@ -311,7 +366,7 @@ def _point(device: DeviceSample, now: float) -> _Point:
             get("gpu_pcie_link_generation", state="current"),
             get("gpu_pcie_link_width", state="current"),
         ),
-        nvlink_capacity=nvlink_capacity(device.info.get("architecture", ""), links_active),
+        nvlink_capacity=nvlink_capacity(architecture, links_active),
         # No active link carries nothing; traffic with an unknown link count cannot be judged.
         has_nvlink=bool(links_active) or (links_active is None and bool(nvlink_bytes)),
     )

@@ -6,8 +6,13 @@ daemon's own rules see.
 
 Labels of a per-GPU series (the exposition and the store sort them by name):
   - `gpu` and `uuid` (no `uuid` on a GPU whose UUID could not be read: `gpu` tells GPUs apart);
+  - on a MIG instance's series, then `gpu_instance`, `compute_instance` (only when its GPU
+    instance has several compute instances), `mig_uuid` and `mig_profile`; `gpu`/`uuid` are
+    the parent's. Instance series exist only for families the catalog gives instances
+    (memory, activity, classes, pods, size); a whole GPU's never carry instance labels;
   - the family's own labels from the catalog (`clock`, `reason`, `peer_gpu`, ...);
-  - with pod attribution in `labels` mode, the GPU's `namespace`, `pod` and `container` — on
+  - with pod attribution in `labels` mode, the GPU's (or instance's) `namespace`, `pod` and
+    `container` — on
     EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an alert on a lost GPU names the
     pod it hit, and a rule over any family keeps the same labels on both alert paths. The one
     exception is `gpu_pod_info`, whose own namespace/pod/container (one series per pod sharing
@@ -38,7 +43,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from gpu_exporter import __version__
-from gpu_exporter.catalog import BY_NAME, FAMILIES, Family, Kind
+from gpu_exporter.catalog import BY_NAME, FAMILIES, INSTANCE_LABELS, Family, Kind
 from gpu_exporter.guard import Guard, merge
 from gpu_exporter.snapshot import CollectorStatus, Labels, Reading, Snapshot, find_value
 
@@ -79,11 +84,31 @@ class Producer:
 
 
 @dataclass(frozen=True)
+class InstanceView:
+    """One MIG instance as the series list shows it, under its parent's `DeviceView`.
+
+    `identity` holds its INSTANCE_LABELS (compute_instance only when its GPU instance is
+    shared); `labels` its attribution labels; `readings` as for a GPU.
+    """
+
+    identity: Mapping[str, str]
+    labels: Mapping[str, str]
+    readings: tuple[Reading, ...]
+
+    @property
+    def mig_uuid(self) -> str:
+        return self.identity.get("mig_uuid", "")
+
+    def value(self, family: str, **labels: str) -> float | None:
+        return find_value(self.readings, family, labels)
+
+
+@dataclass(frozen=True)
 class DeviceView:
     """One GPU as the series list shows it (for the JSON API and diagnose).
 
     `readings` carries each series' family and its catalog labels only; `labels` are the GPU's
-    attribution labels, shared by all its series.
+    attribution labels, shared by all its series; `instances` its MIG instances, if any.
     """
 
     index: int
@@ -93,6 +118,7 @@ class DeviceView:
     labels: Mapping[str, str]
     readings: tuple[Reading, ...]
     down_reason: str = ""
+    instances: tuple[InstanceView, ...] = ()
 
     def value(self, family: str, **labels: str) -> float | None:
         """The value of `family` with exactly these catalog labels, or None when absent."""
@@ -129,9 +155,14 @@ class SeriesSet:
     @cached_property
     def _views(self) -> list[DeviceView]:
         by_index: dict[str, list[Series]] = {}
+        by_instance: dict[str, dict[str, list[Series]]] = {}  # gpu -> mig_uuid -> rows
         for row in self:
             if BY_NAME[row.family].per_device:
-                by_index.setdefault(_label(row.labels, "gpu"), []).append(row)
+                gpu, mig_uuid = _label(row.labels, "gpu"), _label(row.labels, "mig_uuid")
+                if mig_uuid:
+                    by_instance.setdefault(gpu, {}).setdefault(mig_uuid, []).append(row)
+                else:
+                    by_index.setdefault(gpu, []).append(row)
         views = []
         for up in self.of("gpu_up"):
             gpu = _label(up.labels, "gpu")
@@ -146,14 +177,9 @@ class SeriesSet:
                     info=_own_labels(BY_NAME["gpu_info"], info.labels) if info else {},
                     labels={k: v for k, v in up.labels if k not in DEVICE_LABELS},
                     down_reason=self.down_reasons.get(index, ""),
-                    readings=tuple(
-                        Reading(
-                            r.family,
-                            r.value,
-                            tuple(_own_labels(BY_NAME[r.family], r.labels).items()),
-                        )
-                        for r in rows
-                        if r.family not in ("gpu_up", "gpu_info")
+                    readings=_view_readings(r for r in rows if r.family not in _IDENTITY),
+                    instances=tuple(
+                        _instance_view(group) for group in by_instance.get(gpu, {}).values()
                     ),
                 )
             )
@@ -166,6 +192,24 @@ class SeriesSet:
             families[name] = families.get(name, ()) + rows
         statuses = merge([*self.collectors, *more.collectors])
         return SeriesSet(self.timestamp, _in_catalog_order(families), statuses, self.down_reasons)
+
+
+_IDENTITY = ("gpu_up", "gpu_info")
+
+
+def _view_readings(rows: Iterable[Series]) -> tuple[Reading, ...]:
+    return tuple(
+        Reading(r.family, r.value, tuple(_own_labels(BY_NAME[r.family], r.labels).items()))
+        for r in rows
+    )
+
+
+def _instance_view(rows: list[Series]) -> InstanceView:
+    # gpu_pod_info carries each holder's pod labels; the others carry the instance's own.
+    plain = next((r for r in rows if r.family != "gpu_pod_info"), rows[0]).labels
+    identity = {name: value for name, value in plain if name in INSTANCE_LABELS}
+    pods = {name: value for name, value in plain if name in ATTRIBUTION_LABELS}
+    return InstanceView(identity, pods, _view_readings(rows))
 
 
 # One cached device series: the reading it came from, the (device, pod) labels it was built
@@ -221,29 +265,53 @@ class SeriesBuilder:
         for device in snapshot.devices:
             base = device.labels
             pods = snapshot.device_labels.get(device.uuid, ()) if device.uuid else ()
-            key = (base, pods)
             info = tuple((name, device.info.get(name, "")) for name in info_labels)
             for identity in (
                 series("gpu_info", 1.0, (*base, *info, *pods)),
                 series("gpu_up", 1.0 if device.up else 0.0, (*base, *pods)),
             ):
                 _keep(_checked(identity, per_device=True), rows, problems)
-            seen = self._cache.get(base, {})
-            kept: dict[int, _Cached] = {}
-            for reading in device.readings:
-                hit = seen.get(id(reading))
-                if hit is not None and hit[0] is reading and hit[1] == key:
-                    row: Series | str = hit[2]
-                else:
-                    row = _checked(_reading_series(reading, base, pods), per_device=True)
-                if isinstance(row, str):
-                    problems.append(f"GPU {device.index}: {row}")
-                    continue
-                kept[id(reading)] = (reading, key, row)
-                rows.append(row)
-            cache[base] = kept
-        self._cache = cache  # GPUs and readings that are gone drop out here
+            where = f"GPU {device.index}"
+            self._readings_rows(device.readings, base, pods, where, False, cache, rows, problems)
+            for instance in device.instances:
+                labels = (*base, *instance.labels)
+                pods = snapshot.device_labels.get(instance.mig_uuid, ())
+                where = f"GPU {device.index} MIG {instance.mig_uuid}"
+                self._readings_rows(
+                    instance.readings, labels, pods, where, True, cache, rows, problems
+                )
+        self._cache = cache  # GPUs, instances and readings that are gone drop out here
         return rows
+
+    def _readings_rows(
+        self,
+        readings: Sequence[Reading],
+        base: Labels,
+        pods: Labels,
+        where: str,
+        instance: bool,
+        cache: dict[Labels, dict[int, _Cached]],
+        rows: list[Series],
+        problems: list[str],
+    ) -> None:
+        """The series of one GPU's (or MIG instance's) readings, reusing last tick's where the
+        reading is the same object with the same labels."""
+        key = (base, pods)
+        seen = self._cache.get(base, {})
+        kept: dict[int, _Cached] = {}
+        for reading in readings:
+            hit = seen.get(id(reading))
+            if hit is not None and hit[0] is reading and hit[1] == key:
+                row: Series | str = hit[2]
+            else:
+                series_row = _reading_series(reading, base, pods)
+                row = _checked(series_row, per_device=True, instance=instance)
+            if isinstance(row, str):
+                problems.append(f"{where}: {row}")
+                continue
+            kept[id(reading)] = (reading, key, row)
+            rows.append(row)
+        cache[base] = kept
 
     def _run(self, producer: Producer) -> tuple[list[Series], CollectorStatus]:
         """The producer's series, guarded; a series the catalog does not give it is dropped
@@ -384,10 +452,12 @@ def histogram_series(
 _EXPORTER = frozenset({"exporter"})
 
 
-def _allowed_labels(fam: Family) -> frozenset[str]:
+def _allowed_labels(fam: Family, instance: bool = False) -> frozenset[str]:
     names = set(fam.labels)
     if fam.per_device:
         names |= {*DEVICE_LABELS, *ATTRIBUTION_LABELS}
+    if instance:
+        names |= set(INSTANCE_LABELS)
     if fam.kind is Kind.HISTOGRAM:
         names.add("le")
     return frozenset(names)
@@ -399,19 +469,29 @@ def _sample_names(fam: Family) -> frozenset[str]:
 
 
 _ALLOWED_LABELS = {fam.name: _allowed_labels(fam) for fam in FAMILIES}
+_INSTANCE_ALLOWED_LABELS = {fam.name: _allowed_labels(fam, instance=True) for fam in FAMILIES}
 _SAMPLE_NAMES = {fam.name: _sample_names(fam) for fam in FAMILIES}
 
 
-def _checked(row: Series, per_device: bool, sources: frozenset[str] | None = None) -> Series | str:
-    """`row` as exposed (empty labels dropped, value a float), or what is wrong with it."""
+def _checked(
+    row: Series,
+    per_device: bool,
+    sources: frozenset[str] | None = None,
+    instance: bool = False,
+) -> Series | str:
+    """`row` as exposed (empty labels dropped, value a float), or what is wrong with it.
+    `instance`: a MIG instance's series (only families with instance series, with the
+    instance labels); otherwise a whole GPU's (never with them)."""
     fam = BY_NAME.get(row.family)
     if fam is None:
         return f"series of unknown family {row.family!r}"
     if fam.per_device != per_device or (sources is not None and fam.source not in sources):
         return f"{row.family}: not a family this collector may emit"
+    if per_device and not (fam.on_instances if instance else fam.on_gpus):
+        return f"{row.family}: not a family of {'MIG instances' if instance else 'whole GPUs'}"
     if row.name not in _SAMPLE_NAMES[row.family]:
         return f"{row.family}: sample name {row.name!r} does not belong to it"
-    allowed = _ALLOWED_LABELS[row.family]
+    allowed = (_INSTANCE_ALLOWED_LABELS if instance else _ALLOWED_LABELS)[row.family]
     empty = False
     for name, label_value in row.labels:
         if name not in allowed:

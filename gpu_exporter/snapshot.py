@@ -31,11 +31,44 @@ def find_value(readings: Iterable[Reading], family: str, labels: Mapping[str, st
 
 
 @dataclass(frozen=True, slots=True)
+class InstanceSample:
+    """One MIG device (a compute instance of a GPU instance) of a GPU, in one tick.
+
+    Its readings are the instance's own quantities (memory, activity, class, pods); the
+    parent's (power, clocks, links) stay on the parent's sample. `shared` is True when its GPU
+    instance has several compute instances: then `compute_instance` tells them apart in the
+    labels, and the GPU instance's memory and activity belong to none of them alone.
+    """
+
+    gpu_instance: int
+    compute_instance: int
+    mig_uuid: str
+    profile: str
+    shared: bool = False
+    readings: tuple[Reading, ...] = ()
+
+    @property
+    def labels(self) -> Labels:
+        """Its identity labels after the parent's gpu and uuid (catalog.INSTANCE_LABELS)."""
+        ci = (("compute_instance", str(self.compute_instance)),) if self.shared else ()
+        return (
+            ("gpu_instance", str(self.gpu_instance)),
+            *ci,
+            ("mig_uuid", self.mig_uuid),
+            ("mig_profile", self.profile),
+        )
+
+    def value(self, family: str, **labels: str) -> float | None:
+        return find_value(self.readings, family, labels)
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSample:
     """Everything read from one GPU in one tick.
 
     `up` is False when the device did not answer (lost, hung, or the driver is gone); then
     `readings` holds only what was known before (nothing) and `down_reason` says why.
+    `instances` are its MIG devices, when MIG is enabled on it.
     """
 
     index: int
@@ -44,6 +77,7 @@ class DeviceSample:
     up: bool
     readings: tuple[Reading, ...] = ()
     down_reason: str = ""
+    instances: tuple[InstanceSample, ...] = ()
 
     @property
     def labels(self) -> Labels:

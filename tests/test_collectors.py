@@ -85,11 +85,16 @@ def test_every_nvml_family_is_declared_by_exactly_one_collector() -> None:
     declared = Counter(name for c in COLLECTORS for name in c.families)
     declared.update(SOURCE_FAMILIES)
     assert {name: n for name, n in declared.items() if n > 1} == {}
-    produced = {f.name for f in FAMILIES if f.per_device and f.source in NVML_SOURCES}
+    produced = {f.name for f in FAMILIES if f.on_gpus and f.source in NVML_SOURCES}
     assert produced - set(declared) == set(), "catalog families no collector declares"
     for name in declared:
         assert name in BY_NAME, f"{name} is not in the catalog"
-        assert BY_NAME[name].per_device and BY_NAME[name].source in NVML_SOURCES, name
+        assert BY_NAME[name].on_gpus and BY_NAME[name].source in NVML_SOURCES, name
+    # MIG instances' families, likewise, from the collectors' instance_families.
+    of_instances = Counter(name for c in COLLECTORS for name in c.instance_families)
+    assert {name: n for name, n in of_instances.items() if n > 1} == {}
+    expected = {f.name for f in FAMILIES if f.on_instances and f.source in NVML_SOURCES}
+    assert set(of_instances) == expected
 
 
 def test_declarations_name_real_calls_fields_and_settings() -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from gpu_exporter.k8s.attribution import DeviceMap, PodAttribution, PodRef
-from gpu_exporter.snapshot import DeviceSample, Labels, Reading
+from gpu_exporter.snapshot import DeviceSample, InstanceSample, Labels, Reading
 
 
 def pod_labels(pods: tuple[PodRef, ...]) -> Labels:
@@ -19,44 +20,73 @@ def pod_labels(pods: tuple[PodRef, ...]) -> Labels:
 
 class PodsOfTick:
     """One kubelet map per tick: `process` (a sampler processor, both modes) adds
-    gpu_pod_info{namespace,pod,container} 1 per pod holding the GPU and keeps the map it used;
-    `labels` (the sampler's device labels, "labels" mode), called later in the same tick,
-    answers from that same map — so gpu_pod_info and the pod labels never come from two
-    different kubelet answers."""
+    gpu_pod_info{namespace,pod,container} 1 per pod holding the GPU (or MIG instance) and keeps
+    the map it used; `labels` (the sampler's device labels, "labels" mode), called later in the
+    same tick, answers from that same map — so gpu_pod_info and the pod labels never come from
+    two different kubelet answers.
+
+    A MIG instance is found under any of the ids the kubelet may give it (`instance_ids`), from
+    the identity the sampler's enumeration already read: no NVML lookup, ever (dcgm-exporter
+    resolved MIG ids through NVML on every scrape, issue 599)."""
 
     def __init__(self, attribution: PodAttribution) -> None:
         self.attribution = attribution
         self._by_device: DeviceMap = {}
+        self._by_instance: dict[str, tuple[PodRef, ...]] = {}  # mig uuid -> pods
 
     def process(self, devices: list[DeviceSample], _now: float) -> list[DeviceSample]:
         self._by_device = by_device = self.attribution.pods_by_device()
+        self._by_instance = {}
         out = []
         for device in devices:
             pods = by_device.get(device.uuid, ())
-            if not pods:
-                out.append(device)
-                continue
-            info = tuple(
-                Reading(
-                    "gpu_pod_info",
-                    1.0,
-                    (("namespace", p.namespace), ("pod", p.pod), ("container", p.container)),
-                )
-                for p in pods
-            )
-            out.append(_with_readings(device, info))
+            instances = []
+            for instance in device.instances:
+                held = _pods_of_instance(by_device, device, instance)
+                if held:
+                    self._by_instance[instance.mig_uuid] = held
+                    instance = replace(instance, readings=instance.readings + _pod_info(held))
+                instances.append(instance)
+            if pods or instances:
+                readings = device.readings + _pod_info(pods)
+                device = replace(device, readings=readings, instances=tuple(instances))
+            out.append(device)
         return out
 
     def labels(self) -> Mapping[str, Labels]:
-        return {uuid: pod_labels(pods) for uuid, pods in self._by_device.items()}
+        """GPU UUID or MIG UUID -> the pod labels of its series."""
+        labels = {uuid: pod_labels(pods) for uuid, pods in self._by_device.items()}
+        labels.update({uuid: pod_labels(pods) for uuid, pods in self._by_instance.items()})
+        return labels
 
 
-def _with_readings(device: DeviceSample, extra: tuple[Reading, ...]) -> DeviceSample:
-    return DeviceSample(
-        device.index,
-        device.uuid,
-        device.info,
-        device.up,
-        device.readings + extra,
-        device.down_reason,
+def instance_ids(device: DeviceSample, instance: InstanceSample) -> tuple[str, ...]:
+    """Every id a device plugin may hand the kubelet for this MIG device: its MIG UUID (R470
+    and newer drivers), `MIG-<parent uuid>/<gi>/<ci>` (older drivers) and GKE's
+    `nvidia<index>/gi<gi>` (NVIDIA k8s-device-plugin and GKE's plugin)."""
+    gi, ci = instance.gpu_instance, instance.compute_instance
+    return (
+        instance.mig_uuid,
+        f"MIG-{device.uuid}/{gi}/{ci}",
+        f"nvidia{device.index}/gi{gi}",
+    )
+
+
+def _pods_of_instance(
+    by_device: DeviceMap, device: DeviceSample, instance: InstanceSample
+) -> tuple[PodRef, ...]:
+    found: set[PodRef] = set()
+    for device_id in instance_ids(device, instance):
+        found.update(by_device.get(device_id, ()))
+    return tuple(sorted(found))
+
+
+def _pod_info(pods: tuple[PodRef, ...]) -> tuple[Reading, ...]:
+    return tuple(
+        Reading(
+            "gpu_pod_info",
+            1.0,
+            (("namespace", p.namespace), ("pod", p.pod), ("container", p.container)),
+        )
+        for p in pods
     )

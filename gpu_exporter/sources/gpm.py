@@ -24,10 +24,15 @@ from gpu_exporter.sources.nvml_device import NvmlCalls
 MIN_WINDOW_SECONDS = 0.1
 
 
+# A percentage above 100 (DCGM issue 152 saw SM activity above 1.0) is clamped and counted.
+ABOVE_100 = -2
+NOT_A_NUMBER = -1
+
+
 @dataclass(frozen=True, slots=True)
 class GpmResult:
     values: dict[int, float]  # metric id -> ratio 0..1
-    failures: dict[int, int]  # metric id -> NVML return code (or -1 for NaN)
+    failures: dict[int, int]  # metric id -> NVML return code, NOT_A_NUMBER or ABOVE_100
 
 
 def is_supported(handle: object) -> bool:
@@ -36,7 +41,8 @@ def is_supported(handle: object) -> bool:
 
 
 class GpmWindow:
-    """Rolling two-sample GPM reader for one device handle.
+    """Rolling two-sample GPM reader for one device handle, or for one GPU instance of it
+    (`gpu_instance`: its id; nvmlGpmMigSampleGet on the parent handle).
 
     Its reads run inside the reader's choke point (`DeviceReader.call`); freeing the samples
     happens outside a tick, through `NvmlCalls` on `errors` when given.
@@ -48,8 +54,10 @@ class GpmWindow:
         clock: Callable[[], float],
         metric_ids: Sequence[int],
         errors: ErrorLog | None = None,
+        gpu_instance: int | None = None,
     ) -> None:
         self._handle = handle
+        self._gpu_instance = gpu_instance
         self._clock = clock
         self._metric_ids = tuple(metric_ids)
         self._calls = NvmlCalls(errors) if errors is not None else None
@@ -64,8 +72,14 @@ class GpmWindow:
             raise
 
     def _take(self, sample: object) -> None:
-        N.nvmlGpmSampleGet(self._handle, sample)
+        self._sample(sample)
         self._baseline_time = self._clock()
+
+    def _sample(self, sample: object) -> None:
+        if self._gpu_instance is None:
+            N.nvmlGpmSampleGet(self._handle, sample)
+        else:
+            N.nvmlGpmMigSampleGet(self._handle, self._gpu_instance, sample)
 
     def read(self) -> GpmResult | None:
         """Activity since the previous read, or None while the window is under 100 ms."""
@@ -73,7 +87,7 @@ class GpmWindow:
         if started is None or self._clock() - started < MIN_WINDOW_SECONDS:
             return None
         wanted = [metric_id for metric_id in self._metric_ids if metric_id not in self._skip]
-        N.nvmlGpmSampleGet(self._handle, self._current)
+        self._sample(self._current)
         now = self._clock()
         request = N.c_nvmlGpmMetricsGet_t()
         request.version = N.NVML_GPM_METRICS_GET_VERSION  # pynvml does not set it
@@ -91,8 +105,10 @@ class GpmWindow:
                 if slot.nvmlReturn == N.NVML_ERROR_NOT_SUPPORTED:
                     self._skip.add(metric_id)
             elif not math.isfinite(slot.value):
-                failures[metric_id] = -1
+                failures[metric_id] = NOT_A_NUMBER
             else:
+                if slot.value > 100.0:
+                    failures[metric_id] = ABOVE_100  # kept, clamped to 1
                 values[metric_id] = min(max(slot.value / 100.0, 0.0), 1.0)
         # The newest sample becomes the next baseline; the old buffer is reused.
         self._baseline, self._current = self._current, self._baseline

@@ -726,7 +726,9 @@ class NvmlSource:
             return self._down(device, f"read failed: {type(exc).__name__}")
         device.down_reason = ""
         self._statuses += result.statuses
-        return DeviceSample(reader.index, uuid, dict(reader.info), True, result.readings)
+        return DeviceSample(
+            reader.index, uuid, dict(reader.info), True, result.readings, "", result.instances
+        )
 
     def _down(self, device: _Device, reason: str) -> DeviceSample:
         reader = device.reader

@@ -43,7 +43,7 @@ import pynvml as N
 
 from gpu_exporter import catalog
 from gpu_exporter.guard import Guard
-from gpu_exporter.snapshot import CollectorStatus, Reading
+from gpu_exporter.snapshot import CollectorStatus, InstanceSample, Reading
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml_values import (
     error_name,
@@ -67,6 +67,7 @@ __all__ = [
     "DeviceReader",
     "DeviceUnresponsiveError",
     "DriverGoneError",
+    "ExpectedError",
     "InvalidReadingError",
     "NvmlCalls",
     "TickAbandonedError",
@@ -121,6 +122,15 @@ class DriverGoneError(DeviceLostError):
 
 class DeviceUnresponsiveError(DeviceReadAborted):
     """Every call of a tick failed: the GPU is not really answering."""
+
+
+class ExpectedError(Exception):
+    """A call failed with an error its caller named as part of the protocol (`expected`): a
+    stale MIG device handle, an empty MIG slot. Not counted, not learned: the caller acts."""
+
+    def __init__(self, key: str, error: str) -> None:
+        super().__init__(f"{error} from {key}")
+        self.key, self.error = key, error
 
 
 class TickAbandonedError(DeviceReadAborted):
@@ -183,10 +193,11 @@ class NvmlCalls:
 
 @dataclass(frozen=True, slots=True)
 class TickResult:
-    """One GPU's tick: its readings and how each collector did."""
+    """One GPU's tick: its readings, its MIG instances' and how each collector did."""
 
     readings: tuple[Reading, ...]
     statuses: tuple[CollectorStatus, ...]
+    instances: tuple[InstanceSample, ...] = ()
 
 
 # How a collector's phase is run: guarded in the daemon, plainly in the bare benchmark loop.
@@ -291,15 +302,24 @@ class DeviceReader:
     calls_failed: int = 0
     driver_version: str = ""
     topology: Topology | None = None
+    mig_enabled: bool = False  # as the mig collector last read it
+    _instances: tuple[InstanceSample, ...] = ()  # reported in this tick
     _fields: FieldBatch | None = None
     _local: threading.local = field(default_factory=threading.local)
 
     # -- the choke point -------------------------------------------------------------------
 
-    def call(self, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
+    def call(
+        self,
+        key: str,
+        fn: Callable[..., Any] | None,
+        *args: Any,
+        expected: tuple[type[N.NVMLError], ...] = (),
+    ) -> Any:
         """Run one NVML call; None when unsupported, quarantined or failed this tick.
 
         `fn` is None when the installed nvidia-ml-py predates the call: same as an old driver.
+        An error in `expected` raises ExpectedError instead (neither counted nor learned).
         """
         if key in self.unsupported:
             return None
@@ -319,6 +339,8 @@ class DeviceReader:
             self.calls_succeeded += 1
             return result
         except N.NVMLError as exc:
+            if expected and isinstance(exc, expected):
+                raise ExpectedError(key, error_name(exc)) from exc
             count_failure(self.errors, SOURCE, key, exc)
             if isinstance(exc, N.NVMLError_GpuIsLost):
                 raise DeviceLostError(key) from exc
@@ -369,6 +391,14 @@ class DeviceReader:
         self.uuid = uuid or self.uuid
         self.info = dict(info)
 
+    def report_mig(self, enabled: bool, instances: tuple[InstanceSample, ...] = ()) -> None:
+        """The mig collector's result. A change of mode forgets what was learned unsupported:
+        utilization, aggregate memory and GPM answer differently with MIG on and off."""
+        if enabled != self.mig_enabled:
+            self.unsupported.clear()
+        self.mig_enabled = enabled
+        self._instances = instances
+
     def _check_owner(self) -> None:
         tick = getattr(self._local, "tick", None)
         if tick is not None and tick != self.active_tick:
@@ -394,6 +424,7 @@ class DeviceReader:
         A collector that fails in either phase loses all its readings for this tick.
         """
         self._fields = FieldBatch(self.collectors)
+        self._instances = ()
         statuses: dict[str, CollectorStatus] = {}
         refreshed: list[tuple[Collector, list[Reading]]] = []
         every = self.settings.slow_refresh_seconds
@@ -416,7 +447,7 @@ class DeviceReader:
             if status.success:
                 out += [*collector.static, *readings]
         self._fields.share_time(statuses)
-        return TickResult(tuple(out), tuple(statuses.values()))
+        return TickResult(tuple(out), tuple(statuses.values()), self._instances)
 
     def read_offline(self) -> TickResult:
         """What needs no NVML call (XID counts), for a GPU that is down this tick."""

@@ -13,6 +13,7 @@ from gpu_exporter.sources.collectors.ecc import Ecc
 from gpu_exporter.sources.collectors.gpm import Gpm
 from gpu_exporter.sources.collectors.identity import Identity
 from gpu_exporter.sources.collectors.memory import Memory
+from gpu_exporter.sources.collectors.mig import Mig
 from gpu_exporter.sources.collectors.nvlink import NvLink
 from gpu_exporter.sources.collectors.pcie import Pcie
 from gpu_exporter.sources.collectors.power import Power
@@ -32,9 +33,11 @@ __all__ = [
     "enabled",
 ]
 
-# Identity first (the other collectors' slow refreshes follow it), then the per-tick reads.
+# Identity first (the other collectors' slow refreshes follow it), then MIG (utilization, memory
+# and gpm read differently with it on), then the per-tick reads.
 COLLECTORS: tuple[type[Collector], ...] = (
     Identity,
+    Mig,
     Utilization,
     Memory,
     Power,

@@ -7,6 +7,7 @@ Each subclass declares, right next to its code:
 - `families`: the catalog families it emits. Emitting any other fails it on that GPU for that
   tick, as does a reading whose label names are not its family's catalog labels, whose label
   values are not `str`, or whose value is not an `int` or `float` (`sources/nvml_device.py`);
+  `instance_families`: those of the MIG instances it reports (the mig collector's);
 - `calls`: the pynvml functions it calls (tests/test_collectors.py checks it calls no others);
 - `fields`: its entries in the tick's one `nvmlDeviceGetFieldValues` batch. The batch's time
   is split over the collectors with entries in it, by their number of entries, in
@@ -26,11 +27,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from gpu_exporter.snapshot import Labels, Reading
+from gpu_exporter.snapshot import InstanceSample, Labels, Reading
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.settings import NvmlSettings
 
 if TYPE_CHECKING:
+    import pynvml as N
+
     from gpu_exporter.sources.xid import XidCounts
     from gpu_exporter.topology import Topology
 
@@ -82,8 +85,19 @@ class Device(Protocol):
     def errors(self) -> ErrorLog:
         """Where NVML failures are counted (for calls made outside the tick, such as frees)."""
 
-    def call(self, key: str, fn: Callable[..., Any] | None, *args: Any) -> Any:
-        """One NVML call; None when unsupported, quarantined or failed (already counted)."""
+    @property
+    def mig_enabled(self) -> bool:
+        """MIG mode as the mig collector last read it (it runs before gpm)."""
+
+    def call(
+        self,
+        key: str,
+        fn: Callable[..., Any] | None,
+        *args: Any,
+        expected: tuple[type[N.NVMLError], ...] = (),
+    ) -> Any:
+        """One NVML call; None when unsupported, quarantined or failed (already counted); an
+        error in `expected` raises ExpectedError (not counted)."""
 
     def first(self, *attempts: tuple[Any, ...]) -> Any:
         """(key, fn, *args) alternatives, newest first, moving on only past unsupported ones."""
@@ -104,12 +118,17 @@ class Device(Protocol):
     def identify(self, uuid: str | None, info: Mapping[str, str]) -> None:
         """The identity collector's result: the UUID (None: keep) and the gpu_info labels."""
 
+    def report_mig(self, enabled: bool, instances: tuple[InstanceSample, ...] = ()) -> None:
+        """The mig collector's result: MIG mode and this tick's MIG instances."""
+
 
 class Collector:
     """Base of the per-GPU collectors; one instance per GPU holds that GPU's state."""
 
     name: ClassVar[str]
     families: ClassVar[tuple[str, ...]]
+    # Families of the MIG instances it reports (`Device.report_mig`), not its own readings.
+    instance_families: ClassVar[tuple[str, ...]] = ()
     calls: ClassVar[tuple[str, ...]] = ()
     fields: ClassVar[tuple[FieldSpec, ...]] = ()
     setting: ClassVar[str | None] = None

@@ -40,6 +40,22 @@ METRICS: tuple[GpmMetric, ...] = (
 )
 
 
+_FAILURE_NAMES = {gpm.NOT_A_NUMBER: "NaN", gpm.ABOVE_100: "AboveOne"}
+
+
+def activity_readings(nvml: Device, result: gpm.GpmResult) -> list[Reading]:
+    """A GPM window's readings; its per-metric failures counted as source="gpm"."""
+    for metric_id, code in result.failures.items():
+        if code != N.NVML_ERROR_NOT_SUPPORTED:
+            name = _FAILURE_NAMES.get(code) or return_code_name(code)
+            nvml.count_error("gpm", f"metric_{metric_id}", name)
+    return [
+        Reading(metric.family, result.values[metric.metric_id], metric.labels)
+        for metric in METRICS
+        if metric.metric_id in result.values
+    ]
+
+
 class Gpm(Collector):
     name = "gpm"
     families = tuple(dict.fromkeys(metric.family for metric in METRICS))
@@ -59,6 +75,9 @@ class Gpm(Collector):
         self.orphans: list[tuple[gpm.GpmWindow, Future[Any]]] = []
 
     def read(self, nvml: Device) -> list[Reading]:
+        if nvml.mig_enabled:  # activity is per GPU instance then (the mig collector's)
+            self.close()
+            return []
         if nvml.is_unsupported("gpm"):
             return []
         if self.window is None:
@@ -73,17 +92,7 @@ class Gpm(Collector):
                 )
             return []  # the first window needs a second sample
         result = nvml.call("gpm_metrics", self.window.read)
-        if result is None:
-            return []
-        for metric_id, code in result.failures.items():
-            if code != N.NVML_ERROR_NOT_SUPPORTED:
-                name = "NaN" if code < 0 else return_code_name(code)
-                nvml.count_error("gpm", f"metric_{metric_id}", name)
-        return [
-            Reading(metric.family, result.values[metric.metric_id], metric.labels)
-            for metric in METRICS
-            if metric.metric_id in result.values
-        ]
+        return [] if result is None else activity_readings(nvml, result)
 
     def abandon(self, stuck_tick: Future[Any]) -> None:
         # The stuck thread may be inside the window: free it once that tick has finished.

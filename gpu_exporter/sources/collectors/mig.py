@@ -1,0 +1,276 @@
+"""mig: MIG mode, and each MIG device's identity, size, memory and (Hopper+) GPM activity.
+
+Enumeration (nvml.h): the parent's MIG devices are at indices 0..nvmlDeviceGetMaxMigDeviceCount;
+empty slots answer NOT_FOUND or INVALID_ARGUMENT and are skipped. Each MIG device (one compute
+instance, CI, of one GPU instance, GI) gives its MIG UUID, its name ("<parent> MIG <profile>"),
+its GI and CI ids and its size (nvmlDeviceGetAttributes). The layout is read again on every slow
+refresh and at once when a cached MIG handle answers INVALID_ARGUMENT or NOT_FOUND: a
+reconfiguration destroyed it, which means "re-enumerate", not "GPU lost".
+
+Per tick, each MIG device's memory is read through its own handle, and GPM activity per GPU
+instance with nvmlGpmMigSampleGet(parent, GI id) over the tick's window. A GI's memory and
+activity belong to the GI: on a GI split into several CIs they would be repeated on each CI's
+series (the double count dcgm-exporter users complain of with parent power), so they are left
+absent there. GI ids are reused at once after a reconfiguration, so GPM windows are keyed by
+the instance's MIG UUID, profile, GI and CI ids, never by GI id alone: a window is never diffed
+across two instances that shared an id. A vanished instance's window is freed at the
+re-enumeration that misses it.
+
+NVML utilization does not exist on a MIG-enabled GPU, and the parent's aggregate memory needs
+the MIG monitor capability (NoPermission otherwise: absent, counted once, not asked again).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml as N
+
+from gpu_exporter.snapshot import InstanceSample, Reading
+from gpu_exporter.sources import gpm
+from gpu_exporter.sources.collectors.base import NEVER, Collector, Device
+from gpu_exporter.sources.collectors.gpm import METRICS, activity_readings
+from gpu_exporter.sources.collectors.memory import MEMORY_FAMILIES, memory_readings
+from gpu_exporter.sources.nvml_device import ExpectedError
+
+# A slot without a MIG device, or a handle a reconfiguration destroyed.
+_GONE = (N.NVMLError_NotFound, N.NVMLError_InvalidArgument)
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MigDevice:
+    """One MIG device as enumerated: its handle and identity, fixed until re-enumeration."""
+
+    handle: Any
+    gpu_instance: int
+    compute_instance: int
+    mig_uuid: str
+    profile: str
+    shared: bool  # its GPU instance has other compute instances
+    static: tuple[Reading, ...]  # gpu_mig_instance_info, gpu_mig_instance_slices
+
+    @property
+    def window_key(self) -> tuple[int, int, str, str]:
+        """What a GPM window belongs to: never the GI id alone (ids are reused at once)."""
+        return (self.gpu_instance, self.compute_instance, self.mig_uuid, self.profile)
+
+
+def profile_of(name: str) -> str:
+    """The MIG profile from a MIG device's name: "NVIDIA H200 MIG 1g.18gb" -> "1g.18gb"."""
+    _, sep, profile = name.partition(" MIG ")
+    return profile.strip() if sep else ""
+
+
+class Mig(Collector):
+    name = "mig"
+    families = ("gpu_mig_mode",)
+    instance_families = (
+        "gpu_mig_instance_info",
+        "gpu_mig_instance_slices",
+        *MEMORY_FAMILIES,
+        *dict.fromkeys(metric.family for metric in METRICS),
+    )
+    calls = (
+        "nvmlDeviceGetMigMode",
+        "nvmlDeviceGetMaxMigDeviceCount",
+        "nvmlDeviceGetMigDeviceHandleByIndex",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetName",
+        "nvmlDeviceGetGpuInstanceId",
+        "nvmlDeviceGetComputeInstanceId",
+        "nvmlDeviceGetAttributes_v2",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmMigSampleGet",
+        "nvmlGpmMetricsGet",
+        "nvmlGpmSampleFree",
+    )
+    refreshes = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: tuple[MigDevice, ...] = ()
+        self.windows: dict[tuple[int, int, str, str], gpm.GpmWindow] = {}
+        self.gpm_supported: bool | None = None  # None: not asked yet
+        self.orphans: list[tuple[gpm.GpmWindow, Future[Any]]] = []
+
+    # -- slow: mode and layout ---------------------------------------------------------------
+
+    def refresh(self, nvml: Device) -> list[Reading]:
+        mode = nvml.call("mig_mode", N.nvmlDeviceGetMigMode, nvml.handle)
+        if mode is None:  # no MIG on this GPU (or it cannot be read): whole GPU only
+            self._forget()
+            nvml.report_mig(False)
+            return []
+        current, pending = (int(value) for value in mode)
+        if current == 1:
+            self.devices = self._enumerate(nvml)
+        else:
+            self._forget()
+        nvml.report_mig(current == 1)
+        return [
+            Reading("gpu_mig_mode", float(current == 1), (("state", "current"),)),
+            Reading("gpu_mig_mode", float(pending == 1), (("state", "pending"),)),
+        ]
+
+    def _enumerate(self, nvml: Device) -> tuple[MigDevice, ...]:
+        parent = nvml.handle
+        count = nvml.call("mig_device_count", N.nvmlDeviceGetMaxMigDeviceCount, parent) or 0
+        found: list[tuple[Any, int, int, str, str, Any]] = []
+        for slot in range(count):
+            try:
+                handle = nvml.call(
+                    "mig_device_handle",
+                    N.nvmlDeviceGetMigDeviceHandleByIndex,
+                    parent,
+                    slot,
+                    expected=_GONE,
+                )
+                if handle is None:
+                    continue
+                gi = nvml.call("mig_gpu_instance_id", N.nvmlDeviceGetGpuInstanceId, handle)
+                ci = nvml.call("mig_compute_instance_id", N.nvmlDeviceGetComputeInstanceId, handle)
+                uuid = nvml.call("mig_uuid", N.nvmlDeviceGetUUID, handle, expected=_GONE)
+                name = nvml.call("mig_name", N.nvmlDeviceGetName, handle) or ""
+                attrs = nvml.call("mig_attributes", N.nvmlDeviceGetAttributes_v2, handle)
+            except ExpectedError:
+                continue  # an empty slot, or destroyed while we looked
+            if gi is None or ci is None or not uuid:
+                continue  # counted by the choke point; without identity it cannot be a series
+            found.append((handle, int(gi), int(ci), str(uuid), profile_of(str(name)), attrs))
+        per_gi: dict[int, int] = {}
+        for _, gi, *_rest in found:
+            per_gi[gi] = per_gi.get(gi, 0) + 1
+        devices = tuple(
+            MigDevice(handle, gi, ci, uuid, profile, per_gi[gi] > 1, _size_readings(attrs))
+            for handle, gi, ci, uuid, profile, attrs in found
+        )
+        self._free_windows_except({d.window_key for d in devices})
+        return devices
+
+    def _forget(self) -> None:
+        self.devices = ()
+        self._free_windows_except(set())
+
+    # -- every tick: memory and activity -----------------------------------------------------
+
+    def read(self, nvml: Device) -> list[Reading]:
+        if not nvml.mig_enabled:
+            return []
+        try:
+            instances = self._read_instances(nvml)
+        except ExpectedError:
+            # A handle a reconfiguration destroyed: the layout has changed under us.
+            self.devices = self._enumerate(nvml)
+            self.static_at = NEVER  # the mode is read again next tick, too
+            try:
+                instances = self._read_instances(nvml)
+            except ExpectedError:
+                instances = ()  # changing while we read: next tick
+        nvml.report_mig(True, instances)
+        return []
+
+    def _read_instances(self, nvml: Device) -> tuple[InstanceSample, ...]:
+        if self.gpm_supported is None:
+            supported = nvml.call("mig_gpm_support", gpm.is_supported, nvml.handle)
+            if supported is not None or nvml.is_unsupported("mig_gpm_support"):
+                self.gpm_supported = bool(supported)  # A100/A30: MIG without GPM
+        out = []
+        for device in self.devices:
+            readings = list(device.static)
+            if not device.shared:  # a shared GI's memory and activity are none of its CIs'
+                readings += self._memory(nvml, device)
+                readings += self._activity(nvml, device)
+            out.append(
+                InstanceSample(
+                    device.gpu_instance,
+                    device.compute_instance,
+                    device.mig_uuid,
+                    device.profile,
+                    device.shared,
+                    tuple(readings),
+                )
+            )
+        return tuple(out)
+
+    @staticmethod
+    def _memory(nvml: Device, device: MigDevice) -> list[Reading]:
+        mem = nvml.call(
+            "mig_memory_info_v2",
+            N.nvmlDeviceGetMemoryInfo,
+            device.handle,
+            N.nvmlMemory_v2,
+            expected=_GONE,
+        )
+        return [] if mem is None else memory_readings(mem)
+
+    def _activity(self, nvml: Device, device: MigDevice) -> list[Reading]:
+        if not self.gpm_supported:
+            return []
+        window = self.windows.get(device.window_key)
+        if window is None:
+            ids = [metric.metric_id for metric in METRICS]
+            window = nvml.call(
+                "mig_gpm_sample",
+                gpm.GpmWindow,
+                nvml.handle,
+                nvml.clock,
+                ids,
+                nvml.errors,
+                device.gpu_instance,
+            )
+            if window is not None:
+                self.windows[device.window_key] = window
+            return []  # the first window needs a second sample
+        result = nvml.call("mig_gpm_metrics", window.read)
+        return [] if result is None else activity_readings(nvml, result)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _free_windows_except(self, keep: set[tuple[int, int, str, str]]) -> None:
+        for key in [key for key in self.windows if key not in keep]:
+            self.windows.pop(key).close()
+
+    def abandon(self, stuck_tick: Future[Any]) -> None:
+        # The stuck thread may be inside a window: free them once that tick has finished.
+        self.orphans += [(window, stuck_tick) for window in self.windows.values()]
+        self.windows = {}
+
+    def free_orphans(self) -> None:
+        keep = []
+        for window, tick in self.orphans:
+            if tick.done():
+                window.close()
+            else:
+                keep.append((window, tick))
+        self.orphans = keep
+
+    def reset(self) -> None:
+        super().reset()
+        self.close()
+        self.gpm_supported = None
+
+    def close(self) -> None:
+        """Free every GPM sample (before any NVML shutdown: the source closes readers first)."""
+        self._forget()
+        self.free_orphans()
+
+
+def _size_readings(attrs: Any) -> tuple[Reading, ...]:
+    if attrs is None:
+        return ()
+    slices = int(attrs.gpuInstanceSliceCount)
+    info = (
+        ("gpu_slices", str(slices)),
+        ("compute_slices", str(int(attrs.computeInstanceSliceCount))),
+        ("multiprocessors", str(int(attrs.multiprocessorCount))),
+        ("memory_bytes", str(int(attrs.memorySizeMB) * _MIB)),
+    )
+    return (
+        Reading("gpu_mig_instance_info", 1.0, info),
+        Reading("gpu_mig_instance_slices", float(slices)),
+    )
