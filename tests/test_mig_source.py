@@ -1,0 +1,203 @@
+"""MIG through the production NVML source, on the fake NVML's `mig` scenario (manual clock).
+
+Each test names what it would catch: parent quantities repeated on instances, instance
+quantities on the parent, a GI id reused across a reconfiguration diffed as one instance, a
+stale handle taken for a lost GPU, leaked GPM samples, and NoPermission on the parent's
+aggregate memory reported as anything but absent and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpu_exporter.series import SeriesBuilder, SeriesSet
+from gpu_exporter.sim.clock import ManualClock
+from gpu_exporter.sim.scenario import load_scenario
+from gpu_exporter.snapshot import DeviceSample, InstanceSample, Snapshot
+from gpu_exporter.sources.nvml import NvmlSource
+
+MIG = load_scenario("mig")
+PARENT_ONLY = (
+    "gpu_power_watts",
+    "gpu_energy_joules_total",
+    "gpu_temperature_celsius",
+    "gpu_clock_hertz",
+    "gpu_clock_event_active",
+    "gpu_pcie_bytes_total",
+    "gpu_nvlink_bytes_total",
+    "gpu_utilization_ratio",
+)
+ACTIVITY = ("gpu_sm_active_ratio", "gpu_tensor_active_ratio", "gpu_graphics_engine_active_ratio")
+
+
+def ticks(source: NvmlSource, clock: ManualClock, n: int = 3) -> dict[int, DeviceSample]:
+    samples: list[DeviceSample] = []
+    for _ in range(n):
+        clock.advance(1.0)
+        samples = source.sample()
+    return {d.index: d for d in samples}
+
+
+def series_of(devices: dict[int, DeviceSample]) -> SeriesSet:
+    return SeriesBuilder().build(Snapshot(0.0, tuple(devices.values())))
+
+
+def by_gi(device: DeviceSample) -> dict[int, list[InstanceSample]]:
+    out: dict[int, list[InstanceSample]] = {}
+    for instance in device.instances:
+        out.setdefault(instance.gpu_instance, []).append(instance)
+    return out
+
+
+@pytest.fixture
+def mig(start_source: Callable[..., Any], clock: ManualClock) -> NvmlSource:
+    clock.now = 10.0
+    source: NvmlSource = start_source("mig", xid_events=False)
+    return source
+
+
+def test_instances_carry_their_identity_and_only_their_own_quantities(
+    mig: NvmlSource, clock: ManualClock
+) -> None:
+    devices = ticks(mig, clock)
+    seven = devices[0]
+    spec = MIG.devices[0].mig
+    assert spec is not None
+    assert [i.mig_uuid for i in seven.instances] == [i.mig_uuids[0] for i in spec.instances]
+    assert {i.profile for i in seven.instances} == {"1g.18gb"}
+    for instance in seven.instances:
+        families = {r.family for r in instance.readings}
+        assert set(ACTIVITY) | {"gpu_memory_used_bytes", "gpu_mig_instance_slices"} <= families
+        assert not families & set(PARENT_ONLY), "a parent quantity on an instance"
+    # Parent quantities stay on the parent, once; instance quantities are not there.
+    parent = {r.family for r in seven.readings}
+    assert {"gpu_power_watts", "gpu_energy_joules_total", "gpu_clock_hertz"} <= parent
+    assert not parent & {*ACTIVITY, "gpu_utilization_ratio", "gpu_memory_used_bytes"}
+    assert seven.value("gpu_mig_mode", state="current") == 1.0
+    # The MIG-off GPU is a whole GPU as before, with its MIG mode.
+    whole = devices[2]
+    assert not whole.instances and whole.value("gpu_mig_mode", state="current") == 0.0
+    assert whole.value("gpu_utilization_ratio") is not None
+
+
+def test_series_labels_and_power_once_per_parent(mig: NvmlSource, clock: ManualClock) -> None:
+    rows = series_of(ticks(mig, clock))
+    power = rows.of("gpu_power_watts")
+    assert sorted(dict(r.labels)["gpu"] for r in power) == ["0", "1", "2", "3"]
+    assert all("mig_uuid" not in dict(r.labels) for r in power)
+    sm = [dict(r.labels) for r in rows.of("gpu_sm_active_ratio")]
+    launch = next(labels for labels in sm if labels.get("gpu_instance") == "9")
+    assert set(launch) == {"gpu", "uuid", "gpu_instance", "mig_uuid", "mig_profile"}
+    assert launch["uuid"] == MIG.devices[0].uuid and launch["mig_profile"] == "1g.18gb"
+    # Whole GPU 2's series, and no other GPU's, have no instance labels.
+    assert [labels for labels in sm if "mig_uuid" not in labels] == [
+        {"gpu": "2", "uuid": MIG.devices[2].uuid}
+    ]
+    assert rows.collectors and all(status.success for status in rows.collectors)
+
+
+def test_a_split_gpu_instance_and_one_without_compute_instance(
+    mig: NvmlSource, clock: ManualClock
+) -> None:
+    a100 = ticks(mig, clock)[3]
+    groups = by_gi(a100)
+    assert sorted(groups) == [1, 5, 14]  # GI 13 has no compute instance: no MIG device
+    shared = groups[1]
+    assert [i.compute_instance for i in shared] == [0, 1, 2] and all(i.shared for i in shared)
+    assert dict(shared[0].labels)["compute_instance"] == "0"
+    assert "compute_instance" not in dict(groups[5][0].labels)
+    for instance in shared:  # the GI's memory and activity belong to none of its CIs alone
+        assert {r.family for r in instance.readings} == {
+            "gpu_mig_instance_info",
+            "gpu_mig_instance_slices",
+        }
+    # A100: MIG without GPM: memory, and no activity at all (absent, never 0).
+    alone = groups[5][0]
+    assert alone.value("gpu_memory_used_bytes") == 10737418240
+    assert all(alone.value(family) is None for family in ACTIVITY)
+
+
+def test_unprivileged_parent_memory_is_absent_and_counted_once(
+    mig: NvmlSource, clock: ManualClock
+) -> None:
+    devices = ticks(mig, clock, n=5)
+    for index in (0, 1, 3):
+        assert devices[index].value("gpu_memory_used_bytes") is None
+    assert devices[2].value("gpu_memory_used_bytes") is not None
+    counted = {
+        (e.field, e.error): e.count for e in mig.errors.snapshot() if e.error == "NoPermission"
+    }
+    # Learned once per MIG parent (v2 then v1), never asked again.
+    assert counted == {("memory_info_v2", "NoPermission"): 3, ("memory_info", "NoPermission"): 3}
+    assert all(d.up for d in devices.values())
+
+
+def test_reconfiguration_replaces_instances_without_diffing_across_them(
+    mig: NvmlSource, clock: ManualClock
+) -> None:
+    spec = MIG.devices[1].mig
+    assert spec is not None
+    old_2g, new_gi5, new_gi6 = spec.instances[1], spec.instances[4], spec.instances[5]
+    clock.now = 80.0
+    before = ticks(mig, clock)[1]
+    assert {i.mig_uuid for i in before.instances} >= {old_2g.mig_uuids[0]}
+    clock.now = 90.0
+    first = {i.mig_uuid: i for i in ticks(mig, clock, n=1)[1].instances}
+    # The stale handle of the destroyed 2g made the same tick enumerate again.
+    assert old_2g.mig_uuids[0] not in first
+    assert {new_gi5.mig_uuids[0], new_gi6.mig_uuids[0]} <= set(first)
+    reused = first[new_gi5.mig_uuids[0]]
+    assert reused.gpu_instance == 5 and reused.profile == "1g.18gb"
+    # Its activity starts from a fresh window: absent first, then its own (0.3), never a
+    # value diffed against the destroyed 2g's counters.
+    assert reused.value("gpu_sm_active_ratio") is None
+    later = {i.mig_uuid: i for i in ticks(mig, clock, n=1)[1].instances}
+    assert later[new_gi5.mig_uuids[0]].value("gpu_sm_active_ratio") == pytest.approx(0.3, abs=1e-6)
+    # Not a lost GPU, and a stale handle is not an error.
+    assert later and ticks(mig, clock, n=1)[1].up
+    stale = [e for e in mig.errors.snapshot() if e.field.startswith("mig_")]
+    assert stale == []
+
+
+def test_gpm_samples_of_vanished_instances_are_freed(
+    mig: NvmlSource, clock: ManualClock
+) -> None:
+    fake = mig.fake  # type: ignore[attr-defined]
+    clock.now = 85.0
+    ticks(mig, clock, n=2)
+    hopper_instances = 7 + 4  # single-CI GIs on the two H200s with MIG
+    whole_gpu_windows = 1
+    assert len(fake._samples) == 2 * (hopper_instances + whole_gpu_windows)
+    clock.now = 95.0
+    ticks(mig, clock, n=2)
+    assert len(fake._samples) == 2 * (hopper_instances + 1 + whole_gpu_windows)  # 2g -> 1g + 1g
+    mig.close()
+    assert fake._samples == {}  # all freed before NVML shuts down
+
+
+def test_a_new_layout_without_a_stale_handle_is_found_at_the_slow_refresh(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    growing = {
+        "name": "grow",
+        "devices": [
+            {
+                "mig": {
+                    "instances": [
+                        {"profile": "3g.71gb", "values": {"sm_active": 0.5}},
+                        {"profile": "4g.71gb", "from": 20, "values": {"sm_active": 0.7}},
+                    ]
+                }
+            }
+        ],
+    }
+    source = start_source(growing, xid_events=False, slow_refresh_seconds=30.0)
+    clock.now = 5.0
+    assert [i.profile for i in ticks(source, clock)[0].instances] == ["3g.71gb"]
+    clock.now = 25.0  # the 4g exists, nothing went stale: the next slow refresh finds it
+    assert [i.profile for i in ticks(source, clock)[0].instances] == ["3g.71gb"]
+    clock.now = 40.0
+    assert [i.profile for i in ticks(source, clock)[0].instances] == ["3g.71gb", "4g.71gb"]
