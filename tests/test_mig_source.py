@@ -162,9 +162,7 @@ def test_reconfiguration_replaces_instances_without_diffing_across_them(
     assert stale == []
 
 
-def test_gpm_samples_of_vanished_instances_are_freed(
-    mig: NvmlSource, clock: ManualClock
-) -> None:
+def test_gpm_samples_of_vanished_instances_are_freed(mig: NvmlSource, clock: ManualClock) -> None:
     fake = mig.fake  # type: ignore[attr-defined]
     clock.now = 85.0
     ticks(mig, clock, n=2)
@@ -201,3 +199,35 @@ def test_a_new_layout_without_a_stale_handle_is_found_at_the_slow_refresh(
     assert [i.profile for i in ticks(source, clock)[0].instances] == ["3g.71gb"]
     clock.now = 40.0
     assert [i.profile for i in ticks(source, clock)[0].instances] == ["3g.71gb", "4g.71gb"]
+
+
+def test_a_full_re_init_frees_every_gpm_sample_before_nvml_shuts_down(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    import pynvml
+
+    source = start_source("mig", xid_events=False, recovery_initial_backoff_seconds=0.5)
+    fake = source.fake  # type: ignore[attr-defined]
+    ticks(source, clock, n=2)
+    assert fake._samples, "GPM windows are open"
+    real_power, real_shutdown = fake.nvmlDeviceGetPowerUsage, fake.nvmlShutdown
+    replaced = {"now": True}
+    held_at_shutdown: list[int] = []
+
+    def power(*args: Any) -> int:
+        return pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH if replaced["now"] else real_power(*args)
+
+    def shutdown() -> int:
+        held_at_shutdown.append(len(fake._samples))
+        return int(real_shutdown())
+
+    fake.nvmlDeviceGetPowerUsage, fake.nvmlShutdown = power, shutdown
+    for name in ("nvmlDeviceGetPowerUsage", "nvmlShutdown"):
+        pynvml._nvmlGetFunctionPointer_cache.pop(name, None)
+    generation = fake.generation
+    ticks(source, clock, n=1)  # the driver is "replaced": a full re-init is scheduled
+    replaced["now"] = False
+    devices = ticks(source, clock, n=4)
+    assert fake.generation > generation and all(d.up for d in devices.values())
+    assert held_at_shutdown == [0]
+    assert devices[0].instances and devices[0].instances[0].value("gpu_sm_active_ratio") is not None

@@ -512,6 +512,11 @@ class NvmlSource:
         xid, self._xid = self._xid, None
         if full and xid is not None:
             xid.stop(join=False)  # the recovery job waits for it, not the sampler thread
+        if full:
+            # GPM samples are freed before NVML shuts down (nvml.h frees nothing for us);
+            # every reader re-binds after the re-init anyway. No tick runs now.
+            for device in self._devices.values():
+                device.reader.close()
         log.info("NVML recovery attempt %d (%s)", r.attempts, "full re-init" if full else "by UUID")
         r.job = self._recovery_worker.submit(self._recover, lost, full, xid if full else None)
         r.job_full = full
