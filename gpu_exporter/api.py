@@ -14,7 +14,7 @@ their JSON themselves, so no answer is validated or re-encoded on the way out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
@@ -31,7 +31,8 @@ from gpu_exporter.exposition import (
     wants_openmetrics,
 )
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.series import DeviceView
+from gpu_exporter.series import DeviceView, InstanceView
+from gpu_exporter.snapshot import Reading
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.status_page import render_status_page, status_page_headers
 
@@ -54,6 +55,67 @@ class LabelledValue(_Body):
     value: float | None = Field(description="null when not finite (NaN, ±Inf)")
 
 
+Metrics = dict[str, float | list[LabelledValue] | None]
+_METRICS = "per family: its value, or for families with labels a list of them"
+
+
+class Pod(_Body):
+    namespace: str
+    pod: str
+    container: str
+
+
+class InstanceMemory(_Body):
+    """null when absent: on a compute instance of a shared GPU instance memory is the GPU
+    instance's, no single compute instance's."""
+
+    used_bytes: float | None = Field(description="gpu_memory_used_bytes")
+    total_bytes: float | None = Field(description="gpu_memory_total_bytes")
+
+
+class InstanceActivity(_Body):
+    """Fractions of the last sample period; null where not measured: NVML GPM (Hopper and
+    newer) reads them per GPU instance, so A100/A30 MIG instances and the compute instances
+    of a shared GPU instance have none."""
+
+    graphics_engine: float | None = Field(
+        description="gpu_graphics_engine_active_ratio: the share of time a kernel ran; it "
+        "stands in for utilization, which NVML does not give under MIG"
+    )
+    sm: float | None = Field(description="gpu_sm_active_ratio")
+    sm_occupancy: float | None = Field(description="gpu_sm_occupancy_ratio")
+    tensor: float | None = Field(description="gpu_tensor_active_ratio")
+    dram: float | None = Field(description="gpu_dram_active_ratio")
+
+
+class InstanceSize(_Body):
+    """gpu_mig_instance_info's labels, as numbers."""
+
+    gpu_slices: int | None = Field(
+        description="GPU slices of its GPU instance (of 7 on A100/H100/H200)"
+    )
+    compute_slices: int | None = Field(description="compute slices of its compute instance")
+    multiprocessors: int | None = Field(description="SMs of its compute instance")
+    memory_bytes: int | None = Field(description="memory of its GPU instance")
+
+
+class Instance(_Body):
+    identity: dict[str, str] = Field(
+        description="the labels that tell it apart on its series, after the parent's gpu and "
+        "uuid: gpu_instance, compute_instance (only when its GPU instance has several), "
+        "mig_uuid, mig_profile"
+    )
+    labels: dict[str, str] = Field(description="pod attribution labels (labels mode)")
+    pods: list[Pod] = Field(description="every pod holding it (gpu_pod_info), in either mode")
+    bottleneck: str | None = Field(
+        description="its bottleneck class (gpu_bottleneck); null without classifier output"
+    )
+    memory: InstanceMemory
+    activity: InstanceActivity
+    size: InstanceSize | None = Field(description="null without gpu_mig_instance_info")
+    metrics: Metrics = Field(description=_METRICS)
+
+
 class Device(_Body):
     index: int = Field(description="NVML index")
     uuid: str = Field(description='"" when the UUID could not be read (the GPU is then down)')
@@ -61,8 +123,11 @@ class Device(_Body):
     down_reason: str | None = Field(description="why the GPU is down; null when up")
     info: dict[str, str] = Field(description="gpu_info's labels")
     labels: dict[str, str] = Field(description="pod attribution labels (labels mode)")
-    metrics: dict[str, float | list[LabelledValue] | None] = Field(
-        description="per family: its value, or for families with labels a list of them"
+    metrics: Metrics = Field(description=_METRICS)
+    instances: list[Instance] = Field(
+        description="its MIG instances (MIG devices), by GPU instance then compute instance; "
+        "empty for a GPU without MIG. A MIG-enabled GPU's utilization, activity and class "
+        "are its instances', not its own"
     )
 
 
@@ -338,16 +403,8 @@ def _openapi_schema(app: FastAPI) -> dict[str, Any]:
 
 def device_json(device: DeviceView) -> dict[str, Any]:
     """One GPU as the tick's series show it: `labels` are its attribution labels (labels
-    mode), `metrics` its families keyed by name, with their catalog labels."""
-    metrics: dict[str, Any] = {}
-    for reading in device.readings:
-        value = reading.value if math.isfinite(reading.value) else None
-        if BY_NAME[reading.family].labels:
-            metrics.setdefault(reading.family, []).append(
-                {"labels": dict(reading.labels), "value": value}
-            )
-        else:
-            metrics[reading.family] = value
+    mode), `metrics` its families keyed by name, with their catalog labels, `instances` its
+    MIG instances."""
     return {
         "index": device.index,
         "uuid": device.uuid,
@@ -355,5 +412,87 @@ def device_json(device: DeviceView) -> dict[str, Any]:
         "down_reason": device.down_reason or None,
         "info": dict(device.info),
         "labels": dict(device.labels),
-        "metrics": metrics,
+        "metrics": _metrics_json(device.readings),
+        "instances": [
+            instance_json(instance) for instance in sorted(device.instances, key=_instance_order)
+        ],
     }
+
+
+def instance_json(instance: InstanceView) -> dict[str, Any]:
+    """One MIG instance: its identity and pods, the quantities people look for first (class,
+    memory, activity, size), and all its families as `metrics`."""
+
+    def finite(family: str) -> float | None:
+        return _finite(instance.value(family))
+
+    return {
+        "identity": dict(instance.identity),
+        "labels": dict(instance.labels),
+        "pods": [
+            {name: labels.get(name, "") for name in ("namespace", "pod", "container")}
+            for labels in (dict(r.labels) for r in instance.readings if r.family == "gpu_pod_info")
+        ],
+        "bottleneck": bottleneck_class(instance.readings),
+        "memory": {
+            "used_bytes": finite("gpu_memory_used_bytes"),
+            "total_bytes": finite("gpu_memory_total_bytes"),
+        },
+        "activity": {key: finite(family) for key, family in _ACTIVITY.items()},
+        "size": _size(instance.readings),
+        "metrics": _metrics_json(instance.readings),
+    }
+
+
+def bottleneck_class(readings: Iterable[Reading]) -> str | None:
+    """The class gpu_bottleneck marks current (1), or None without classifier output."""
+    current = None
+    for reading in readings:
+        if reading.family == "gpu_bottleneck" and reading.value == 1.0:
+            current = dict(reading.labels).get("class")
+    return current
+
+
+_ACTIVITY = {
+    "graphics_engine": "gpu_graphics_engine_active_ratio",
+    "sm": "gpu_sm_active_ratio",
+    "sm_occupancy": "gpu_sm_occupancy_ratio",
+    "tensor": "gpu_tensor_active_ratio",
+    "dram": "gpu_dram_active_ratio",
+}
+_SIZE_LABELS = ("gpu_slices", "compute_slices", "multiprocessors", "memory_bytes")
+
+
+def _metrics_json(readings: Iterable[Reading]) -> dict[str, Any]:
+    metrics: dict[str, Any] = {}
+    for reading in readings:
+        value = _finite(reading.value)
+        if BY_NAME[reading.family].labels:
+            metrics.setdefault(reading.family, []).append(
+                {"labels": dict(reading.labels), "value": value}
+            )
+        else:
+            metrics[reading.family] = value
+    return metrics
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _size(readings: Iterable[Reading]) -> dict[str, int | None] | None:
+    info = next((r for r in readings if r.family == "gpu_mig_instance_info"), None)
+    if info is None:
+        return None
+    labels = dict(info.labels)
+    return {name: _integer(labels.get(name, "")) for name in _SIZE_LABELS}
+
+
+def _integer(text: str) -> int | None:
+    return int(text) if text.isdecimal() else None
+
+
+def _instance_order(instance: InstanceView) -> tuple[int, int, str]:
+    identity = instance.identity
+    gi, ci = identity.get("gpu_instance", ""), identity.get("compute_instance", "")
+    return (_integer(gi) or 0, _integer(ci) or 0, instance.mig_uuid)
