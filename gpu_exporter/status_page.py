@@ -3,6 +3,12 @@
 No external assets (inline CSS and JS, system fonts, no framework). The script polls
 `api/v1/devices` and `api/v1/alerts` every 2 s through relative URLs, so the page also works
 behind a path prefix, and puts every value into the DOM with `textContent`, never as markup.
+
+A GPU with MIG enabled has a row of its own (power, clocks, temperature, throttling: the
+physical GPU's) saying "MIG: n instances" where a whole GPU shows its class, and one indented
+row per MIG instance under it (its profile, GPU instance and compute instance, class, pods,
+memory and activity; its utilization is its graphics-engine activity, as NVML has no
+utilization under MIG).
 """
 
 from __future__ import annotations
@@ -63,6 +69,10 @@ tbody th { font-weight: 600; }
 .state-up { color: var(--ok); font-weight: 600; }
 .state-down { color: var(--bad); font-weight: 600; }
 tr.down td, tr.down th { background: var(--bad-bg); }
+tr.instance > th { padding-left: 1.6rem; font-weight: 400; }
+tr.instance > th::before { content: "\21B3\00A0"; color: var(--muted); }
+tr.instance > td, tr.instance > th { border-bottom-style: dashed; }
+.mig { font-weight: 600; }
 .bar { display: block; width: 5rem; height: .45rem; margin-top: .2rem; background: var(--bar);
   border-radius: 3px; overflow: hidden; }
 .bar > span { display: block; height: 100%; background: var(--fill); }
@@ -95,22 +105,26 @@ footer { margin-top: 1.5rem; font-size: .85em; }
 <div class="scroll">
 <table id="gpus" aria-labelledby="gpus-title">
   <caption>Activity values are fractions of the last sample period; n/a means the GPU
-    or driver cannot measure it.</caption>
+    or driver cannot measure it. MIG instances are listed under their GPU: their
+    utilization is graphics-engine activity (NVML has none under MIG); power, clocks,
+    temperature and throttling are the whole GPU's.</caption>
   <thead><tr>
     <th scope="col">GPU</th>
     <th scope="col">Model</th>
     <th scope="col">State</th>
+    <th scope="col">Pod</th>
     <th scope="col">Bottleneck</th>
     <th scope="col">Utilization</th>
     <th scope="col">SM activity</th>
     <th scope="col">Tensor activity</th>
     <th scope="col">DRAM activity</th>
+    <th scope="col">Memory</th>
     <th scope="col">Power / limit</th>
     <th scope="col">SM clock / max</th>
     <th scope="col">Temperature</th>
     <th scope="col">Throttle reasons</th>
   </tr></thead>
-  <tbody><tr><td colspan="12" class="muted">Loading&hellip;</td></tr></tbody>
+  <tbody><tr><td colspan="14" class="muted">Loading&hellip;</td></tr></tbody>
 </table>
 </div>
 
@@ -138,8 +152,8 @@ footer { margin-top: 1.5rem; font-size: .85em; }
   const REFRESH_MS = __REFRESH__ * 1000;
   const TIMEOUT_MS = 5000;
   // data-col names, in column order: stable hooks for tests and user styles.
-  const GPU_COLS = ["gpu", "model", "state", "bottleneck", "util", "sm", "tensor", "dram",
-    "power", "clock", "temp", "throttle"];
+  const GPU_COLS = ["gpu", "model", "state", "pod", "bottleneck", "util", "sm", "tensor",
+    "dram", "memory", "power", "clock", "temp", "throttle"];
   const ALERT_COLS = ["state", "alertname", "severity", "gpu", "summary"];
   let lastOk = null;  // when the device data last arrived
 
@@ -174,15 +188,52 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     outer.append(inner);
     return outer;
   }
-  function naCell(cls) {
+  function naCell(cls, why) {
     const td = el("td", "n/a", "na " + cls);
-    td.title = "not measured on this GPU";
+    td.title = why || "not measured on this GPU";
     return td;
   }
-  function pctCell(v, cls) {
-    if (v === null) return naCell(cls);
+  function pctCell(v, cls, why) {
+    if (v === null) return naCell(cls, why);
     const td = el("td", null, "num " + cls);
     td.append(el("span", Math.round(v * 100) + "%", "val"), bar(v, false));
+    return td;
+  }
+  function memCell(used, total, why) {
+    if (used === null) return naCell("memory", why);
+    const gib = (x) => x / 2 ** 30;
+    const fmt = (x) => (gib(x) < 100 ? gib(x).toFixed(1) : Math.round(gib(x)).toString());
+    const td = el("td", null, "num memory");
+    td.append(el("span", (total === null ? fmt(used) : fmt(used) + " / " + fmt(total)) + " GiB",
+      "val"));
+    if (total !== null && total > 0) td.append(bar(used / total, used / total >= 0.95));
+    return td;
+  }
+  // namespace/pod per holder (gpu_pod_info, in either attribution mode); the container as title.
+  function podCell(pods) {
+    const td = el("td", null, "pod");
+    if (pods.length === 0) td.append(el("span", "—", "na"));
+    for (const p of pods) {
+      const line = el("span", String(p.namespace || "") + "/" + String(p.pod || ""), "line");
+      if (p.container) line.title = "container " + String(p.container);
+      td.append(line);
+    }
+    return td;
+  }
+  function podInfo(m) {
+    return list(m, "gpu_pod_info").map((s) => s.labels || {});
+  }
+  function classCell(cls) {
+    const td = el("td", null, "bottleneck");
+    if (cls === null || cls === undefined) {
+      td.append(el("span", "—", "na"));
+      td.title = "unknown: no bottleneck class reported";
+    } else td.append(el("span", cls, "class"));
+    return td;
+  }
+  function parentCell(cls, index) {
+    const td = el("td", "", "inherited " + cls);
+    td.title = "a quantity of the whole GPU: see GPU " + index;
     return td;
   }
   function ratioCell(value, limit, unit, cls, hotAt) {
@@ -210,21 +261,28 @@ footer { margin-top: 1.5rem; font-size: .85em; }
       state.append(el("span", "down", "state-down"));
       if (d.down_reason) state.append(el("span", ": " + d.down_reason, "reason"));
     }
-    tr.append(state);
+    tr.append(state, podCell(podInfo(m)));
 
-    const cls = bottleneck(m);
-    const clsCell = el("td", null, "bottleneck");
-    if (cls === null) {
-      clsCell.append(el("span", "—", "na"));
-      clsCell.title = "unknown: no bottleneck class reported";
-    } else clsCell.append(el("span", cls, "class"));
-    tr.append(clsCell);
+    // MIG on: the classes, utilization and activity are the instances' (rows below).
+    const mig = labelled(m, "gpu_mig_mode", "state", "current") === 1;
+    const instances = Array.isArray(d.instances) ? d.instances : [];
+    const perInstance = mig ? "MIG is on: see its instances below" : undefined;
+    if (mig) {
+      const td = el("td", null, "bottleneck");
+      td.append(el("span", "MIG: " + instances.length + " instance" +
+        (instances.length === 1 ? "" : "s"), "mig"));
+      td.title = "MIG is enabled: each MIG instance has its own class";
+      tr.append(td);
+    } else tr.append(classCell(bottleneck(m)));
 
     tr.append(
-      pctCell(num(m.gpu_utilization_ratio), "util"),
-      pctCell(num(m.gpu_sm_active_ratio), "sm"),
-      pctCell(num(m.gpu_tensor_active_ratio), "tensor"),
-      pctCell(num(m.gpu_dram_active_ratio), "dram"),
+      pctCell(num(m.gpu_utilization_ratio), "util", perInstance),
+      pctCell(num(m.gpu_sm_active_ratio), "sm", perInstance),
+      pctCell(num(m.gpu_tensor_active_ratio), "tensor", perInstance),
+      pctCell(num(m.gpu_dram_active_ratio), "dram", perInstance),
+      memCell(num(m.gpu_memory_used_bytes), num(m.gpu_memory_total_bytes),
+        mig ? "MIG is on: the GPU's memory is read per instance (the GPU's total needs the " +
+          "MIG monitor capability)" : undefined),
       ratioCell(num(m.gpu_power_watts), num(m.gpu_power_limit_watts), "W", "power", 0.95),
     );
     const mhz = (v) => (v === null ? null : v / 1e6);
@@ -255,6 +313,50 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     return tr;
   }
 
+  // One MIG instance, under its GPU's row: its own class, pods, activity and memory; the
+  // GPU's power, clocks, temperature and throttling are left to the GPU's row.
+  function instanceRow(d, inst) {
+    const id = inst.identity && typeof inst.identity === "object" ? inst.identity : {};
+    const act = inst.activity && typeof inst.activity === "object" ? inst.activity : {};
+    const mem = inst.memory && typeof inst.memory === "object" ? inst.memory : {};
+    const tr = el("tr", null, "instance");
+    tr.dataset.gpu = String(d.index);
+    tr.dataset.migUuid = String(id.mig_uuid || "");
+    let name = "GI " + String(id.gpu_instance ?? "?");
+    if (id.compute_instance != null) name += " · CI " + String(id.compute_instance);
+    const idx = el("th", name, "num index");
+    idx.scope = "row";
+    idx.title = String(id.mig_uuid || "");
+    const profile = el("td", String(id.mig_profile || "—"), "model");
+    const size = inst.size && typeof inst.size === "object" ? inst.size : null;
+    if (size && size.gpu_slices != null) {
+      profile.title = size.gpu_slices + " GPU slice(s), " + size.multiprocessors + " SMs";
+    }
+    const state = el("td", "MIG instance", "state muted");
+    const shared = id.compute_instance != null;
+    const noActivity = shared
+      ? "measured per GPU instance: this one is split into several compute instances"
+      : "not measured: NVML reads MIG activity with GPM, on Hopper and newer";
+    const ge = pctCell(num(act.graphics_engine), "util", noActivity);
+    ge.title = num(act.graphics_engine) === null ? noActivity
+      : "graphics-engine activity (NVML has no utilization under MIG)";
+    tr.append(
+      idx, profile, state,
+      podCell(Array.isArray(inst.pods) ? inst.pods : []),
+      classCell(inst.bottleneck),
+      ge,
+      pctCell(num(act.sm), "sm", noActivity),
+      pctCell(num(act.tensor), "tensor", noActivity),
+      pctCell(num(act.dram), "dram", noActivity),
+      memCell(num(mem.used_bytes), num(mem.total_bytes),
+        shared ? "the GPU instance's, shared by its compute instances" : undefined),
+      parentCell("power", d.index), parentCell("clock", d.index),
+      parentCell("temp", d.index), parentCell("throttle", d.index),
+    );
+    GPU_COLS.forEach((col, i) => { tr.children[i].dataset.col = col; });
+    return tr;
+  }
+
   function messageRow(text, columns) {
     const td = el("td", text, "muted");
     td.colSpan = columns;
@@ -267,12 +369,21 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     const devices = Array.isArray(data.devices) ? data.devices.slice() : [];
     devices.sort((a, b) => a.index - b.index);
     const body = document.querySelector("#gpus tbody");
-    const rows = devices.map(deviceRow);
+    const rows = [];
+    let instances = 0;
+    for (const d of devices) {
+      rows.push(deviceRow(d));
+      for (const inst of Array.isArray(d.instances) ? d.instances : []) {
+        rows.push(instanceRow(d, inst));
+        instances += 1;
+      }
+    }
     if (rows.length === 0) rows.push(messageRow("No GPUs found.", GPU_COLS.length));
     body.replaceChildren(...rows);
     const node = data.node || {};
     const up = devices.filter((d) => d.up).length;
     let text = up + " of " + devices.length + " GPUs up";
+    if (instances) text += " · " + instances + " MIG instance" + (instances === 1 ? "" : "s");
     if (node.driver_version) text += " · driver " + node.driver_version;
     if (typeof data.timestamp === "number") {
       text += " · snapshot " + new Date(data.timestamp * 1000).toLocaleTimeString();
@@ -284,6 +395,13 @@ footer { margin-top: 1.5rem; font-size: .85em; }
   function renderAlerts(data) {
     const alerts = Array.isArray(data.alerts) ? data.alerts.slice() : [];
     const gpuOf = (a) => labelOf(a, "gpu");
+    // An instance's alert names its GPU instance (and compute instance) after the GPU.
+    const whereOf = (a) => {
+      let where = gpuOf(a);
+      if (labelOf(a, "gpu_instance")) where += " GI " + labelOf(a, "gpu_instance");
+      if (labelOf(a, "compute_instance")) where += " CI " + labelOf(a, "compute_instance");
+      return where;
+    };
     alerts.sort((a, b) =>
       (STATE_ORDER[a.state] ?? 2) - (STATE_ORDER[b.state] ?? 2) ||
       (Number(gpuOf(a)) || 0) - (Number(gpuOf(b)) || 0) ||
@@ -295,7 +413,7 @@ footer { margin-top: 1.5rem; font-size: .85em; }
         el("td", a.state, "state " + (a.state === "firing" ? "firing" : "pending")),
         el("td", labelOf(a, "alertname"), "alertname"),
         el("td", labelOf(a, "severity") || "—", "severity"),
-        el("td", gpuOf(a) || "—", "num gpu"),
+        el("td", whereOf(a) || "—", "num gpu"),
         el("td", ann.summary || ann.description || "", "summary"),
       );
       ALERT_COLS.forEach((name, i) => { tr.children[i].dataset.col = name; });

@@ -39,11 +39,13 @@ HEADERS = (
     "GPU",
     "Model",
     "State",
+    "Pod",
     "Bottleneck",
     "Utilization",
     "SM activity",
     "Tensor activity",
     "DRAM activity",
+    "Memory",
     "Power / limit",
     "SM clock / max",
     "Temperature",
@@ -228,6 +230,9 @@ def test_browser_renders_every_gpu_and_the_firing_alerts(
     assert re.fullmatch(r"\d{3} / 700 W", gpus["6"]["power"]), gpus["6"]
     assert gpus["0"]["chips"] == [] and gpus["0"]["throttle"] == "none"  # gpu_idle is not shown
     assert "n/a" not in {row[c] for row in gpus.values() for c in ("util", "sm", "tensor", "dram")}
+    assert all(re.fullmatch(r"\d+(\.\d)? / \d+ GiB", row["memory"]) for row in gpus.values())
+    assert {row["pod"] for row in gpus.values()} == {"—"}  # no kubelet here
+    assert not [row for row in gpus.values() if "instance" in row["attrs"].get("class", "")]
     # "—" while the sampler here runs no classifier, a class name once it does.
     assert {row["bottleneck"] for row in gpus.values()} <= {"—", *CLASSES}
 
