@@ -33,6 +33,22 @@ PARENT_ONLY = (
 ACTIVITY = ("gpu_sm_active_ratio", "gpu_tensor_active_ratio", "gpu_graphics_engine_active_ratio")
 
 
+# One GPU that gains a GPU instance at 20 s, destroying nothing (no handle goes stale).
+GROWING = {
+    "name": "grow",
+    "devices": [
+        {
+            "mig": {
+                "instances": [
+                    {"profile": "3g.71gb", "values": {"sm_active": 0.5}},
+                    {"profile": "4g.71gb", "from": 20, "values": {"sm_active": 0.7}},
+                ]
+            }
+        }
+    ],
+}
+
+
 def ticks(source: NvmlSource, clock: ManualClock, n: int = 3) -> dict[int, DeviceSample]:
     samples: list[DeviceSample] = []
     for _ in range(n):
@@ -179,20 +195,7 @@ def test_gpm_samples_of_vanished_instances_are_freed(mig: NvmlSource, clock: Man
 def test_a_new_layout_without_a_stale_handle_is_found_at_the_slow_refresh(
     start_source: Callable[..., Any], clock: ManualClock
 ) -> None:
-    growing = {
-        "name": "grow",
-        "devices": [
-            {
-                "mig": {
-                    "instances": [
-                        {"profile": "3g.71gb", "values": {"sm_active": 0.5}},
-                        {"profile": "4g.71gb", "from": 20, "values": {"sm_active": 0.7}},
-                    ]
-                }
-            }
-        ],
-    }
-    source = start_source(growing, xid_events=False, slow_refresh_seconds=30.0)
+    source = start_source(GROWING, xid_events=False, slow_refresh_seconds=30.0)
     clock.now = 5.0
     assert [i.profile for i in ticks(source, clock)[0].instances] == ["3g.71gb"]
     clock.now = 25.0  # the 4g exists, nothing went stale: the next slow refresh finds it
@@ -231,3 +234,20 @@ def test_a_full_re_init_frees_every_gpm_sample_before_nvml_shuts_down(
     assert fake.generation > generation and all(d.up for d in devices.values())
     assert held_at_shutdown == [0]
     assert devices[0].instances and devices[0].instances[0].value("gpu_sm_active_ratio") is not None
+
+
+def test_a_mig_configuration_change_event_re_enumerates_at_the_next_tick(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    import time
+
+    source = start_source(GROWING, slow_refresh_seconds=300.0)  # with the event thread
+    clock.now = 5.0
+    device = ticks(source, clock)[0]
+    assert [i.profile for i in device.instances] == ["3g.71gb"]
+    clock.now = 25.0  # the 4g is created at 20 s: NVML reports nvmlEventMigConfigChange
+    deadline = time.monotonic() + 5.0
+    while source._xid_counts.mig_changes(device.uuid) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert source._xid_counts.mig_changes(device.uuid) == 1
+    assert [i.profile for i in ticks(source, clock, n=1)[0].instances] == ["3g.71gb", "4g.71gb"]

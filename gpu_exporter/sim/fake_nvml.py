@@ -30,7 +30,6 @@ import pynvml
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
 from gpu_exporter.sim.scenario import (
     DeviceSpec,
-    FaultSpec,
     Scenario,
     ValueSpec,
     normalize_bus_id,
@@ -350,6 +349,7 @@ class _MigDevice:
 class _EventSet:
     registered: dict[int, tuple[int, float]] = field(default_factory=dict)  # dev -> (mask, since)
     delivered: set[int] = field(default_factory=set)  # fault indexes
+    mig_delivered: set[tuple[int, float]] = field(default_factory=set)  # (device, change time)
 
 
 @dataclass
@@ -1123,7 +1123,8 @@ class FakeNvmlLib:
         if not dev.spec.supports("events"):
             return 0
         ecc = dev.spec.ecc and dev.spec.supports("ecc")
-        return pynvml.nvmlEventTypeXidCriticalError | (0x3 if ecc else 0)  # + single/double-bit
+        mig = pynvml.nvmlEventMigConfigChange if dev.spec.mig_capable else 0
+        return pynvml.nvmlEventTypeXidCriticalError | (0x3 if ecc else 0) | mig
 
     @_nvml("nvmlDeviceGetSupportedEventTypes")
     def _supported_event_types(self, dev: _Device, t: float, out: Any) -> int:
@@ -1168,37 +1169,58 @@ class FakeNvmlLib:
                         remaining = min(0.1, remaining)
                     self._events_changed.wait(remaining)
                     continue
-            _fill_event(_target(out), self._devices[fault.device].token, fault.xid)
+            device, event_type, data = fault
+            _fill_event(_target(out), self._devices[device].token, event_type, data)
             return SUCCESS
 
-    def _next_event(self, event_set: _EventSet, t: float) -> FaultSpec | None:
-        """The earliest due, undelivered XID for a registered device (caller holds the lock)."""
-        due = [
-            (f.at, i, f)
+    def _next_event(self, event_set: _EventSet, t: float) -> tuple[int, int, int] | None:
+        """(device, event type, data) of the earliest due, undelivered event for a registered
+        device: an XID fault or a MIG layout change (caller holds the lock)."""
+        due: list[tuple[float, int, int, int]] = [
+            (f.at, i, f.device, f.xid)
             for i, f in self._faults
             if f.kind == "xid"
             and i not in event_set.delivered
             and f.at <= t
-            and self._wants(event_set, f)
+            and self._wants(event_set, f.device, f.at, pynvml.nvmlEventTypeXidCriticalError)
         ]
-        if not due:
+        changes = [
+            (at, -1, dev.index, 0)
+            for dev in self._devices
+            for at in (dev.spec.mig.changes() if dev.spec.mig and dev.spec.mig.enabled else ())
+            if at <= t
+            and (dev.index, at) not in event_set.mig_delivered
+            and self._wants(event_set, dev.index, at, pynvml.nvmlEventMigConfigChange)
+        ]
+        if not due and not changes:
             return None
-        _, index, fault = min(due)
+        at, index, device, xid = min(due + changes)
+        if index < 0:
+            event_set.mig_delivered.add((device, at))
+            return device, pynvml.nvmlEventMigConfigChange, 0
         event_set.delivered.add(index)
-        return fault
+        return device, pynvml.nvmlEventTypeXidCriticalError, xid
 
     def _xid_to_come(self, event_set: _EventSet) -> bool:
-        """Whether an XID for a registered device is undelivered, due or not (lock held)."""
+        """Whether an event for a registered device is undelivered, due or not (lock held)."""
+        xid = pynvml.nvmlEventTypeXidCriticalError
         return any(
-            f.kind == "xid" and i not in event_set.delivered and self._wants(event_set, f)
+            f.kind == "xid"
+            and i not in event_set.delivered
+            and self._wants(event_set, f.device, f.at, xid)
             for i, f in self._faults
+        ) or any(
+            (dev.index, at) not in event_set.mig_delivered
+            and self._wants(event_set, dev.index, at, pynvml.nvmlEventMigConfigChange)
+            for dev in self._devices
+            for at in (dev.spec.mig.changes() if dev.spec.mig and dev.spec.mig.enabled else ())
         )
 
     @staticmethod
-    def _wants(event_set: _EventSet, fault: FaultSpec) -> bool:
-        mask, since = event_set.registered.get(fault.device, (0, math.inf))
+    def _wants(event_set: _EventSet, device: int, at: float, event_type: int) -> bool:
+        mask, since = event_set.registered.get(device, (0, math.inf))
         # NVML does not record events that happened before registration.
-        return bool(mask & pynvml.nvmlEventTypeXidCriticalError) and fault.at >= since
+        return bool(mask & event_type) and at >= since
 
     # -- GPM --------------------------------------------------------------------------------
 
@@ -1345,10 +1367,10 @@ def _fill_bitmask(words: Any, size: int, bits: tuple[int, ...]) -> None:
             words[bit // 64] |= 1 << (bit % 64)
 
 
-def _fill_event(event: Any, device_token: int, xid: int) -> None:
+def _fill_event(event: Any, device_token: int, event_type: int, data: int) -> None:
     event.device = ctypes.cast(ctypes.c_void_p(device_token), pynvml.c_nvmlDevice_t)
-    event.eventType = pynvml.nvmlEventTypeXidCriticalError
-    event.eventData = xid
+    event.eventType = event_type
+    event.eventData = data
     event.gpuInstanceId = _ALL_ONES_32
     event.computeInstanceId = _ALL_ONES_32
 

@@ -1,9 +1,12 @@
-"""XID errors from NVML events, on a dedicated thread blocked in nvmlEventSetWait.
+"""XID errors and MIG configuration changes from NVML events, on a dedicated thread blocked in
+nvmlEventSetWait.
 
 ctypes releases the GIL during the wait, so the blocked thread costs nothing. NVML only
 reports XIDs that happen after registration; older ones live in the kernel log. Its NVML calls
 go through the choke point (`NvmlCalls`), counted under the field `xid_events`; the counts are
-exported by the `xid` collector (`sources/collectors/xid.py`).
+exported by the `xid` collector (`sources/collectors/xid.py`). A MIG configuration change
+(nvmlEventMigConfigChange, registered where the GPU supports it) is counted per GPU too: the
+`mig` collector enumerates the GPU's MIG devices again at its next tick.
 """
 
 from __future__ import annotations
@@ -34,10 +37,21 @@ def handle_address(handle: Any) -> int | None:
 
 @dataclass
 class XidCounts:
-    """Per-GPU-UUID XID counts and last-seen times; survives NVML re-initialisation."""
+    """Per-GPU-UUID XID counts and last-seen times, and MIG configuration changes seen; survives
+    NVML re-initialisation."""
 
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _counts: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
+    _mig_changes: dict[str, int] = field(default_factory=dict)
+
+    def record_mig_change(self, uuid: str) -> None:
+        with self._lock:
+            self._mig_changes[uuid] = self._mig_changes.get(uuid, 0) + 1
+
+    def mig_changes(self, uuid: str) -> int:
+        """How many MIG configuration changes the GPU reported (a change means re-enumerate)."""
+        with self._lock:
+            return self._mig_changes.get(uuid, 0)
 
     def record(self, uuid: str, xid: int, when: float) -> None:
         with self._lock:
@@ -88,14 +102,26 @@ class XidWatcher:
     def _register(self, uuid: str, handle: object) -> None:
         supported = self._calls.call(KEY, N.nvmlDeviceGetSupportedEventTypes, handle)
         wanted = N.nvmlEventTypeXidCriticalError & (supported or 0)
-        if not wanted:
-            return
-        # A failure (even NOT_SUPPORTED) leaves the set usable (nvml.h): others still register.
-        _, error = self._calls.attempt(
-            KEY, N.nvmlDeviceRegisterEvents, handle, wanted, self._event_set
-        )
-        if not error:
-            self.registered.add(uuid)
+        if wanted:
+            # A failure (even NOT_SUPPORTED) leaves the set usable (nvml.h): others register.
+            _, error = self._calls.attempt(
+                KEY, N.nvmlDeviceRegisterEvents, handle, wanted, self._event_set
+            )
+            if not error:
+                self.registered.add(uuid)
+        if N.nvmlEventMigConfigChange & (supported or 0):
+            # Separately, so that a GPU refusing it still reports XIDs; without it, a new
+            # MIG layout is found at the next slow refresh instead.
+            _, error = self._calls.attempt(
+                KEY,
+                N.nvmlDeviceRegisterEvents,
+                handle,
+                N.nvmlEventMigConfigChange,
+                self._event_set,
+                expected=(N.NVMLError_NotSupported, N.NVMLError_NoPermission),
+            )
+            if not error:
+                self.registered.add(uuid)
 
     def _run(self) -> None:
         try:
@@ -116,10 +142,13 @@ class XidWatcher:
                 # GPU lost or driver trouble: back off; the source re-initialises and restarts us.
                 self._stop.wait(1.0)
                 continue
-            if not event.eventType & N.nvmlEventTypeXidCriticalError:
-                continue
             uuid = self._uuid_by_address.get(handle_address(event.device))
             if uuid is None:
+                continue
+            if event.eventType & N.nvmlEventMigConfigChange:
+                log.info("MIG configuration changed on GPU %s", uuid)
+                self._counts.record_mig_change(uuid)
+            if not event.eventType & N.nvmlEventTypeXidCriticalError:
                 continue
             log.warning("XID %d on GPU %s", event.eventData, uuid)
             self._counts.record(uuid, int(event.eventData), self._wall_clock())

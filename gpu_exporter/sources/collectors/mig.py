@@ -4,8 +4,9 @@ Enumeration (nvml.h): the parent's MIG devices are at indices 0..nvmlDeviceGetMa
 empty slots answer NOT_FOUND or INVALID_ARGUMENT and are skipped. Each MIG device (one compute
 instance, CI, of one GPU instance, GI) gives its MIG UUID, its name ("<parent> MIG <profile>"),
 its GI and CI ids and its size (nvmlDeviceGetAttributes). The layout is read again on every slow
-refresh and at once when a cached MIG handle answers INVALID_ARGUMENT or NOT_FOUND: a
-reconfiguration destroyed it, which means "re-enumerate", not "GPU lost".
+refresh, at the tick after a MIG configuration-change event (`sources/xid.py`), and at once
+when a cached MIG handle answers INVALID_ARGUMENT or NOT_FOUND: a reconfiguration destroyed
+it, which means "re-enumerate", not "GPU lost".
 
 Per tick, each MIG device's memory is read through its own handle, and GPM activity per GPU
 instance with nvmlGpmMigSampleGet(parent, GI id) over the tick's window. A GI's memory and
@@ -96,6 +97,7 @@ class Mig(Collector):
         self.devices: tuple[MigDevice, ...] = ()
         self.windows: dict[tuple[int, int, str, str], gpm.GpmWindow] = {}
         self.gpm_supported: bool | None = None  # None: not asked yet
+        self.changes_seen = 0  # MIG configuration-change events enumerated for
         self.orphans: list[tuple[gpm.GpmWindow, Future[Any]]] = []
 
     # -- slow: mode and layout ---------------------------------------------------------------
@@ -108,6 +110,7 @@ class Mig(Collector):
             return []
         current, pending = (int(value) for value in mode)
         if current == 1:
+            self.changes_seen = nvml.xid_counts.mig_changes(nvml.uuid)
             self.devices = self._enumerate(nvml)
         else:
             self._forget()
@@ -161,6 +164,10 @@ class Mig(Collector):
     def read(self, nvml: Device) -> list[Reading]:
         if not nvml.mig_enabled:
             return []
+        changes = nvml.xid_counts.mig_changes(nvml.uuid)
+        if changes != self.changes_seen:  # nvmlEventMigConfigChange: a new layout
+            self.changes_seen = changes
+            self.devices = self._enumerate(nvml)
         try:
             instances = self._read_instances(nvml)
         except ExpectedError:
