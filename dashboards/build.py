@@ -65,18 +65,37 @@ POD_MATCHERS = 'cluster=~"$cluster", namespace=~"$namespace", pod=~"$pod"'
 BY_GPU = "cluster, node, gpu, uuid"
 GPU_LEGEND = "{{node}} GPU {{gpu}}"
 
-# A GPU is in scope when the pod holding it matches the namespace/pod variables (gpu_pod_info,
-# emitted in both attribution modes), or when no pod holds it and the variables are All: gpu_up
-# has no namespace/pod, and the empty value matches their ".*" All value.
-IN_SCOPE = f"(gpu_pod_info{{{POD_MATCHERS}}} or gpu_up{{{POD_MATCHERS}}})"
+# A device is a whole GPU or a MIG instance: an instance's series carry its parent's gpu and
+# uuid plus gpu_instance, mig_uuid and mig_profile (mig_uuid is absent, i.e. "", on a whole GPU),
+# so per-device queries key on (uuid, mig_uuid). A MIG parent has no utilization or activity of
+# its own (its power, clocks and links are the health dashboard's, per GPU as before).
+DEVICE = "uuid, mig_uuid"
+BY_DEVICE = f"{BY_GPU}, gpu_instance, mig_uuid, mig_profile"
+DEVICE_LEGEND = GPU_LEGEND + " {{mig_profile}} {{gpu_instance}}"
+INSTANCE_LEGEND = "{{node}} {{mig_profile}} {{gpu_instance}}"  # in a panel for one GPU index
 
-# Whom to charge a GPU's readings that carry no pod labels, one series per (GPU, pod): the pods
-# holding it by gpu_pod_info in "info" mode; nobody (empty namespace and pod) for a free GPU and
-# in "labels" mode, where such readings were taken while no pod held the GPU (a GPU whose
-# current readings carry pod labels is in labels mode).
+# A device is in scope when the pod holding it matches the namespace/pod variables (gpu_pod_info,
+# emitted in both attribution modes), or when no pod holds it and the variables are All: gpu_up
+# and gpu_mig_instance_slices have no namespace/pod then, and the empty value matches their
+# ".*" All value. A MIG parent (its own series: power, clocks, ...) is in scope too when one of
+# its instances is.
+IN_SCOPE = (
+    f"(gpu_pod_info{{{POD_MATCHERS}}} or gpu_up{{{POD_MATCHERS}}}"
+    f" or gpu_mig_instance_slices{{{POD_MATCHERS}}}"
+    f' or max by (uuid) (gpu_pod_info{{{POD_MATCHERS}, mig_uuid!=""}}))'
+)
+
+# Whom to charge a device's readings that carry no pod labels, one series per (device, pod):
+# the pods holding it by gpu_pod_info in "info" mode; nobody (empty namespace and pod) for a
+# free device and in "labels" mode, where such readings were taken while no pod held the device
+# (a device whose current readings carry pod labels is in labels mode). A MIG parent with
+# instances is nobody's: its instances are.
 UNLABELLED_OWNER = (
-    f"(max by (cluster, uuid, namespace, pod) (gpu_pod_info{{{POD_MATCHERS}}})"
-    ' unless on (uuid) gpu_utilization_ratio{pod!=""}'
+    f"(max by (cluster, {DEVICE}, namespace, pod) (gpu_pod_info{{{POD_MATCHERS}}})"
+    f" unless on ({DEVICE})"
+    ' (gpu_utilization_ratio{pod!=""} or gpu_mig_instance_slices{pod!=""})'
+    f" or on ({DEVICE})"
+    f" max by (cluster, {DEVICE}) (gpu_mig_instance_slices{{{POD_MATCHERS}}}) * 0 + 1"
     f" or on (uuid) max by (cluster, uuid) (gpu_up{{{POD_MATCHERS}}}) * 0 + 1)"
 )
 
@@ -128,8 +147,36 @@ def sel(metric: str, *matchers: str) -> str:
 
 
 def scoped(expr: str) -> str:
-    """Per-GPU `expr`, kept only for GPUs whose pod matches the namespace/pod variables."""
-    return f"({expr}) and on (uuid) {IN_SCOPE}"
+    """Per-device `expr`, kept only for devices whose pod matches the namespace/pod variables."""
+    return f"({expr}) and on ({DEVICE}) {IN_SCOPE}"
+
+
+# Each device's size as a share of a full GPU, to weight averages and GPU-hours by: 1 for a
+# whole GPU, its GPU instance's slices / 7 for a MIG instance, shared equally by the compute
+# instances of a GPU instance split in several (as gpu:size:ratio in
+# rules/gpu-exporter.recording.yaml, which these dashboards do not need); none for a MIG parent
+# with instances.
+_SLICES = f"max by (uuid, gpu_instance, mig_uuid) ({sel('gpu_mig_instance_slices')})"
+SIZE = (
+    f"({_SLICES} / on (uuid, gpu_instance) group_left () count by (uuid, gpu_instance) ({_SLICES})"
+    f" / 7 or on (uuid) max by (uuid) ({sel('gpu_up')}) * 0 + 1)"
+)
+# What says a device is busy: NVML utilization on a whole GPU, graphics-engine activity on a
+# MIG instance (NVML has no utilization under MIG; the classifier and the rules use the same).
+MIG_INSTANCE = 'mig_uuid!=""'
+BUSY = (
+    f"({sel('gpu_utilization_ratio')} or {sel('gpu_graphics_engine_active_ratio', MIG_INSTANCE)})"
+)
+
+
+def sized(expr: str) -> str:
+    """Per-device `expr` times the device's size, in full GPUs."""
+    return f"({expr}) * on ({DEVICE}) group_left () {SIZE}"
+
+
+def sized_mean(expr: str) -> str:
+    """The mean of per-device `expr` over the devices that have it, weighted by their size."""
+    return f"sum({sized(expr)}) / sum({sized(f'({expr}) * 0 + 1')})"
 
 
 def over(function: str, selector: str, window: str) -> str:
@@ -142,24 +189,31 @@ def per_gpu(expr: str, agg: str = "max", by: str = BY_GPU) -> str:
     return f"{agg} by ({by}) ({scoped(expr)})"
 
 
+def per_device(expr: str, agg: str = "max") -> str:
+    """`expr` scoped and reduced to one series per whole GPU or MIG instance."""
+    return per_gpu(expr, agg, BY_DEVICE)
+
+
 def zero_filled(expr: str, by: str) -> str:
     """`expr`, a `sum by (by)` of per-GPU series, or 0 for each in-scope group it lacks."""
     return f"{expr} or {per_gpu(sel('gpu_up'), by=by)} * 0"
 
 
 def per_pod(selector_for: Callable[[str], str]) -> str:
-    """Sum by namespace/pod of a per-GPU expression, charged to the pod holding the GPU.
+    """Sum by namespace/pod of a per-device expression, charged to the pod holding the device
+    and weighted by the device's size (a 1g MIG instance's hour is 1/7 of a GPU-hour).
 
-    `selector_for(matchers)` builds the per-GPU expression with extra matchers. Series with pod
-    labels ("labels" mode) keep them, which stays right for pods that ended within the range;
-    the others are charged through UNLABELLED_OWNER.
+    `selector_for(matchers)` builds the per-device expression with extra matchers. Series with
+    pod labels ("labels" mode) keep them, which stays right for pods that ended within the
+    range; the others are charged through UNLABELLED_OWNER.
     """
     unlabelled = selector_for('pod=""')
     labelled = selector_for('pod!="", namespace=~"$namespace", pod=~"$pod"')
-    return (
-        f"sum by (cluster, namespace, pod) ({UNLABELLED_OWNER} * on (uuid) group_left "
-        f"sum by (uuid) ({unlabelled}) or {labelled})"
+    charged = (
+        f"{UNLABELLED_OWNER} * on ({DEVICE}) group_left "
+        f"sum by ({DEVICE}) ({unlabelled}) or {labelled}"
     )
+    return f"sum by (cluster, namespace, pod) ({sized(charged)})"
 
 
 def no_pod(expr: str) -> str:
@@ -168,12 +222,12 @@ def no_pod(expr: str) -> str:
 
 
 def class_code() -> str:
-    """One series per GPU whose value is the code (1..8) of its current bottleneck class."""
+    """One series per device whose value is the code (1..8) of its current bottleneck class."""
     parts = " or ".join(
         f"{sel('gpu_bottleneck', eq('class', name))} * {code}"
         for code, (name, _, _) in enumerate(CLASSES, start=1)
     )
-    return f"sum by ({BY_GPU}) ({scoped(parts)})"
+    return f"sum by ({BY_DEVICE}) ({scoped(parts)})"
 
 
 def slowdown_code() -> str:
@@ -743,6 +797,11 @@ CLASS_NOTE = (
     "throttled, launch-bound, link-bound, memory-bound, tensor-bound, compute-bound, unknown; "
     "see DESIGN.md section 6)."
 )
+MIG_WEIGHT_NOTE = "Each MIG instance weighs its share of a full GPU (1/7 for a 1g instance)."
+MIG_NOTE = (
+    "For a MIG instance, utilization is its graphics-engine activity (NVML has none under MIG); "
+    f"A100 and A30 instances report memory only. {MIG_WEIGHT_NOTE}"
+)
 BUSY_BUT_IDLE_NOTE = (
     "Busy but idle = the launch-bound and link-bound classes: kernels run while most SMs have "
     "no work (tiny kernels, syncs, input stalls, waiting on transfers)."
@@ -751,7 +810,7 @@ BUSY_BUT_IDLE_NOTE = (
 
 def efficiency() -> Json:
     def range_mean(metric: str) -> Q:
-        return Q(per_gpu(over("avg_over_time", sel(metric), "$__range")))
+        return Q(per_device(over("avg_over_time", sel(metric), "$__range")))
 
     def class_seconds(classes: str) -> Callable[[str], str]:
         def selector(pod_matchers: str) -> str:
@@ -779,8 +838,9 @@ def efficiency() -> Json:
         stat(
             "Mean utilization",
             "NVML utilization averaged over the GPUs in scope: the share of time any kernel ran. "
-            "It says the GPU was busy, not that it did useful work: compare SM activity.",
-            Q(f"avg({scoped(sel('gpu_utilization_ratio'))})"),
+            "It says the GPU was busy, not that it did useful work: compare SM activity. "
+            f"{MIG_NOTE}",
+            Q(sized_mean(scoped(BUSY))),
             unit="percentunit",
             decimals=0,
         ),
@@ -792,8 +852,8 @@ def efficiency() -> Json:
             "Mean SM activity",
             "Share of cycles the SMs had work, averaged over the GPUs in scope that report it. "
             "NVIDIA's guidance: 80% or more is needed for efficient use; under 50% is likely "
-            f"ineffective. {ACTIVITY_NOTE}",
-            Q(f"avg({scoped(sel('gpu_sm_active_ratio'))})"),
+            f"ineffective. {ACTIVITY_NOTE} {MIG_WEIGHT_NOTE}",
+            Q(sized_mean(scoped(sel("gpu_sm_active_ratio")))),
             unit="percentunit",
             thresholds_=SM_ACTIVITY,
             decimals=0,
@@ -804,8 +864,9 @@ def efficiency() -> Json:
     board.add(
         stat(
             "Mean Tensor activity",
-            f"Share of cycles any Tensor Core pipe was active, averaged. {ACTIVITY_NOTE}",
-            Q(f"avg({scoped(sel('gpu_tensor_active_ratio'))})"),
+            f"Share of cycles any Tensor Core pipe was active, averaged. {ACTIVITY_NOTE} "
+            f"{MIG_WEIGHT_NOTE}",
+            Q(sized_mean(scoped(sel("gpu_tensor_active_ratio")))),
             unit="percentunit",
             decimals=0,
         ),
@@ -816,8 +877,9 @@ def efficiency() -> Json:
         stat(
             "Busy-but-idle GPUs",
             f"GPUs classified busy but idle now. {BUSY_BUT_IDLE_NOTE} Empty when the exporter "
-            "does not classify (unknown), 0 when none is.",
-            Q(f"sum({scoped(sel('gpu_bottleneck', BUSY_BUT_IDLE))})"),
+            "does not classify (unknown), 0 when none is. In full GPUs: a MIG instance counts "
+            "as its share of one (a 1g instance of 7 slices is 1/7).",
+            Q(f"sum({sized(scoped(sel('gpu_bottleneck', BUSY_BUT_IDLE)))})"),
             unit="short",
             thresholds_=thresholds("green", (1, "orange")),
         ),
@@ -847,13 +909,14 @@ def efficiency() -> Json:
             "Utilization (dashed) only says a kernel was running. SM activity says how many SMs "
             "had work, Tensor activity how much of that used the Tensor Cores, DRAM activity "
             "how much memory bandwidth was used. High utilization with low SM activity is "
-            f"busy-but-idle. One panel per GPU index; pick a node to see one GPU per panel. "
-            f"{ACTIVITY_NOTE}",
+            f"busy-but-idle. One panel per GPU index; pick a node to see one GPU per panel. A GPU "
+            "with MIG shows a line set per instance (its profile and GPU-instance id in the "
+            f"legend). {ACTIVITY_NOTE} {MIG_NOTE}",
             [
-                Q(scoped(sel("gpu_utilization_ratio")), "{{node}} utilization"),
-                Q(scoped(sel("gpu_sm_active_ratio")), "{{node}} SM active"),
-                Q(scoped(sel("gpu_tensor_active_ratio")), "{{node}} Tensor active"),
-                Q(scoped(sel("gpu_dram_active_ratio")), "{{node}} DRAM active"),
+                Q(scoped(BUSY), f"{INSTANCE_LEGEND} utilization"),
+                Q(scoped(sel("gpu_sm_active_ratio")), f"{INSTANCE_LEGEND} SM active"),
+                Q(scoped(sel("gpu_tensor_active_ratio")), f"{INSTANCE_LEGEND} Tensor active"),
+                Q(scoped(sel("gpu_dram_active_ratio")), f"{INSTANCE_LEGEND} DRAM active"),
             ],
             unit="percentunit",
             limits=(0, 1),
@@ -871,15 +934,29 @@ def efficiency() -> Json:
     board.add(
         table(
             "Efficiency per GPU (averages over the range)",
-            "Per GPU: mean utilization and SM/Tensor/DRAM activity over the dashboard range, the "
-            "share of that time it was busy but idle, and its bottleneck class now. "
-            f"{BUSY_BUT_IDLE_NOTE} {ACTIVITY_NOTE}",
+            "Per GPU, and per MIG instance (profile and GPU-instance id in their columns): mean "
+            "utilization and SM/Tensor/DRAM activity over the dashboard range, the share of that "
+            "time it was busy but idle, and its bottleneck class now. "
+            f"{BUSY_BUT_IDLE_NOTE} {ACTIVITY_NOTE} {MIG_NOTE}",
             [
-                ("Utilization", range_mean("gpu_utilization_ratio")),
+                (
+                    "Utilization",
+                    Q(
+                        per_device(
+                            f"{over('avg_over_time', sel('gpu_utilization_ratio'), '$__range')}"
+                            " or "
+                            + over(
+                                "avg_over_time",
+                                sel("gpu_graphics_engine_active_ratio", MIG_INSTANCE),
+                                "$__range",
+                            )
+                        )
+                    ),
+                ),
                 ("SM active", range_mean("gpu_sm_active_ratio")),
                 ("Tensor active", range_mean("gpu_tensor_active_ratio")),
                 ("DRAM active", range_mean("gpu_dram_active_ratio")),
-                ("Busy but idle", Q(per_gpu(busy_but_idle_share, "sum"))),
+                ("Busy but idle", Q(per_device(busy_but_idle_share, "sum"))),
                 ("Class now", Q(class_code())),
             ],
             unit="percentunit",
@@ -892,6 +969,7 @@ def efficiency() -> Json:
                 ),
                 override("Class now", unit="none", mappings=[CLASS_MAP]),
             ],
+            hide=("Time", "uuid", "mig_uuid"),
             sort_by="Busy but idle",
         ),
         w=24,
@@ -904,7 +982,7 @@ def efficiency() -> Json:
             "Bottleneck class per GPU",
             f"What limits each GPU, over time. {CLASS_NOTE} 'unknown' means the activity data "
             "needed to judge is absent or stuck; a GPU that is down has no class.",
-            [Q(class_code(), GPU_LEGEND)],
+            [Q(class_code(), DEVICE_LEGEND)],
             mappings=[CLASS_MAP],
         ),
         w=24,
@@ -912,18 +990,20 @@ def efficiency() -> Json:
     )
     board.add(
         class_counts(
-            f"How many GPUs in scope are in each class, over time. {CLASS_NOTE}",
-            f"sum by (class) ({scoped(sel('gpu_bottleneck'))})",
+            f"How many GPUs in scope are in each class, over time, in full GPUs (a MIG instance "
+            f"counts as its share of one). {CLASS_NOTE}",
+            f"sum by (class) ({sized(scoped(sel('gpu_bottleneck')))})",
         ),
         w=12,
         h=8,
     )
-    seconds = scoped(over("increase", sel("gpu_bottleneck_seconds_total"), "$__range"))
+    seconds = sized(scoped(over("increase", sel("gpu_bottleneck_seconds_total"), "$__range")))
     board.add(
         bargauge(
             "Share of GPU time by class (range)",
             "Share of the GPU time in scope spent in each class over the dashboard range, from "
-            f"gpu_bottleneck_seconds_total; a class never seen shows 0. {CLASS_NOTE}",
+            "gpu_bottleneck_seconds_total, each device weighted by its size; a class never seen "
+            f"shows 0. {CLASS_NOTE}",
             Q(
                 f"sort_desc(sum by (class) ({seconds}) / ignoring (class) group_left "
                 f"sum({seconds}))",
@@ -945,7 +1025,8 @@ def efficiency() -> Json:
             f"idle, and idle. {BUSY_BUT_IDLE_NOTE} '(no pod)' is time of GPUs no pod held. With "
             "pod attribution in 'info' mode a GPU's time is charged to the pod holding it now; "
             "in 'labels' mode to the pod that held it then. A GPU shared by several pods is "
-            "charged to each.",
+            "charged to each. A MIG instance's hour counts as its share of a GPU-hour (1/7 for "
+            "a 1g instance of 7 slices).",
             [
                 ("GPU-hours", Q(no_pod(f"{observed} / 3600"))),
                 ("Busy-but-idle GPU-hours", Q(no_pod(f"{busy_but_idle} / 3600"))),
@@ -977,7 +1058,7 @@ def efficiency() -> Json:
             "Share of cycles each non-tensor pipe was active. Which pipe is hot tells whether "
             "work runs in the intended precision (FP32 where bf16/fp16 was meant, say). "
             + ACTIVITY_NOTE,
-            [Q(scoped(sel("gpu_pipe_active_ratio")), GPU_LEGEND + " {{pipe}}")],
+            [Q(scoped(sel("gpu_pipe_active_ratio")), DEVICE_LEGEND + " {{pipe}}")],
             unit="percentunit",
             limits=(0, 1),
             legend_calcs=("mean",),
@@ -990,7 +1071,7 @@ def efficiency() -> Json:
             "SM occupancy",
             "Resident warps as a share of the theoretical maximum: low occupancy with high SM "
             f"activity points at register or shared-memory limits. {ACTIVITY_NOTE}",
-            [Q(scoped(sel("gpu_sm_occupancy_ratio")), GPU_LEGEND)],
+            [Q(scoped(sel("gpu_sm_occupancy_ratio")), DEVICE_LEGEND)],
             unit="percentunit",
             limits=(0, 1),
             legend_calcs=("mean",),
@@ -1002,12 +1083,12 @@ def efficiency() -> Json:
         timeseries(
             "Device memory used and reserved",
             "Memory allocated by processes (used) and held by the driver and firmware "
-            "(reserved), per GPU. A framework's caching allocator keeps memory it freed, so "
-            "'used' is an upper bound of what the model needs. Reserved needs memory info v2 "
-            "(newer drivers).",
+            "(reserved), per GPU and MIG instance. A framework's caching allocator keeps memory "
+            "it freed, so 'used' is an upper bound of what the model needs. Reserved needs "
+            "memory info v2 (newer drivers).",
             [
-                Q(scoped(sel("gpu_memory_used_bytes")), GPU_LEGEND + " used"),
-                Q(scoped(sel("gpu_memory_reserved_bytes")), GPU_LEGEND + " reserved"),
+                Q(scoped(sel("gpu_memory_used_bytes")), DEVICE_LEGEND + " used"),
+                Q(scoped(sel("gpu_memory_reserved_bytes")), DEVICE_LEGEND + " reserved"),
             ],
             unit="bytes",
             legend_calcs=("max",),
@@ -1019,12 +1100,12 @@ def efficiency() -> Json:
     board.add(
         timeseries(
             "Device memory used (share of total)",
-            "Used memory over total per GPU. Near 100% the next allocation fails (CUDA out of "
-            "memory) or the framework starts evicting its cache.",
+            "Used memory over total per GPU and MIG instance. Near 100% the next allocation "
+            "fails (CUDA out of memory) or the framework starts evicting its cache.",
             [
                 Q(
-                    f"{scoped(sel('gpu_memory_used_bytes'))} / {sel('gpu_memory_total_bytes')}",
-                    GPU_LEGEND,
+                    f"({scoped(sel('gpu_memory_used_bytes'))}) / {sel('gpu_memory_total_bytes')}",
+                    DEVICE_LEGEND,
                 )
             ],
             unit="percentunit",
@@ -1677,7 +1758,7 @@ def fleet() -> Json:
     for title, description, expr, unit, limits in (
         (
             "GPUs",
-            "GPUs the exporters know, answering or not.",
+            "Physical GPUs the exporters know, answering or not (a GPU with MIG counts once).",
             f"sum(cluster:gpu:count{in_cluster})",
             "short",
             NEUTRAL,
@@ -1698,7 +1779,8 @@ def fleet() -> Json:
         ),
         (
             "Busy-but-idle GPUs",
-            f"GPUs classified busy but idle now. {BUSY_BUT_IDLE_NOTE}",
+            f"GPUs classified busy but idle now, in full GPUs. {BUSY_BUT_IDLE_NOTE} "
+            f"{MIG_WEIGHT_NOTE}",
             f"sum(cluster_class:gpu_bottleneck:count{{{CLUSTER}, {BUSY_BUT_IDLE}}})",
             "short",
             thresholds("green", (1, "orange")),
@@ -1715,7 +1797,7 @@ def fleet() -> Json:
     board.add(
         stat(
             "Mean utilization",
-            "NVML utilization averaged over all GPUs: busy, not necessarily useful.",
+            f"NVML utilization averaged over all GPUs: busy, not necessarily useful. {MIG_NOTE}",
             Q(f"avg(cluster:gpu_utilization:avg{in_cluster})"),
             unit="percentunit",
             decimals=0,
@@ -1726,7 +1808,7 @@ def fleet() -> Json:
     board.add(
         stat(
             "Mean SM activity",
-            f"SM activity averaged over the GPUs that report it. {ACTIVITY_NOTE}",
+            f"SM activity averaged over the GPUs that report it. {ACTIVITY_NOTE} {MIG_WEIGHT_NOTE}",
             Q(f"avg(cluster:gpu_sm_active:avg{in_cluster})"),
             unit="percentunit",
             thresholds_=SM_ACTIVITY,
@@ -1738,7 +1820,8 @@ def fleet() -> Json:
     board.add(
         stat(
             "Wasted GPU-hours (range)",
-            "GPU-hours over the range that GPUs held by pods spent idle or busy but idle.",
+            "GPU-hours over the range that GPUs held by pods spent idle or busy but idle. "
+            "A MIG instance's hour counts as its share of a GPU-hour.",
             Q(f"sum({gpu_hours(f'namespace:gpu_waste_seconds:rate5m{held}')})"),
             unit="h",
             thresholds_=thresholds("green", (1, "orange")),
@@ -1753,7 +1836,8 @@ def fleet() -> Json:
         timeseries(
             "Fleet activity",
             "Fleet-wide mean utilization (dashed) against SM, Tensor and DRAM activity. The gap "
-            f"between utilization and SM activity is GPU time spent without work. {ACTIVITY_NOTE}",
+            f"between utilization and SM activity is GPU time spent without work. {ACTIVITY_NOTE} "
+            f"{MIG_NOTE}",
             [
                 Q(f"cluster:gpu_utilization:avg{in_cluster}", "{{cluster}} utilization"),
                 Q(f"cluster:gpu_sm_active:avg{in_cluster}", "{{cluster}} SM active"),
@@ -1770,7 +1854,8 @@ def fleet() -> Json:
     )
     board.add(
         class_counts(
-            f"How many GPUs are in each class, over time. {CLASS_NOTE}",
+            "How many GPUs are in each class, over time, in full GPUs (a MIG instance counts as "
+            f"its share of one). {CLASS_NOTE}",
             f"sum by (class) (cluster_class:gpu_bottleneck:count{in_cluster})",
         ),
         w=12,
@@ -1782,7 +1867,8 @@ def fleet() -> Json:
             "Per namespace: GPUs held now, mean utilization and SM/Tensor activity now, and "
             "GPU-hours over the range spent busy but idle and wasted (idle or busy but idle). "
             f"{BUSY_BUT_IDLE_NOTE} '(no pod)' is GPUs no pod holds: their idle time is spare "
-            f"capacity, not waste. {ACTIVITY_NOTE}",
+            f"capacity, not waste. {ACTIVITY_NOTE} GPUs and GPU-hours are in full GPUs and the "
+            f"means weighted by size: {MIG_NOTE}",
             [
                 ("GPUs", Q(no_pod(f"namespace:gpu:count{in_namespace}"))),
                 ("Utilization", Q(no_pod(f"namespace:gpu_utilization:avg{in_namespace}"))),
@@ -1818,7 +1904,8 @@ def fleet() -> Json:
     board.add(
         bargauge(
             "Wasted GPU-hours by namespace (range)",
-            "GPU-hours over the range that each namespace's GPUs spent idle or busy but idle.",
+            "GPU-hours over the range that each namespace's GPUs spent idle or busy but idle "
+            "(a MIG instance's hour counts as its share of a GPU-hour).",
             Q(
                 f"sort_desc({gpu_hours(f'namespace:gpu_waste_seconds:rate5m{pods}')})",
                 "{{namespace}}",
@@ -1838,7 +1925,8 @@ def fleet() -> Json:
             "The pods whose GPUs spent the most GPU-hours idle or busy but idle over the range, "
             "and how much of it was busy but idle (kernels running, SMs empty: look at the "
             "code) rather than idle (nothing running: release the GPU). Tip: a pod with a "
-            "high busy-but-idle share is where profiling pays off.",
+            "high busy-but-idle share is where profiling pays off. A MIG instance's hour counts "
+            "as its share of a GPU-hour.",
             [
                 ("Wasted GPU-hours", Q(top_waste)),
                 (
@@ -1863,8 +1951,8 @@ def fleet() -> Json:
     board.add(
         bargauge(
             "Busy-but-idle GPUs now, top 10 pods",
-            "Pods with the most GPUs busy but idle, averaged over the last 5 minutes. "
-            f"{BUSY_BUT_IDLE_NOTE}",
+            "Pods with the most GPUs busy but idle, averaged over the last 5 minutes, in full "
+            f"GPUs. {BUSY_BUT_IDLE_NOTE} {MIG_WEIGHT_NOTE}",
             Q(
                 f"topk(10, namespace_pod:gpu_busy_but_idle_seconds:rate5m{pods})",
                 "{{namespace}}/{{pod}}",
