@@ -9,7 +9,9 @@ For each workload (idle, bf16 matmul, device-to-device copy, host-to-device copy
 with a host sync after each, tiny kernels without sync) it samples every device once a second
 with `NvmlSource` and records per-workload averages of every metric family. It also records
 per-call NVML latency (p50/p99), which fields and GPM metrics this GPU and driver answer, and
-how GPM behaves with windows shorter than the documented 100 ms.
+how GPM behaves with windows shorter than the documented 100 ms, and each GPU's MIG mode: where
+MIG is already enabled (it is never changed here), its MIG devices as NVML lists them next to
+the instances the daemon reports.
 
 The workloads run in a child process so that their Python loop does not disturb the timings.
 Without a GPU (`--simulate SCENARIO`) the same code runs on the fake NVML with sleeping
@@ -319,6 +321,61 @@ def probe_gpm(handle: Any, windows: tuple[float, ...] = (0.02, 0.05, 0.1, 0.5)) 
     return result
 
 
+def probe_mig(source: NvmlSource) -> dict[str, Any]:
+    """Per GPU: its MIG mode and, only where MIG is already enabled, its MIG devices as NVML
+    lists them directly, next to the instances the daemon's source reports. Reads only: a
+    GPU's MIG mode (or any setting) is never changed here."""
+    gone = (N.NVMLError_NotFound, N.NVMLError_InvalidArgument)
+    daemon = {d.index: d for d in source.sample()}
+    out: dict[str, Any] = {}
+    for index in range(N.nvmlDeviceGetCount()):
+        handle = N.nvmlDeviceGetHandleByIndex(index)
+        entry: dict[str, Any] = {}
+        out[str(index)] = entry
+        try:
+            entry["mode"] = list(N.nvmlDeviceGetMigMode(handle))
+        except N.NVMLError as exc:
+            entry["mode"] = str(exc)
+            continue
+        if entry["mode"][0] != 1:
+            continue
+        listed = []
+        for slot in range(N.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = N.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                memory = N.nvmlDeviceGetMemoryInfo(mig)
+                listed.append(
+                    {
+                        "slot": slot,
+                        "mig_uuid": N.nvmlDeviceGetUUID(mig),
+                        "name": N.nvmlDeviceGetName(mig),
+                        "gpu_instance": N.nvmlDeviceGetGpuInstanceId(mig),
+                        "compute_instance": N.nvmlDeviceGetComputeInstanceId(mig),
+                        "memory_total": memory.total,
+                    }
+                )
+            except gone:
+                continue
+            except N.NVMLError as exc:  # what an unprivileged reader cannot do: worth knowing
+                listed.append({"slot": slot, "error": str(exc)})
+        entry["nvml"] = listed
+        sample = daemon.get(index)
+        reported = sample.instances if sample is not None else ()
+        entry["daemon"] = [
+            {
+                "mig_uuid": i.mig_uuid,
+                "profile": i.profile,
+                "gpu_instance": i.gpu_instance,
+                "memory_total": i.value("gpu_memory_total_bytes"),
+            }
+            for i in reported
+        ]
+        entry["agree"] = {i["mig_uuid"] for i in listed if "mig_uuid" in i} == {
+            i.mig_uuid for i in reported
+        }
+    return out
+
+
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -387,6 +444,7 @@ def run(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
         report["fields"] = probe_fields(handle)
         report["gpm_short_windows"] = probe_gpm(handle)
         report["memory_info"] = probe_memory(handle)
+        report["mig"] = probe_mig(source)
         for name in args.workloads:
             if time.monotonic() - started > TIME_BUDGET_SECONDS:
                 report["workloads"][name] = {"skipped": "time budget spent"}
@@ -573,6 +631,10 @@ def render_summary(report: dict[str, Any]) -> str:
         lines += ["", "Fields not answered: " + ", ".join(unanswered)]
     gpm = report.get("gpm_short_windows", {})
     lines += ["", f"GPM supported: {gpm.get('supported')}; short windows: {gpm.get('windows')}"]
+    for index, entry in report.get("mig", {}).items():
+        listed = entry.get("nvml")
+        found = "" if listed is None else f"; {len(listed)} MIG devices, daemon agrees: "
+        lines.append(f"MIG on GPU {index}: mode {entry['mode']}{found}{entry.get('agree', '')}")
     lines += ["", "| check | value | passed |", "|---|---|---|"]
     for name, check in report.get("checks", {}).items():
         value = check["value"]

@@ -108,3 +108,21 @@ def test_a_broken_run_still_writes_what_it_has(gv, tmp_path, monkeypatch, fake_n
     assert "RuntimeError: the GPU caught fire" in report["failure"]
     assert report["workloads"]["idle"]["samples"] >= 1
     assert "Run failed part-way" in output.with_suffix(".md").read_text()
+
+
+def test_mig_is_reported_where_it_is_enabled_and_compared_with_the_daemon(
+    gv, tmp_path: Path, fake_nvml
+) -> None:
+    output = tmp_path / "mig.json"
+    argv = ["--simulate", "mig", "--seconds", "0.5", "--warmup", "0", "--interval", "0.3"]
+    argv += ["--calls", "5", "--workloads", "idle", "--output", str(output)]
+    assert gv.main(argv) == 0
+    mig = json.loads(output.read_text())["mig"]
+    assert [mig[str(i)]["mode"] for i in range(4)] == [[1, 1], [1, 1], [0, 0], [1, 1]]
+    assert "nvml" not in mig["2"]  # MIG off: nothing to list
+    assert len(mig["0"]["nvml"]) == 7 and mig["0"]["agree"] is True
+    assert len(mig["3"]["nvml"]) == 5 and mig["3"]["agree"] is True  # 3 CIs + 2g + 1g
+    listed = {i["mig_uuid"] for i in mig["1"]["nvml"]}
+    assert listed == {i["mig_uuid"] for i in mig["1"]["daemon"]}
+    summary = output.with_suffix(".md").read_text()
+    assert "MIG on GPU 0: mode [1, 1]; 7 MIG devices, daemon agrees: True" in summary
