@@ -1,0 +1,91 @@
+"""`gpu-exporter serve --simulate mig`: the MIG node as Prometheus scrapes it.
+
+The reconfiguration of the built-in scenario (at 90 s) is moved to 3 s here, so that the test
+sees the old layout, then the new one, from the real daemon.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from gpu_exporter.sim.scenario import load_scenario
+from tests.daemon import serve
+from tests.support import promtool_check_metrics, wait_for
+
+SCENARIO = Path(__file__).resolve().parent.parent / "gpu_exporter/sim/scenarios/mig.yaml"
+RECONFIGURED_AT = 3
+
+
+def fast_reconfiguration(tmp_path: Path) -> Path:
+    data = yaml.safe_load(SCENARIO.read_text())
+    for instance in data["devices"][1]["mig"]["instances"]:
+        for key in ("from", "until"):
+            if key in instance:
+                instance[key] = RECONFIGURED_AT
+    path = tmp_path / "mig-fast.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def series(text: str, family: str) -> list[dict[str, str]]:
+    """Label sets of `family`'s samples in a text exposition."""
+    out = []
+    for line in text.splitlines():
+        name, brace, rest = line.partition("{")
+        if name != family or not brace:
+            continue
+        labels = rest.rsplit("}", 1)[0]
+        out.append(dict(pair.split("=", 1) for pair in labels.replace('"', "").split(",")))
+    return out
+
+
+def test_mig_node_serves_valid_metrics_and_follows_the_reconfiguration(tmp_path: Path) -> None:
+    path = fast_reconfiguration(tmp_path)
+    spec = load_scenario(path)
+    mixed = spec.devices[1].mig
+    assert mixed is not None
+    old_2g, new_gi5 = mixed.instances[1].mig_uuids[0], mixed.instances[4].mig_uuids[0]
+    with serve(tmp_path, "--simulate", str(path), "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+
+        def with_activity() -> str | None:
+            now = daemon.metrics_text()
+            return now if "gpu_sm_active_ratio{" in now else None
+
+        text = wait_for(with_activity, 10)
+        assert text, daemon.output()
+        checked = promtool_check_metrics(text.encode())
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        # Parent power once per parent, without instance labels.
+        power = series(text, "gpu_power_watts")
+        assert sorted(p["gpu"] for p in power) == ["0", "1", "2", "3"]
+        assert not [p for p in power if "mig_uuid" in p]
+        # Each instance its own series, with its identity.
+        sm = series(text, "gpu_sm_active_ratio")
+        gpu0 = sorted(int(s["gpu_instance"]) for s in sm if s["gpu"] == "0")
+        assert gpu0 == list(range(7, 14))
+        assert all(
+            s["mig_profile"] == "1g.18gb" and s["mig_uuid"].startswith("MIG-")
+            for s in sm
+            if s["gpu"] == "0"
+        )
+        assert {s.get("mig_uuid") for s in sm if s["gpu"] == "2"} == {None}  # MIG off
+        assert not [s for s in sm if s["gpu"] == "3"]  # A100: no GPM, activity absent
+        shared = [s for s in series(text, "gpu_mig_instance_info") if s["gpu"] == "3"]
+        assert sorted(s.get("compute_instance", "-") for s in shared) == ["-", "-", "0", "1", "2"]
+        mode = {(m["gpu"], m["state"]) for m in series(text, "gpu_mig_mode")}
+        assert ("2", "current") in mode and len(mode) == 8
+
+        # After the reconfiguration: the 2g is gone, GI 5 is a new 1g with a new MIG UUID.
+        def reconfigured() -> str | None:
+            now = daemon.metrics_text()
+            uuids = {s["mig_uuid"] for s in series(now, "gpu_mig_instance_info")}
+            return now if new_gi5 in uuids and old_2g not in uuids else None
+
+        after = wait_for(reconfigured, 15)
+        assert after, daemon.output()
+        gi5 = [s for s in series(after, "gpu_mig_instance_info") if s["mig_uuid"] == new_gi5]
+        assert gi5 and gi5[0]["gpu_instance"] == "5" and gi5[0]["mig_profile"] == "1g.18gb"
+        assert not [s for s in series(after, "gpu_sm_active_ratio") if s.get("mig_uuid") == old_2g]
