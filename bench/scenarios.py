@@ -1,7 +1,9 @@
 """Scenarios and rule files generated for the benchmarks (plain dicts, written as YAML).
 
-Devices are the 8 behaviours of the built-in `mixed` scenario, repeated. MIG instances are
-not simulated by the fake, so "64 devices" means 64 full GPUs (8 HGX boards' worth).
+Devices are the 8 behaviours of the built-in `mixed` scenario, repeated: "64 devices" means
+64 full GPUs (8 HGX boards' worth). `generate_mig` partitions such GPUs into MIG instances
+(the simulator's `mig:` mapping, docs/scenarios.md "MIG"), so "8 GPUs x 7 instances" is 64
+series-producing devices too: 8 parents plus 56 instances.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gpu_exporter.sim.mig import GPU_SLICES, INSTANCE_QUANTITIES
 
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 PCIE_BYTE_FIELDS = (197, 198)  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / RX_BYTES
@@ -69,6 +73,90 @@ def generate(
         driver["unsupported_fields"] = sorted(fields)
     if faults:
         scenario["faults"] = [*scenario.get("faults", []), *map(dict, faults)]
+    return scenario
+
+
+# What a MIG parent does not report itself (NVML: utilization is not supported under MIG;
+# memory and GPM activity are the instances'): removed from the parents' values.
+PARENT_ACTIVITY = ("utilization", "memory_utilization", *INSTANCE_QUANTITIES)
+MIG_PROFILE = "1g.18gb"  # the H200's smallest GPU instance: 7 fit on one GPU
+FIRST_1G_GPU_INSTANCE = 7  # NVML's GPU-instance ids for 1-slice profiles are 7..13
+# A 1g instance serving inference, and one spinning on tiny kernels (the engine busy, the SMs
+# not): the `mig` scenario's "serving" anchor and its launch-bound GI 9.
+MIG_SERVING: dict[str, Any] = {
+    "graphics_active": {"sine": {"mean": 0.9, "amplitude": 0.03, "period": 20}},
+    "sm_active": {"sine": {"mean": 0.75, "amplitude": 0.03, "period": 20}, "noise": 0.01},
+    "sm_occupancy": 0.45,
+    "tensor_active": {"sine": {"mean": 0.55, "amplitude": 0.03, "period": 25}},
+    "dram_active": 0.45,
+    "fp16_active": 0.2,
+    "memory_used_bytes": 15032385536,
+}
+MIG_LAUNCH_BOUND: dict[str, Any] = {
+    "graphics_active": 0.95,
+    "sm_active": {"sine": {"mean": 0.1, "amplitude": 0.02, "period": 20}, "noise": 0.01},
+    "sm_occupancy": 0.04,
+    "tensor_active": 0.01,
+    "dram_active": 0.04,
+    "memory_used_bytes": 4294967296,
+}
+# An idle whole GPU's parked clocks and power make no sense on a parent of busy instances.
+_IDLE_ONLY = ("clock_event_reasons", "sm_clock_mhz", "power_watts", "temperature_celsius")
+MIG_PARENT_POWER: dict[str, Any] = {
+    "sine": {"mean": 420, "amplitude": 10, "period": 30},
+    "noise": 4,
+}
+
+
+def mig_instances(gpu: int, count: int) -> list[dict[str, Any]]:
+    """`count` 1g.18gb instances of GPU `gpu`: all serving but one launch-bound (a different
+    one on each GPU)."""
+    if not 1 <= count <= GPU_SLICES:
+        raise ValueError(f"1 to {GPU_SLICES} 1-slice instances fit on one GPU, not {count}")
+    launch_bound = gpu % count
+    return [
+        {
+            "profile": MIG_PROFILE,
+            "gpu_instance": FIRST_1G_GPU_INSTANCE + position,
+            "values": copy.deepcopy(MIG_LAUNCH_BOUND if position == launch_bound else MIG_SERVING),
+        }
+        for position in range(count)
+    ]
+
+
+def generate_mig(
+    devices: int,
+    instances_per_gpu: int = GPU_SLICES,
+    *,
+    name: str | None = None,
+    latency: Mapping[str, Any] | None = None,
+    pcie_byte_fields: bool = True,
+) -> dict[str, Any]:
+    """`generate(devices)` (H200s, `mixed`'s behaviours) with MIG on every GPU, each
+    partitioned as `instances_per_gpu` x 1g.18gb (see `mig_instances`).
+
+    The parents keep their power, temperature, clock, clock-event and link behaviours (so the
+    parent series match the whole-GPU configurations'); their activity and memory values go,
+    since under MIG those are the instances'. The daemon is unprivileged (no MIG monitor
+    capability), as in the built-in `mig` scenario.
+    """
+    scenario = generate(
+        devices,
+        name=name or f"bench-{devices}gpu-mig-{instances_per_gpu}x1g",
+        latency=latency,
+        pcie_byte_fields=pcie_byte_fields,
+    )
+    for gpu, device in enumerate(scenario["devices"]):
+        values = {k: v for k, v in device.get("values", {}).items() if k not in PARENT_ACTIVITY}
+        if "gpu_idle" in (values.get("clock_event_reasons") or []):
+            values = {k: v for k, v in values.items() if k not in _IDLE_ONLY}
+            values["power_watts"] = copy.deepcopy(MIG_PARENT_POWER)
+        device["values"] = values
+        device["label"] = f"mig-{device['label']}"
+        device["mig"] = {"instances": mig_instances(gpu, instances_per_gpu)}
+    scenario["description"] = (
+        f"{devices} H200s, each as {instances_per_gpu} x {MIG_PROFILE}, generated for bench/"
+    )
     return scenario
 
 
