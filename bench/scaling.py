@@ -1,7 +1,9 @@
 """Scaling: tick and scrape cost at 1, 8 and 64 devices and with 1, 100 and 1,000 rule series.
 
-MIG instances are not simulated by the fake, so 64 devices are 64 full GPUs (the device mix
-of `mixed`, repeated). A "rule series" is one alerting rule selecting one series of one GPU
+A device is a series-producing unit: a whole GPU, a MIG parent or a MIG instance. "64gpu" is
+64 full GPUs (the device mix of `mixed`, repeated); "8gpu-mig-7x1g" is 8 H200s each
+partitioned as 7 x 1g.18gb, so 64 devices too (8 parents + 56 instances; see
+`scenarios.generate_mig`). A "rule series" is one alerting rule selecting one series of one GPU
 (see `scenarios.rule_file`). Two more configurations check two claims: scrape cost does not
 depend on NVML latency (0.36 ms per call), and a tick stays well inside the interval when
 the driver lacks PCIe byte counters and each PCIe throughput call takes its 20 ms.
@@ -33,9 +35,23 @@ class Config:
     rules: str = "shipped"  # "shipped", "none", or a number of generated rule series
     latency: str = "mixed"  # "mixed" (scenario's own) or "nvml-like"
     pcie_byte_fields: bool = True
+    mig_instances: int = 0  # per GPU, each a 1g.18gb; 0: MIG off
+
+    @property
+    def series_devices(self) -> int:
+        """GPUs plus MIG instances: every unit that has series of its own."""
+        return self.devices * (1 + self.mig_instances)
 
     def scenario(self) -> dict[str, Any]:
         latency = scenarios.NVML_LIKE_LATENCY if self.latency == "nvml-like" else None
+        if self.mig_instances:
+            return scenarios.generate_mig(
+                self.devices,
+                self.mig_instances,
+                name=f"bench-{self.name}",
+                latency=latency,
+                pcie_byte_fields=self.pcie_byte_fields,
+            )
         return scenarios.generate(
             self.devices,
             name=f"bench-{self.name}",
@@ -64,8 +80,10 @@ CONFIGS = (
     Config("8gpu-1000-rule-series", rules="1000"),
     Config("8gpu-nvml-latency", latency="nvml-like"),
     Config("8gpu-pcie-20ms-call", pcie_byte_fields=False),
+    Config("8gpu-mig-7x1g", mig_instances=7),
 )
 DEVICE_SERIES = ("1gpu", "8gpu", "64gpu")
+MIG_CONFIG = "8gpu-mig-7x1g"
 
 
 @dataclass(frozen=True)
@@ -86,7 +104,7 @@ class ScalingSettings:
             history_seconds=60.0,
             single_requests=10,
             concurrent_requests_each=1,
-            configs=("1gpu", "8gpu", "8gpu-1-rule-series"),
+            configs=("1gpu", "8gpu", "8gpu-1-rule-series", MIG_CONFIG),
         )
 
 
@@ -196,6 +214,19 @@ def growth(results: dict[str, Any], phase: str = "steady") -> dict[str, float]:
     }
 
 
+def mig_per_device(results: dict[str, Any], phase: str = "steady") -> dict[str, float]:
+    """The MIG configuration's CPU per tick per device (GPU or instance) and per GPU."""
+    config = next(c for c in CONFIGS if c.name == MIG_CONFIG)
+    if config.name not in results:
+        return {}
+    cpu = results[config.name]["tick"][phase]["cpu_seconds_per_tick"]
+    return {
+        "devices": float(config.series_devices),
+        "cpu_seconds_per_device": cpu / config.series_devices,
+        "cpu_seconds_per_gpu": cpu / config.devices,
+    }
+
+
 def run(settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
@@ -203,7 +234,7 @@ def run(settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
         if config.name not in settings.configs:
             continue
         results[config.name] = {
-            "config": config.__dict__,
+            "config": config.__dict__ | {"series_devices": config.series_devices},
             "tick": tick_cost(config, settings, workdir),
             "scrape": scrape_cost(config, settings, workdir),
         }
@@ -213,5 +244,9 @@ def run(settings: ScalingSettings, workdir: Path) -> dict[str, Any]:
         "growth_steady": growth(results, "steady"),
         "growth_young": growth(results, "young"),
         "bytes_per_device": bytes_per_device(results),
-        "note": "MIG is not simulated: 64 devices are 64 full GPUs.",
+        "mig_per_device": mig_per_device(results),
+        "note": (
+            "A device is a whole GPU, a MIG parent or a MIG instance: 64gpu is 64 full GPUs, "
+            "8gpu-mig-7x1g 8 parents + 56 instances."
+        ),
     }
