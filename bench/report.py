@@ -158,6 +158,14 @@ def scaling_section(scaling: Mapping[str, Any]) -> str:
             f"{devices} GPUs {fmt(cost, 'ms')}" for devices, cost in per_device.items()
         )
         text += " (flat if cost is linear in devices)."
+    mig = mig_cost(scaling)
+    if not _missing(mig["per_device"]):
+        text += (
+            f"\n\n{MIG_CONFIG}: {mig['gpus']} GPUs x {mig['instances_per_gpu']} MIG instances = "
+            f"{mig['devices']} devices (a device is a series-producing unit: a MIG parent or a "
+            f"MIG instance); tick CPU per device (steady) {fmt(mig['per_device'], 'ms')}, "
+            f"per GPU {fmt(mig['per_gpu'], 'ms')}."
+        )
     return text
 
 
@@ -169,6 +177,28 @@ def per_device_cost(scaling: Mapping[str, Any]) -> dict[int, float]:
         if not _missing(cpu):
             out[devices] = cpu / devices
     return out
+
+
+MIG_CONFIG = "8gpu-mig-7x1g"
+MIG_GPUS, MIG_INSTANCES_PER_GPU = 8, 7  # when the results do not say
+
+
+def mig_cost(scaling: Mapping[str, Any]) -> dict[str, Any]:
+    """The MIG configuration's steady tick CPU per device and per GPU, where a device is a
+    series-producing unit (a MIG parent or a MIG instance: 8 + 56 = 64 devices)."""
+    config = _get(scaling, "configs", MIG_CONFIG, "config") or {}
+    gpus = int(config.get("devices", MIG_GPUS))
+    per_gpu = int(config.get("mig_instances", MIG_INSTANCES_PER_GPU))
+    devices = gpus * (1 + per_gpu)
+    cpu = _get(scaling, "configs", MIG_CONFIG, "tick", "steady", "cpu_seconds_per_tick")
+    return {
+        "gpus": gpus,
+        "instances_per_gpu": per_gpu,
+        "devices": devices,
+        "cpu": cpu,
+        "per_device": None if _missing(cpu) else cpu / devices,
+        "per_gpu": None if _missing(cpu) else cpu / gpus,
+    }
 
 
 OVERHEAD_VARIANTS = (
@@ -392,6 +422,37 @@ def _linear_targets(results: Mapping[str, Any]) -> list[Target]:
     ]
 
 
+def _mig_targets(results: Mapping[str, Any]) -> list[Target]:
+    """8 GPUs x 7 MIG instances keep the 64-device linearity target, a device being a
+    series-producing unit: a GPU or a MIG instance (8 parents + 56 instances = 64 devices,
+    vs the 8-GPU configuration's 8)."""
+    scaling = _get(results, "scaling") or {}
+    whole = per_device_cost(scaling).get(8)
+    mig = mig_cost(scaling)
+    gpus, instances, devices = mig["gpus"], mig["gpus"] * mig["instances_per_gpu"], mig["devices"]
+    scrape = _get(scaling, "configs", MIG_CONFIG, "scrape") or {}
+    per_gpu_ratio = ratio(mig["per_gpu"], whole)
+    return [
+        _ratio_target(
+            f"{gpus} GPUs x {mig['instances_per_gpu']} MIG instances: tick CPU per device "
+            f"<= 1.25x the {gpus}-GPU figure",
+            ratio(mig["per_device"], whole),
+            1.25,
+            f"device = series-producing unit, a GPU or a MIG instance ({gpus} parents + "
+            f"{instances} instances = {devices} devices, vs the {gpus}-GPU configuration's "
+            f"{gpus}): {fmt(mig['per_device'], 'ms')} vs {fmt(whole, 'ms')} per device, steady; "
+            f"per GPU {fmt(mig['per_gpu'], 'ms')} ({fmt(per_gpu_ratio, 'x')} the whole-GPU "
+            "figure)",
+        ),
+        _limit(
+            f"{gpus} x {mig['instances_per_gpu']} MIG: /metrics p99 <= 5 ms, 1 scraper",
+            scrape.get("scrape_1_p99"),
+            "ms",
+            0.005,
+        ),
+    ]
+
+
 def _latency_targets(results: Mapping[str, Any]) -> list[Target]:
     ours = _ours(results)
     pcie = _get(results, "scaling", "configs", "8gpu-pcie-20ms-call", "tick", "steady", "wall")
@@ -454,6 +515,7 @@ TARGET_GROUPS: tuple[Callable[[Mapping[str, Any]], list[Target]], ...] = (
     _cpu_targets,
     _memory_targets,
     _linear_targets,
+    _mig_targets,
     _overhead_targets,
     _latency_targets,
     _detection_targets,
