@@ -162,6 +162,67 @@ def test_thermal_faults_step_on_at_the_given_time() -> None:
     assert sim.load_scenario(peer.peer_scenario()).faults[0].at == 3
 
 
+def test_generated_mig_scenario_has_8_h200s_of_7_1g_instances() -> None:
+    from bench import scaling
+
+    config = next(c for c in scaling.CONFIGS if c.name == scaling.MIG_CONFIG)
+    assert (config.devices, config.mig_instances, config.series_devices) == (8, 7, 64)
+    data = config.scenario()
+    scenario = sim.load_scenario(data)
+    assert len(scenario.devices) == 8
+    assert (
+        len({d.uuid for d in scenario.devices})
+        == len({d.pci_bus_id for d in scenario.devices})
+        == 8
+    )
+    uuids = set()
+    for gpu, device in enumerate(scenario.devices):
+        assert device.model == "NVIDIA H200" and device.mig_enabled
+        assert device.mig is not None
+        live = device.mig.live(0.0)
+        assert len(live) == 7
+        assert {i.profile.name for i in live} == {"1g.18gb"}
+        assert sorted(i.gpu_instance for i in live) == list(range(7, 14))
+        assert sorted(s for i in live for s in i.slots) == list(range(7))
+        uuids |= {u for i in live for u in i.mig_uuids}
+        # every instance busy; exactly one launch-bound (engine busy, SMs mostly idle)
+        sm = [i.values["sm_active"].value_at(10.0) for i in live]
+        engine = [i.values["graphics_active"].value_at(10.0) for i in live]
+        assert min(engine) > 0.8
+        assert sum(v < 0.2 for v in sm) == 1, f"GPU {gpu}: {sm}"
+        # the parent reports no activity of its own under MIG
+        assert not {"utilization", "sm_active"} & set(data["devices"][gpu]["values"])
+    assert len(uuids) == 56
+    assert scaling.MIG_CONFIG == report.MIG_CONFIG
+    assert scaling.MIG_CONFIG in scaling.ScalingSettings.quick().configs
+    small = sim.load_scenario(scenarios.generate_mig(2, 3)).devices[1].mig
+    assert small is not None and len(small.live(0.0)) == 3
+    with pytest.raises(ValueError):
+        scenarios.generate_mig(8, 8)
+
+
+def test_mig_config_ticks_with_series_per_instance() -> None:
+    """The pipeline the scaling benchmark measures exports the 56 instances' series."""
+    from bench import scaling
+    from bench.inproc import build
+
+    config = next(c for c in scaling.CONFIGS if c.name == scaling.MIG_CONFIG)
+    pipeline = build(config.scenario(), rules=[])
+    try:
+        pipeline.tick()
+        pipeline.tick()
+        rendered = pipeline.sampler.rendered
+        assert rendered is not None
+        text = rendered.text.decode()
+    finally:
+        pipeline.close()
+    used = [line for line in text.splitlines() if line.startswith("gpu_memory_used_bytes{")]
+    engine = [line for line in text.splitlines() if line.startswith("gpu_graphics_engine_active")]
+    assert sum('mig_uuid="' in line for line in used) == 56
+    assert sum('mig_uuid="' in line for line in engine) == 56
+    assert not any(line.startswith("gpu_utilization_ratio{") for line in text.splitlines())
+
+
 @pytest.mark.parametrize("series", [1, 100, 1000])
 def test_generated_rule_files_load_with_one_rule_per_series(series: int, tmp_path: Path) -> None:
     path = scenarios.write_yaml(scenarios.rule_file(series), tmp_path / "rules.yaml")
@@ -267,6 +328,62 @@ def test_targets_get_verdicts_from_the_results() -> None:
     assert verdicts["read path over bare NVML <= 1.25x (NVML source only, CPU)"] is None
     markdown = report.render(results, {"cpu": "test"})
     assert "## Targets" in markdown and "**missed**" in markdown
+
+
+def _mig_results(whole: float, mig: float | None, p99: float | None) -> dict[str, object]:
+    configs: dict[str, object] = {"8gpu": {"tick": {"steady": {"cpu_seconds_per_tick": whole}}}}
+    if mig is not None:
+        configs["8gpu-mig-7x1g"] = {
+            "config": {"name": "8gpu-mig-7x1g", "devices": 8, "mig_instances": 7},
+            "tick": {"steady": {"cpu_seconds_per_tick": mig}},
+            "scrape": {"scrape_1_p99": p99},
+        }
+    return {"scaling": {"configs": configs}}
+
+
+MIG_CPU = "8 GPUs x 7 MIG instances: tick CPU per device <= 1.25x the 8-GPU figure"
+MIG_P99 = "8 x 7 MIG: /metrics p99 <= 5 ms, 1 scraper"
+
+
+@pytest.mark.parametrize(
+    ("mig_cpu", "p99", "cpu_ok", "p99_ok"),
+    [
+        # 8 GPUs 8 ms: 1 ms per device. 64 devices at 0.080 s: 1.25 ms per device, 1.25x.
+        (0.080, 0.005, True, True),
+        (0.0801, 0.0051, False, False),
+        # 0.040 s is 0.625 ms per device (met) but 5 ms per GPU: per GPU is not the target.
+        (0.040, 0.001, True, True),
+    ],
+)
+def test_mig_targets_count_parents_and_instances_as_devices(
+    mig_cpu: float, p99: float, cpu_ok: bool, p99_ok: bool
+) -> None:
+    results = _mig_results(0.008, mig_cpu, p99)
+    rows = {name: (value, note, ok) for name, value, note, ok in report.evaluate_targets(results)}
+    value, note, ok = rows[MIG_CPU]
+    assert ok is cpu_ok
+    assert value == report.fmt(mig_cpu / 64 / 0.001, "x")
+    assert "8 parents + 56 instances = 64 devices" in note
+    assert f"per GPU {report.fmt(mig_cpu / 8, 'ms')}" in note
+    assert rows[MIG_P99][2] is p99_ok
+    cost = report.mig_cost(results["scaling"])  # type: ignore[arg-type]
+    assert cost["devices"] == 64
+    assert cost["per_device"] == pytest.approx(mig_cpu / 64)
+    assert cost["per_gpu"] == pytest.approx(mig_cpu / 8)
+    section = report.scaling_section(results["scaling"])  # type: ignore[arg-type]
+    assert "8 GPUs x 7 MIG instances = 64 devices" in section
+
+
+def test_mig_targets_are_na_without_the_mig_run() -> None:
+    rows = {name: ok for name, _, _, ok in report.evaluate_targets(_mig_results(0.008, None, None))}
+    assert rows[MIG_CPU] is None and rows[MIG_P99] is None
+    from bench import scaling
+
+    assert scaling.mig_per_device({}) == {}
+    measured = {"8gpu-mig-7x1g": {"tick": {"steady": {"cpu_seconds_per_tick": 0.064}}}}
+    assert scaling.mig_per_device(measured) == pytest.approx(
+        {"devices": 64.0, "cpu_seconds_per_device": 0.001, "cpu_seconds_per_gpu": 0.008}
+    )
 
 
 def test_per_device_cost_and_soak_memory_summary() -> None:
