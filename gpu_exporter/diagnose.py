@@ -11,6 +11,17 @@
    bottleneck classifier: utilization next to SM / Tensor / DRAM activity, link traffic, the
    class, and what to look at next for that class.
 
+MIG: a GPU with MIG enabled has no class of its own; its MIG instances are listed under it,
+each with its profile, class, pods and memory, and judged as a whole GPU is (a launch-bound
+instance needs attention and gets the same advice). NVML reads an instance's activity with
+GPM, per GPU instance, on Hopper and newer only: an A100/A30 instance (or a compute instance
+of a GPU instance split into several) says its activity is unavailable and why, instead of a
+generic "unknown".
+
+Pods: with the kubelet's PodResources socket (`--kubelet-socket`, by default the kubelet's
+own path when it exists and the node is not simulated), each GPU and MIG instance names the
+pods holding it, read once before the profile, as the daemon's pod attribution reads them.
+
 Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario);
 3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the GPU count, XID
 registration) does not answer within `--start-timeout`, which names the stuck step and how
@@ -41,8 +52,10 @@ from typing import Any, TextIO
 
 from gpu_exporter import __version__
 from gpu_exporter.classify import CLASSES, THROTTLE_REASONS, Classifier, Thresholds, Verdict
-from gpu_exporter.series import DeviceView, SeriesBuilder
-from gpu_exporter.snapshot import DeviceSample, Snapshot
+from gpu_exporter.k8s import defaults as k8s_defaults
+from gpu_exporter.nvml_facts import ARCHITECTURES
+from gpu_exporter.series import DeviceView, InstanceView, SeriesBuilder
+from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot
 from gpu_exporter.sources.settings import NvmlSettings
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.topology import Topology, read_topology
@@ -112,6 +125,30 @@ NEXT_STEPS: Mapping[str, tuple[str, ...]] = {
         "profiling fields 1002-1005) or profile with Nsight Systems / PyTorch Profiler.",
     ),
 }
+# A MIG instance whose activity NVML cannot read: what it is instead of "unknown"'s steps.
+MIG_NO_GPM_STEPS: tuple[str, ...] = (
+    "NVML reads a MIG instance's activity with GPM, one GPU instance at a time, on Hopper and "
+    "newer GPUs only: on an A100 or A30 it gives the instance's memory and size, not its "
+    "activity, so no class is given. Nothing is wrong with the instance or the exporter.",
+    "For activity per MIG instance here run DCGM (dcgm-exporter's DCGM_FI_PROF_* profiling "
+    "fields, which DCGM attributes to MIG devices on A100), or profile the workload inside its "
+    "pod with Nsight Systems / PyTorch Profiler.",
+)
+MIG_SHARED_STEPS: tuple[str, ...] = (
+    "GPM measures a GPU instance as a whole; this one is split into several compute "
+    "instances, which share its SMs' counters and its memory, so none has activity of its own.",
+    "To see one workload's activity, give it a GPU instance of its own (a profile without "
+    "compute-instance sharing), or profile it inside its pod with Nsight Systems.",
+)
+_ACTIVITY_FAMILIES = frozenset(
+    {
+        "gpu_graphics_engine_active_ratio",
+        "gpu_sm_active_ratio",
+        "gpu_tensor_active_ratio",
+        "gpu_dram_active_ratio",
+    }
+)
+_SIZE_LABELS = ("gpu_slices", "compute_slices", "multiprocessors", "memory_bytes")
 
 _COLOURS = {
     "idle": "2",
@@ -157,6 +194,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long NVML may take to start before diagnose gives up with exit status 3 "
         f"(default {DEFAULT_START_TIMEOUT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--kubelet-socket",
+        metavar="PATH",
+        help="the kubelet's PodResources socket, to name the pod holding each GPU and MIG "
+        f"instance (default: {k8s_defaults.SOCKET_PATH} when it exists and the node is not "
+        "simulated)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-color", action="store_true", help="never colour the output")
@@ -238,6 +282,40 @@ class _Profile:
     ticks: int
 
 
+Processor = Callable[[list[DeviceSample], float], list[DeviceSample]]
+
+
+@dataclass(frozen=True)
+class _Pods:
+    """Where the pods came from: `socket` None when none were asked for; `read` whether the
+    kubelet answered; `processor` adds gpu_pod_info to each tick's samples (None: no pods)."""
+
+    socket: str | None
+    read: bool
+    devices: int = 0  # device ids held by pods, as the kubelet listed them
+    processor: Processor | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kubelet_socket": self.socket, "read": self.read, "devices_held": self.devices}
+
+
+def _read_pods(args: argparse.Namespace) -> _Pods:
+    """The kubelet's pods, read once (a profile is short: pods do not move during it)."""
+    socket = args.kubelet_socket
+    if socket is None:
+        if args.simulate or not os.path.exists(k8s_defaults.SOCKET_PATH):
+            return _Pods(None, False)
+        socket = k8s_defaults.SOCKET_PATH
+    # grpc and protobuf only when pods are read
+    from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
+    from gpu_exporter.k8s.labels import PodsOfTick
+
+    attribution = PodAttribution(AttributionSettings(socket_path=socket))
+    if not attribution.refresh():
+        return _Pods(socket, False)
+    return _Pods(socket, True, len(attribution.pods_by_device()), PodsOfTick(attribution).process)
+
+
 def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
     from gpu_exporter.sources.base import ErrorLog
     from gpu_exporter.sources.nvml import NvmlSource
@@ -263,11 +341,12 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
         else:
             note = f"the topology read did not finish within {args.start_timeout:g}s"
             topology = Topology((), (), (note,))
+        pods = _read_pods(args)
         text = None if args.json else _Text(out, colour)
         if text:
-            text.header(args.simulate, versions, topology, args.duration)
-        profile = _run_profile(source.sample, args.duration, args.interval)
-        report = build_report(args, versions, topology, profile)
+            text.header(args.simulate, versions, topology, args.duration, pods)
+        profile = _run_profile(source.sample, args.duration, args.interval, pods.processor)
+        report = build_report(args, versions, topology, profile, pods)
         if text:
             text.body(report)
         else:
@@ -296,7 +375,10 @@ def _not_started(progress: StartupProgress, timeout: float) -> str:
 
 
 def _run_profile(
-    sample: Callable[[], list[DeviceSample]], duration: float, interval: float
+    sample: Callable[[], list[DeviceSample]],
+    duration: float,
+    interval: float,
+    pods: Processor | None = None,
 ) -> _Profile:
     # One window over the whole profile: the class describes all of it, not its last seconds.
     classifier = Classifier(Thresholds(), window_seconds=duration + interval)
@@ -308,7 +390,10 @@ def _run_profile(
         delay = start + tick * interval - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        devices = classifier.process(sample(), time.monotonic())
+        now = time.monotonic()
+        devices = classifier.process(sample(), now)
+        if pods is not None:
+            devices = pods(devices, now)
         for view in builder.build(Snapshot(time.time(), tuple(devices))).devices():
             profile.last[view.index] = view
             if view.up:
@@ -347,12 +432,13 @@ def build_report(
     versions: Mapping[str, str | None],
     topology: Topology,
     profile: _Profile,
+    pods: _Pods | None = None,
 ) -> dict[str, Any]:
     devices = [
         _device_report(sample, profile, topology)
         for sample in sorted(profile.last.values(), key=lambda s: s.index)
     ]
-    attention = any(d["problems"] for d in devices)
+    attention = any(d["problems"] or any(i["problems"] for i in d["instances"]) for d in devices)
     return {
         "schema_version": SCHEMA_VERSION,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -365,6 +451,7 @@ def build_report(
             "samples": profile.ticks,
         },
         "attention_classes": sorted(ATTENTION_CLASSES),
+        "pods": (pods or _Pods(None, False)).to_dict(),
         "devices": devices,
         "needs_attention": attention,
         "exit_status": EXIT_ATTENTION if attention else EXIT_OK,
@@ -373,26 +460,147 @@ def build_report(
 
 def _device_report(last: DeviceView, profile: _Profile, topology: Topology) -> dict[str, Any]:
     sample = profile.last_up.get((last.index, last.uuid), last)
-    # A GPU that is down at the end has no class: what limits it now is not known.
-    verdict = profile.classifier.verdict(last.uuid) if last.up else None
+    mig = _mig_mode(last)
+    partitioned = bool(mig and mig["current"])
+    # A GPU that is down at the end has no class: what limits it now is not known. A GPU with
+    # MIG on has none either: its instances have theirs.
+    up = last.up
+    verdict = profile.classifier.verdict(last.uuid) if up and not partitioned else None
     cls = verdict.cls if verdict else None
     state = _state(sample, topology)
+    instances = [
+        _instance_report(last, instance, profile, state)
+        for instance in sorted(last.instances, key=_instance_order)
+        if up
+    ]
+    numbers = _profile_numbers(verdict, profile.classifier.seconds(last.uuid))
+    reason = verdict.why if verdict else None
+    if partitioned:
+        numbers = _parent_numbers(last, profile, numbers)
+        reason = f"MIG is on: each of its {len(instances)} MIG instances has its own class"
     report = {
         "index": last.index,
         "uuid": last.uuid,
         "model": last.info.get("model"),
         "architecture": last.info.get("architecture"),
         "pci_bus_id": last.info.get("pci_bus_id"),
-        "up": last.up,
+        "up": up,
         "down_reason": last.down_reason or None,
+        "mig": mig,
+        "pods": _pods_of(last.readings),
         "state": state,
-        "profile": _profile_numbers(verdict, profile.classifier.seconds(last.uuid)),
+        "profile": numbers,
         "class": cls,
-        "class_reason": verdict.why if verdict else None,
+        "class_reason": reason,
         "next_steps": list(NEXT_STEPS[cls]) if cls else [],
+        "instances": instances,
     }
-    report["problems"] = _problems(last, verdict, state, topology)
+    busy = any((i["profile"]["utilization"] or 0.0) >= 0.5 for i in instances)
+    report["problems"] = _problems(last, verdict, state, topology, busy)
     return report
+
+
+def _mig_mode(device: DeviceView) -> dict[str, bool] | None:
+    """gpu_mig_mode's states; None on a GPU without MIG support."""
+    current = device.value("gpu_mig_mode", state="current")
+    pending = device.value("gpu_mig_mode", state="pending")
+    if current is None and pending is None:
+        return None
+    return {"current": current == 1.0, "pending": pending == 1.0}
+
+
+def _instance_order(instance: InstanceView) -> tuple[int, int, str]:
+    return (
+        _integer(instance.identity.get("gpu_instance")) or 0,
+        _integer(instance.identity.get("compute_instance")) or 0,
+        instance.mig_uuid,
+    )
+
+
+def _integer(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdecimal() else None
+
+
+def _pods_of(readings: Sequence[Reading]) -> list[dict[str, str]]:
+    """Every pod holding the GPU or instance, from gpu_pod_info."""
+    return [
+        {name: labels.get(name, "") for name in ("namespace", "pod", "container")}
+        for labels in (dict(r.labels) for r in readings if r.family == "gpu_pod_info")
+    ]
+
+
+def _instance_report(
+    parent: DeviceView, instance: InstanceView, profile: _Profile, state: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One MIG instance, judged as a whole GPU is; the clocks and links are its parent's."""
+    identity = instance.identity
+    verdict = profile.classifier.verdict(parent.uuid, instance.mig_uuid)
+    cls = verdict.cls if verdict else None
+    unavailable, steps = _activity_unavailable(parent, instance)
+    reason = verdict.why if verdict else None
+    if cls == "unknown" and unavailable:
+        reason = unavailable
+    elif cls is not None:
+        steps = NEXT_STEPS[cls]
+    info = next((r for r in instance.readings if r.family == "gpu_mig_instance_info"), None)
+    size = dict(info.labels) if info else {}
+    seconds = profile.classifier.seconds(parent.uuid, instance.mig_uuid)
+    return {
+        "gpu_instance": _integer(identity.get("gpu_instance")),
+        "compute_instance": _integer(identity.get("compute_instance")),
+        "mig_uuid": instance.mig_uuid,
+        "mig_profile": identity.get("mig_profile"),
+        "size": {name: _integer(size.get(name)) for name in _SIZE_LABELS} if info else None,
+        "pods": _pods_of(instance.readings),
+        "memory_used_bytes": instance.value("gpu_memory_used_bytes"),
+        "memory_total_bytes": instance.value("gpu_memory_total_bytes"),
+        "activity_unavailable": unavailable,
+        "profile": _profile_numbers(verdict, seconds),
+        "class": cls,
+        "class_reason": reason,
+        "next_steps": list(steps) if cls else [],
+        "problems": _class_problems(verdict, state, own_clocks=False) if verdict else [],
+    }
+
+
+def _activity_unavailable(
+    parent: DeviceView, instance: InstanceView
+) -> tuple[str | None, tuple[str, ...]]:
+    """Why NVML gives this instance no activity (and what to do instead), or (None, ())
+    when it does, or may once GPM has two samples."""
+    if any(r.family in _ACTIVITY_FAMILIES for r in instance.readings):
+        return None, ()
+    architecture = parent.info.get("architecture", "")
+    if ARCHITECTURES.get(architecture, ARCHITECTURES["hopper"]) < ARCHITECTURES["hopper"]:
+        model = parent.info.get("model") or "this GPU"
+        return (
+            f"activity unavailable: no GPM before Hopper ({model}, {architecture}), and NVML "
+            "reads a MIG instance's activity only with GPM: memory and size only",
+            MIG_NO_GPM_STEPS,
+        )
+    if "compute_instance" in instance.identity:
+        gi = instance.identity.get("gpu_instance", "?")
+        return (
+            f"activity unavailable: GPU instance {gi} is split into several compute instances, "
+            "and GPM measures the GPU instance as a whole",
+            MIG_SHARED_STEPS,
+        )
+    return None, ()
+
+
+def _parent_numbers(parent: DeviceView, profile: _Profile, own: dict[str, Any]) -> dict[str, Any]:
+    """A MIG parent's profile: no activity of its own (its instances have it), but the links
+    and clocks its instances' windows saw, which are the physical GPU's."""
+    for instance in parent.instances:
+        verdict = profile.classifier.verdict(parent.uuid, instance.mig_uuid)
+        if verdict is not None:
+            shared = _profile_numbers(verdict, {})
+            for key in ("pcie_bytes_per_second", "nvlink_bytes_per_second", "link_utilization"):
+                own[key] = shared[key]
+            own["throttle_fraction"] = shared["throttle_fraction"]
+            own["samples"] = shared["samples"]
+            break
+    return own
 
 
 def _state(sample: DeviceView, topology: Topology) -> dict[str, Any]:
@@ -460,14 +668,23 @@ def _profile_numbers(verdict: Verdict | None, seconds: Mapping[str, float]) -> d
 
 
 def _problems(
-    last: DeviceView, verdict: Verdict | None, state: Mapping[str, Any], topology: Topology
+    last: DeviceView,
+    verdict: Verdict | None,
+    state: Mapping[str, Any],
+    topology: Topology,
+    instances_busy: bool = False,
 ) -> list[str]:
+    """A GPU's own problems; its MIG instances' classes are theirs (`instances_busy`: one of
+    them is, for the PCIe check)."""
     if not last.up:
         return [f"GPU not answering: {last.down_reason or 'unknown reason'}"]
     out = _health_problems(state["health"])
-    out += _link_problems(last.uuid, state, verdict, topology)
+    busy = instances_busy or (verdict is not None and (verdict.stats.utilization or 0.0) >= 0.5)
+    out += _link_problems(last.uuid, state, busy, topology)
     if verdict is not None:
         out += _class_problems(verdict, state)
+    elif (mig := _mig_mode(last)) and mig["current"]:
+        out += _clock_problems(state, "MIG")
     return out
 
 
@@ -490,7 +707,7 @@ def _health_problems(health: Mapping[str, Any]) -> list[str]:
 
 
 def _link_problems(
-    uuid: str, state: Mapping[str, Any], verdict: Verdict | None, topology: Topology
+    uuid: str, state: Mapping[str, Any], busy: bool, topology: Topology
 ) -> list[str]:
     out = []
     links, active = state["nvlink_links"], state["nvlink_links_active"]
@@ -507,7 +724,6 @@ def _link_problems(
             "(on NVSwitch systems: is nvidia-fabricmanager running?)"
         )
     pcie = state["pcie"]
-    busy = verdict is not None and (verdict.stats.utilization or 0.0) >= 0.5
     for key, unit in (("generation", "Gen"), ("width", "x")):
         now, best = pcie[key], pcie[f"max_{key}"]
         if busy and now is not None and best is not None and now < best:
@@ -515,12 +731,20 @@ def _link_problems(
     return out
 
 
-def _class_problems(verdict: Verdict, state: Mapping[str, Any]) -> list[str]:
+def _class_problems(
+    verdict: Verdict, state: Mapping[str, Any], own_clocks: bool = True
+) -> list[str]:
+    """The class's problem; `own_clocks` False for a MIG instance, whose clocks are its
+    parent's (reported once, on the parent)."""
     if verdict.cls in ATTENTION_CLASSES:
         return [f"{verdict.cls}: {verdict.why}"]
+    return _clock_problems(state, verdict.cls) if own_clocks else []
+
+
+def _clock_problems(state: Mapping[str, Any], what: str) -> list[str]:
     active = [r for r in state["clock_events_active"] if r in THROTTLE_REASONS]
     if active:  # e.g. a power brake asserted on an idle GPU
-        return [f"clocks held down by {', '.join(active)} ({verdict.cls})"]
+        return [f"clocks held down by {', '.join(active)} ({what})"]
     return []
 
 
@@ -562,6 +786,7 @@ class _Text:
         versions: Mapping[str, str | None],
         topology: Topology,
         duration: float,
+        pods: _Pods | None = None,
     ) -> None:
         where = f' (simulated node: scenario "{simulated}")' if simulated else ""
         self.line(self.paint(f"gpu-exporter diagnose{where}", "1"))
@@ -581,6 +806,15 @@ class _Text:
         for error in topology.errors:
             self.line(f"  {self.paint('could not read', '33')} {error}")
         self.line()
+        if pods is not None and pods.socket is not None:
+            if pods.read:
+                held = f"{pods.devices} device(s) held by pods"
+                self.line(f"Pods: from the kubelet at {pods.socket} ({held})")
+            else:
+                self.line(
+                    f"Pods: {self.paint('not read', '33')}: the kubelet at {pods.socket} "
+                    "did not answer"
+                )
         self.line(f"Profiling for {duration:g} s ...")
         self.out.flush()
 
@@ -589,7 +823,12 @@ class _Text:
         self.section("3. GPU state")
         self.table(*_state_table(devices))
         self.section(f"4. Activity profile ({report['profile']['samples']} samples)")
-        self.table(*_profile_table(devices))
+        self.table(*_profile_table(devices, report["pods"]["kubelet_socket"] is not None))
+        if any(d["instances"] for d in devices):
+            self.line(
+                "  MIG instances: util is graphics-engine activity (NVML has no utilization "
+                "under MIG); PCIe, NVLink and link are their GPU's."
+            )
         self.section("5. What to look at next")
         self._next_steps(devices)
         self.section("Needs attention")
@@ -600,27 +839,51 @@ class _Text:
         self.line(f"Exit status {status}: {verdict}.")
 
     def _next_steps(self, devices: list[Mapping[str, Any]]) -> None:
+        """Per class, the GPUs and MIG instances in it, then the steps (once per distinct
+        list: an instance without activity has its own)."""
+        judged = [(_where(d, i), i or d) for d in devices for i in (None, *d["instances"])]
         for cls in CLASSES:
-            members = [d for d in devices if d["class"] == cls]
-            if not members:
-                continue
-            gpus = ", ".join(str(d["index"]) for d in members)
-            self.line(f"  {self.paint(cls, _COLOURS[cls])} (GPU {gpus})")
-            for d in members:
-                self.line(f"    GPU {d['index']}: {d['class_reason']}")
-            for step in NEXT_STEPS[cls]:
-                self.line(
-                    textwrap.fill(step, 100, initial_indent="    - ", subsequent_indent="      ")
-                )
+            groups: dict[tuple[str, ...], list[tuple[str, Mapping[str, Any]]]] = {}
+            for where, entry in judged:
+                if entry["class"] == cls:
+                    groups.setdefault(tuple(entry["next_steps"]), []).append((where, entry))
+            for steps, members in groups.items():
+                names = ", ".join(where for where, _ in members)
+                self.line(f"  {self.paint(cls, _COLOURS[cls])} ({names})")
+                reasons: dict[str, list[str]] = {}  # one line for the same reason
+                for where, entry in members:
+                    reasons.setdefault(entry["class_reason"], []).append(where)
+                for reason, places in reasons.items():
+                    self.line(f"    {', '.join(places)}: {reason}")
+                for step in steps:
+                    self.line(
+                        textwrap.fill(
+                            step, 100, initial_indent="    - ", subsequent_indent="      "
+                        )
+                    )
 
     def _problems(self, devices: list[Mapping[str, Any]]) -> None:
         found = False
         for d in devices:
-            for problem in d["problems"]:
-                found = True
-                self.line(f"  GPU {d['index']}: {self.paint(problem, '31')}")
+            for instance in (None, *d["instances"]):
+                for problem in (instance or d)["problems"]:
+                    found = True
+                    self.line(f"  {_where(d, instance)}: {self.paint(problem, '31')}")
         if not found:
             self.line("  nothing")
+
+
+def _where(device: Mapping[str, Any], instance: Mapping[str, Any] | None = None) -> str:
+    """ "GPU 0", or a MIG instance's "GPU 0 GI 9" ("GPU 3 GI 1 CI 2" in a shared GPU instance)."""
+    where = f"GPU {device['index']}"
+    return f"{where} {_instance_name(instance)}" if instance is not None else where
+
+
+def _instance_name(instance: Mapping[str, Any]) -> str:
+    name = f"GI {instance['gpu_instance']}"
+    if instance["compute_instance"] is not None:
+        name += f" CI {instance['compute_instance']}"
+    return name
 
 
 def _na(value: float | None, fmt: str = "{:.2f}") -> str:
@@ -661,7 +924,9 @@ def _state_table(devices: list[Mapping[str, Any]]) -> _Table:
             nvlink = "none"
         elif s["nvlink_links"] is not None and s["nvlink_links_active"] is not None:
             nvlink = f"{s['nvlink_links_active']:.0f}/{s['nvlink_links']}"
-        health = "ok" if not d["problems"] else f"{len(d['problems'])} problem(s)"
+        # A MIG GPU's count includes its instances' (a launch-bound instance is one).
+        problems = len(d["problems"]) + sum(len(i["problems"]) for i in d["instances"])
+        health = "ok" if not problems else f"{problems} problem(s)"
         rows.append(
             [
                 str(d["index"]),
@@ -677,31 +942,59 @@ def _state_table(devices: list[Mapping[str, Any]]) -> _Table:
             ]
         )
         red_if = ["", "", not d["up"], False, False, False, throttled, False, False]
-        codes.append(["31" if bad else "" for bad in [*red_if, bool(d["problems"])]])
+        codes.append(["31" if bad else "" for bad in [*red_if, bool(problems)]])
     return header, rows, codes
 
 
-def _profile_table(devices: list[Mapping[str, Any]]) -> _Table:
+def _profile_table(devices: list[Mapping[str, Any]], pods: bool = False) -> _Table:
+    """One row per GPU, and under a MIG GPU one per instance (its util is its graphics-engine
+    activity; the links are the GPU's, on the GPU's row); a pod column when pods were read."""
     header = ["GPU", "util", "SM", "tensor", "DRAM", "PCIe GB/s", "NVLink GB/s", "link", "class"]
+    if pods:
+        header.append("pod")
     rows: list[list[str]] = []
     codes: list[list[str]] = []
     for d in devices:
         p = d["profile"]
-        rows.append(
-            [
-                str(d["index"]),
-                _na(p["utilization"]),
-                _na(p["sm_active"]),
-                _na(p["tensor_active"]),
-                _na(p["dram_active"]),
-                _gigabytes(p["pcie_bytes_per_second"]),
-                _gigabytes(p["nvlink_bytes_per_second"]),
-                _na(p["link_utilization"], "{:.0%}"),
-                d["class"] or "n/a (down)",
+        mig = d["mig"] is not None and d["mig"]["current"] and d["up"]
+        cls = d["class"] or "n/a (down)"
+        code = _COLOURS.get(d["class"] or "", "31")
+        if mig:
+            count = len(d["instances"])
+            cls, code = f"MIG: {count} instance{'' if count == 1 else 's'}", "1"
+        row = [
+            str(d["index"]),
+            _na(p["utilization"]),
+            _na(p["sm_active"]),
+            _na(p["tensor_active"]),
+            _na(p["dram_active"]),
+            _gigabytes(p["pcie_bytes_per_second"]),
+            _gigabytes(p["nvlink_bytes_per_second"]),
+            _na(p["link_utilization"], "{:.0%}"),
+            cls,
+        ]
+        rows.append([*row, _pod_names(d["pods"])] if pods else row)
+        codes.append([""] * 8 + [code] + ([""] if pods else []))
+        for i in d["instances"]:
+            q = i["profile"]
+            row = [
+                f"  {_instance_name(i)} {i['mig_profile'] or ''}".rstrip(),
+                _na(q["utilization"]),
+                _na(q["sm_active"]),
+                _na(q["tensor_active"]),
+                _na(q["dram_active"]),
+                "",
+                "",
+                "",
+                i["class"] or "n/a",
             ]
-        )
-        codes.append([""] * 8 + [_COLOURS.get(d["class"] or "", "31")])
+            rows.append([*row, _pod_names(i["pods"])] if pods else row)
+            codes.append([""] * 8 + [_COLOURS.get(i["class"] or "", "31")] + ([""] if pods else []))
     return header, rows, codes
+
+
+def _pod_names(pods: list[Mapping[str, str]]) -> str:
+    return ", ".join(f"{p['namespace']}/{p['pod']}" for p in pods) or "-"
 
 
 if __name__ == "__main__":

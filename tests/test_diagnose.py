@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ import pynvml
 import pytest
 
 from gpu_exporter import diagnose
+from tests.conftest import ManualClock
+from tests.fake_kubelet import FakeKubelet, pod
 
 ANSI = re.compile(r"\x1b\[")
 MIXED_INTENT = {
@@ -249,3 +252,179 @@ def test_gpus_whose_identity_reads_hang_at_start_are_down_with_their_reasons(
     for down in devices[1:3]:
         assert down["uuid"] == "" and down["class"] is None and down["problems"]
     assert devices[0]["uuid"] and devices[0]["class"] is not None
+
+
+# -- MIG -----------------------------------------------------------------------------------------
+
+
+def mig_layout() -> list[Any]:
+    """The `mig` scenario's GPUs as the production source enumerates them (UUIDs and MIG UUIDs
+    are derived from the scenario, so diagnose's own run sees the same)."""
+    from gpu_exporter import sim
+    from gpu_exporter.sources.base import ErrorLog
+    from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+
+    clock = ManualClock()
+    sim.install("mig", clock=clock)
+    source = NvmlSource(settings=NvmlSettings(xid_events=False), errors=ErrorLog(), clock=clock)
+    try:
+        source.start()
+        clock.advance(1.0)
+        return source.sample()
+    finally:
+        source.close()
+        sim.uninstall()
+
+
+def by_gi(device: dict[str, Any]) -> dict[tuple[int, int | None], dict[str, Any]]:
+    return {(i["gpu_instance"], i["compute_instance"]): i for i in device["instances"]}
+
+
+@pytest.fixture(scope="module")
+def mig_kubelet() -> Iterator[FakeKubelet]:
+    """A kubelet with pods on MIG instances (by MIG UUID, the pre-R470 id and GKE's id) and
+    on the whole GPU."""
+    seven, mixed, whole, a100 = mig_layout()
+    launch = next(i for i in seven.instances if i.gpu_instance == 9)
+    shared = [i for i in a100.instances if i.gpu_instance == 1]
+    kubelet = FakeKubelet().start()
+    kubelet.set_pods(
+        [
+            pod("infer", "spin", {"srv": [("nvidia.com/mig-1g.18gb", [launch.mig_uuid])]}),
+            pod("train", "big", {"main": [("nvidia.com/gpu", [f"MIG-{mixed.uuid}/1/0"])]}),
+            pod("gke", "small", {"main": [("nvidia.com/gpu", ["nvidia1/gi13"])]}),
+            pod("a", "ci1", {"main": [("nvidia.com/mig-1c.3g.40gb", [shared[1].mig_uuid])]}),
+            pod("whole", "job", {"main": [("nvidia.com/gpu", [whole.uuid])]}),
+        ]
+    )
+    try:
+        yield kubelet
+    finally:
+        kubelet.close()
+
+
+def test_mig_lists_instances_under_their_parents_with_class_and_pod(
+    capsys, mig_kubelet: FakeKubelet
+) -> None:
+    status, report = run_json(
+        capsys, "--simulate", "mig", "--duration", "2", "--interval", "0.5",
+        "--kubelet-socket", mig_kubelet.socket_path,
+    )  # fmt: skip
+    assert report["pods"] == {
+        "kubelet_socket": mig_kubelet.socket_path,
+        "read": True,
+        "devices_held": 5,
+    }
+    seven, mixed, whole, a100 = report["devices"]
+    # MIG parents: no class of their own (not "unknown", not down), their instances listed.
+    for parent, count in ((seven, 7), (mixed, 4), (a100, 5)):
+        assert parent["up"] is True and parent["mig"] == {"current": True, "pending": True}
+        assert parent["class"] is None and parent["next_steps"] == []
+        assert "MIG is on" in parent["class_reason"]
+        assert len(parent["instances"]) == count
+        assert parent["profile"]["utilization"] is None
+        assert parent["profile"]["link_utilization"] is not None  # the GPU's links
+    assert whole["mig"] == {"current": False, "pending": False} and whole["instances"] == []
+    assert whole["class"] == "tensor_bound"
+    assert whole["pods"] == [{"namespace": "whole", "pod": "job", "container": "main"}]
+
+    gis = by_gi(seven)
+    assert sorted(gis) == [(gi, None) for gi in range(7, 14)]  # by GPU instance
+    launch = gis[9, None]
+    assert launch["mig_profile"] == "1g.18gb" and launch["mig_uuid"].startswith("MIG-")
+    assert launch["class"] == "launch_bound"
+    assert launch["pods"] == [{"namespace": "infer", "pod": "spin", "container": "srv"}]
+    assert launch["problems"] and launch["problems"][0].startswith("launch_bound")
+    assert launch["next_steps"] == list(diagnose.NEXT_STEPS["launch_bound"])  # as a whole GPU's
+    assert launch["profile"]["utilization"] > 0.9 > 0.2 > launch["profile"]["sm_active"]
+    assert launch["size"] == {
+        "gpu_slices": 1,
+        "compute_slices": 1,
+        "multiprocessors": 16,
+        "memory_bytes": 17999855616,
+    }
+    assert launch["memory_used_bytes"] == 4294967296
+    assert gis[12, None]["class"] == "idle" and gis[12, None]["problems"] == []
+    others = [i for key, i in gis.items() if key[0] not in (9, 12)]
+    assert {i["class"] for i in others} == {"tensor_bound"}
+    assert all(i["pods"] == [] and i["problems"] == [] for i in others)
+    # The parent's own problems stay its own; its health counts the instance's.
+    assert seven["problems"] == []
+
+    mixed_gis = by_gi(mixed)
+    assert sorted(mixed_gis) == [(1, None), (5, None), (13, None), (14, None)]
+    assert mixed_gis[1, None]["pods"][0]["pod"] == "big"  # the pre-R470 id
+    assert mixed_gis[13, None]["pods"][0]["pod"] == "small"  # GKE's id
+    assert mixed_gis[5, None]["mig_profile"] == "2g.35gb"  # before the reconfiguration at 90 s
+
+    # A100: no GPM, so no activity: said so, not a generic unknown, and no problem.
+    a100_gis = by_gi(a100)
+    assert sorted(a100_gis) == [(1, 0), (1, 1), (1, 2), (5, None), (14, None)]
+    for instance in a100_gis.values():
+        assert instance["class"] == "unknown" and instance["problems"] == []
+        assert instance["activity_unavailable"].startswith("activity unavailable: no GPM")
+        assert "Hopper" in instance["class_reason"]
+        assert instance["next_steps"] == list(diagnose.MIG_NO_GPM_STEPS)
+        assert instance["profile"]["sm_active"] is None
+    assert a100_gis[1, 1]["pods"][0]["pod"] == "ci1" and a100_gis[1, 0]["pods"] == []
+    assert a100_gis[1, 0]["mig_profile"] == "1c.3g.40gb"
+    assert a100_gis[1, 0]["memory_used_bytes"] is None  # the GPU instance's, not a CI's
+    assert a100_gis[14, None]["memory_used_bytes"] == 2147483648
+    # No instances on the H200s say that: theirs is measured.
+    assert all(i["activity_unavailable"] is None for i in [*gis.values(), *mixed_gis.values()])
+
+    assert report["needs_attention"] is True and status == diagnose.EXIT_ATTENTION
+
+
+def test_mig_terminal_report_puts_instances_under_their_gpu(mig_kubelet: FakeKubelet) -> None:
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "gpu_exporter.diagnose", "--simulate", "mig",
+            "--duration", "1", "--interval", "0.5", "--kubelet-socket", mig_kubelet.socket_path,
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    out = result.stdout
+    assert result.returncode == diagnose.EXIT_ATTENTION, result.stderr
+    assert f"Pods: from the kubelet at {mig_kubelet.socket_path} (5 device(s) held" in out
+    profile = out.split("4. Activity profile")[1].split("5. What to look at next")[0]
+    lines = profile.splitlines()
+    assert re.search(r"^  GPU\s+util .* class\s+pod$", lines[1])
+    parent = next(n for n, line in enumerate(lines) if re.match(r"^  0\s", line))
+    assert lines[parent].split()[-2:] == ["instances", "-"]
+    assert "MIG: 7 instances" in lines[parent]
+    # Its seven instances follow it, indented, each with its class and pod.
+    under = lines[parent + 1 : parent + 8]
+    assert all(line.startswith("    GI ") for line in under), under
+    assert re.search(r"^    GI 9 1g\.18gb\s+0\.9\d\s+0\.1\d.*launch_bound\s+infer/spin$", under[2])
+    assert re.search(r"^    GI 12 1g\.18gb .*idle\s+-$", under[5])
+    assert re.search(r"^  2\s.*tensor_bound\s+whole/job$", profile, re.MULTILINE)
+    assert re.search(r"^    GI 1 CI 1 1c\.3g\.40gb\s+n/a.*unknown\s+a/ci1$", profile, re.MULTILINE)
+    assert "n/a (down)" not in out  # a MIG parent is not a GPU that is down
+    next_steps = out.split("5. What to look at next")[1].split("Needs attention")[0]
+    assert "launch_bound (GPU 0 GI 9)" in next_steps and "Nsight Systems" in next_steps
+    assert "activity unavailable: no GPM before Hopper" in next_steps
+    assert re.search(r"unknown \(GPU 3 GI 1 CI 0, GPU 3 GI 1 CI 1, GPU 3 GI 1 CI 2, ", next_steps)
+    attention = out.split("Needs attention")[1]
+    assert re.search(r"^  GPU 0 GI 9: launch_bound: ", attention, re.MULTILINE)
+    assert "GPU 3" not in attention  # activity unavailable is not a problem
+    assert re.search(r"^  0\s+NVIDIA H200 .*1 problem\(s\)$", out, re.MULTILINE)
+
+
+def test_mig_without_a_kubelet_has_no_pod_column(capsys) -> None:
+    status = diagnose.run(parse("--simulate", "mig", "--duration", "0.5", "--interval", "0.5"))
+    out = capsys.readouterr().out
+    assert status == diagnose.EXIT_ATTENTION
+    assert "Pods:" not in out and not re.search(r"class\s+pod$", out, re.MULTILINE)
+    assert re.search(r"^    GI 9 1g\.18gb .*launch_bound$", out, re.MULTILINE)
+
+
+def test_an_unanswering_kubelet_is_said_and_changes_nothing_else(capsys, tmp_path: Path) -> None:
+    missing = str(tmp_path / "kubelet.sock")
+    status, report = run_json(
+        capsys, "--simulate", "mig", "--duration", "0.5", "--interval", "0.5",
+        "--kubelet-socket", missing,
+    )  # fmt: skip
+    assert report["pods"] == {"kubelet_socket": missing, "read": False, "devices_held": 0}
+    assert all(not i["pods"] for d in report["devices"] for i in d["instances"])
+    assert status == diagnose.EXIT_ATTENTION  # GI 9 is launch-bound, as with pods
