@@ -55,6 +55,10 @@ TARGET_LABELS = {
 }
 POD_LABELS = ("namespace", "pod", "container")
 GPU_LABELS = {"gpu": "0", "uuid": "GPU-0"}
+# A MIG instance's own labels (its parent's gpu and uuid come from GPU_LABELS), on the instance
+# series of the MIG scenarios: the efficiency alerts keep them, and the parent's alerts join
+# them on (gpu, uuid).
+MIG = 'gpu_instance="9",mig_uuid="MIG-0009",mig_profile="1g.18gb"'
 # Per-GPU families that exporters before gpu_exporter/series.py did not pod-label.
 NOT_POD_LABELLED_BEFORE = frozenset({"gpu_info", "gpu_up"})
 
@@ -119,6 +123,30 @@ SCENARIOS = [
         "15m",
         (("gpu_dram_active_ratio", "0.9x40"), ("gpu_tensor_active_ratio", "0.1x40")),
     ),
+    Scenario(
+        "GpuBusyButIdle",
+        "10m",
+        (
+            (f"gpu_graphics_engine_active_ratio{{{MIG}}}", "0.95x40"),
+            (f"gpu_sm_active_ratio{{{MIG}}}", "0.1x40"),
+        ),
+        branch="mig",
+    ),
+    Scenario(
+        "GpuActivityMetricsUnavailable",
+        "20m",
+        (
+            (f"gpu_graphics_engine_active_ratio{{{MIG}}}", "0.9x40"),
+            (f"gpu_sm_active_ratio{{{MIG}}}", "0x40"),
+        ),
+        branch="mig-stuck-at-zero",
+    ),
+    Scenario(
+        "GpuActivityMetricsUnavailable",
+        "20m",
+        ((f"gpu_memory_used_bytes{{{MIG}}}", "21474836480x40"),),
+        branch="mig-no-activity",
+    ),
     # --- gpu-throttling ----------------------------------------------------------------------
     Scenario(
         "GpuHardwareSlowdown",
@@ -176,6 +204,26 @@ SCENARIOS = [
             ('gpu_clock_event_active{reason="sw_power_cap"}', "0x40"),
         ),
     ),
+    Scenario(
+        "GpuPowerCappedWhileBusy",
+        "25m",
+        (
+            ('gpu_clock_event_seconds_total{reason="sw_power_cap"}', "0+45x40"),
+            (f"gpu_graphics_engine_active_ratio{{{MIG}}}", "0.99x40"),
+        ),
+        branch="mig",
+    ),
+    Scenario(
+        "GpuClocksLowWhileBusy",
+        "12m",
+        (
+            ('gpu_clock_hertz{clock="sm"}', "990000000x40"),
+            ('gpu_clock_max_hertz{clock="sm"}', "1980000000x40"),
+            (f"gpu_graphics_engine_active_ratio{{{MIG}}}", "0.98x40"),
+            ('gpu_clock_event_active{reason="sw_power_cap"}', "0x40"),
+        ),
+        branch="mig",
+    ),
     # --- gpu-health --------------------------------------------------------------------------
     Scenario(
         "GpuXidCritical",
@@ -212,6 +260,26 @@ SCENARIOS = [
             ('gpu_pcie_link_generation{state="max"}', "5x30"),
             ("gpu_utilization_ratio", "0.95x30"),
         ),
+    ),
+    Scenario(
+        "GpuPcieLinkWidthDegraded",
+        "10m",
+        (
+            ('gpu_pcie_link_width{state="current"}', "8x30"),
+            ('gpu_pcie_link_width{state="max"}', "16x30"),
+            (f"gpu_graphics_engine_active_ratio{{{MIG}}}", "0.9x30"),
+        ),
+        branch="mig",
+    ),
+    Scenario(
+        "GpuPcieLinkGenerationDegraded",
+        "10m",
+        (
+            ('gpu_pcie_link_generation{state="current"}', "3x30"),
+            ('gpu_pcie_link_generation{state="max"}', "5x30"),
+            (f"gpu_graphics_engine_active_ratio{{{MIG}}}", "0.95x30"),
+        ),
+        branch="mig",
     ),
     Scenario("GpuLost", "2m", (("gpu_up", "0x10"),)),
     Scenario("GpuCountDropped", "16m", (("gpu_exporter_devices", "8x10 7x15"),)),
