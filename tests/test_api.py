@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
 
-from gpu_exporter.api import create_app
+from gpu_exporter.api import DevicesAnswer, create_app
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog, TooManyDevicesError
 from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
 from gpu_exporter.sources.startup import StartupProgress
+from tests.daemon import serve
+from tests.support import wait_for
 
 
 def make(fake_nvml, interval: float = 1.0):
@@ -188,3 +192,36 @@ def test_two_gpus_unidentified_at_start_are_two_devices(fake_nvml) -> None:
         assert client.get("/").status_code == 200  # the status page reads this same list
     finally:
         source.close()
+
+
+def test_serve_simulate_mig_answers_each_instance_under_its_gpu(tmp_path: Path) -> None:
+    """The daemon's own process on `--simulate mig`: every MIG instance is listed under its GPU
+    with its identity, class, memory, activity and size, and the answer is its model."""
+    with serve(tmp_path, "--simulate", "mig", "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+
+        def classified() -> dict[str, Any] | None:
+            body = daemon.get("/api/v1/devices").json()
+            gpu0 = body["data"]["devices"][0]["instances"]
+            launch = next(i for i in gpu0 if i["identity"]["gpu_instance"] == "9")
+            return body if launch["bottleneck"] == "launch_bound" else None
+
+        body = wait_for(classified, 15, "GPU 0 GI 9 classified launch-bound")
+        assert DevicesAnswer.model_validate(body).model_dump(mode="json") == body
+        seven, mixed, whole, a100 = body["data"]["devices"]
+        assert [len(d["instances"]) for d in body["data"]["devices"]] == [7, 4, 0, 5]
+        assert [i["identity"]["gpu_instance"] for i in mixed["instances"]] == ["1", "5", "13", "14"]
+        assert [i["identity"].get("compute_instance") for i in a100["instances"]] == [
+            "0", "1", "2", None, None,
+        ]  # fmt: skip
+        for device in (seven, mixed, a100):
+            for instance in device["instances"]:
+                assert instance["identity"]["mig_uuid"].startswith("MIG-")
+                assert instance["size"]["gpu_slices"] >= 1
+                assert "gpu_power_watts" not in instance["metrics"]  # the parent's, once
+            assert "gpu_bottleneck" not in device["metrics"]
+        measured = [i for i in seven["instances"] if i["activity"]["sm"] is not None]
+        assert len(measured) == 7 and seven["instances"][0]["memory"]["total_bytes"] > 0
+        assert all(i["activity"]["sm"] is None for i in a100["instances"])  # no GPM on A100
+        assert whole["instances"] == [] and whole["metrics"]["gpu_utilization_ratio"] > 0.9
+        assert daemon.get("/").status_code == 200
