@@ -244,3 +244,44 @@ def test_firing_and_resolution_during_an_alertmanager_restart_are_delivered(
             assert float(dropped[0].rsplit(" ", 1)[1]) == 0
         finally:
             daemon_cm.__exit__(None, None, None)
+
+
+def test_busy_but_idle_fires_for_the_launch_bound_mig_instance_only(tmp_path: Path) -> None:
+    """`--simulate mig`: GI 9 of GPU 0 is launch-bound (engine busy, SMs nearly empty); the
+    other instances serve, idle, or have no activity (A100). One alert, on both paths, with
+    the instance's labels."""
+    from gpu_exporter.sim.scenario import load_scenario
+
+    spec = load_scenario("mig").devices[0]
+    assert spec.mig is not None
+    launch_bound = next(i for i in spec.mig.instances if i.gpu_instance == 9).mig_uuids[0]
+    with (
+        Recorder() as hook,
+        alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url,
+        serve(
+            tmp_path, "--simulate", "mig", "--interval", "0.5", "--rules", str(RULES),
+            "--alertmanager-url", am_url, "--external-label", f"node={NODE}",
+        ) as daemon,
+    ):  # fmt: skip
+        daemon.wait_ready()
+        with prometheus(
+            tmp_path / "prom", f"127.0.0.1:{daemon.port}", exported_rules(tmp_path), am_url, NODE
+        ) as prom_url:
+
+            def busy_but_idle(url: str, node: bool) -> set[tuple[tuple[str, str], ...]]:
+                return {
+                    tuple(sorted((*a, ("node", NODE)) if node else a))
+                    for a in firing(url)
+                    if dict(a)["alertname"] == "GpuBusyButIdle"
+                }
+
+            def both_fire() -> bool:
+                return bool(busy_but_idle(daemon.url, True) and busy_but_idle(prom_url, False))
+
+            assert wait_for(both_fire, 60, "both paths to fire GpuBusyButIdle"), daemon.output()
+            ours, theirs = busy_but_idle(daemon.url, True), busy_but_idle(prom_url, False)
+            assert ours == theirs, ours ^ theirs
+            (alert,) = (dict(a) for a in ours)
+            assert alert["gpu"] == "0" and alert["uuid"] == spec.uuid
+            assert (alert["gpu_instance"], alert["mig_profile"]) == ("9", "1g.18gb")
+            assert alert["mig_uuid"] == launch_bound
