@@ -1,7 +1,8 @@
 """End to end, with pods: the daemon's alerts and Prometheus' alerts carry the same labels.
 
 A fake kubelet reports pods on most simulated GPUs (one GPU time-sliced between two pods,
-with the `<uuid>::<n>` ids the NVIDIA device plugin uses), in `labels` and in `info` mode. The
+with the `<uuid>::<n>` ids the NVIDIA device plugin uses; in `mig`, on MIG instances by every
+id form), in `labels` and in `info` mode. The
 daemon evaluates a rule file and sends to a real Alertmanager (`node` as an external label);
 a real Prometheus scrapes the daemon with the documented relabeling (`node` added, job and
 instance dropped), evaluates the same file and sends to the same Alertmanager. The file holds
@@ -23,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -55,6 +57,9 @@ SHIPPED_FIRING = {
     # GpuXidCritical on 1 and 2; GpuActivityMetricsUnavailable on 3 (no GPM) and on 1 while it
     # is lost; GpuLost on 1 from about 17 s to 30 s.
     "faults": {"GpuActivityMetricsUnavailable", "GpuLost", "GpuXidCritical"},
+    # GpuBusyButIdle on GPU 0's launch-bound GI 9 only; GpuActivityMetricsUnavailable on the
+    # A100's instances that hold memory (no GPM: no activity).
+    "mig": {"GpuActivityMetricsUnavailable", "GpuBusyButIdle"},
 }
 # Alerts whose two copies differ by design, with the labels only the daemon's copy has: an
 # aggregation that drops `node` sums over every node in Prometheus, while the daemon's sum is
@@ -62,8 +67,8 @@ SHIPPED_FIRING = {
 SPLIT_BY_DESIGN = {"SplitSum_by_namespace": ("node",)}
 # Each run covers the whole scenario (mixed: GpuThermalSlowdown from about 20 s; faults: GPU 1
 # lost from 15 s to 25 s, then re-initialised), and ends by DEADLINE at the latest.
-MIN_RUN = {"mixed": 26.0, "faults": 34.0}
-DEADLINE = {"mixed": 45.0, "faults": 55.0}
+MIN_RUN = {"mixed": 26.0, "faults": 34.0, "mig": 26.0}
+DEADLINE = {"mixed": 45.0, "faults": 55.0, "mig": 50.0}
 # How long the paths may disagree about an alert before that counts: their scrape, sampling
 # and evaluation phases differ by a second or two when an alert starts or ends.
 GRACE = 10.0
@@ -142,6 +147,32 @@ def pods_for(uuids: list[str]) -> list:
         workers = {"worker-a": [(GPU, [uuids[5]])], "worker-b": [(GPU, [uuids[6]])]}
         pods.append(pod("ml", "trainer-1", workers))
     return pods
+
+
+def mig_pods() -> list:
+    """Pods on MIG instances, by every id form the kubelet may carry: the launch-bound GI 9
+    time-sliced between two pods (`MIG-<uuid>::<n>`), another instance by its MIG UUID, the 3g
+    through the single strategy with a pre-R470 id, the A100's split GPU instance with one
+    compute instance per container, and the MIG-off GPU whole."""
+    from gpu_exporter.sim.scenario import load_scenario
+
+    seven, mixed, whole, a100 = load_scenario("mig").devices
+
+    def uuids(device: Any, gpu_instance: int) -> tuple[str, ...]:
+        assert device.mig is not None
+        return next(i for i in device.mig.instances if i.gpu_instance == gpu_instance).mig_uuids
+
+    small, split = "nvidia.com/mig-1g.18gb", "nvidia.com/mig-1c.3g.40gb"
+    (launch,) = uuids(seven, 9)
+    ci0, ci1, _ = uuids(a100, 1)
+    return [
+        pod("infer", "spin-a", {"server": [(small, [f"{launch}::1"])]}),
+        pod("infer", "spin-b", {"server": [(small, [f"{launch}::2"])]}),
+        pod("infer", "serve-7", {"server": [(small, list(uuids(seven, 7)))]}),
+        pod("train", "big", {"main": [(GPU, [f"MIG-{mixed.uuid}/1/0"])]}),
+        pod("batch", "split", {"w0": [(split, [ci0])], "w1": [(split, [ci1])]}),
+        pod("whole", "job", {"main": [(GPU, [whole.uuid])]}),
+    ]
 
 
 def kubernetes_config(tmp_path: Path, kubelet: FakeKubelet, mode: str) -> Path:
@@ -355,15 +386,17 @@ class Tracker:
 # --- the test ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", ["mixed", "faults"])
+@pytest.mark.parametrize("scenario", ["mixed", "faults", "mig"])
 @pytest.mark.parametrize("mode", ["labels", "info"])
 def test_daemon_and_prometheus_alerts_have_the_same_labels_with_pods(
     tmp_path: Path, mode: str, scenario: str
 ) -> None:
     rules = rule_file(tmp_path)
-    uuids = scenario_uuids(scenario, tmp_path / "probe")
     kubelet = FakeKubelet()
-    kubelet.set_pods(pods_for(uuids))
+    if scenario == "mig":
+        kubelet.set_pods(mig_pods())
+    else:
+        kubelet.set_pods(pods_for(scenario_uuids(scenario, tmp_path / "probe")))
     kubelet.start()
     try:
         with (
