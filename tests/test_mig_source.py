@@ -251,3 +251,24 @@ def test_a_mig_configuration_change_event_re_enumerates_at_the_next_tick(
         time.sleep(0.05)
     assert source._xid_counts.mig_changes(device.uuid) == 1
     assert [i.profile for i in ticks(source, clock, n=1)[0].instances] == ["3g.71gb", "4g.71gb"]
+
+
+def test_activity_above_one_is_clamped_and_counted(
+    mig: NvmlSource, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DCGM has reported SM activity above 100 %: kept at 1, never above, and counted."""
+    from gpu_exporter.sim.fake_nvml import FakeNvmlLib
+
+    real = FakeNvmlLib._gpm_metric
+
+    def too_high(self: Any, dev: Any, t: float, metric: int, first: Any, second: Any) -> Any:
+        rc, value = real(self, dev, t, metric, first, second)
+        return (rc, 130.0) if metric == 2 and first.gpu_instance == 9 else (rc, value)
+
+    monkeypatch.setattr(FakeNvmlLib, "_gpm_metric", too_high)
+    seven = ticks(mig, clock)[0]
+    launch = next(i for i in seven.instances if i.gpu_instance == 9)
+    assert launch.value("gpu_sm_active_ratio") == 1.0
+    assert all(i.value("gpu_sm_active_ratio") < 1.0 for i in seven.instances if i is not launch)
+    above = [e for e in mig.errors.snapshot() if e.error == "AboveOne"]
+    assert [(e.source, e.field) for e in above] == [("gpm", "metric_2")] and above[0].count >= 1
