@@ -144,7 +144,10 @@ SCENARIOS = [
     Scenario(
         "GpuActivityMetricsUnavailable",
         "20m",
-        ((f"gpu_memory_used_bytes{{{MIG}}}", "21474836480x40"),),
+        (
+            (f"gpu_memory_used_bytes{{{MIG}}}", "21474836480x40"),
+            (f"gpu_mig_instance_slices{{{MIG}}}", "1x40"),
+        ),
         branch="mig-no-activity",
     ),
     # --- gpu-throttling ----------------------------------------------------------------------
