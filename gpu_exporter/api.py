@@ -31,7 +31,7 @@ from gpu_exporter.exposition import (
     wants_openmetrics,
 )
 from gpu_exporter.sampler import Sampler
-from gpu_exporter.series import DeviceView, InstanceView
+from gpu_exporter.series import ACTIVITY_FAMILIES, DeviceView, InstanceView
 from gpu_exporter.snapshot import Reading
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.status_page import render_status_page, status_page_headers
@@ -414,7 +414,8 @@ def device_json(device: DeviceView) -> dict[str, Any]:
         "labels": dict(device.labels),
         "metrics": _metrics_json(device.readings),
         "instances": [
-            instance_json(instance) for instance in sorted(device.instances, key=_instance_order)
+            instance_json(instance)
+            for instance in sorted(device.instances, key=lambda instance: instance.order_key)
         ],
     }
 
@@ -430,16 +431,16 @@ def instance_json(instance: InstanceView) -> dict[str, Any]:
         "identity": dict(instance.identity),
         "labels": dict(instance.labels),
         "pods": [
-            {name: labels.get(name, "") for name in ("namespace", "pod", "container")}
-            for labels in (dict(r.labels) for r in instance.readings if r.family == "gpu_pod_info")
+            {"namespace": namespace, "pod": pod, "container": container}
+            for namespace, pod, container in instance.pods()
         ],
         "bottleneck": bottleneck_class(instance.readings),
         "memory": {
             "used_bytes": finite("gpu_memory_used_bytes"),
             "total_bytes": finite("gpu_memory_total_bytes"),
         },
-        "activity": {key: finite(family) for key, family in _ACTIVITY.items()},
-        "size": _size(instance.readings),
+        "activity": {key: finite(family) for key, family in ACTIVITY_FAMILIES.items()},
+        "size": instance.size,
         "metrics": _metrics_json(instance.readings),
     }
 
@@ -451,16 +452,6 @@ def bottleneck_class(readings: Iterable[Reading]) -> str | None:
         if reading.family == "gpu_bottleneck" and reading.value == 1.0:
             current = dict(reading.labels).get("class")
     return current
-
-
-_ACTIVITY = {
-    "graphics_engine": "gpu_graphics_engine_active_ratio",
-    "sm": "gpu_sm_active_ratio",
-    "sm_occupancy": "gpu_sm_occupancy_ratio",
-    "tensor": "gpu_tensor_active_ratio",
-    "dram": "gpu_dram_active_ratio",
-}
-_SIZE_LABELS = ("gpu_slices", "compute_slices", "multiprocessors", "memory_bytes")
 
 
 def _metrics_json(readings: Iterable[Reading]) -> dict[str, Any]:
@@ -478,21 +469,3 @@ def _metrics_json(readings: Iterable[Reading]) -> dict[str, Any]:
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
-
-
-def _size(readings: Iterable[Reading]) -> dict[str, int | None] | None:
-    info = next((r for r in readings if r.family == "gpu_mig_instance_info"), None)
-    if info is None:
-        return None
-    labels = dict(info.labels)
-    return {name: _integer(labels.get(name, "")) for name in _SIZE_LABELS}
-
-
-def _integer(text: str) -> int | None:
-    return int(text) if text.isdecimal() else None
-
-
-def _instance_order(instance: InstanceView) -> tuple[int, int, str]:
-    identity = instance.identity
-    gi, ci = identity.get("gpu_instance", ""), identity.get("compute_instance", "")
-    return (_integer(gi) or 0, _integer(ci) or 0, instance.mig_uuid)

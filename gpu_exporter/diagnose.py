@@ -44,7 +44,7 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -55,7 +55,7 @@ from gpu_exporter.classify import CLASSES, THROTTLE_REASONS, Classifier, Thresho
 from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.nvml_facts import ARCHITECTURES
 from gpu_exporter.series import DeviceView, InstanceView, SeriesBuilder
-from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot
+from gpu_exporter.snapshot import DeviceSample, Snapshot
 from gpu_exporter.sources.settings import NvmlSettings
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.topology import Topology, read_topology
@@ -140,15 +140,6 @@ MIG_SHARED_STEPS: tuple[str, ...] = (
     "To see one workload's activity, give it a GPU instance of its own (a profile without "
     "compute-instance sharing), or profile it inside its pod with Nsight Systems.",
 )
-_ACTIVITY_FAMILIES = frozenset(
-    {
-        "gpu_graphics_engine_active_ratio",
-        "gpu_sm_active_ratio",
-        "gpu_tensor_active_ratio",
-        "gpu_dram_active_ratio",
-    }
-)
-_SIZE_LABELS = ("gpu_slices", "compute_slices", "multiprocessors", "memory_bytes")
 
 _COLOURS = {
     "idle": "2",
@@ -470,7 +461,7 @@ def _device_report(last: DeviceView, profile: _Profile, topology: Topology) -> d
     state = _state(sample, topology)
     instances = [
         _instance_report(last, instance, profile, state)
-        for instance in sorted(last.instances, key=_instance_order)
+        for instance in sorted(last.instances, key=lambda instance: instance.order_key)
         if up
     ]
     numbers = _profile_numbers(verdict, profile.classifier.seconds(last.uuid))
@@ -487,7 +478,7 @@ def _device_report(last: DeviceView, profile: _Profile, topology: Topology) -> d
         "up": up,
         "down_reason": last.down_reason or None,
         "mig": mig,
-        "pods": _pods_of(last.readings),
+        "pods": _pods_json(InstanceView.pods_of(last.readings)),
         "state": state,
         "profile": numbers,
         "class": cls,
@@ -509,23 +500,11 @@ def _mig_mode(device: DeviceView) -> dict[str, bool] | None:
     return {"current": current == 1.0, "pending": pending == 1.0}
 
 
-def _instance_order(instance: InstanceView) -> tuple[int, int, str]:
-    return (
-        _integer(instance.identity.get("gpu_instance")) or 0,
-        _integer(instance.identity.get("compute_instance")) or 0,
-        instance.mig_uuid,
-    )
-
-
-def _integer(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdecimal() else None
-
-
-def _pods_of(readings: Sequence[Reading]) -> list[dict[str, str]]:
-    """Every pod holding the GPU or instance, from gpu_pod_info."""
+def _pods_json(pods: Iterable[tuple[str, str, str]]) -> list[dict[str, str]]:
+    """Every pod holding the GPU or instance (its gpu_pod_info), as the report lists them."""
     return [
-        {name: labels.get(name, "") for name in ("namespace", "pod", "container")}
-        for labels in (dict(r.labels) for r in readings if r.family == "gpu_pod_info")
+        {"namespace": namespace, "pod": pod, "container": container}
+        for namespace, pod, container in pods
     ]
 
 
@@ -542,16 +521,14 @@ def _instance_report(
         reason = unavailable
     elif cls is not None:
         steps = NEXT_STEPS[cls]
-    info = next((r for r in instance.readings if r.family == "gpu_mig_instance_info"), None)
-    size = dict(info.labels) if info else {}
     seconds = profile.classifier.seconds(parent.uuid, instance.mig_uuid)
     return {
-        "gpu_instance": _integer(identity.get("gpu_instance")),
-        "compute_instance": _integer(identity.get("compute_instance")),
+        "gpu_instance": instance.gpu_instance_id,
+        "compute_instance": instance.compute_instance_id,
         "mig_uuid": instance.mig_uuid,
         "mig_profile": identity.get("mig_profile"),
-        "size": {name: _integer(size.get(name)) for name in _SIZE_LABELS} if info else None,
-        "pods": _pods_of(instance.readings),
+        "size": instance.size,
+        "pods": _pods_json(instance.pods()),
         "memory_used_bytes": instance.value("gpu_memory_used_bytes"),
         "memory_total_bytes": instance.value("gpu_memory_total_bytes"),
         "activity_unavailable": unavailable,
@@ -568,7 +545,7 @@ def _activity_unavailable(
 ) -> tuple[str | None, tuple[str, ...]]:
     """Why NVML gives this instance no activity (and what to do instead), or (None, ())
     when it does, or may once GPM has two samples."""
-    if any(r.family in _ACTIVITY_FAMILIES for r in instance.readings):
+    if instance.has_activity:
         return None, ()
     architecture = parent.info.get("architecture", "")
     if ARCHITECTURES.get(architecture, ARCHITECTURES["hopper"]) < ARCHITECTURES["hopper"]:

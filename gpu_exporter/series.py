@@ -83,6 +83,17 @@ class Producer:
     sources: frozenset[str]
 
 
+# The activity families people look for first, by a short name ("sm", "tensor", ...): the
+# catalog's GPM families without labels of their own (gpu_pipe_active_ratio has `pipe`).
+ACTIVITY_FAMILIES: Mapping[str, str] = MappingProxyType(
+    {
+        fam.name.removeprefix("gpu_").removesuffix("_ratio").removesuffix("_active"): fam.name
+        for fam in FAMILIES
+        if fam.source == "gpm" and not fam.labels
+    }
+)
+
+
 @dataclass(frozen=True)
 class InstanceView:
     """One MIG instance as the series list shows it, under its parent's `DeviceView`.
@@ -98,6 +109,53 @@ class InstanceView:
     @property
     def mig_uuid(self) -> str:
         return self.identity.get("mig_uuid", "")
+
+    @property
+    def gpu_instance_id(self) -> int | None:
+        """Its GPU instance id (`gpu_instance`), or None when absent or not a number."""
+        return self._decimal(self.identity.get("gpu_instance", ""))
+
+    @property
+    def compute_instance_id(self) -> int | None:
+        """Its compute instance id, or None: the label is there only on a shared GPU instance."""
+        return self._decimal(self.identity.get("compute_instance", ""))
+
+    @property
+    def order_key(self) -> tuple[int, int, str]:
+        """Sorts a GPU's instances: by GPU instance id, compute instance id, then MIG UUID."""
+        return (self.gpu_instance_id or 0, self.compute_instance_id or 0, self.mig_uuid)
+
+    @property
+    def size(self) -> dict[str, int | None] | None:
+        """Its gpu_mig_instance_info labels (slices, SMs, memory) as integers; None without it."""
+        info = next((r for r in self.readings if r.family == "gpu_mig_instance_info"), None)
+        if info is None:
+            return None
+        labels = dict(info.labels)
+        names = BY_NAME["gpu_mig_instance_info"].labels
+        return {name: self._decimal(labels.get(name, "")) for name in names}
+
+    @property
+    def has_activity(self) -> bool:
+        """Whether any of the ACTIVITY_FAMILIES has a reading of it this tick."""
+        return any(r.family in ACTIVITY_FAMILIES.values() for r in self.readings)
+
+    def pods(self) -> list[tuple[str, str, str]]:
+        """The (namespace, pod, container) of each of its gpu_pod_info readings."""
+        return self.pods_of(self.readings)
+
+    @staticmethod
+    def pods_of(readings: Iterable[Reading]) -> list[tuple[str, str, str]]:
+        """The (namespace, pod, container) of each gpu_pod_info reading in `readings` (also
+        a whole GPU's: `DeviceView.readings`)."""
+        return [
+            (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""))
+            for labels in (dict(r.labels) for r in readings if r.family == "gpu_pod_info")
+        ]
+
+    @staticmethod
+    def _decimal(text: str) -> int | None:
+        return int(text) if text.isdecimal() else None
 
     def value(self, family: str, **labels: str) -> float | None:
         return find_value(self.readings, family, labels)

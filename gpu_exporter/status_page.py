@@ -336,7 +336,8 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     const shared = id.compute_instance != null;
     const noActivity = shared
       ? "measured per GPU instance: this one is split into several compute instances"
-      : "not measured: NVML reads MIG activity with GPM, on Hopper and newer";
+      : "not measured yet, or not measurable: NVML reads MIG activity with GPM, which " +
+        "needs Hopper or newer and two samples";
     const ge = pctCell(num(act.graphics_engine), "util", noActivity);
     ge.title = num(act.graphics_engine) === null ? noActivity
       : "graphics-engine activity (NVML has no utilization under MIG)";
