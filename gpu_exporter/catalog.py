@@ -349,7 +349,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_pod_info",
         Kind.INFO,
-        "Pod and container the GPU is allocated to (kubelet PodResources); value is always 1.",
+        "Pod and container the GPU or MIG instance is allocated to (kubelet PodResources); "
+        "value is always 1.",
         ("namespace", "pod", "container"),
         source="kubernetes",
         scope=BOTH,

@@ -201,6 +201,7 @@ class _Point:
 @dataclass
 class _DeviceState:
     window: deque[_Point] = field(default_factory=deque)
+    seen_at: float = 0.0  # the last call that classified it
     last_call: float | None = None
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CLASSES, 0.0))
     verdict: Verdict | None = None
@@ -226,9 +227,15 @@ class Classifier:
     def process(self, devices: list[DeviceSample], now: float) -> list[DeviceSample]:
         seen: set[str] = set()
         out = [self._process_one(device, now, seen) for device in devices]
-        # A MIG instance that is gone (reconfigured away) takes its state with it.
-        for key in [k for k in self._devices if _INSTANCE_KEY in k and k not in seen]:
-            del self._devices[key]
+        for key, state in list(self._devices.items()):
+            if _INSTANCE_KEY not in key or key in seen:
+                continue
+            # A MIG instance missing from this tick: its windows mean nothing across the gap
+            # (as for a GPU that is down), but its seconds are kept, unless it has been gone
+            # long enough to have been reconfigured away.
+            self._forget(key)
+            if now - state.seen_at > INSTANCE_RETENTION_SECONDS:
+                del self._devices[key]
         return out
 
     def verdict(self, uuid: str, mig_uuid: str = "") -> Verdict | None:
@@ -242,7 +249,7 @@ class Classifier:
         return dict(state.seconds) if state else dict.fromkeys(CLASSES, 0.0)
 
     def _process_one(self, device: DeviceSample, now: float, seen: set[str]) -> DeviceSample:
-        mig = device.value("gpu_mig_mode", state="current") == 1.0
+        mig = device.mig_enabled
         if mig:
             self._devices.pop(device.uuid, None)  # a MIG parent's classes are its instances'
         if not device.up:
@@ -276,6 +283,7 @@ class Classifier:
 
     def _classify(self, key: str, point: _Point, now: float) -> tuple[Reading, ...]:
         state = self._devices.setdefault(key, _DeviceState())
+        state.seen_at = now
         state.window.append(point)
         self._trim(state.window, now)
         stats = window_stats(state.window, now, self.window_seconds)
@@ -295,6 +303,9 @@ class Classifier:
 
 
 _INSTANCE_KEY = "/"  # in a MIG instance's state key: "<parent uuid>/<mig uuid>"
+# How long a MIG instance missing from the ticks keeps its seconds counters: a failed read or
+# a GPU outage brings it back with them; a reconfiguration that destroyed it does not.
+INSTANCE_RETENTION_SECONDS = 600.0
 
 
 def _key(uuid: str, mig_uuid: str = "") -> str:

@@ -12,11 +12,11 @@ Labels of a per-GPU series (the exposition and the store sort them by name):
     (memory, activity, classes, pods, size); a whole GPU's never carry instance labels;
   - the family's own labels from the catalog (`clock`, `reason`, `peer_gpu`, ...);
   - with pod attribution in `labels` mode, the GPU's (or instance's) `namespace`, `pod` and
-    `container` — on
-    EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an alert on a lost GPU names the
-    pod it hit, and a rule over any family keeps the same labels on both alert paths. The one
-    exception is `gpu_pod_info`, whose own namespace/pod/container (one series per pod sharing
-    the GPU) win. In `info` mode (and without attribution) only `gpu_pod_info` has them.
+    `container` — on EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an alert on a
+    lost GPU names the pod it hit, and a rule over any family keeps the same labels on both
+    alert paths. The one exception is `gpu_pod_info`, whose own namespace/pod/container (one
+    series per pod sharing the GPU) win. A MIG parent's own series have none (pods hold its
+    instances). In `info` mode (and without attribution) only `gpu_pod_info` has them.
 Empty label values are dropped, as Prometheus reads an empty label as absent.
 
 Every series is checked against the catalog: its family exists, its sample name belongs to the

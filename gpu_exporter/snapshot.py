@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 
 Labels = tuple[tuple[str, str], ...]
 
+# The key of DeviceSample.info that holds the device minor number (/dev/nvidia<minor>): not a
+# gpu_info label, read for pod attribution (GKE's device plugin names GPUs by it).
+MINOR_NUMBER = "minor_number"
+
 
 @dataclass(frozen=True, slots=True)
 class Reading:
@@ -68,7 +72,9 @@ class DeviceSample:
 
     `up` is False when the device did not answer (lost, hung, or the driver is gone); then
     `readings` holds only what was known before (nothing) and `down_reason` says why.
-    `instances` are its MIG devices, when MIG is enabled on it.
+    `info` holds gpu_info's labels, and the device minor number (`minor_number`, not
+    exported). `instances` are its MIG devices, and `mig_enabled` whether MIG is on (as last
+    read: it stays True through a tick whose MIG read failed, which then has no instances).
     """
 
     index: int
@@ -78,6 +84,7 @@ class DeviceSample:
     readings: tuple[Reading, ...] = ()
     down_reason: str = ""
     instances: tuple[InstanceSample, ...] = ()
+    mig_enabled: bool = False
 
     @property
     def labels(self) -> Labels:

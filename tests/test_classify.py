@@ -281,3 +281,38 @@ def test_link_capacities() -> None:
     assert nvlink_capacity("ampere", 12) == 300e9  # A100: 600 GB/s both directions
     assert nvlink_capacity("blackwell", 18) == 900e9
     assert nvlink_capacity("ada", 0) is None
+
+
+def test_a_mig_instance_missing_for_a_tick_keeps_its_seconds_until_long_gone() -> None:
+    from gpu_exporter.classify import INSTANCE_RETENTION_SECONDS
+    from gpu_exporter.snapshot import InstanceSample
+
+    busy = (
+        Reading("gpu_graphics_engine_active_ratio", 0.95),
+        Reading("gpu_sm_active_ratio", 0.9),
+        Reading("gpu_tensor_active_ratio", 0.1),
+        Reading("gpu_dram_active_ratio", 0.2),
+    )
+    instance = InstanceSample(9, 0, "MIG-a", "1g.18gb", readings=busy)
+    parent = DeviceSample(0, "GPU-a", {"architecture": "hopper"}, True, mig_enabled=True)
+    with_instance = DeviceSample(
+        0, "GPU-a", {"architecture": "hopper"}, True, instances=(instance,), mig_enabled=True
+    )
+    classifier = Classifier()
+    for t in range(5):
+        out = classifier.process([with_instance], float(t))[0]
+    # A MIG parent has no class of its own; its instance does.
+    assert out.value("gpu_bottleneck", **{"class": "unknown"}) is None
+    assert out.instances[0].value("gpu_bottleneck", **{"class": "compute_bound"}) == 1.0
+    before = classifier.seconds("GPU-a", "MIG-a")["compute_bound"]
+    assert before == 4.0
+    classifier.process([parent], 5.0)  # its read failed this tick: no instances
+    after = classifier.process([with_instance], 6.0)[0]
+    # Kept, and the gap is not attributed to any class.
+    assert classifier.seconds("GPU-a", "MIG-a")["compute_bound"] == before
+    assert (
+        after.instances[0].value("gpu_bottleneck_seconds_total", **{"class": "compute_bound"})
+        == before
+    )
+    classifier.process([parent], 7.0 + INSTANCE_RETENTION_SECONDS)
+    assert classifier.seconds("GPU-a", "MIG-a")["compute_bound"] == 0.0  # reconfigured away

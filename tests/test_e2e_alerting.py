@@ -285,3 +285,16 @@ def test_busy_but_idle_fires_for_the_launch_bound_mig_instance_only(tmp_path: Pa
             assert alert["gpu"] == "0" and alert["uuid"] == spec.uuid
             assert (alert["gpu_instance"], alert["mig_profile"]) == ("9", "1g.18gb")
             assert alert["mig_uuid"] == launch_bound
+
+
+def test_the_e2e_busy_but_idle_is_the_shipped_rule_with_short_windows() -> None:
+    """The end-to-end runs judge the shipped expression, not a copy that drifted from it."""
+    import re
+
+    def expr(path: Path, alert: str) -> str:
+        groups = yaml.safe_load(path.read_text())["groups"]
+        (found,) = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == alert]
+        return " ".join(re.sub(r"\[\d+[smh]\]", "[range]", found).split())
+
+    shipped = ROOT / "rules/gpu-exporter.rules.yaml"
+    assert expr(RULES, "GpuBusyButIdle") == expr(shipped, "GpuBusyButIdle")

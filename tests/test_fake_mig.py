@@ -122,24 +122,43 @@ def test_parent_memory_with_the_monitor_capability(mig: Callable[[Any], Any]) ->
     assert N.nvmlDeviceGetMemoryInfo(N.nvmlDeviceGetHandleByIndex(0), N.nvmlMemory_v2).used == 5e9
 
 
-def test_reconfiguration_stales_handles_and_reuses_the_id(
+def test_reconfiguration_reuses_handles_and_ids(
     mig: Callable[[Any], Any], clock: ManualClock
 ) -> None:
+    """nvml.h: a destroyed MIG device's handle "must be requested again"; "handles may be
+    reused and their properties can change". The fake reuses a slot's handle for whatever
+    occupies the slot next, and a GPU-instance id at once."""
     mig("mig")
     mixed = N.nvmlDeviceGetHandleByIndex(1)
-    before = devices(mixed)
-    old = before[2]
+    old = devices(mixed)[2]
     old_uuid = N.nvmlDeviceGetUUID(old)
-    assert N.nvmlDeviceGetGpuInstanceId(old) == 5
+    assert (N.nvmlDeviceGetGpuInstanceId(old), N.nvmlDeviceGetName(old)) == (
+        5,
+        "NVIDIA H200 MIG 2g.35gb",
+    )
     clock.now = 95.0
-    with pytest.raises(N.NVMLError_InvalidArgument):
-        N.nvmlDeviceGetUUID(old)  # destroyed: the handle is stale
     after = devices(mixed)
     assert sorted(after) == [0, 2, 4, 5, 6]
-    new = after[2]
-    assert N.nvmlDeviceGetGpuInstanceId(new) == 5  # the id is reused at once
-    assert N.nvmlDeviceGetUUID(new) != old_uuid
-    assert N.nvmlDeviceGetName(new) == "NVIDIA H200 MIG 1g.18gb"
+    # The old handle answers, for another device: same slot, same GI id, new UUID and profile.
+    assert N.nvmlDeviceGetUUID(old) == N.nvmlDeviceGetUUID(after[2]) != old_uuid
+    assert N.nvmlDeviceGetGpuInstanceId(old) == 5
+    assert N.nvmlDeviceGetName(old) == "NVIDIA H200 MIG 1g.18gb"
+
+
+def test_a_handle_whose_slot_emptied_is_stale(
+    mig: Callable[[Any], Any], clock: ManualClock
+) -> None:
+    mig(
+        {
+            "name": "t",
+            "devices": [{"mig": {"instances": [{"profile": "3g.71gb", "until": 10}]}}],
+        }
+    )
+    handle = devices(N.nvmlDeviceGetHandleByIndex(0))[0]
+    clock.now = 11.0
+    with pytest.raises(N.NVMLError_InvalidArgument):
+        N.nvmlDeviceGetUUID(handle)
+    assert devices(N.nvmlDeviceGetHandleByIndex(0)) == {}
 
 
 def gpm_sm(parent: Any, gi: int, clock: ManualClock, t0: float, t1: float) -> float:

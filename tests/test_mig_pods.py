@@ -80,13 +80,15 @@ def test_mig_ids_of_every_form_reach_their_instance(devices: list[DeviceSample])
     assert holders(gke.mig_uuid) == [("gke", "small")]
     assert holders(shared[0].mig_uuid) == [("a", "ci0")]
     assert holders(shared[1].mig_uuid) == [("a", "ci1")]
-    # Every series of the instance carries its (first) pod; its parent and siblings none.
+    # Every series of an instance carries its (first) pod; instances no pod holds carry none.
     sm = {
         dict(r.labels).get("mig_uuid", ""): dict(r.labels) for r in rows.of("gpu_sm_active_ratio")
     }
     assert sm[launch.mig_uuid]["pod"] == "spin-a"
-    others = [labels for uuid, labels in sm.items() if uuid not in ("", launch.mig_uuid)]
-    assert all("pod" not in labels for labels in others if labels["uuid"] != mixed.uuid)
+    assert (sm[legacy.mig_uuid]["pod"], sm[gke.mig_uuid]["pod"]) == ("big", "small")
+    held = {launch.mig_uuid, legacy.mig_uuid, gke.mig_uuid, "", *(i.mig_uuid for i in shared)}
+    free = [labels for uuid, labels in sm.items() if uuid not in held]
+    assert len(free) == 6 + 2 and all("pod" not in labels for labels in free)
     power = {dict(r.labels)["gpu"]: dict(r.labels) for r in rows.of("gpu_power_watts")}
     assert "pod" not in power["0"] and power["2"]["pod"] == "job"
     # The parent of pod-held instances is held by no pod itself.

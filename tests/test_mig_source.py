@@ -272,3 +272,64 @@ def test_activity_above_one_is_clamped_and_counted(
     assert all(i.value("gpu_sm_active_ratio") < 1.0 for i in seven.instances if i is not launch)
     above = [e for e in mig.errors.snapshot() if e.error == "AboveOne"]
     assert [(e.source, e.field) for e in above] == [("gpm", "metric_2")] and above[0].count >= 1
+
+
+def test_a_failed_mig_mode_read_keeps_the_instances(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    """A transient error on nvmlDeviceGetMigMode at a slow refresh must not turn a partitioned
+    GPU into a whole one (its instances gone, a class of its own) until the next refresh."""
+    import pynvml
+
+    from gpu_exporter.classify import Classifier
+
+    source = start_source("mig", xid_events=False, slow_refresh_seconds=2.0)
+    fake = source.fake  # type: ignore[attr-defined]
+    classifier = Classifier()
+    real = fake.nvmlDeviceGetMigMode
+    failing = {"now": False}
+
+    def mode(*args: Any) -> int:
+        return pynvml.NVML_ERROR_UNKNOWN if failing["now"] else int(real(*args))
+
+    fake.nvmlDeviceGetMigMode = mode
+    pynvml._nvmlGetFunctionPointer_cache.pop("nvmlDeviceGetMigMode", None)
+    clock.now = 10.0
+    for _ in range(3):
+        clock.advance(1.0)
+        classifier.process(source.sample(), clock())
+    failing["now"] = True
+    for _ in range(4):  # two slow refreshes fail
+        clock.advance(1.0)
+        seven = classifier.process(source.sample(), clock())[0]
+        assert len(seven.instances) == 7 and seven.mig_enabled
+        assert seven.value("gpu_bottleneck", **{"class": "unknown"}) is None  # no parent class
+        assert seven.value("gpu_mig_mode", state="current") == 1.0
+    no_permission = sum(e.count for e in source.errors.snapshot() if e.error == "NoPermission")
+    assert no_permission == 6  # still counted once per MIG parent (v2, v1): nothing re-learned
+
+
+def test_instance_memory_falls_back_to_memory_info_v1(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    spec = {
+        "name": "old-driver",
+        "driver": {"missing_functions": ["nvmlDeviceGetMemoryInfo_v2"]},
+        "devices": [
+            {"mig": {"instances": [{"profile": "3g.71gb", "values": {"memory_used_bytes": 5e9}}]}}
+        ],
+    }
+    source = start_source(spec, xid_events=False)
+    (instance,) = ticks(source, clock)[0].instances
+    # v1's `used` includes the reserved memory; there is no reserved reading without v2.
+    assert instance.value("gpu_memory_used_bytes") == 5e9 + 64 * 2**20
+    assert instance.value("gpu_memory_reserved_bytes") is None
+
+
+def test_gpm_off_turns_off_mig_activity_too(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    source = start_source("mig", xid_events=False, gpm=False)
+    seven = ticks(source, clock)[0]
+    assert seven.instances and all(i.value("gpu_sm_active_ratio") is None for i in seven.instances)
+    assert source.fake._samples == {}  # type: ignore[attr-defined]

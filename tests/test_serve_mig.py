@@ -1,6 +1,6 @@
 """`gpu-exporter serve --simulate mig`: the MIG node as Prometheus scrapes it.
 
-The reconfiguration of the built-in scenario (at 90 s) is moved to 3 s here, so that the test
+The reconfiguration of the built-in scenario (at 90 s) is moved to 8 s here, so that the test
 sees the old layout, then the new one, from the real daemon.
 """
 
@@ -15,7 +15,7 @@ from tests.daemon import serve
 from tests.support import promtool_check_metrics, wait_for
 
 SCENARIO = Path(__file__).resolve().parent.parent / "gpu_exporter/sim/scenarios/mig.yaml"
-RECONFIGURED_AT = 3
+RECONFIGURED_AT = 8  # scenario seconds: after the first scrapes below
 
 
 def fast_reconfiguration(tmp_path: Path) -> Path:
@@ -58,6 +58,9 @@ def test_mig_node_serves_valid_metrics_and_follows_the_reconfiguration(tmp_path:
         assert text, daemon.output()
         checked = promtool_check_metrics(text.encode())
         assert checked.returncode == 0, checked.stdout + checked.stderr
+        # The layout before the reconfiguration (the test needs to see both).
+        first = {s["mig_uuid"] for s in series(text, "gpu_mig_instance_info")}
+        assert old_2g in first and new_gi5 not in first, "started after the reconfiguration"
         # Parent power once per parent, without instance labels.
         power = series(text, "gpu_power_watts")
         assert sorted(p["gpu"] for p in power) == ["0", "1", "2", "3"]

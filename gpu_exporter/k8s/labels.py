@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gpu_exporter.k8s.attribution import DeviceMap, PodAttribution, PodRef
-from gpu_exporter.snapshot import DeviceSample, InstanceSample, Labels, Reading
+from gpu_exporter.snapshot import MINOR_NUMBER, DeviceSample, InstanceSample, Labels, Reading
 
 
 def pod_labels(pods: tuple[PodRef, ...]) -> Labels:
@@ -61,15 +61,15 @@ class PodsOfTick:
 
 
 def instance_ids(device: DeviceSample, instance: InstanceSample) -> tuple[str, ...]:
-    """Every id a device plugin may hand the kubelet for this MIG device: its MIG UUID (R470
-    and newer drivers), `MIG-<parent uuid>/<gi>/<ci>` (older drivers) and GKE's
-    `nvidia<index>/gi<gi>` (NVIDIA k8s-device-plugin and GKE's plugin)."""
+    """Every id a device plugin may hand the kubelet for this MIG device: its MIG UUID (NVIDIA's
+    k8s-device-plugin, R470 and newer drivers), `MIG-<parent uuid>/<gi>/<ci>` (the same plugin
+    on older drivers) and GKE's `nvidia<minor>/gi<gi>` (its device node and GPU instance)."""
     gi, ci = instance.gpu_instance, instance.compute_instance
-    return (
-        instance.mig_uuid,
-        f"MIG-{device.uuid}/{gi}/{ci}",
-        f"nvidia{device.index}/gi{gi}",
-    )
+    ids = [instance.mig_uuid, f"MIG-{device.uuid}/{gi}/{ci}"]
+    minor = device.info.get(MINOR_NUMBER)
+    if minor is not None:
+        ids.append(f"nvidia{minor}/gi{gi}")
+    return tuple(ids)
 
 
 def _pods_of_instance(

@@ -61,13 +61,13 @@ _U64 = 0xFFFFFFFFFFFFFFFF
 _KIB = 1024
 _MIB = 1024 * 1024
 _MIG_RESERVED = 64 * 1024 * 1024  # memory a GPU instance reserves for the driver (assumed)
-# SMs of the whole GPU (NVIDIA data sheets), for nvmlDeviceGetAttributes on a parent.
-_WHOLE_GPU_SMS = {"NVIDIA H200": 132, "NVIDIA H100 80GB HBM3": 132, "NVIDIA A100-SXM4-80GB": 108}
 _RAW_OVERHEAD = 1.0625  # NVLink raw bytes = data bytes + protocol overhead (assumed ratio)
 
 # Handle tokens stored in the opaque NVML pointers; distinct ranges catch mixed-up handles.
 _DEVICE_TOKEN_BASE = 0x6E760000
-_MIG_TOKEN_BASE = 0x6D000000  # + parent index * 0x1000 + instance position * 8 + CI
+_MIG_TOKEN_BASE = 0x6D000000  # + parent index * _MIG_TOKENS_PER_PARENT + MIG device slot
+_MIG_TOKENS_PER_PARENT = 0x100
+_MIG_TOKEN_RANGE = range(0, 0x100 * _MIG_TOKENS_PER_PARENT)
 _TOKENS = itertools.count(0x6E770000)
 
 # Clock-event bits, from the vendor's binding (not the exporter's copy, which the fake tests):
@@ -318,10 +318,17 @@ class _Device:
     def gpu_instance(self, gpu_instance: int, t: float) -> MigInstanceSpec | None:
         return next((i for i in self.mig_live(t) if i.gpu_instance == gpu_instance), None)
 
+    def mig_device(self, slot: int, t: float) -> _MigDevice | None:
+        """The MIG device in this slot now, if any."""
+        for inst in self.mig_live(t):
+            if slot in inst.slots:
+                return _MigDevice(self, inst, inst.slots.index(slot))
+        return None
+
 
 @dataclass(frozen=True)
 class _MigDevice:
-    """A MIG device (one compute instance of one GPU instance) and its handle token."""
+    """A MIG device (one compute instance of one GPU instance) as a handle resolves it now."""
 
     parent: _Device
     instance: MigInstanceSpec
@@ -329,20 +336,17 @@ class _MigDevice:
 
     @property
     def token(self) -> int:
-        return (
-            _MIG_TOKEN_BASE
-            + self.parent.index * 0x1000
-            + self.instance.position * 8
-            + self.compute_instance
-        )
+        return _mig_token(self.parent.index, self.instance.slots[self.compute_instance])
 
     @property
     def uuid(self) -> str:
         return self.instance.mig_uuids[self.compute_instance]
 
-    def live(self, t: float) -> bool:
-        mig = self.parent.spec.mig
-        return mig is not None and mig.enabled and self.instance.live(t)
+
+def _mig_token(parent: int, slot: int) -> int:
+    # A MIG device handle names a slot of a parent: nvml.h warns that after a reconfiguration
+    # "handles may be reused and their properties can change", which this makes certain.
+    return _MIG_TOKEN_BASE + parent * _MIG_TOKENS_PER_PARENT + slot
 
 
 @dataclass
@@ -383,12 +387,6 @@ class FakeNvmlLib:
         self._recovered: frozenset[int] = frozenset()  # gpu_lost faults cleared by a re-init
         self._devices = [_Device(spec) for spec in scenario.devices]
         self._by_token = {dev.token: dev for dev in self._devices}
-        self._mig_by_token = {
-            mig.token: mig
-            for dev in self._devices
-            for inst in (dev.spec.mig.instances if dev.spec.mig else ())
-            for mig in (_MigDevice(dev, inst, ci) for ci in range(inst.compute_instances))
-        }
         self._faults = list(enumerate(scenario.faults))
         self._event_sets: dict[int, _EventSet] = {}
         self._samples: dict[int, _GpmSample] = {}
@@ -421,9 +419,9 @@ class FakeNvmlLib:
             return UNINITIALIZED
         if not fn.device:
             return fn.impl(self, *args)
-        mig = _lookup(self._mig_by_token, _token(args[0]))
-        if mig is not None:
-            return self._dispatch_mig(name, mig, args)
+        token = _token(args[0])
+        if token is not None and token - _MIG_TOKEN_BASE in _MIG_TOKEN_RANGE:
+            return self._dispatch_mig(name, token - _MIG_TOKEN_BASE, args)
         dev = self._device(args[0])
         if dev is None:
             return INVALID_ARGUMENT
@@ -434,13 +432,18 @@ class FakeNvmlLib:
             return NOT_SUPPORTED
         return fn.impl(self, dev, self.clock(), *args[1:])
 
-    def _dispatch_mig(self, name: str, mig: _MigDevice, args: tuple[Any, ...]) -> _Result:
-        rc = self._gate(name, mig.parent)  # the parent's faults hold for its MIG devices
+    def _dispatch_mig(self, name: str, offset: int, args: tuple[Any, ...]) -> _Result:
+        index, slot = divmod(offset, _MIG_TOKENS_PER_PARENT)
+        if index >= len(self._devices):
+            return INVALID_ARGUMENT
+        parent = self._devices[index]
+        rc = self._gate(name, parent)  # the parent's faults hold for its MIG devices
         if rc != SUCCESS:
             return rc
         t = self.clock()
-        if not mig.live(t):
-            # Destroyed by a reconfiguration (or MIG turned off): the handle is stale.
+        mig = parent.mig_device(slot, t)
+        if mig is None:
+            # Destroyed by a reconfiguration (or MIG turned off), nothing in its slot since.
             return INVALID_ARGUMENT
         impl = _MIG_IMPLS.get(name)
         if impl is None:
@@ -641,12 +644,11 @@ class FakeNvmlLib:
             return NOT_SUPPORTED
         if mig is None or not mig.enabled or not 0 <= _int(index) < mig.max_devices:
             return INVALID_ARGUMENT
-        for inst in mig.live(t):
-            if _int(index) in inst.slots:
-                ci = inst.slots.index(_int(index))
-                _store_token(out, _MigDevice(dev, inst, ci).token)
-                return SUCCESS
-        return NOT_FOUND  # nvml.h: "no valid MIG device was found at index"
+        found = dev.mig_device(_int(index), t)
+        if found is None:
+            return NOT_FOUND  # nvml.h: "no valid MIG device was found at index"
+        _store_token(out, found.token)
+        return SUCCESS
 
     @_nvml("nvmlDeviceIsMigDeviceHandle")
     def _is_mig_handle(self, dev: _Device, t: float, out: Any) -> int:
@@ -683,11 +685,7 @@ class FakeNvmlLib:
 
     @_nvml("nvmlDeviceGetAttributes_v2")
     def _attributes(self, dev: _Device, t: float, out: Any) -> int:
-        attrs = _target(out)
-        attrs.multiprocessorCount = _WHOLE_GPU_SMS.get(dev.spec.model, 0)
-        attrs.gpuInstanceSliceCount = attrs.computeInstanceSliceCount = 0
-        attrs.memorySizeMB = dev.spec.memory_total_bytes // _MIB
-        return SUCCESS
+        return NOT_SUPPORTED  # nvml.h: "currently only supports MIG device handles"
 
     @_on_mig("nvmlDeviceGetAttributes_v2")
     def _mig_attributes(self, mig: _MigDevice, t: float, out: Any) -> int:

@@ -303,6 +303,11 @@ def _pattern_at(points: tuple[tuple[float, float], ...], t: float) -> float:
 # Scenario objects
 
 
+def mig_capable(architecture: str) -> bool:
+    """A100/A30 (Ampere) and Hopper and newer data-center GPUs have MIG; Ada and older do not."""
+    return _ARCH_RANK[architecture] >= _ARCH_RANK["ampere"] and architecture != "ada"
+
+
 @dataclass(frozen=True)
 class DriverSpec:
     version: str = "570.124.06"
@@ -353,8 +358,7 @@ class DeviceSpec:
 
     @property
     def mig_capable(self) -> bool:
-        """A100/A30 (Ampere) and Hopper and newer data-center GPUs; not Ada or older."""
-        return self.at_least("ampere") and self.architecture != "ada"
+        return mig_capable(self.architecture)
 
     @property
     def mig_enabled(self) -> bool:
@@ -691,7 +695,7 @@ def _parse_device(index: int, d: dict[str, Any], scenario_name: str, seed: int) 
     fixed |= {"pcie_generation": max_gen, "pcie_width": max_width}
     mig = None
     if "mig" in d:
-        if not _ARCH_RANK[arch] >= _ARCH_RANK["ampere"] or arch == "ada":
+        if not mig_capable(arch):
             raise d["mig"].error(f"{arch} GPUs have no MIG (Ampere data-center GPUs and newer)")
         mig = parse_mig(
             d["mig"],

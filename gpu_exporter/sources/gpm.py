@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import pynvml as N
 
@@ -126,3 +128,23 @@ class GpmWindow:
                 with contextlib.suppress(N.NVMLError):
                     N.nvmlGpmSampleFree(sample)
         self._baseline = self._current = None
+
+
+class AbandonedWindows:
+    """Windows set aside when a tick missed its deadline: its stuck thread may still be inside
+    one, so each is freed only once that tick has finished (on the sampler thread)."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[GpmWindow, Future[Any]]] = []
+
+    def add(self, windows: Iterable[GpmWindow], stuck_tick: Future[Any]) -> None:
+        self._held += [(window, stuck_tick) for window in windows]
+
+    def free_finished(self) -> None:
+        keep = []
+        for window, tick in self._held:
+            if tick.done():
+                window.close()
+            else:
+                keep.append((window, tick))
+        self._held = keep

@@ -732,7 +732,14 @@ class NvmlSource:
         device.down_reason = ""
         self._statuses += result.statuses
         return DeviceSample(
-            reader.index, uuid, dict(reader.info), True, result.readings, "", result.instances
+            reader.index,
+            uuid,
+            dict(reader.info),
+            True,
+            result.readings,
+            "",
+            result.instances,
+            reader.mig_enabled,
         )
 
     def _down(self, device: _Device, reason: str) -> DeviceSample:

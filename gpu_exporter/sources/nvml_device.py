@@ -67,7 +67,7 @@ __all__ = [
     "DeviceReader",
     "DeviceUnresponsiveError",
     "DriverGoneError",
-    "ExpectedError",
+    "GoneError",
     "InvalidReadingError",
     "NvmlCalls",
     "TickAbandonedError",
@@ -124,9 +124,10 @@ class DeviceUnresponsiveError(DeviceReadAborted):
     """Every call of a tick failed: the GPU is not really answering."""
 
 
-class ExpectedError(Exception):
-    """A call failed with an error its caller named as part of the protocol (`expected`): a
-    stale MIG device handle, an empty MIG slot. Not counted, not learned: the caller acts."""
+class GoneError(Exception):
+    """A call answered an error its caller named as meaning "not there" (`gone`): an empty MIG
+    slot, a MIG device handle a reconfiguration destroyed. Not counted, not learned: the caller
+    acts on it."""
 
     def __init__(self, key: str, error: str) -> None:
         super().__init__(f"{error} from {key}")
@@ -314,12 +315,12 @@ class DeviceReader:
         key: str,
         fn: Callable[..., Any] | None,
         *args: Any,
-        expected: tuple[type[N.NVMLError], ...] = (),
+        gone: tuple[type[N.NVMLError], ...] = (),
     ) -> Any:
         """Run one NVML call; None when unsupported, quarantined or failed this tick.
 
         `fn` is None when the installed nvidia-ml-py predates the call: same as an old driver.
-        An error in `expected` raises ExpectedError instead (neither counted nor learned).
+        An error in `gone` raises GoneError instead (neither counted nor learned).
         """
         if key in self.unsupported:
             return None
@@ -339,8 +340,8 @@ class DeviceReader:
             self.calls_succeeded += 1
             return result
         except N.NVMLError as exc:
-            if expected and isinstance(exc, expected):
-                raise ExpectedError(key, error_name(exc)) from exc
+            if gone and isinstance(exc, gone):
+                raise GoneError(key, error_name(exc)) from exc
             count_failure(self.errors, SOURCE, key, exc)
             if isinstance(exc, N.NVMLError_GpuIsLost):
                 raise DeviceLostError(key) from exc
@@ -392,10 +393,17 @@ class DeviceReader:
         self.info = dict(info)
 
     def report_mig(self, enabled: bool, instances: tuple[InstanceSample, ...] = ()) -> None:
-        """The mig collector's result. A change of mode forgets what was learned unsupported:
-        utilization, aggregate memory and GPM answer differently with MIG on and off."""
+        """The mig collector's result (from its read: after the tick's commit point). A change
+        of mode forgets what was learned about the calls that answer differently with MIG on
+        and off (the collectors' `mig_dependent` keys). Instance readings are checked as a
+        collector's own are (InvalidReadingError fails the reporting collector)."""
+        reporter = next((c for c in self.collectors if c.instance_families), None)
+        if reporter is not None:
+            for instance in instances:
+                _declared(reporter, list(instance.readings), reporter.instance_families)
         if enabled != self.mig_enabled:
-            self.unsupported.clear()
+            for collector in self.collectors:
+                self.unsupported.difference_update(collector.mig_dependent)
         self.mig_enabled = enabled
         self._instances = instances
 
@@ -522,7 +530,9 @@ def _read_declared(collector: Collector, device: Device) -> list[Reading]:
     return _declared(collector, collector.read(device))
 
 
-def _declared(collector: Collector, readings: list[Reading]) -> list[Reading]:
+def _declared(
+    collector: Collector, readings: list[Reading], families: tuple[str, ...] | None = None
+) -> list[Reading]:
     """The readings, or InvalidReadingError when one is not what the catalog promises: a family
     the collector does not declare (UndeclaredFamilyError; the catalog test relies on the
     declarations being complete), label names other than the family's (in any order), a label
@@ -532,7 +542,7 @@ def _declared(collector: Collector, readings: list[Reading]) -> list[Reading]:
     that GPU for that tick instead of reaching the stages downstream. The message names the
     family and types, never the value, so a bug that fires every tick is logged once.
     """
-    expected = _label_names(collector.families)
+    expected = _label_names(collector.families if families is None else families)
     for reading in readings:
         family, value, labels = reading.family, reading.value, reading.labels
         names = expected.get(family)

@@ -7,7 +7,8 @@ Each subclass declares, right next to its code:
 - `families`: the catalog families it emits. Emitting any other fails it on that GPU for that
   tick, as does a reading whose label names are not its family's catalog labels, whose label
   values are not `str`, or whose value is not an `int` or `float` (`sources/nvml_device.py`);
-  `instance_families`: those of the MIG instances it reports (the mig collector's);
+  `instance_families`: those of the MIG instances it reports (the mig collector's), checked
+  the same way when reported; `mig_dependent`: its keys whose answer changes with MIG mode;
 - `calls`: the pynvml functions it calls (tests/test_collectors.py checks it calls no others);
 - `fields`: its entries in the tick's one `nvmlDeviceGetFieldValues` batch. The batch's time
   is split over the collectors with entries in it, by their number of entries, in
@@ -94,10 +95,10 @@ class Device(Protocol):
         key: str,
         fn: Callable[..., Any] | None,
         *args: Any,
-        expected: tuple[type[N.NVMLError], ...] = (),
+        gone: tuple[type[N.NVMLError], ...] = (),
     ) -> Any:
         """One NVML call; None when unsupported, quarantined or failed (already counted); an
-        error in `expected` raises ExpectedError (not counted)."""
+        error in `gone` (the thing asked about is not there) raises GoneError, not counted."""
 
     def first(self, *attempts: tuple[Any, ...]) -> Any:
         """(key, fn, *args) alternatives, newest first, moving on only past unsupported ones."""
@@ -129,6 +130,9 @@ class Collector:
     families: ClassVar[tuple[str, ...]]
     # Families of the MIG instances it reports (`Device.report_mig`), not its own readings.
     instance_families: ClassVar[tuple[str, ...]] = ()
+    # Choke-point keys whose answer depends on the MIG mode (NOT_SUPPORTED or NO_PERMISSION
+    # with MIG on): what the GPU learned about them is forgotten when the mode changes.
+    mig_dependent: ClassVar[tuple[str, ...]] = ()
     calls: ClassVar[tuple[str, ...]] = ()
     fields: ClassVar[tuple[FieldSpec, ...]] = ()
     setting: ClassVar[str | None] = None

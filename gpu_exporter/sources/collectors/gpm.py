@@ -67,12 +67,12 @@ class Gpm(Collector):
         "nvmlGpmSampleFree",
     )
     setting = "gpm"
+    mig_dependent = ("gpm", "gpm_support", "gpm_sample", "gpm_metrics")
 
     def __init__(self) -> None:
         super().__init__()
         self.window: gpm.GpmWindow | None = None
-        # Windows of abandoned ticks: their stuck thread may still use them.
-        self.orphans: list[tuple[gpm.GpmWindow, Future[Any]]] = []
+        self.abandoned = gpm.AbandonedWindows()
 
     def read(self, nvml: Device) -> list[Reading]:
         if nvml.mig_enabled:  # activity is per GPU instance then (the mig collector's)
@@ -95,19 +95,12 @@ class Gpm(Collector):
         return [] if result is None else activity_readings(nvml, result)
 
     def abandon(self, stuck_tick: Future[Any]) -> None:
-        # The stuck thread may be inside the window: free it once that tick has finished.
         if self.window is not None:
-            self.orphans.append((self.window, stuck_tick))
+            self.abandoned.add((self.window,), stuck_tick)
             self.window = None
 
     def free_orphans(self) -> None:
-        keep = []
-        for window, tick in self.orphans:
-            if tick.done():
-                window.close()
-            else:
-                keep.append((window, tick))
-        self.orphans = keep
+        self.abandoned.free_finished()
 
     def close(self) -> None:
         if self.window is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pynvml as N
 
 from gpu_exporter.nvml_facts import ARCHITECTURE_NAMES
-from gpu_exporter.snapshot import Reading
+from gpu_exporter.snapshot import MINOR_NUMBER, Reading
 from gpu_exporter.sources.collectors.base import NEVER, Collector, Device
 from gpu_exporter.sources.nvml_values import normalise_bus_id
 
@@ -19,6 +19,7 @@ class Identity(Collector):
         "nvmlDeviceGetArchitecture",
         "nvmlDeviceGetCudaComputeCapability",
         "nvmlDeviceGetName",
+        "nvmlDeviceGetMinorNumber",
     )
     refreshes = True
 
@@ -40,5 +41,8 @@ class Identity(Collector):
             "compute_capability": f"{cc[0]}.{cc[1]}" if cc else "",
             "driver_version": nvml.driver_version,
         }
+        minor = nvml.call("minor_number", N.nvmlDeviceGetMinorNumber, h)
+        if minor is not None:  # /dev/nvidia<minor>: how some device plugins name the GPU
+            info[MINOR_NUMBER] = str(minor)
         nvml.identify(uuid, info)
         return []

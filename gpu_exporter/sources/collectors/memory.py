@@ -33,6 +33,7 @@ class Memory(Collector):
     name = "memory"
     families = MEMORY_FAMILIES
     calls = ("nvmlDeviceGetMemoryInfo",)  # v2 struct first, then v1 on older drivers
+    mig_dependent = ("memory_info_v2", "memory_info")  # MIG on: needs the monitor capability
 
     def read(self, nvml: Device) -> list[Reading]:
         mem = nvml.first(

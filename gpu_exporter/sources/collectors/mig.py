@@ -3,10 +3,14 @@
 Enumeration (nvml.h): the parent's MIG devices are at indices 0..nvmlDeviceGetMaxMigDeviceCount;
 empty slots answer NOT_FOUND or INVALID_ARGUMENT and are skipped. Each MIG device (one compute
 instance, CI, of one GPU instance, GI) gives its MIG UUID, its name ("<parent> MIG <profile>"),
-its GI and CI ids and its size (nvmlDeviceGetAttributes). The layout is read again on every slow
-refresh, at the tick after a MIG configuration-change event (`sources/xid.py`), and at once
-when a cached MIG handle answers INVALID_ARGUMENT or NOT_FOUND: a reconfiguration destroyed
-it, which means "re-enumerate", not "GPU lost".
+its GI and CI ids and its size (nvmlDeviceGetAttributes).
+
+A reconfiguration destroys MIG devices, and nvml.h warns that a destroyed device's handle "must
+be requested again" and that "handles may be reused and their properties can change". So every
+tick first reads each cached handle's UUID: a handle that answers INVALID_ARGUMENT/NOT_FOUND,
+or answers with another UUID, means "enumerate again" (not "GPU lost", not an error), before
+anything is read through it. The layout is also read again on every slow refresh and at the
+tick after a MIG configuration-change event (`sources/xid.py`).
 
 Per tick, each MIG device's memory is read through its own handle, and GPM activity per GPU
 instance with nvmlGpmMigSampleGet(parent, GI id) over the tick's window. A GI's memory and
@@ -15,10 +19,10 @@ series (the double count dcgm-exporter users complain of with parent power), so 
 absent there. GI ids are reused at once after a reconfiguration, so GPM windows are keyed by
 the instance's MIG UUID, profile, GI and CI ids, never by GI id alone: a window is never diffed
 across two instances that shared an id. A vanished instance's window is freed at the
-re-enumeration that misses it.
+enumeration that misses it.
 
-NVML utilization does not exist on a MIG-enabled GPU, and the parent's aggregate memory needs
-the MIG monitor capability (NoPermission otherwise: absent, counted once, not asked again).
+A MIG mode read that fails (rather than NOT_SUPPORTED: no MIG on this GPU) keeps what was
+known: one failed read must not turn a partitioned GPU into a whole one for a refresh period.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ import pynvml as N
 
 from gpu_exporter.snapshot import InstanceSample, Reading
 from gpu_exporter.sources import gpm
-from gpu_exporter.sources.collectors.base import NEVER, Collector, Device
+from gpu_exporter.sources.collectors.base import Collector, Device
 from gpu_exporter.sources.collectors.gpm import METRICS, activity_readings
 from gpu_exporter.sources.collectors.memory import MEMORY_FAMILIES, memory_readings
-from gpu_exporter.sources.nvml_device import ExpectedError
+from gpu_exporter.sources.nvml_device import GoneError
 
-# A slot without a MIG device, or a handle a reconfiguration destroyed.
+# An empty slot, or a handle a reconfiguration destroyed.
 _GONE = (N.NVMLError_NotFound, N.NVMLError_InvalidArgument)
 _MIB = 1024 * 1024
+
+WindowKey = tuple[int, int, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +60,7 @@ class MigDevice:
     static: tuple[Reading, ...]  # gpu_mig_instance_info, gpu_mig_instance_slices
 
     @property
-    def window_key(self) -> tuple[int, int, str, str]:
+    def window_key(self) -> WindowKey:
         """What a GPM window belongs to: never the GI id alone (ids are reused at once)."""
         return (self.gpu_instance, self.compute_instance, self.mig_uuid, self.profile)
 
@@ -94,27 +100,30 @@ class Mig(Collector):
 
     def __init__(self) -> None:
         super().__init__()
+        self.mig_on = False  # MIG mode, as last read
         self.devices: tuple[MigDevice, ...] = ()
-        self.windows: dict[tuple[int, int, str, str], gpm.GpmWindow] = {}
+        self.windows: dict[WindowKey, gpm.GpmWindow] = {}
+        self.abandoned = gpm.AbandonedWindows()
         self.gpm_supported: bool | None = None  # None: not asked yet
         self.changes_seen = 0  # MIG configuration-change events enumerated for
-        self.orphans: list[tuple[gpm.GpmWindow, Future[Any]]] = []
 
     # -- slow: mode and layout ---------------------------------------------------------------
 
     def refresh(self, nvml: Device) -> list[Reading]:
         mode = nvml.call("mig_mode", N.nvmlDeviceGetMigMode, nvml.handle)
-        if mode is None:  # no MIG on this GPU (or it cannot be read): whole GPU only
-            self._forget()
-            nvml.report_mig(False)
-            return []
+        if mode is None:
+            if nvml.is_unsupported("mig_mode"):  # no MIG on this GPU: a whole GPU only
+                self.mig_on = False
+                self._forget()
+                return []
+            return list(self.static)  # a failed read: keep what was known
         current, pending = (int(value) for value in mode)
         if current == 1:
             self.changes_seen = nvml.xid_counts.mig_changes(nvml.uuid)
             self.devices = self._enumerate(nvml)
         else:
             self._forget()
-        nvml.report_mig(current == 1)
+        self.mig_on = current == 1
         return [
             Reading("gpu_mig_mode", float(current == 1), (("state", "current"),)),
             Reading("gpu_mig_mode", float(pending == 1), (("state", "pending"),)),
@@ -131,16 +140,25 @@ class Mig(Collector):
                     N.nvmlDeviceGetMigDeviceHandleByIndex,
                     parent,
                     slot,
-                    expected=_GONE,
+                    gone=_GONE,
                 )
                 if handle is None:
                     continue
-                gi = nvml.call("mig_gpu_instance_id", N.nvmlDeviceGetGpuInstanceId, handle)
-                ci = nvml.call("mig_compute_instance_id", N.nvmlDeviceGetComputeInstanceId, handle)
-                uuid = nvml.call("mig_uuid", N.nvmlDeviceGetUUID, handle, expected=_GONE)
-                name = nvml.call("mig_name", N.nvmlDeviceGetName, handle) or ""
-                attrs = nvml.call("mig_attributes", N.nvmlDeviceGetAttributes_v2, handle)
-            except ExpectedError:
+                gi = nvml.call(
+                    "mig_gpu_instance_id", N.nvmlDeviceGetGpuInstanceId, handle, gone=_GONE
+                )
+                ci = nvml.call(
+                    "mig_compute_instance_id",
+                    N.nvmlDeviceGetComputeInstanceId,
+                    handle,
+                    gone=_GONE,
+                )
+                uuid = nvml.call("mig_uuid", N.nvmlDeviceGetUUID, handle, gone=_GONE)
+                name = nvml.call("mig_name", N.nvmlDeviceGetName, handle, gone=_GONE) or ""
+                attrs = nvml.call(
+                    "mig_attributes", N.nvmlDeviceGetAttributes_v2, handle, gone=_GONE
+                )
+            except GoneError:
                 continue  # an empty slot, or destroyed while we looked
             if gi is None or ci is None or not uuid:
                 continue  # counted by the choke point; without identity it cannot be a series
@@ -152,7 +170,7 @@ class Mig(Collector):
             MigDevice(handle, gi, ci, uuid, profile, per_gi[gi] > 1, _size_readings(attrs))
             for handle, gi, ci, uuid, profile, attrs in found
         )
-        self._free_windows_except({d.window_key for d in devices})
+        self._free_windows_except({d.window_key for d in devices if not d.shared})
         return devices
 
     def _forget(self) -> None:
@@ -162,60 +180,56 @@ class Mig(Collector):
     # -- every tick: memory and activity -----------------------------------------------------
 
     def read(self, nvml: Device) -> list[Reading]:
-        if not nvml.mig_enabled:
+        if not self.mig_on:
+            nvml.report_mig(False)
             return []
         changes = nvml.xid_counts.mig_changes(nvml.uuid)
-        if changes != self.changes_seen:  # nvmlEventMigConfigChange: a new layout
-            self.changes_seen = changes
+        if changes != self.changes_seen or not self._layout_holds(nvml):
+            self.changes_seen = changes  # nvmlEventMigConfigChange, or a handle gone/reused
             self.devices = self._enumerate(nvml)
-        try:
-            instances = self._read_instances(nvml)
-        except ExpectedError:
-            # A handle a reconfiguration destroyed: the layout has changed under us.
-            self.devices = self._enumerate(nvml)
-            self.static_at = NEVER  # the mode is read again next tick, too
-            try:
-                instances = self._read_instances(nvml)
-            except ExpectedError:
-                instances = ()  # changing while we read: next tick
-        nvml.report_mig(True, instances)
+        nvml.report_mig(True, tuple(self._instance(nvml, device) for device in self.devices))
         return []
 
-    def _read_instances(self, nvml: Device) -> tuple[InstanceSample, ...]:
-        if self.gpm_supported is None:
-            supported = nvml.call("mig_gpm_support", gpm.is_supported, nvml.handle)
-            if supported is not None or nvml.is_unsupported("mig_gpm_support"):
-                self.gpm_supported = bool(supported)  # A100/A30: MIG without GPM
-        out = []
+    def _layout_holds(self, nvml: Device) -> bool:
+        """Whether every cached handle still names the MIG device it was enumerated as."""
         for device in self.devices:
-            readings = list(device.static)
-            if not device.shared:  # a shared GI's memory and activity are none of its CIs'
-                readings += self._memory(nvml, device)
-                readings += self._activity(nvml, device)
-            out.append(
-                InstanceSample(
-                    device.gpu_instance,
-                    device.compute_instance,
-                    device.mig_uuid,
-                    device.profile,
-                    device.shared,
-                    tuple(readings),
-                )
-            )
-        return tuple(out)
+            try:
+                uuid = nvml.call("mig_uuid", N.nvmlDeviceGetUUID, device.handle, gone=_GONE)
+            except GoneError:
+                return False
+            if uuid != device.mig_uuid:  # reused for another device, or the read failed
+                return False
+        return True
+
+    def _instance(self, nvml: Device, device: MigDevice) -> InstanceSample:
+        readings = list(device.static)
+        if not device.shared:  # a shared GI's memory and activity are none of its CIs'
+            readings += self._memory(nvml, device)
+            readings += self._activity(nvml, device)
+        return InstanceSample(
+            device.gpu_instance,
+            device.compute_instance,
+            device.mig_uuid,
+            device.profile,
+            device.shared,
+            tuple(readings),
+        )
 
     @staticmethod
     def _memory(nvml: Device, device: MigDevice) -> list[Reading]:
-        mem = nvml.call(
-            "mig_memory_info_v2",
-            N.nvmlDeviceGetMemoryInfo,
-            device.handle,
-            N.nvmlMemory_v2,
-            expected=_GONE,
+        mem = nvml.first(
+            ("mig_memory_info_v2", N.nvmlDeviceGetMemoryInfo, device.handle, N.nvmlMemory_v2),
+            ("mig_memory_info", N.nvmlDeviceGetMemoryInfo, device.handle),
         )
         return [] if mem is None else memory_readings(mem)
 
     def _activity(self, nvml: Device, device: MigDevice) -> list[Reading]:
+        if not nvml.settings.gpm:
+            return []
+        if self.gpm_supported is None:
+            supported = nvml.call("mig_gpm_support", gpm.is_supported, nvml.handle)
+            if supported is not None or nvml.is_unsupported("mig_gpm_support"):
+                self.gpm_supported = bool(supported)  # A100/A30: MIG without GPM
         if not self.gpm_supported:
             return []
         window = self.windows.get(device.window_key)
@@ -238,28 +252,21 @@ class Mig(Collector):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def _free_windows_except(self, keep: set[tuple[int, int, str, str]]) -> None:
+    def _free_windows_except(self, keep: set[WindowKey]) -> None:
         for key in [key for key in self.windows if key not in keep]:
             self.windows.pop(key).close()
 
     def abandon(self, stuck_tick: Future[Any]) -> None:
-        # The stuck thread may be inside a window: free them once that tick has finished.
-        self.orphans += [(window, stuck_tick) for window in self.windows.values()]
+        self.abandoned.add(self.windows.values(), stuck_tick)
         self.windows = {}
 
     def free_orphans(self) -> None:
-        keep = []
-        for window, tick in self.orphans:
-            if tick.done():
-                window.close()
-            else:
-                keep.append((window, tick))
-        self.orphans = keep
+        self.abandoned.free_finished()
 
     def reset(self) -> None:
         super().reset()
         self.close()
-        self.gpm_supported = None
+        self.mig_on, self.gpm_supported = False, None
 
     def close(self) -> None:
         """Free every GPM sample (before any NVML shutdown: the source closes readers first)."""

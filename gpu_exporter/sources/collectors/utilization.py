@@ -12,6 +12,7 @@ class Utilization(Collector):
     name = "utilization"
     families = ("gpu_utilization_ratio", "gpu_memory_utilization_ratio")
     calls = ("nvmlDeviceGetUtilizationRates",)
+    mig_dependent = ("utilization",)  # not supported with MIG on
 
     def read(self, nvml: Device) -> list[Reading]:
         util = nvml.call("utilization", N.nvmlDeviceGetUtilizationRates, nvml.handle)
