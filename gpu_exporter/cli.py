@@ -156,16 +156,18 @@ def serve(args: argparse.Namespace) -> int:
     )
     # APScheduler logs every run of every job at INFO: once a second is noise, not news.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
-    simulator = None
+    simulator = kubelet = None
     if config.simulate:
         from gpu_exporter import sim
 
         try:
-            simulator = sim.install(sim.load_scenario(config.simulate))
+            scenario = sim.load_scenario(config.simulate)
         except ValueError as exc:  # ScenarioError and YAML errors name the file and field
             print(f"scenario error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        simulator = sim.install(scenario)
         log.info("simulating scenario %r", config.simulate)
+        kubelet, config = _simulated_kubelet(scenario, config)
     errors = ErrorLog()
     from gpu_exporter.topology import read_topology
 
@@ -181,6 +183,26 @@ def serve(args: argparse.Namespace) -> int:
         source.close()
         if simulator is not None:
             sim.uninstall()
+        if kubelet is not None:
+            kubelet.close()
+
+
+def _simulated_kubelet(scenario: Any, config: Config) -> tuple[Any, Config]:
+    """For a scenario with `pods:`, a fake kubelet serving them, and the configuration pointed
+    at it, unless `kubernetes.enabled` was set: a simulated node then has pods as a real one,
+    read by the production attribution path."""
+    if not scenario.pods or config.kubernetes.enabled != "auto":
+        return None, config
+    from gpu_exporter.sim.kubelet import start_for
+
+    kubelet = start_for(scenario)
+    if kubelet is None:
+        return None, config
+    kubernetes = config.kubernetes.model_copy(
+        update={"enabled": True, "socket_path": kubelet.socket_path}
+    )
+    log.info("simulated kubelet with %d pod devices at %s", len(scenario.pods), kubelet.socket_path)
+    return kubelet, config.model_copy(update={"kubernetes": kubernetes})
 
 
 def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: float) -> int:

@@ -236,16 +236,22 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"gpu-exporter diagnose: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    simulated = False
+    simulated, kubelet = False, None
     if args.simulate:
         from gpu_exporter import sim
 
         try:
-            sim.install(sim.load_scenario(args.simulate))
+            scenario = sim.load_scenario(args.simulate)
         except ValueError as exc:  # ScenarioError names the file, field and line
             print(f"scenario error: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        sim.install(scenario)
         simulated = True
+        if args.kubelet_socket is None and scenario.pods:
+            from gpu_exporter.sim.kubelet import start_for
+
+            kubelet = start_for(scenario)  # the scenario's pods, as a kubelet reports them
+            args.kubelet_socket = kubelet.socket_path if kubelet is not None else None
     try:
         return _diagnose(args, sys.stdout)
     finally:
@@ -253,6 +259,8 @@ def run(args: argparse.Namespace) -> int:
             from gpu_exporter import sim
 
             sim.uninstall()
+        if kubelet is not None:
+            kubelet.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

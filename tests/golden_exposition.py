@@ -23,11 +23,11 @@ from pathlib import Path
 from gpu_exporter import sim
 from gpu_exporter.assembly import Assembly, assemble
 from gpu_exporter.config import load_config
+from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
 from gpu_exporter.topology import read_topology
 from tests.conftest import ManualClock
-from tests.fake_kubelet import FakeKubelet, pod
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 MODES = ("off", "labels", "info")

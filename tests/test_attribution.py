@@ -1,4 +1,5 @@
-"""Pod attribution against a real gRPC PodResources server on a unix socket (tests/fake_kubelet)."""
+"""Pod attribution against a real gRPC PodResources server on a unix socket (the fake kubelet
+of gpu_exporter/sim/kubelet.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from gpu_exporter.k8s.attribution import (
     normalize_device_id,
 )
 from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
-from tests.fake_kubelet import FakeKubelet, pod
+from gpu_exporter.sim.kubelet import FakeKubelet, pod
 
 GPU0 = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"
 GPU1 = "GPU-1b1e4a7c-0c55-4a7e-8d0b-8e3d1f1f3a01"

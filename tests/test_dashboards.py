@@ -33,8 +33,8 @@ import pytest
 import yaml
 
 from gpu_exporter.catalog import FAMILIES, Kind
+from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from tests.daemon import Daemon, serve
-from tests.fake_kubelet import FakeKubelet, pod
 from tests.servers import prometheus_with_config
 
 ROOT = Path(__file__).resolve().parent.parent

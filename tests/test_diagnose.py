@@ -16,8 +16,8 @@ import pynvml
 import pytest
 
 from gpu_exporter import diagnose
+from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from tests.conftest import ManualClock
-from tests.fake_kubelet import FakeKubelet, pod
 
 ANSI = re.compile(r"\x1b\[")
 MIXED_INTENT = {
@@ -411,8 +411,30 @@ def test_mig_terminal_report_puts_instances_under_their_gpu(mig_kubelet: FakeKub
     assert re.search(r"^  0\s+NVIDIA H200 .*1 problem\(s\)$", out, re.MULTILINE)
 
 
-def test_mig_without_a_kubelet_has_no_pod_column(capsys) -> None:
+def test_mig_lists_instances_with_class_and_the_scenarios_pods(capsys) -> None:
+    """The built-in `mig` scenario has pods: diagnose reads them from the fake kubelet it
+    runs, through the production attribution path, and names them per instance."""
     status = diagnose.run(parse("--simulate", "mig", "--duration", "0.5", "--interval", "0.5"))
+    out = capsys.readouterr().out
+    assert status == diagnose.EXIT_ATTENTION
+    assert "Pods: from the kubelet at" in out
+    time_sliced = r"infer/chat-small-0, infer/chat-small-1"
+    assert re.search(rf"^    GI 9 1g\.18gb .*launch_bound\s+{time_sliced}$", out, re.M)
+    assert re.search(r"^    GI 1 CI 0 1c\.3g\.40gb .*unknown\s+batch/ocr-0$", out, re.M)
+
+
+def test_mig_without_a_kubelet_has_no_pod_column(capsys, tmp_path: Path) -> None:
+    import yaml
+
+    from gpu_exporter.sim.scenario import builtin_path
+
+    data = yaml.safe_load(builtin_path("mig").read_text())
+    del data["pods"]
+    scenario = tmp_path / "mig-no-pods.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    status = diagnose.run(
+        parse("--simulate", str(scenario), "--duration", "0.5", "--interval", "0.5")
+    )
     out = capsys.readouterr().out
     assert status == diagnose.EXIT_ATTENTION
     assert "Pods:" not in out and not re.search(r"class\s+pod$", out, re.MULTILINE)

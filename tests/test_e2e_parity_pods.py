@@ -31,8 +31,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from tests.daemon import serve
-from tests.fake_kubelet import FakeKubelet, pod
 from tests.servers import Recorder, alertmanager, am_alerts, prometheus
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -231,3 +231,49 @@ def test_bad_mig_layouts_are_refused(mig_entry: dict[str, Any], message: str) ->
 def test_mig_only_on_gpus_that_have_it() -> None:
     with pytest.raises(ScenarioError, match=r"devices\[0\]\.mig: ada GPUs have no MIG"):
         load_scenario({"name": "t", "devices": [{"model": "NVIDIA GeForce RTX 4090", "mig": {}}]})
+
+
+def test_scenario_pods_name_gpus_and_mig_devices_as_the_device_plugin_does() -> None:
+    spec = load_scenario(
+        {
+            "name": "t",
+            "devices": [
+                {
+                    "mig": {
+                        "instances": [
+                            {"profile": "3g.71gb", "gpu_instance": 2, "compute_instances": 3}
+                        ]
+                    }
+                },
+                {},
+            ],
+            "pods": [
+                {"namespace": "a", "pod": "p", "gpu": 0, "gpu_instance": 2, "compute_instance": 1},
+                {"namespace": "b", "pod": "q", "gpu": 1, "replica": 3, "container": "c"},
+            ],
+        }
+    )
+    mig, whole = spec.pods
+    assert mig.device_id == spec.devices[0].mig.instances[0].mig_uuids[1]  # type: ignore[union-attr]
+    assert (mig.resource, mig.container) == ("nvidia.com/mig-1c.3g.71gb", "main")
+    assert (whole.device_id, whole.resource) == (f"{spec.devices[1].uuid}::3", "nvidia.com/gpu")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"gpu": 0, "gpu_instance": 5}, r"pods\[0\]\.gpu_instance: GPU 0 has no GPU instance 5"),
+        ({"gpu": 0, "gpu_instance": 2, "compute_instance": 3}, "has 3 compute instances"),
+        ({"gpu": 1, "compute_instance": 0}, "`compute_instance` needs `gpu_instance`"),
+        ({"gpu": 2}, r"pods\[0\]\.gpu: must be <= 1"),
+        ({"gpu": 0, "gpu_instance": 2, "shares": 2}, "unknown key 'shares'"),
+    ],
+)
+def test_bad_scenario_pods_are_refused(entry: dict[str, Any], message: str) -> None:
+    devices = [
+        {"mig": {"instances": [{"profile": "3g.71gb", "gpu_instance": 2, "compute_instances": 3}]}},
+        {},
+    ]
+    pods = [{"namespace": "a", "pod": "p", **entry}]
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario({"name": "t", "devices": devices, "pods": pods})

@@ -22,10 +22,10 @@ from gpu_exporter import sim
 from gpu_exporter.api import DevicesAnswer, create_app
 from gpu_exporter.assembly import Assembly, assemble
 from gpu_exporter.config import load_config
+from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
 from tests.conftest import ManualClock
-from tests.fake_kubelet import FakeKubelet, pod
 from tests.test_status_page import PROBE, Dom, chromium, page_routes, serve
 
 INTERVAL = 5.0

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import httpx
 
+from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from tests.daemon import parse_samples, serve
-from tests.fake_kubelet import FakeKubelet, pod
 from tests.support import promtool_check_metrics, wait_for
 
 

@@ -78,6 +78,12 @@ def test_mig_node_serves_valid_metrics_and_follows_the_reconfiguration(tmp_path:
         assert not [s for s in sm if s["gpu"] == "3"]  # A100: no GPM, activity absent
         shared = [s for s in series(text, "gpu_mig_instance_info") if s["gpu"] == "3"]
         assert sorted(s.get("compute_instance", "-") for s in shared) == ["-", "-", "0", "1", "2"]
+        # The scenario's pods, from the fake kubelet serve runs for them: on their instances.
+        launch = next(s for s in sm if s.get("gpu_instance") == "9" and s["gpu"] == "0")
+        assert (launch["namespace"], launch["pod"]) == ("infer", "chat-small-0")
+        held = {(p.get("gpu_instance"), p["pod"]) for p in series(text, "gpu_pod_info")}
+        assert {("9", "chat-small-0"), ("9", "chat-small-1"), (None, "pretrain-0")} <= held
+        assert not [s for s in power if "pod" in s and s["gpu"] != "2"]  # MIG parents: none
         mode = {(m["gpu"], m["state"]) for m in series(text, "gpu_mig_mode")}
         assert ("2", "current") in mode and len(mode) == 8
 

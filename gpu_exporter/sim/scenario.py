@@ -32,10 +32,12 @@ __all__ = [
     "DriverSpec",
     "FaultSpec",
     "LatencySpec",
+    "PodSpec",
     "Scenario",
     "ScenarioError",
     "TopologyGroup",
     "ValueSpec",
+    "builtin_path",
     "builtin_scenarios",
     "load_scenario",
     "normalize_bus_id",
@@ -411,6 +413,17 @@ class TopologyGroup:
 
 
 @dataclass(frozen=True)
+class PodSpec:
+    """One device a pod's container holds, as the kubelet's PodResources List() reports it."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str  # nvidia.com/gpu, nvidia.com/mig-<profile>
+    device_id: str  # the device plugin's id: GPU or MIG UUID, `::<n>` for a time-slice replica
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
@@ -421,6 +434,7 @@ class Scenario:
     devices: tuple[DeviceSpec, ...]
     faults: tuple[FaultSpec, ...]
     topology: tuple[TopologyGroup, ...]
+    pods: tuple[PodSpec, ...] = ()
 
     def topology_level(self, a: int, b: int) -> int:
         """PCIe common-ancestor level of two GPUs: explicit groups, else by NUMA node."""
@@ -544,6 +558,7 @@ _TOP_KEYS = frozenset(
         "devices",
         "faults",
         "topology",
+        "pods",
     }
 )
 _DEVICE_KEYS = frozenset(
@@ -591,7 +606,10 @@ def _parse(data: Any, ctx: _Ctx) -> Scenario:
     faults = tuple(_parse_fault(n, len(devices)) for n in _opt_seq(top.get("faults")))
     topology = tuple(_parse_topology(n, len(devices)) for n in _opt_seq(top.get("topology")))
     description = top["description"].string() if "description" in top else ""
-    return Scenario(name, description, ctx.source, seed, driver, latency, devices, faults, topology)
+    pods = tuple(_parse_pod(n, devices) for n in _opt_seq(top.get("pods")))
+    return Scenario(
+        name, description, ctx.source, seed, driver, latency, devices, faults, topology, pods
+    )
 
 
 def _refuse_shared_ids(
@@ -903,6 +921,45 @@ def _parse_fault(node: _Node, count: int) -> FaultSpec:
     )
 
 
+_POD_KEYS = frozenset(
+    {"namespace", "pod", "container", "resource", "gpu", "gpu_instance", "compute_instance",
+     "replica"}
+)  # fmt: skip
+
+
+def _parse_pod(node: _Node, devices: tuple[DeviceSpec, ...]) -> PodSpec:
+    """A pod holding a whole GPU (`gpu`) or one MIG device of it (`gpu_instance`, and
+    `compute_instance` on a split GPU instance: the first instance entry with that id)."""
+    keys = node.mapping(_POD_KEYS, required=("namespace", "pod", "gpu"))
+    device = devices[keys["gpu"].integer(lo=0, hi=len(devices) - 1)]
+    resource = "nvidia.com/gpu"
+    if "gpu_instance" in keys:
+        gi = keys["gpu_instance"].integer(lo=0)
+        ci = keys["compute_instance"].integer(lo=0) if "compute_instance" in keys else 0
+        entries = [i for i in (device.mig.instances if device.mig else ()) if i.gpu_instance == gi]
+        if not entries:
+            raise keys["gpu_instance"].error(f"GPU {device.index} has no GPU instance {gi}")
+        if ci >= entries[0].compute_instances:
+            raise keys["compute_instance" if "compute_instance" in keys else "gpu_instance"].error(
+                f"GPU instance {gi} has {entries[0].compute_instances} compute instances"
+            )
+        device_id = entries[0].mig_uuids[ci]
+        resource = f"nvidia.com/mig-{entries[0].compute_profile()}"  # the mixed strategy
+    elif "compute_instance" in keys:
+        raise keys["compute_instance"].error("`compute_instance` needs `gpu_instance`")
+    else:
+        device_id = device.uuid
+    if "replica" in keys:
+        device_id += f"::{keys['replica'].integer(lo=0)}"  # time-slicing's shares
+    return PodSpec(
+        namespace=keys["namespace"].string(),
+        pod=keys["pod"].string(),
+        container=keys["container"].string() if "container" in keys else "main",
+        resource=keys["resource"].string() if "resource" in keys else resource,
+        device_id=device_id,
+    )
+
+
 def _parse_topology(node: _Node, count: int) -> TopologyGroup:
     keys = node.mapping({"gpus", "level"}, required=("gpus", "level"))
     gpus = tuple(n.integer(lo=0, hi=count - 1) for n in keys["gpus"].seq(nonempty=True))
@@ -919,6 +976,11 @@ def builtin_scenarios() -> list[str]:
     return sorted(
         p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")
     )
+
+
+def builtin_path(name: str) -> Path:
+    """The file of a built-in scenario (for tools and tests that derive their own from it)."""
+    return Path(str(resources.files("gpu_exporter.sim") / "scenarios" / f"{name}.yaml"))
 
 
 def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> Scenario:

@@ -1,7 +1,9 @@
 """A fake kubelet: a real gRPC server for the PodResources v1 API on a unix socket.
 
-Tests set the pods it reports (`set_pods`), make List() hang (`hang_seconds`), stop and
-restart it on the same socket, or start it without the v1 service (an old kubelet).
+`serve --simulate` and `diagnose --simulate` run one for a scenario with `pods:`, so the
+daemon's production attribution path (a gRPC List() every refresh) reads them. Tests set the
+pods it reports (`set_pods`), make List() hang (`hang_seconds`), stop and restart it on the
+same socket, or start it without the v1 service (an old kubelet).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent import futures
+from typing import Any
 
 import grpc
 
 from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.sim.scenario import Scenario
 
 # container name -> [(resource name, [device ids])]
 Containers = Mapping[str, Iterable[tuple[str, Iterable[str]]]]
@@ -44,28 +48,33 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
     def __init__(self, kubelet: FakeKubelet) -> None:
         self.kubelet = kubelet
 
-    def List(self, request, context):
+    def List(self, request: Any, context: Any) -> api_pb2.ListPodResourcesResponse:
         self.kubelet.list_calls += 1
         if self.kubelet.hang_seconds:
             # Interruptible, so stopping the server does not wait out the hang.
             self.kubelet.release.wait(self.kubelet.hang_seconds)
         return api_pb2.ListPodResourcesResponse(pod_resources=self.kubelet.pods())
 
-    def GetAllocatableResources(self, request, context):
+    def GetAllocatableResources(
+        self, request: Any, context: Any
+    ) -> api_pb2.AllocatableResourcesResponse:
         devices = [
             api_pb2.ContainerDevices(resource_name=resource, device_ids=list(ids))
             for resource, ids in self.kubelet.allocatable.items()
         ]
         return api_pb2.AllocatableResourcesResponse(devices=devices, cpu_ids=[0, 1, 2, 3])
 
-    def Get(self, request, context):
+    def Get(self, request: Any, context: Any) -> api_pb2.GetPodResourcesResponse:
         for found in self.kubelet.pods():
             if (found.namespace, found.name) == (request.pod_namespace, request.pod_name):
                 return api_pb2.GetPodResourcesResponse(pod_resources=found)
         context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_name} not found")
+        raise AssertionError("unreachable: context.abort raises")
 
 
 class FakeKubelet:
+    """The server; `socket_path` is where the daemon's `kubernetes.socket_path` points."""
+
     def __init__(self, serve_v1: bool = True) -> None:
         # Under /tmp with a short prefix: unix socket paths must fit in 107 bytes.
         self.directory = tempfile.mkdtemp(prefix="kl", dir="/tmp")
@@ -112,3 +121,21 @@ class FakeKubelet:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def scenario_pods(scenario: Scenario) -> list[api_pb2.PodResources]:
+    """The scenario's `pods:` as the kubelet reports them (one container entry per device)."""
+    by_pod: dict[tuple[str, str], dict[str, list[tuple[str, list[str]]]]] = {}
+    for spec in scenario.pods:
+        containers = by_pod.setdefault((spec.namespace, spec.pod), {})
+        containers.setdefault(spec.container, []).append((spec.resource, [spec.device_id]))
+    return [pod(namespace, name, containers) for (namespace, name), containers in by_pod.items()]
+
+
+def start_for(scenario: Scenario) -> FakeKubelet | None:
+    """A running fake kubelet reporting the scenario's pods, or None when it has none."""
+    if not scenario.pods:
+        return None
+    kubelet = FakeKubelet()
+    kubelet.set_pods(scenario_pods(scenario))
+    return kubelet.start()
