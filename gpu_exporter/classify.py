@@ -265,14 +265,13 @@ class Classifier:
                 key = _key(device.uuid, instance.mig_uuid)
                 seen.add(key)
                 point = _point(_index(instance.readings), parent, architecture, now)
-                classes = self._classify(key, point, now)
-                readings = _without_classes(instance.readings) + classes
+                readings = _with_classes(instance.readings, self._classify(key, point, now))
                 instances.append(dataclasses.replace(instance, readings=readings))
             return dataclasses.replace(
-                device, readings=_without_classes(device.readings), instances=tuple(instances)
+                device, readings=_with_classes(device.readings), instances=tuple(instances)
             )
         classes = self._classify(device.uuid, _point(parent, parent, architecture, now), now)
-        return dataclasses.replace(device, readings=_without_classes(device.readings) + classes)
+        return dataclasses.replace(device, readings=_with_classes(device.readings, classes))
 
     def _forget(self, key: str) -> None:
         state = self._devices.get(key)
@@ -281,7 +280,7 @@ class Classifier:
             state.last_call = None
             state.verdict = None
 
-    def _classify(self, key: str, point: _Point, now: float) -> tuple[Reading, ...]:
+    def _classify(self, key: str, point: _Point, now: float) -> list[Reading]:
         state = self._devices.setdefault(key, _DeviceState())
         state.seen_at = now
         state.window.append(point)
@@ -312,14 +311,20 @@ def _key(uuid: str, mig_uuid: str = "") -> str:
     return f"{uuid}{_INSTANCE_KEY}{mig_uuid}" if mig_uuid else uuid
 
 
-def _without_classes(readings: tuple[Reading, ...]) -> tuple[Reading, ...]:
-    return tuple(r for r in readings if r.family not in OUTPUT_FAMILIES)
+def _with_classes(
+    readings: tuple[Reading, ...], classes: list[Reading] | None = None
+) -> tuple[Reading, ...]:
+    """`readings` without earlier class readings, plus `classes`."""
+    out = [r for r in readings if r.family not in OUTPUT_FAMILIES]
+    if classes:
+        out += classes
+    return tuple(out)
 
 
-def _class_readings(current: str, seconds: Mapping[str, float]) -> tuple[Reading, ...]:
+def _class_readings(current: str, seconds: Mapping[str, float]) -> list[Reading]:
     out = [Reading("gpu_bottleneck", float(c == current), (("class", c),)) for c in CLASSES]
     out += [Reading("gpu_bottleneck_seconds_total", seconds[c], (("class", c),)) for c in CLASSES]
-    return tuple(out)
+    return out
 
 
 # -- inputs -----------------------------------------------------------------------------------

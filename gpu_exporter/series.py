@@ -526,8 +526,14 @@ def _sample_names(fam: Family) -> frozenset[str]:
     return frozenset(fam.name + suffix for suffix in suffixes)
 
 
-_ALLOWED_LABELS = {fam.name: _allowed_labels(fam) for fam in FAMILIES}
-_INSTANCE_ALLOWED_LABELS = {fam.name: _allowed_labels(fam, instance=True) for fam in FAMILIES}
+# Per family, the label names its series may carry, by where the series comes from: a whole
+# GPU's readings, a MIG instance's, or a producer (not per GPU). A family absent from a table
+# has no series there.
+_GPU_LABELS = {fam.name: _allowed_labels(fam) for fam in FAMILIES if fam.on_gpus}
+_INSTANCE_LABELS = {
+    fam.name: _allowed_labels(fam, instance=True) for fam in FAMILIES if fam.on_instances
+}
+_PRODUCER_LABELS = {fam.name: _allowed_labels(fam) for fam in FAMILIES if not fam.per_device}
 _SAMPLE_NAMES = {fam.name: _sample_names(fam) for fam in FAMILIES}
 
 
@@ -540,16 +546,15 @@ def _checked(
     """`row` as exposed (empty labels dropped, value a float), or what is wrong with it.
     `instance`: a MIG instance's series (only families with instance series, with the
     instance labels); otherwise a whole GPU's (never with them)."""
-    fam = BY_NAME.get(row.family)
-    if fam is None:
-        return f"series of unknown family {row.family!r}"
-    if fam.per_device != per_device or (sources is not None and fam.source not in sources):
-        return f"{row.family}: not a family this collector may emit"
-    if per_device and not (fam.on_instances if instance else fam.on_gpus):
-        return f"{row.family}: not a family of {'MIG instances' if instance else 'whole GPUs'}"
-    if row.name not in _SAMPLE_NAMES[row.family]:
-        return f"{row.family}: sample name {row.name!r} does not belong to it"
-    allowed = (_INSTANCE_ALLOWED_LABELS if instance else _ALLOWED_LABELS)[row.family]
+    family = row.family
+    table = _INSTANCE_LABELS if instance else _GPU_LABELS if per_device else _PRODUCER_LABELS
+    allowed = table.get(family)
+    if allowed is None or sources is not None:  # the hot path (device readings) skips this
+        problem = _family_problem(row, allowed, per_device, sources, instance)
+        if problem or allowed is None:
+            return problem or f"{family}: not a family this collector may emit"
+    if row.name != family and row.name not in _SAMPLE_NAMES[family]:
+        return f"{family}: sample name {row.name!r} does not belong to it"
     empty = False
     for name, label_value in row.labels:
         if name not in allowed:
@@ -565,6 +570,23 @@ def _checked(
     if empty or value is not row.value:
         return Series(row.family, row.name, tuple(p for p in row.labels if p[1] != ""), value)
     return row
+
+
+def _family_problem(
+    row: Series,
+    allowed: frozenset[str] | None,
+    per_device: bool,
+    sources: frozenset[str] | None,
+    instance: bool,
+) -> str:
+    fam = BY_NAME.get(row.family)
+    if fam is None:
+        return f"series of unknown family {row.family!r}"
+    if allowed is None and per_device and fam.per_device:
+        return f"{row.family}: not a family of {'MIG instances' if instance else 'whole GPUs'}"
+    if allowed is None or (sources is not None and fam.source not in sources):
+        return f"{row.family}: not a family this collector may emit"
+    return ""
 
 
 def _keep(checked: Series | str, rows: list[Series], problems: list[str]) -> bool:

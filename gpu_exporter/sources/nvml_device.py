@@ -397,8 +397,8 @@ class DeviceReader:
         of mode forgets what was learned about the calls that answer differently with MIG on
         and off (the collectors' `mig_dependent` keys). Instance readings are checked as a
         collector's own are (InvalidReadingError fails the reporting collector)."""
-        reporter = next((c for c in self.collectors if c.instance_families), None)
-        if reporter is not None:
+        if instances:
+            reporter = next(c for c in self.collectors if c.instance_families)
             for instance in instances:
                 _declared(reporter, list(instance.readings), reporter.instance_families)
         if enabled != self.mig_enabled:
