@@ -29,7 +29,9 @@ the check is dropped alone and marks its producer failed; both show as
 `gpu_exporter_collector_success{collector} 0` (see `gpu_exporter/guard.py`).
 
 Series of readings that are the same objects tick after tick (topology, a few static values)
-are built once and reused: at 64 GPUs they are most of the 30,000 series of a tick.
+are built once and reused: at 64 GPUs they are most of the 30,000 series of a tick. A new
+reading of a family and labels that passed the check on the same device (and pods) last tick
+reuses that checked label set, and only its value is checked.
 """
 
 from __future__ import annotations
@@ -275,6 +277,16 @@ def _instance_view(rows: list[Series]) -> InstanceView:
 _Cached = tuple[Reading, tuple[Labels, Labels], Series]
 
 
+@dataclass
+class _Built:
+    """What one tick's device series build fills in (see SeriesBuilder._readings_rows)."""
+
+    cache: dict[Labels, dict[int, _Cached]]
+    shapes: dict[Labels, tuple[Labels, dict[tuple[str, Labels], Labels]]]
+    rows: list[Series]
+    problems: list[str]
+
+
 class SeriesBuilder:
     """Builds a tick's `SeriesSet` from a snapshot and the registered producers.
 
@@ -284,6 +296,10 @@ class SeriesBuilder:
         self.guard = guard or Guard()
         # device labels (gpu, uuid; uuid empty when unidentified) -> id(reading) -> cached
         self._cache: dict[Labels, dict[int, _Cached]] = {}
+        # device labels -> (its pod labels, (family, reading labels) -> exposed labels): the
+        # label sets last tick's readings passed the catalog check with. A new reading of the
+        # same family and labels on the same device needs only its value checked.
+        self._shapes: dict[Labels, tuple[Labels, dict[tuple[str, Labels], Labels]]] = {}
 
     def build(self, snapshot: Snapshot, producers: Sequence[Producer] = ()) -> SeriesSet:
         """The device series, the exporter's self-metrics and `producers`, each guarded; then
@@ -319,6 +335,8 @@ class SeriesBuilder:
     def _device_rows(self, snapshot: Snapshot, problems: list[str]) -> list[Series]:
         rows: list[Series] = []
         cache: dict[Labels, dict[int, _Cached]] = {}
+        shapes: dict[Labels, tuple[Labels, dict[tuple[str, Labels], Labels]]] = {}
+        built = _Built(cache, shapes, rows, problems)
         info_labels = BY_NAME["gpu_info"].labels
         for device in snapshot.devices:
             base = device.labels
@@ -330,15 +348,14 @@ class SeriesBuilder:
             ):
                 _keep(_checked(identity, per_device=True), rows, problems)
             where = f"GPU {device.index}"
-            self._readings_rows(device.readings, base, pods, where, False, cache, rows, problems)
+            self._readings_rows(device.readings, base, pods, where, False, built)
             for instance in device.instances:
                 labels = (*base, *instance.labels)
                 pods = snapshot.device_labels.get(instance.mig_uuid, ())
                 where = f"GPU {device.index} MIG {instance.mig_uuid}"
-                self._readings_rows(
-                    instance.readings, labels, pods, where, True, cache, rows, problems
-                )
-        self._cache = cache  # GPUs, instances and readings that are gone drop out here
+                self._readings_rows(instance.readings, labels, pods, where, True, built)
+        # GPUs, instances, readings and label sets that are gone drop out here.
+        self._cache, self._shapes = cache, shapes
         return rows
 
     def _readings_rows(
@@ -348,28 +365,38 @@ class SeriesBuilder:
         pods: Labels,
         where: str,
         instance: bool,
-        cache: dict[Labels, dict[int, _Cached]],
-        rows: list[Series],
-        problems: list[str],
+        built: _Built,
     ) -> None:
         """The series of one GPU's (or MIG instance's) readings, reusing last tick's where the
-        reading is the same object with the same labels."""
+        reading is the same object with the same labels, and last tick's checked label set
+        where it is a new reading of the same family and labels."""
         key = (base, pods)
         seen = self._cache.get(base, {})
+        prior = self._shapes.get(base)
+        known = prior[1] if prior is not None and prior[0] == pods else {}
+        shapes: dict[tuple[str, Labels], Labels] = {}
         kept: dict[int, _Cached] = {}
         for reading in readings:
             hit = seen.get(id(reading))
             if hit is not None and hit[0] is reading and hit[1] == key:
                 row: Series | str = hit[2]
             else:
-                series_row = _reading_series(reading, base, pods)
-                row = _checked(series_row, per_device=True, instance=instance)
+                family, value = reading.family, reading.value
+                exposed = known.get((family, reading.labels))
+                if exposed is not None and (type(value) is float or type(value) is int):
+                    row = Series(family, family, exposed, float(value))
+                else:
+                    series_row = _reading_series(reading, base, pods)
+                    row = _checked(series_row, per_device=True, instance=instance)
+                if not isinstance(row, str):
+                    shapes[(family, reading.labels)] = row.labels
             if isinstance(row, str):
-                problems.append(f"{where}: {row}")
+                built.problems.append(f"{where}: {row}")
                 continue
             kept[id(reading)] = (reading, key, row)
-            rows.append(row)
-        cache[base] = kept
+            built.rows.append(row)
+        built.cache[base] = kept
+        built.shapes[base] = (pods, shapes)
 
     def _run(self, producer: Producer) -> tuple[list[Series], CollectorStatus]:
         """The producer's series, guarded; a series the catalog does not give it is dropped

@@ -335,3 +335,30 @@ def test_two_unidentified_gpus_are_two_devices_each_with_its_own_readings() -> N
         assert views[2].down_reason.startswith("not usable: GPU_IS_LOST")
         ups = {dict(row.labels)["gpu"]: row.labels for row in built.of("gpu_up")}
         assert ups["1"] == (("gpu", "1"),)  # the empty uuid is dropped, as Prometheus reads it
+
+
+def test_a_reading_seen_before_is_still_checked_for_its_value_and_labelled_as_now() -> None:
+    """The builder reuses the label set a (family, labels) passed the check with last tick;
+    the value is still checked each tick, and a change of pods or of labels is not missed."""
+    builder = SeriesBuilder()
+
+    def tick(value: object, pods: tuple = (), sensor: str = "gpu") -> list[Series]:
+        readings = (
+            Reading("gpu_power_watts", value),  # type: ignore[arg-type]
+            Reading("gpu_temperature_celsius", 40.0, (("sensor", sensor),)),
+        )
+        device = DeviceSample(0, "GPU-a", {}, True, readings)
+        labels = {"GPU-a": pods} if pods else {}
+        result = builder.build(Snapshot(1.0, (device,), device_labels=labels))
+        return [*result.of("gpu_power_watts"), *result.of("gpu_temperature_celsius")]
+
+    base = (("gpu", "0"), ("uuid", "GPU-a"))
+    assert tick(300.0)[0] == Series("gpu_power_watts", "gpu_power_watts", base, 300.0)
+    assert tick(301)[0].value == 301.0 and type(tick(302)[0].value) is float
+    assert [r.family for r in tick(True)] == ["gpu_temperature_celsius"]  # bool: refused
+    assert [r.family for r in tick(None)] == ["gpu_temperature_celsius"]
+    pod = (("namespace", "ml"), ("pod", "p"), ("container", "c"))
+    assert tick(303.0, pods=pod)[0].labels == (*base, *pod)
+    assert tick(304.0)[0].labels == base  # the pod is gone: so are its labels
+    assert tick(305.0, sensor="")[1].labels == base  # an empty label value is dropped
+    assert tick(306.0, sensor="memory")[1].labels == (*base, ("sensor", "memory"))
