@@ -312,6 +312,10 @@ class _Device:
     def totals(self, t: float) -> dict[str, float]:
         return self._integrals.at(t)
 
+    def mig_changes(self) -> tuple[float, ...]:
+        """When its MIG layout changes (a configuration-change event each)."""
+        return self.spec.mig.changes() if self.spec.mig and self.spec.mig.enabled else ()
+
     def mig_live(self, t: float) -> tuple[MigInstanceSpec, ...]:
         return self.spec.mig.live(t) if self.spec.mig is not None else ()
 
@@ -1185,7 +1189,7 @@ class FakeNvmlLib:
         changes = [
             (at, -1, dev.index, 0)
             for dev in self._devices
-            for at in (dev.spec.mig.changes() if dev.spec.mig and dev.spec.mig.enabled else ())
+            for at in dev.mig_changes()
             if at <= t
             and (dev.index, at) not in event_set.mig_delivered
             and self._wants(event_set, dev.index, at, pynvml.nvmlEventMigConfigChange)
@@ -1211,7 +1215,7 @@ class FakeNvmlLib:
             (dev.index, at) not in event_set.mig_delivered
             and self._wants(event_set, dev.index, at, pynvml.nvmlEventMigConfigChange)
             for dev in self._devices
-            for at in (dev.spec.mig.changes() if dev.spec.mig and dev.spec.mig.enabled else ())
+            for at in dev.mig_changes()
         )
 
     @staticmethod

@@ -56,6 +56,18 @@ def activity_readings(nvml: Device, result: gpm.GpmResult) -> list[Reading]:
     ]
 
 
+def open_window(nvml: Device, key: str, gpu_instance: int | None = None) -> gpm.GpmWindow | None:
+    """A window over METRICS for the GPU (or one of its GPU instances), baseline taken."""
+    ids = [metric.metric_id for metric in METRICS]
+    return nvml.call(key, gpm.GpmWindow, nvml.handle, nvml.clock, ids, nvml.errors, gpu_instance)
+
+
+def window_readings(nvml: Device, key: str, window: gpm.GpmWindow) -> list[Reading]:
+    """The activity since the window's last read, as readings."""
+    result = nvml.call(key, window.read)
+    return [] if result is None else activity_readings(nvml, result)
+
+
 class Gpm(Collector):
     name = "gpm"
     families = tuple(dict.fromkeys(metric.family for metric in METRICS))
@@ -86,13 +98,9 @@ class Gpm(Collector):
                 nvml.learn_unsupported("gpm")  # pre-Hopper: no activity metrics, never zeros
                 return []
             if supported:
-                ids = [metric.metric_id for metric in METRICS]
-                self.window = nvml.call(
-                    "gpm_sample", gpm.GpmWindow, nvml.handle, nvml.clock, ids, nvml.errors
-                )
+                self.window = open_window(nvml, "gpm_sample")
             return []  # the first window needs a second sample
-        result = nvml.call("gpm_metrics", self.window.read)
-        return [] if result is None else activity_readings(nvml, result)
+        return window_readings(nvml, "gpm_metrics", self.window)
 
     def abandon(self, stuck_tick: Future[Any]) -> None:
         if self.window is not None:

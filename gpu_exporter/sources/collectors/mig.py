@@ -36,7 +36,7 @@ import pynvml as N
 from gpu_exporter.snapshot import InstanceSample, Reading
 from gpu_exporter.sources import gpm
 from gpu_exporter.sources.collectors.base import Collector, Device
-from gpu_exporter.sources.collectors.gpm import METRICS, activity_readings
+from gpu_exporter.sources.collectors.gpm import METRICS, open_window, window_readings
 from gpu_exporter.sources.collectors.memory import MEMORY_FAMILIES, memory_readings
 from gpu_exporter.sources.nvml_device import GoneError
 
@@ -234,21 +234,11 @@ class Mig(Collector):
             return []
         window = self.windows.get(device.window_key)
         if window is None:
-            ids = [metric.metric_id for metric in METRICS]
-            window = nvml.call(
-                "mig_gpm_sample",
-                gpm.GpmWindow,
-                nvml.handle,
-                nvml.clock,
-                ids,
-                nvml.errors,
-                device.gpu_instance,
-            )
+            window = open_window(nvml, "mig_gpm_sample", device.gpu_instance)
             if window is not None:
                 self.windows[device.window_key] = window
             return []  # the first window needs a second sample
-        result = nvml.call("mig_gpm_metrics", window.read)
-        return [] if result is None else activity_readings(nvml, result)
+        return window_readings(nvml, "mig_gpm_metrics", window)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
