@@ -219,6 +219,47 @@ def test_power_memory_and_utilization_units(install: Install) -> None:
     assert N.nvmlDeviceGetUtilizationRates(h).gpu == 42
 
 
+def test_codec_limits_aggregate_ecc_and_nvlink_errors(install: Install) -> None:
+    values = {
+        "encoder_utilization": 0.31,
+        "decoder_utilization": 0.64,
+        "ecc_corrected_total": 2,
+        "ecc_corrected_aggregate_total": 9,
+        "nvlink_replay_errors_total": 4,
+    }
+    install(
+        scenario(
+            [
+                {"power_limit_watts": 600, "power_management_limit_watts": 700, "values": values},
+                {"nvlink_links": 0, "ecc": False},
+            ]
+        )
+    )
+    h = handle()
+    assert N.nvmlDeviceGetEncoderUtilization(h)[0] == 31  # percent, sampling period in µs
+    assert N.nvmlDeviceGetDecoderUtilization(h)[0] == 64
+    assert N.nvmlDeviceGetPowerManagementLimit(h) == 700000  # milliwatts
+    assert N.nvmlDeviceGetEnforcedPowerLimit(h) == 600000
+    assert N.nvmlDeviceGetTotalEccErrors(h, 0, N.NVML_VOLATILE_ECC) == 2
+    assert N.nvmlDeviceGetTotalEccErrors(h, 0, N.NVML_AGGREGATE_ECC) == 9
+    assert N.nvmlDeviceGetTotalEccErrors(h, 1, N.NVML_AGGREGATE_ECC) == 0  # unset: = volatile
+    fields = N.nvmlDeviceGetFieldValues(h, [3, 5, 52, 59])
+    assert [f.value.ullVal for f in fields] == [2, 9, 4, 0]
+    bare = N.nvmlDeviceGetFieldValues(handle(1), [5, 52])  # no ECC, no NVLink
+    assert [f.nvmlReturn for f in bare] == [N.NVML_ERROR_NOT_SUPPORTED] * 2
+
+
+def test_codecs_are_not_supported_with_mig_on(install: Install) -> None:
+    install(scenario([{"mig": {"instances": [{"profile": "1g.18gb"}]}}, {}]))
+    parent = handle()
+    mig = N.nvmlDeviceGetMigDeviceHandleByIndex(parent, 0)
+    for h in (parent, mig):
+        for call in (N.nvmlDeviceGetEncoderUtilization, N.nvmlDeviceGetDecoderUtilization):
+            with pytest.raises(N.NVMLError_NotSupported):
+                call(h)
+    assert N.nvmlDeviceGetEncoderUtilization(handle(1))[0] == 0
+
+
 def test_memory_v2_version_mismatch(install: Install) -> None:
     install(scenario())
     with pytest.raises(N.NVMLError_ArgumentVersionMismatch):

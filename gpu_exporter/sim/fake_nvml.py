@@ -62,6 +62,7 @@ _KIB = 1024
 _MIB = 1024 * 1024
 _MIG_RESERVED = 64 * 1024 * 1024  # memory a GPU instance reserves for the driver (assumed)
 _RAW_OVERHEAD = 1.0625  # NVLink raw bytes = data bytes + protocol overhead (assumed ratio)
+_CODEC_SAMPLING_US = 1_000_000  # encoder/decoder utilization's sampling period (assumed)
 
 # Handle tokens stored in the opaque NVML pointers; distinct ranges catch mixed-up handles.
 _DEVICE_TOKEN_BASE = 0x6E760000
@@ -110,8 +111,8 @@ _MASKS = tuple(sorted({*_POLICY_MASKS.values(), *THROTTLE_FIELDS.values()}))
 
 # Quantities whose integrals NVML exposes as counters (energy, bytes, GPM activity).
 _ACTIVITY = (
-    "graphics_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
-    "fp64_active", "fp32_active", "fp16_active", "int_active",
+    "graphics_active", "sm_active", "sm_occupancy", "tensor_active", "tensor_imma_active",
+    "tensor_dfma_active", "dram_active", "fp64_active", "fp32_active", "fp16_active", "int_active",
 )  # fmt: skip
 _RATES = (
     "power_watts",
@@ -758,6 +759,21 @@ class FakeNvmlLib:
         util.memory = _percent(dev.value("memory_utilization", t))
         return SUCCESS
 
+    def _codec(self, dev: _Device, t: float, quantity: str, util: Any, period: Any) -> int:
+        if dev.spec.mig_enabled:
+            return NOT_SUPPORTED  # as utilization rates: not on MIG-enabled GPUs
+        _set(util, _percent(dev.value(quantity, t)))
+        _set(period, _CODEC_SAMPLING_US)
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetEncoderUtilization", feature="encoder")
+    def _encoder(self, dev: _Device, t: float, util: Any, period: Any) -> int:
+        return self._codec(dev, t, "encoder_utilization", util, period)
+
+    @_nvml("nvmlDeviceGetDecoderUtilization", feature="decoder")
+    def _decoder(self, dev: _Device, t: float, util: Any, period: Any) -> int:
+        return self._codec(dev, t, "decoder_utilization", util, period)
+
     def _memory(self, dev: _Device, t: float) -> tuple[int, int, int]:
         total, reserved = dev.spec.memory_total_bytes, dev.spec.memory_reserved_bytes
         allocated = min(int(dev.value("memory_used_bytes", t)), total - reserved)
@@ -792,13 +808,14 @@ class FakeNvmlLib:
         _set(out, round(dev.value("power_watts", t) * 1000))
         return SUCCESS
 
-    @_nvml(
-        "nvmlDeviceGetEnforcedPowerLimit",
-        "nvmlDeviceGetPowerManagementLimit",
-        feature="power_limit",
-    )
+    @_nvml("nvmlDeviceGetEnforcedPowerLimit", feature="power_limit")
     def _power_limit(self, dev: _Device, t: float, out: Any) -> int:
         _set(out, round(dev.spec.power_limit_watts * 1000))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetPowerManagementLimit", feature="power_limit")
+    def _power_management_limit(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, round(dev.spec.power_management_limit_watts * 1000))
         return SUCCESS
 
     @_nvml("nvmlDeviceGetTotalEnergyConsumption", feature="energy")
@@ -960,10 +977,16 @@ class FakeNvmlLib:
     def _ecc_errors(self, dev: _Device, t: float, err_type: Any, counter: Any, out: Any) -> int:
         if not dev.spec.ecc:
             return NOT_SUPPORTED  # "Requires ECC Mode to be enabled"
-        quantity = {0: "ecc_corrected_total", 1: "ecc_uncorrected_total"}.get(_int(err_type))
-        if quantity is None or _int(counter) not in (0, 1):
+        # (error type, counter type): NVML_MEMORY_ERROR_TYPE_*, NVML_VOLATILE/AGGREGATE_ECC
+        quantity = {
+            (0, 0): "ecc_corrected_total",
+            (1, 0): "ecc_uncorrected_total",
+            (0, 1): "ecc_corrected_aggregate_total",
+            (1, 1): "ecc_uncorrected_aggregate_total",
+        }.get((_int(err_type), _int(counter)))
+        if quantity is None:
             return INVALID_ARGUMENT
-        _set(out, int(dev.value(quantity, t)))  # volatile == aggregate in the simulator
+        _set(out, int(dev.value(quantity, t)))
         return SUCCESS
 
     def _retired(self, dev: _Device, t: float, cause: Any) -> list[int] | None:
@@ -1439,8 +1462,13 @@ def _link_count_field(dev: _Device, t: float, totals: dict[str, float], scope: i
 _FIELDS: dict[int, tuple[str, _FieldReader]] = {
     3: ("ecc", _gauge_field("ecc_corrected_total", _ULL)),  # ECC_SBE_VOL_TOTAL
     4: ("ecc", _gauge_field("ecc_uncorrected_total", _ULL)),  # ECC_DBE_VOL_TOTAL
-    5: ("ecc", _gauge_field("ecc_corrected_total", _ULL)),  # ECC_SBE_AGG_TOTAL
-    6: ("ecc", _gauge_field("ecc_uncorrected_total", _ULL)),  # ECC_DBE_AGG_TOTAL
+    5: ("ecc", _gauge_field("ecc_corrected_aggregate_total", _ULL)),  # ECC_SBE_AGG_TOTAL
+    6: ("ecc", _gauge_field("ecc_uncorrected_aggregate_total", _ULL)),  # ECC_DBE_AGG_TOTAL
+    # NVLINK_*_ERROR_COUNT_TOTAL: summed over all links by the driver (no per-link scope).
+    38: ("nvlink", _gauge_field("nvlink_crc_flit_errors_total", _ULL)),
+    45: ("nvlink", _gauge_field("nvlink_crc_data_errors_total", _ULL)),
+    52: ("nvlink", _gauge_field("nvlink_replay_errors_total", _ULL)),
+    59: ("nvlink", _gauge_field("nvlink_recovery_errors_total", _ULL)),
     82: ("memory_temperature", _gauge_field("memory_temperature_celsius")),
     83: ("energy", _energy_field),  # TOTAL_ENERGY_CONSUMPTION (mJ)
     91: ("nvlink", _link_count_field),
@@ -1491,16 +1519,29 @@ def _gpm_rate(quantity: str, nvlink: bool, link: int | None = None) -> _GpmReade
     return read
 
 
+def _gpm_hmma(
+    dev: _Device, a: dict[str, float], b: dict[str, float], dt: float
+) -> tuple[int, float]:
+    """HMMA: the tensor activity the IMMA and DFMA pipes do not account for (the pipes are
+    taken to be busy at different times, so their shares add up to tensor_active)."""
+
+    def delta(quantity: str) -> float:
+        return b[quantity] - a[quantity]
+
+    busy = delta("tensor_active") - delta("tensor_imma_active") - delta("tensor_dfma_active")
+    return SUCCESS, max(0.0, min(100.0, 100.0 * busy / dt))
+
+
 _GPM_METRICS: dict[int, _GpmReader] = {
     1: _gpm_percent("graphics_active"),
     2: _gpm_percent("sm_active"),
     3: _gpm_percent("sm_occupancy"),
     4: _gpm_percent("int_active"),
     5: _gpm_percent("tensor_active"),
-    6: _gpm_percent(None),  # DFMA tensor
-    7: _gpm_percent("tensor_active"),  # HMMA tensor: all tensor work is HMMA here
+    6: _gpm_percent("tensor_dfma_active"),  # DFMA tensor
+    7: _gpm_hmma,  # HMMA tensor: FP16/BF16 matrix work, the rest of tensor_active
     8: _gpm_percent(None),  # DMMA tensor
-    9: _gpm_percent(None),  # IMMA tensor
+    9: _gpm_percent("tensor_imma_active"),  # IMMA tensor
     10: _gpm_percent("dram_active"),
     11: _gpm_percent("fp64_active"),
     12: _gpm_percent("fp32_active"),

@@ -60,6 +60,8 @@ CLOCK_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
 FEATURES: frozenset[str] = frozenset(
     {
         "utilization",
+        "encoder",
+        "decoder",
         "memory_v2",
         "power",
         "power_limit",
@@ -177,6 +179,8 @@ _TEMP = _Quantity(-40.0, 150.0)
 QUANTITIES: dict[str, _Quantity] = {
     "utilization": _RATIO,
     "memory_utilization": _Quantity(0.0, 1.0, fallback="dram_active"),
+    "encoder_utilization": _RATIO,
+    "decoder_utilization": _RATIO,
     "memory_used_bytes": _NONNEG,
     "power_watts": _NONNEG,
     "temperature_celsius": _TEMP,
@@ -188,6 +192,9 @@ QUANTITIES: dict[str, _Quantity] = {
     "sm_active": _RATIO,
     "sm_occupancy": _RATIO,
     "tensor_active": _RATIO,
+    # The IMMA and DFMA tensor pipes' share of it (GPM); HMMA is the rest of tensor_active.
+    "tensor_imma_active": _RATIO,
+    "tensor_dfma_active": _RATIO,
     "dram_active": _RATIO,
     "graphics_active": _Quantity(0.0, 1.0, fallback="utilization"),
     "fp64_active": _RATIO,
@@ -202,7 +209,14 @@ QUANTITIES: dict[str, _Quantity] = {
     "pcie_width": _NONNEG,
     "ecc_corrected_total": _NONNEG,
     "ecc_uncorrected_total": _NONNEG,
+    # Lifetime (InfoROM) counts; unset: the same as since the driver loaded.
+    "ecc_corrected_aggregate_total": _Quantity(0.0, None, fallback="ecc_corrected_total"),
+    "ecc_uncorrected_aggregate_total": _Quantity(0.0, None, fallback="ecc_uncorrected_total"),
     "pcie_replay_total": _NONNEG,
+    "nvlink_crc_flit_errors_total": _NONNEG,  # summed over links, as NVML's *_TOTAL fields
+    "nvlink_crc_data_errors_total": _NONNEG,
+    "nvlink_replay_errors_total": _NONNEG,
+    "nvlink_recovery_errors_total": _NONNEG,
     "remapped_rows_correctable": _NONNEG,
     "remapped_rows_uncorrectable": _NONNEG,
     "row_remap_pending": _Quantity(0.0, 1.0),
@@ -342,7 +356,8 @@ class DeviceSpec:
     vbios_version: str
     memory_total_bytes: int
     memory_reserved_bytes: int
-    power_limit_watts: float
+    power_limit_watts: float  # enforced
+    power_management_limit_watts: float  # set by the administrator: >= the enforced one
     max_clocks_mhz: Mapping[str, int]  # graphics, sm, memory, video
     pcie_max_generation: int
     pcie_max_width: int
@@ -565,9 +580,9 @@ _DEVICE_KEYS = frozenset(
     {
         "label", "model", "architecture", "compute_capability", "uuid", "serial", "pci_bus_id",
         "pci_device_id", "vbios_version", "memory_total_bytes", "memory_reserved_bytes",
-        "power_limit_watts", "max_clocks_mhz", "pcie", "nvlink_links", "nvlink_version", "ecc",
-        "numa_node", "cpus", "persistence_mode", "performance_state", "unsupported", "values",
-        "mig",
+        "power_limit_watts", "power_management_limit_watts", "max_clocks_mhz", "pcie",
+        "nvlink_links", "nvlink_version", "ecc", "numa_node", "cpus", "persistence_mode",
+        "performance_state", "unsupported", "values", "mig",
     }
 )  # fmt: skip
 # Mapping-valued device keys that `defaults` merges key by key instead of replacing.
@@ -711,6 +726,17 @@ def _parse_device(index: int, d: dict[str, Any], scenario_name: str, seed: int) 
     total = int(get("memory_total_bytes", _num_in(1), known.memory_total_bytes))
     fixed = {"sm_clock_mhz": clocks["sm"], "memory_clock_mhz": clocks["memory"]}
     fixed |= {"pcie_generation": max_gen, "pcie_width": max_width}
+    # Each limit defaults to the other, the enforced one else to the model's. NVML enforces the
+    # lowest of the management limit and the other limiters, so it is never above the former.
+    management_limit = get("power_management_limit_watts", _num_in(1), None)
+    power_limit = get("power_limit_watts", _num_in(1), management_limit or known.power_limit_watts)
+    if management_limit is None:
+        management_limit = power_limit
+    elif management_limit < power_limit:
+        raise d["power_management_limit_watts"].error(
+            f"must be >= power_limit_watts ({power_limit:g}, the enforced limit), "
+            f"got {management_limit:g}"
+        )
     mig = None
     if "mig" in d:
         if not mig_capable(arch):
@@ -734,7 +760,8 @@ def _parse_device(index: int, d: dict[str, Any], scenario_name: str, seed: int) 
         vbios_version=get("vbios_version", _Node.string, "96.00.99.00.01"),
         memory_total_bytes=total,
         memory_reserved_bytes=int(get("memory_reserved_bytes", _num_in(0, total), 480 * MIB)),
-        power_limit_watts=get("power_limit_watts", _num_in(1), known.power_limit_watts),
+        power_limit_watts=power_limit,
+        power_management_limit_watts=management_limit,
         max_clocks_mhz=clocks,
         pcie_max_generation=max_gen,
         pcie_max_width=max_width,
