@@ -107,6 +107,20 @@ FAMILIES: tuple[Family, ...] = (
         unit="ratio",
     ),
     Family(
+        "gpu_encoder_utilization_ratio",
+        G,
+        "Fraction of the last sample period the video encoder (NVENC) was busy (NVML); not on "
+        "MIG-enabled GPUs.",
+        unit="ratio",
+    ),
+    Family(
+        "gpu_decoder_utilization_ratio",
+        G,
+        "Fraction of the last sample period the video decoder (NVDEC) was busy (NVML); not on "
+        "MIG-enabled GPUs.",
+        unit="ratio",
+    ),
+    Family(
         "gpu_sm_active_ratio",
         G,
         "Fraction of cycles an SM had at least one warp, averaged over SMs (GPM SM_UTIL).",
@@ -155,6 +169,16 @@ FAMILIES: tuple[Family, ...] = (
         source="gpm",
         scope=BOTH,
     ),
+    Family(
+        "gpu_tensor_pipe_active_ratio",
+        G,
+        "Fraction of cycles a tensor pipe was active, by pipe: hmma (half precision, FP16/BF16),"
+        " imma (integer), dfma (FP64) (GPM HMMA/IMMA/DFMA_TENSOR_UTIL).",
+        ("pipe",),
+        unit="ratio",
+        source="gpm",
+        scope=BOTH,
+    ),
     Family("gpu_memory_total_bytes", G, scope=BOTH, help="Total device memory.", unit="bytes"),
     Family(
         "gpu_memory_used_bytes",
@@ -176,6 +200,13 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_power_limit_watts",
         G,
         "Enforced power limit, after every limiter.",
+        unit="watts",
+    ),
+    Family(
+        "gpu_power_management_limit_watts",
+        G,
+        "Power management limit set by the administrator (or the default), before the other "
+        "limiters; gpu_power_limit_watts is the one enforced.",
         unit="watts",
     ),
     Family(
@@ -204,6 +235,15 @@ FAMILIES: tuple[Family, ...] = (
         C,
         "Cumulative time the clocks were held down by this reason.",
         ("reason",),
+        unit="seconds",
+    ),
+    Family(
+        "gpu_violation_seconds_total",
+        C,
+        "Cumulative time a performance policy held the clocks down (NVML violation counters: "
+        "board_limit, low_utilization, reliability); power, thermal and sync-boost time are in "
+        "gpu_clock_event_seconds_total.",
+        ("policy",),
         unit="seconds",
     ),
     Family("gpu_performance_state", G, "Performance state (0 = P0, fastest; 15 = slowest)."),
@@ -236,11 +276,25 @@ FAMILIES: tuple[Family, ...] = (
         unit="bytes",
     ),
     Family("gpu_nvlink_links_active", G, "NVLink links in the active state."),
+    Family(
+        "gpu_nvlink_errors_total",
+        C,
+        "NVLink errors summed over all links, by kind (crc_flit, crc_data, replay, recovery); "
+        "only on GPUs with NVLink.",
+        ("error",),
+    ),
     Family("gpu_ecc_enabled", G, "1 when ECC is enabled."),
     Family(
         "gpu_ecc_errors_total",
         C,
         "ECC errors since the driver was loaded (volatile counters).",
+        ("error",),
+    ),
+    Family(
+        "gpu_ecc_aggregate_errors_total",
+        C,
+        "ECC errors over the GPU's lifetime (aggregate counters, kept in the InfoROM across "
+        "driver reloads and resets).",
         ("error",),
     ),
     Family(

@@ -80,6 +80,23 @@ KNOWN_REASON_BITS = sum(reason.bit for reason in CLOCK_EVENT_REASONS)
 # which counts SW and HW thermal slowdown together.
 COMBINED_THERMAL_REASON = "thermal"
 
+
+@dataclass(frozen=True, slots=True)
+class ViolationPolicy:
+    """An NVML performance policy whose violation time is not a clock-event reason's counter
+    (power, thermal and sync boost are: gpu_clock_event_seconds_total)."""
+
+    name: str  # the `policy` label value of gpu_violation_seconds_total
+    policy: int  # NVML_PERF_POLICY_*: nvmlDeviceGetViolationStatus's policy argument
+    counter_field: int  # NVML_FI_DEV_PERF_POLICY_*: the same cumulative time (ns) as a field
+
+
+VIOLATION_POLICIES: tuple[ViolationPolicy, ...] = (
+    ViolationPolicy("board_limit", 3, 77),
+    ViolationPolicy("low_utilization", 4, 78),
+    ViolationPolicy("reliability", 5, 79),
+)
+
 # NVML_DEVICE_ARCH_* by the `architecture` label value (gpu_info), in release order.
 ARCHITECTURES: Mapping[str, int] = MappingProxyType(
     {

@@ -73,6 +73,21 @@ def test_the_fakes_own_field_numbers_count_the_right_reasons() -> None:
         assert getattr(N, f"NVML_FI_DEV_PERF_POLICY_{policy}") == field_id
 
 
+def test_violation_policies_are_the_bindings_and_the_fakes() -> None:
+    names = {"board_limit": "BOARD_LIMIT", "low_utilization": "LOW_UTILIZATION"}
+    names["reliability"] = "RELIABILITY"
+    assert [p.name for p in facts.VIOLATION_POLICIES] == list(names)
+    for policy in facts.VIOLATION_POLICIES:
+        assert getattr(N, f"NVML_PERF_POLICY_{names[policy.name]}") == policy.policy
+        assert getattr(N, f"NVML_FI_DEV_PERF_POLICY_{names[policy.name]}") == policy.counter_field
+        # The fake's field and its status call count the same time.
+        mask = fake_nvml.THROTTLE_FIELDS[policy.counter_field]
+        assert fake_nvml._POLICY_MASKS[policy.policy] == mask, policy.name
+    # None of them is a clock-event reason's counter (those are gpu_clock_event_seconds_total).
+    counted = {r.counter_field for r in facts.CLOCK_EVENT_REASONS}
+    assert not counted & {p.counter_field for p in facts.VIOLATION_POLICIES}
+
+
 def test_architectures_are_the_bindings_in_release_order() -> None:
     for name, code in facts.ARCHITECTURES.items():
         assert getattr(N, f"NVML_DEVICE_ARCH_{name.upper()}", code) == code, name

@@ -1,9 +1,12 @@
-"""clocks: frequencies and their maxima, clock events (throttle reasons) and their time, P-state.
+"""clocks: frequencies and their maxima, clock events (throttle reasons) and their time, P-state,
+and the time the other performance policies held the clocks down.
 
 Clock-event bits are decoded by the documented reasons (`nvml_facts.CLOCK_EVENT_REASONS`) that
 this board supports; bits nobody documented are masked off rather than guessed at. Time held
 down per reason comes from the per-reason counter fields, or on older drivers from
-`nvmlDeviceGetViolationStatus` (power, and thermal as one combined counter).
+`nvmlDeviceGetViolationStatus` (power, and thermal as one combined counter). The board-limit,
+low-utilization and reliability policies' time is counted apart (`nvml_facts.VIOLATION_POLICIES`):
+from their NVML_FI_DEV_PERF_POLICY_* fields, or without them from the same status call.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from gpu_exporter.nvml_facts import (
     KNOWN_REASON_BITS,
     SW_POWER_CAP,
     SW_THERMAL_SLOWDOWN,
+    VIOLATION_POLICIES,
 )
 from gpu_exporter.snapshot import Labels, Reading
 from gpu_exporter.sources.collectors.base import Collector, Device, FieldSpec
@@ -43,6 +47,11 @@ COUNTERS: dict[str, FieldSpec] = {
     for r in CLOCK_EVENT_REASONS
     if (field_id := r.counter_field) is not None
 }
+# Cumulative time each other policy held the clocks down, ns (NVML_FI_DEV_PERF_POLICY_*).
+VIOLATIONS: dict[str, FieldSpec] = {
+    p.name: FieldSpec(p.counter_field, "gpu_violation_seconds_total", (("policy", p.name),), _NS)
+    for p in VIOLATION_POLICIES
+}
 
 
 class Clocks(Collector):
@@ -53,6 +62,7 @@ class Clocks(Collector):
         "gpu_clock_event_active",
         "gpu_clock_event_seconds_total",
         "gpu_performance_state",
+        "gpu_violation_seconds_total",
     )
     calls = (
         "nvmlDeviceGetMaxClockInfo",
@@ -64,7 +74,7 @@ class Clocks(Collector):
         "nvmlDeviceGetPerformanceState",
         "nvmlDeviceGetViolationStatus",  # without the per-reason counter fields
     )
-    fields = tuple(COUNTERS.values())
+    fields = (*COUNTERS.values(), *VIOLATIONS.values())
     refreshes = True
 
     def __init__(self) -> None:
@@ -106,14 +116,26 @@ class Clocks(Collector):
             out += _violation(
                 nvml, "violation_thermal", N.NVML_PERF_POLICY_THERMAL, COMBINED_THERMAL_REASON
             )
+        for policy in VIOLATION_POLICIES:
+            if nvml.fields_gone(policy.counter_field):
+                ns = _violation_ns(nvml, f"violation_{policy.name}", policy.policy)
+                if ns is not None:
+                    labels = VIOLATIONS[policy.name].labels
+                    out.append(Reading("gpu_violation_seconds_total", ns * _NS, labels))
         return out
 
 
 def _violation(nvml: Device, key: str, policy: int, reason: str) -> list[Reading]:
-    status = nvml.call(key, N.nvmlDeviceGetViolationStatus, nvml.handle, policy)
-    if status is None:
+    ns = _violation_ns(nvml, key, policy)
+    if ns is None:
         return []
-    return [Reading("gpu_clock_event_seconds_total", status.violationTime * _NS, _reason(reason))]
+    return [Reading("gpu_clock_event_seconds_total", ns * _NS, _reason(reason))]
+
+
+def _violation_ns(nvml: Device, key: str, policy: int) -> int | None:
+    """The policy's cumulative violation time (nvmlViolationTime_t.violationTime, ns)."""
+    status = nvml.call(key, N.nvmlDeviceGetViolationStatus, nvml.handle, policy)
+    return None if status is None else int(status.violationTime)
 
 
 def _clocks(nvml: Device, family: str, key: str, function: Callable[..., Any]) -> list[Reading]:

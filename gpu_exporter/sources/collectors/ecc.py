@@ -1,4 +1,8 @@
-"""ecc: ECC mode and error counts, retired pages (pre-Ampere) and remapped rows (Ampere+)."""
+"""ecc: ECC mode and error counts, retired pages (pre-Ampere) and remapped rows (Ampere+).
+
+Error counts come twice (nvml.h, nvmlEccCounterType_t): volatile, since the driver was loaded,
+and aggregate, the GPU's lifetime count kept in the InfoROM across driver reloads and resets.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ class Ecc(Collector):
     families = (
         "gpu_ecc_enabled",
         "gpu_ecc_errors_total",
+        "gpu_ecc_aggregate_errors_total",
         "gpu_retired_pages_total",
         "gpu_retired_pages_pending",
         "gpu_remapped_rows_total",
@@ -39,6 +44,9 @@ class Ecc(Collector):
     fields = (
         FieldSpec(3, "gpu_ecc_errors_total", (("error", "corrected"),)),  # ECC_SBE_VOL_TOTAL
         FieldSpec(4, "gpu_ecc_errors_total", (("error", "uncorrected"),)),  # ECC_DBE_VOL_TOTAL
+        # ECC_SBE_AGG_TOTAL, ECC_DBE_AGG_TOTAL
+        FieldSpec(5, "gpu_ecc_aggregate_errors_total", (("error", "corrected"),)),
+        FieldSpec(6, "gpu_ecc_aggregate_errors_total", (("error", "uncorrected"),)),
         *REMAP_FIELDS,
     )
     refreshes = True

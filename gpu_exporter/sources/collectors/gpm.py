@@ -1,4 +1,5 @@
-"""gpm: SM, Tensor, DRAM and pipe activity from NVML GPM (Hopper and newer; `nvml.gpm`).
+"""gpm: SM, Tensor (any, and per tensor pipe), DRAM and pipe activity from NVML GPM (Hopper
+and newer; `nvml.gpm`).
 
 The first tick checks support and takes the baseline sample; every later tick reads the
 activity since the previous one (`sources/gpm.py`). Pre-Hopper boards are learned unsupported
@@ -37,6 +38,14 @@ METRICS: tuple[GpmMetric, ...] = (
     GpmMetric(N.NVML_GPM_METRIC_FP32_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp32"),)),
     GpmMetric(N.NVML_GPM_METRIC_FP16_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp16"),)),
     GpmMetric(N.NVML_GPM_METRIC_INTEGER_UTIL, "gpu_pipe_active_ratio", (("pipe", "int"),)),
+    *(
+        GpmMetric(metric_id, "gpu_tensor_pipe_active_ratio", (("pipe", pipe),))
+        for pipe, metric_id in (
+            ("hmma", N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL),
+            ("imma", N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL),
+            ("dfma", N.NVML_GPM_METRIC_DFMA_TENSOR_UTIL),
+        )
+    ),
 )
 
 

@@ -1,7 +1,7 @@
-"""nvlink: links in the active state, and data bytes over all links.
+"""nvlink: links in the active state, and data bytes and errors over all links.
 
 The link count comes from the NVLINK_LINK_COUNT field at each slow refresh; a board without
-links asks for no NVLink fields at all.
+links asks for no NVLink fields at all, so it has no NVLink series (never zeros made up).
 """
 
 from __future__ import annotations
@@ -20,11 +20,16 @@ _KIB = 1024.0
 
 class NvLink(Collector):
     name = "nvlink"
-    families = ("gpu_nvlink_bytes_total", "gpu_nvlink_links_active")
+    families = ("gpu_nvlink_bytes_total", "gpu_nvlink_links_active", "gpu_nvlink_errors_total")
     calls = ("nvmlDeviceGetFieldValues", "nvmlDeviceGetNvLinkState")  # the link count field
     fields = (
         FieldSpec(138, "gpu_nvlink_bytes_total", (("direction", "tx"),), _KIB, AGGREGATE_SCOPE),
         FieldSpec(139, "gpu_nvlink_bytes_total", (("direction", "rx"),), _KIB, AGGREGATE_SCOPE),
+        # NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL: the driver's sums over all links and lanes.
+        FieldSpec(38, "gpu_nvlink_errors_total", (("error", "crc_flit"),)),
+        FieldSpec(45, "gpu_nvlink_errors_total", (("error", "crc_data"),)),
+        FieldSpec(52, "gpu_nvlink_errors_total", (("error", "replay"),)),
+        FieldSpec(59, "gpu_nvlink_errors_total", (("error", "recovery"),)),
     )
     refreshes = True
 

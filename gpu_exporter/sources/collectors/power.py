@@ -1,4 +1,8 @@
-"""power: draw, enforced limit and energy since the driver loaded."""
+"""power: draw, enforced and management limits, and energy since the driver loaded.
+
+The management limit is the one an administrator set (or the default); the enforced limit is
+the lowest of it and the other limiters (nvml.h, nvmlDeviceGetEnforcedPowerLimit).
+"""
 
 from __future__ import annotations
 
@@ -12,10 +16,16 @@ ENERGY = FieldSpec(83, "gpu_energy_joules_total", scale=1e-3)  # mJ since driver
 
 class Power(Collector):
     name = "power"
-    families = ("gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total")
+    families = (
+        "gpu_power_watts",
+        "gpu_power_limit_watts",
+        "gpu_power_management_limit_watts",
+        "gpu_energy_joules_total",
+    )
     calls = (
         "nvmlDeviceGetPowerUsage",
         "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetPowerManagementLimit",
         "nvmlDeviceGetTotalEnergyConsumption",  # without the energy field
     )
     fields = (ENERGY,)
@@ -28,6 +38,9 @@ class Power(Collector):
         limit = nvml.call("power_limit", N.nvmlDeviceGetEnforcedPowerLimit, h)
         if limit is not None:
             out.append(Reading("gpu_power_limit_watts", limit / 1000.0))
+        managed = nvml.call("power_management_limit", N.nvmlDeviceGetPowerManagementLimit, h)
+        if managed is not None:
+            out.append(Reading("gpu_power_management_limit_watts", managed / 1000.0))
         out += nvml.field_readings(self.fields)
         if nvml.fields_gone(ENERGY.field_id):
             mj = nvml.call("total_energy", N.nvmlDeviceGetTotalEnergyConsumption, h)
