@@ -14,7 +14,7 @@ their JSON themselves, so no answer is validated or re-encoded on the way out.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_exporter import __version__
 from gpu_exporter.catalog import BY_NAME
+from gpu_exporter.dcgm_compat.endpoint import CONTENT_TYPE as DCGM_CONTENT_TYPE
+from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.exposition import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_TEXT,
@@ -262,14 +264,63 @@ _METRICS_HEADERS = {
 }
 
 
+_DCGM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the latest tick in dcgm-exporter 4.8's names, labels, units and text "
+        "format (docs/migrating-from-dcgm-exporter.md); gzip when Accept-Encoding allows it",
+        "content": {DCGM_CONTENT_TYPE: {"schema": {"type": "string"}}},
+    },
+    503: {"description": "no snapshot yet (start-up, or before the first tick)", "content": _TEXT},
+    **_UNAUTHORIZED,
+}
+
+
+def dcgm_metrics(
+    sampler: Sampler, compat: DcgmCompat, not_started: Callable[[], str | None]
+) -> Callable[[Request], Awaitable[Response]]:
+    """The handler of /metrics/dcgm (and of /metrics on the compat listener). Text format
+    only, whatever Accept says: dcgm-exporter serves nothing else."""
+
+    async def handler(request: Request) -> Response:
+        series = sampler.series
+        if series is None:
+            why = not_started() or "no snapshot yet"
+            return PlainTextResponse(f"{why}\n", status_code=503)
+        gzipped = wants_gzip(request.headers.get("accept-encoding"))
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
+        return Response(compat.body(series, gzipped), media_type=DCGM_CONTENT_TYPE, headers=headers)
+
+    return handler
+
+
+def create_compat_app(
+    sampler: Sampler, compat: DcgmCompat, startup: StartupProgress | None = None
+) -> FastAPI:
+    """The dcgm-exporter drop-in listener (`dcgm_compat.listen_address`): /metrics only, in
+    compat form, for scrape configs and tools that assume dcgm-exporter's port and path."""
+    app = FastAPI(title="gpu-exporter (dcgm-exporter compatible)", version=__version__)
+    app.openapi_url = None
+    handler = dcgm_metrics(sampler, compat, _not_started(startup))
+    for method in ("GET", "HEAD"):
+        app.add_api_route("/metrics", handler, methods=[method], include_in_schema=False)
+    return app
+
+
+def _not_started(startup: StartupProgress | None) -> Callable[[], str | None]:
+    """Why start-up is not done (None when it is, or was done before the app)."""
+    return lambda: startup.reason() if startup is not None else None
+
+
 def create_app(
     sampler: Sampler,
     source_ready: Callable[[], bool],
     rules: Any | None = None,
     startup: StartupProgress | None = None,
+    dcgm_compat: DcgmCompat | None = None,
 ) -> FastAPI:
     """`rules` is the RuleManager, or None when in-daemon rules are disabled; `startup` the
-    source's start-up progress (None: the source was started before the app)."""
+    source's start-up progress (None: the source was started before the app); `dcgm_compat`
+    serves /metrics/dcgm (None: no such route)."""
     app = FastAPI(title="gpu-exporter", version=__version__, docs_url=None, redoc_url=None)
     app.openapi = lambda: _openapi_schema(app)  # type: ignore[method-assign]
     stale_after = max(MIN_STALE_SECONDS, STALE_TICKS * sampler.interval)
@@ -284,9 +335,7 @@ def create_app(
 
         return register
 
-    def not_started() -> str | None:
-        """Why start-up is not done (None when it is, or was done before the app)."""
-        return startup.reason() if startup is not None else None
+    not_started = _not_started(startup)
 
     # async: the body is cached bytes except on a tick's first scrape, which writes it (about
     # 1 ms at 8 GPUs, 9 ms at 64); serving on the event loop skips a thread hop (about half
@@ -309,6 +358,11 @@ def create_app(
             rendered.body(openmetrics, gzipped),
             media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT,
             headers=headers,
+        )
+
+    if dcgm_compat is not None:
+        get("/metrics/dcgm", response_class=Response, responses=_DCGM_RESPONSES)(
+            dcgm_metrics(sampler, dcgm_compat, not_started)
         )
 
     @get("/healthz", response_class=PlainTextResponse, responses=_PROBE_RESPONSES)

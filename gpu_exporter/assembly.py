@@ -22,6 +22,7 @@ from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog, Source
 
 if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
+    from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
     from gpu_exporter.k8s.attribution import PodAttribution
 
 log = logging.getLogger("gpu_exporter")
@@ -33,6 +34,7 @@ class Assembly:
     attribution: PodAttribution | None = None
     rules: RuleManager | None = None
     notifier: Notifier | None = None
+    dcgm_compat: DcgmCompat | None = None  # /metrics/dcgm, when dcgm_compat.enabled
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopped: threading.Event = field(default_factory=threading.Event)
 
@@ -95,7 +97,13 @@ def assemble(
         if config.kubernetes.mode == "labels":
             sampler.set_device_labels(pods.labels)
     rules, notifier = _alerting(config, sampler)
-    return Assembly(sampler, attribution, rules, notifier)
+    compat = None
+    if config.dcgm_compat.enabled:
+        from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
+
+        compat = DcgmCompat(config.dcgm_compat.settings())
+        sampler.add_listener(compat)
+    return Assembly(sampler, attribution, rules, notifier, compat)
 
 
 def classifier(config: Any) -> Classifier:

@@ -83,6 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="TLS and basic auth for every endpoint, in the exporter-toolkit web-config format",
     )
+    serve.add_argument(
+        "--dcgm-compat",
+        action="store_true",
+        default=None,
+        help="also serve dcgm-exporter's metric names, labels and units at /metrics/dcgm",
+    )
+    serve.add_argument(
+        "--dcgm-compat-listen-address",
+        metavar="HOST:PORT",
+        help="also serve that output at /metrics here (dcgm-exporter: 0.0.0.0:9400)",
+    )
     _add_rules_commands(commands)
     from gpu_exporter import diagnose
 
@@ -133,6 +144,8 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
         "alerting.alertmanagers": args.alertmanager_url,
         "alerting.external_labels": ",".join(args.external_label) if args.external_label else None,
         "web_config_file": args.web_config_file,
+        "dcgm_compat.enabled": args.dcgm_compat,
+        "dcgm_compat.listen_address": args.dcgm_compat_listen_address,
     }
     return {key: value for key, value in flags.items() if value is not None}
 
@@ -211,17 +224,18 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
     (1, or 2 for more GPUs than nvml.max_devices), one still running after
     `INIT_GRACE_SECONDS` is waited for (and later failures retried) while /readyz says why."""
     from gpu_exporter import http_server
-    from gpu_exporter.api import create_app
+    from gpu_exporter.api import create_app, create_compat_app
     from gpu_exporter.assembly import assemble
     from gpu_exporter.config import split_host_port
     from gpu_exporter.sources.base import TooManyDevicesError
     from gpu_exporter.web_config import WebConfigError
 
     host, port = split_host_port(config.listen_address)
-    problem = http_server.cannot_listen(host, port)
-    if problem:
-        print(f"cannot listen on {config.listen_address}: {problem}", file=sys.stderr)
-        return EXIT_USAGE
+    for address in (config.listen_address, config.dcgm_compat.listen_address):
+        problem = http_server.cannot_listen(*split_host_port(address)) if address else ""
+        if problem:
+            print(f"cannot listen on {address}: {problem}", file=sys.stderr)
+            return EXIT_USAGE
     problem = http_server.web_config_problem(config.web_settings())
     if problem:
         print(f"web config error: {problem}", file=sys.stderr)
@@ -241,8 +255,16 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
         assembly.start_when(source.progress.wait_ready)
         # Ready once NVML started, even while a re-init is under way: an unready pod drops out
         # of the Service exactly when Prometheus should be seeing gpu_up 0.
-        app = create_app(assembly.sampler, lambda: source.started, assembly.rules, source.progress)
-        http_server.run(app, host, port, config.web_settings(), config.log_level)
+        compat = assembly.dcgm_compat
+        app = create_app(
+            assembly.sampler, lambda: source.started, assembly.rules, source.progress, compat
+        )
+        also = None
+        if compat is not None and config.dcgm_compat.listen_address:
+            compat_host, compat_port = split_host_port(config.dcgm_compat.listen_address)
+            compat_app = create_compat_app(assembly.sampler, compat, source.progress)
+            also = (compat_host, compat_port, compat_app)
+        http_server.run(app, host, port, config.web_settings(), config.log_level, also)
     except WebConfigError as exc:  # the web-config file changed since it was checked above
         print(f"web config error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,6 +24,7 @@ from pydantic import (
 )
 
 from gpu_exporter.classify import Thresholds
+from gpu_exporter.dcgm_compat.render import CompatSettings
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
 from gpu_exporter.http_server import WebSettings
 from gpu_exporter.k8s import defaults as k8s_defaults
@@ -42,6 +44,8 @@ FLAG_NAMES = {
     "rules.files": "rules",
     "alerting.alertmanagers": "alertmanager-url",
     "alerting.external_labels": "external-label",
+    "dcgm_compat.enabled": "dcgm-compat",
+    "dcgm_compat.listen_address": "dcgm-compat-listen-address",
 }
 
 
@@ -259,6 +263,39 @@ class ClassifierConfig(_Strict):
     window_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
+class DcgmCompatConfig(_Strict):
+    """/metrics/dcgm: dcgm-exporter 4.8's names, labels and units (gpu_exporter/dcgm_compat)."""
+
+    enabled: bool = False
+    # dcgm-exporter 4.8.3 and later write `hostname`, earlier ones `Hostname`; "none" leaves
+    # the label out (its -n). The value is $NODE_NAME, else the host's name.
+    hostname_label: Literal["hostname", "Hostname", "none"] = "hostname"
+    # HOST:PORT of a second listener serving the compat output at /metrics, for scrape
+    # configs and tools that assume dcgm-exporter's port (9400) and path.
+    listen_address: str | None = None
+
+    @field_validator("listen_address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+    @model_validator(mode="after")
+    def _enabled_for_port(self) -> DcgmCompatConfig:
+        if self.listen_address is not None and not self.enabled:
+            raise ValueError(
+                "listen_address serves the compat output, which is off: set enabled: true "
+                "(flag --dcgm-compat) too"
+            )
+        return self
+
+    def settings(self, environ: Mapping[str, str] | None = None) -> CompatSettings:
+        environ = os.environ if environ is None else environ
+        label = "" if self.hostname_label == "none" else self.hostname_label
+        return CompatSettings(label, environ.get("NODE_NAME") or socket.gethostname())
+
+
 class Config(_Strict):
     listen_address: str = DEFAULT_LISTEN_ADDRESS
     # 0.2 s at least: GPM needs windows of 100 ms or more.
@@ -273,6 +310,7 @@ class Config(_Strict):
     # exporter-toolkit web-configuration file: TLS and basic auth on every endpoint.
     web_config_file: str | None = None
     web: WebConfig = WebConfig()
+    dcgm_compat: DcgmCompatConfig = DcgmCompatConfig()
 
     def web_settings(self) -> WebSettings:
         return WebSettings(web_config_file=self.web_config_file, **self.web.model_dump())
@@ -297,6 +335,15 @@ class Config(_Strict):
             raise ValueError(
                 f"nvml.device_deadline_seconds ({deadline:g}) must be "
                 f"shorter than interval_seconds ({self.interval_seconds:g})"
+            )
+        compat = self.dcgm_compat.listen_address
+        if (
+            compat is not None
+            and split_host_port(compat)[1] == split_host_port(self.listen_address)[1]
+        ):
+            raise ValueError(
+                f"dcgm_compat.listen_address ({compat}) must use another port than "
+                f"listen_address ({self.listen_address})"
             )
         return self
 

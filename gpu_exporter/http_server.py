@@ -45,8 +45,16 @@ class WebSettings:
     probes_without_auth: bool = True
 
 
-def run(app: Any, host: str, port: int, settings: WebSettings, log_level: str) -> None:
-    """Serve `app` on HOST:PORT until a signal or `should_exit`.
+def run(
+    app: Any,
+    host: str,
+    port: int,
+    settings: WebSettings,
+    log_level: str,
+    also: tuple[str, int, Any] | None = None,
+) -> None:
+    """Serve `app` on HOST:PORT until a signal or `should_exit`; with `also` (HOST, PORT,
+    APP), that app on a second listener of the same server (same limits, TLS and auth).
 
     Raises `web_config.WebConfigError` (a ValueError naming file, line and field) before
     serving anything when the web-config file cannot be used.
@@ -73,6 +81,8 @@ def run(app: Any, host: str, port: int, settings: WebSettings, log_level: str) -
     )
     connections = http_limits.Connections(limits, _peer_check(live))
     tls = live.ssl_context
+    if also is not None:
+        app = ByPort(app, also[1], also[2])
     config = uvicorn.Config(
         WebSecurity(app, live, settings.probes_without_auth),
         host=host,
@@ -90,11 +100,30 @@ def run(app: Any, host: str, port: int, settings: WebSettings, log_level: str) -
     server.handshake_timeout = settings.header_read_timeout_seconds
     server.listen_backlog = http_limits.LISTEN_BACKLOG
     server.on_wake = live.check
+    sockets = None
+    if also is not None:
+        # One server on two sockets: each listener's requests go to its app by local port.
+        second = uvicorn.Config(app, host=also[0], port=also[1])
+        sockets = [config.bind_socket(), second.bind_socket()]
     try:
         with _reload_on_sighup(live, server):
-            server.run()
+            server.run(sockets=sockets)
     finally:
         undo_log_limits()
+        for listening in sockets or ():
+            listening.close()
+
+
+class ByPort:
+    """ASGI: requests that arrived on local port `port` go to `other`, the rest to `app`."""
+
+    def __init__(self, app: Any, port: int, other: Any) -> None:
+        self.app, self.port, self.other = app, port, other
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        server = scope.get("server") if scope["type"] in ("http", "websocket") else None
+        target = self.other if server is not None and server[1] == self.port else self.app
+        await target(scope, receive, send)
 
 
 def web_config_problem(settings: WebSettings) -> str:
