@@ -21,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_exporter.config import Config
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "gpu-exporter"
 TOOLS = ROOT / ".tools" / "bin"
@@ -201,8 +203,15 @@ def test_without_attribution_runs_as_non_root_without_host_paths(rendered, varia
 @pytest.mark.parametrize("variant", sorted(OPERATOR))
 def test_servicemonitor_relabels_node_and_sets_a_scrape_timeout(rendered, variant):
     monitor = one(docs(rendered, variant), "ServiceMonitor")
-    (endpoint,) = monitor["spec"]["endpoints"]
+    endpoint, *compat = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    # The dcgm-exporter drop-in port, scraped as the native endpoint is (chart-all-on has it).
+    want = [("dcgm", "/metrics")] if variant == "chart-all-on" else []
+    assert [(extra["port"], extra["path"]) for extra in compat] == want
+    assert all(
+        {**extra, "port": "", "path": ""} == {**endpoint, "port": "", "path": ""}
+        for extra in compat
+    )
     relabel = endpoint["relabelings"][0]
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
     assert relabel["targetLabel"] == "node"
@@ -221,6 +230,26 @@ def test_servicemonitor_relabels_node_and_sets_a_scrape_timeout(rendered, varian
     assert endpoint["metricRelabelings"][0] == {"action": "labeldrop", "regex": "(instance|job)"}
     service = one(docs(rendered, variant), "Service")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["spec"]["selector"].items()
+
+
+def test_chart_dcgm_compat_port_reaches_the_daemon(rendered):
+    """chart-all-on turns the dcgm-exporter drop-in port on: the daemon's configuration, the
+    container port, the Service port and the NetworkPolicy all name it."""
+    objects = docs(rendered, "chart-all-on")
+    config = yaml.safe_load(one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"])
+    assert config["dcgm_compat"] == {
+        "enabled": True,
+        "hostname_label": "Hostname",
+        "listen_address": "0.0.0.0:9400",
+    }
+    # The daemon accepts it (the rest of all-on names files that exist only in the pod).
+    Config.model_validate({key: config[key] for key in ("listen_address", "dcgm_compat")})
+    container = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "dcgm", "containerPort": 9400, "protocol": "TCP"} in container["ports"]
+    ports = one(objects, "Service")["spec"]["ports"]
+    assert {"name": "dcgm", "port": 9400, "targetPort": "dcgm", "protocol": "TCP"} in ports
+    policy = one(objects, "NetworkPolicy")["spec"]["ingress"][0]["ports"]
+    assert {"port": "dcgm", "protocol": "TCP"} in policy
 
 
 def test_no_operator_component_drops_only_the_operator_resources(rendered):
@@ -454,29 +483,35 @@ def test_web_config_secret_is_mounted_passed_and_loadable(rendered, tmp_path):
 
 
 def test_servicemonitor_scrapes_https_with_the_given_tls_and_basic_auth(rendered):
-    (endpoint,) = one(docs(rendered, "chart-all-on"), "ServiceMonitor")["spec"]["endpoints"]
-    assert endpoint["scheme"] == "https"
-    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gpu-exporter-tls", "key": "ca.crt"}
-    assert endpoint["basicAuth"]["password"] == {"name": "gpu-exporter-scrape", "key": "password"}
+    endpoints = one(docs(rendered, "chart-all-on"), "ServiceMonitor")["spec"]["endpoints"]
+    assert len(endpoints) == 2  # the native /metrics and the dcgm-exporter drop-in port
+    for endpoint in endpoints:
+        assert endpoint["scheme"] == "https"
+        ca = endpoint["tlsConfig"]["ca"]["secret"]
+        assert ca == {"name": "gpu-exporter-tls", "key": "ca.crt"}
+        password = endpoint["basicAuth"]["password"]
+        assert password == {"name": "gpu-exporter-scrape", "key": "password"}
     test_pod = one(docs(rendered, "chart-all-on"), "Pod", "-test-readyz")
     assert test_pod["spec"]["containers"][0]["command"][-1].startswith("https://")
 
 
-def _assert_only_prometheus_may_connect(policy, selector):
+def _assert_only_prometheus_may_connect(policy, selector, ports=("metrics",)):
     assert policy["spec"]["podSelector"]["matchLabels"] == selector
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["ports"] == [{"port": port, "protocol": "TCP"} for port in ports]
     (peer,) = rule["from"]
     assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
     assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
 
 
-def test_chart_network_policy_admits_only_prometheus_on_the_metrics_port(rendered):
+def test_chart_network_policy_admits_only_prometheus_on_its_ports(rendered):
     objects = docs(rendered, "chart-all-on")
     daemonset = one(objects, "DaemonSet")
     _assert_only_prometheus_may_connect(
-        one(objects, "NetworkPolicy"), daemonset["spec"]["selector"]["matchLabels"]
+        one(objects, "NetworkPolicy"),
+        daemonset["spec"]["selector"]["matchLabels"],
+        ("metrics", "dcgm"),  # chart-all-on has the dcgm-exporter drop-in port
     )
 
 

@@ -207,6 +207,16 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{- $_ := set $config "web_config_file" (printf "%s/config/web-config.yml" (include "gpu-exporter.webDir" .)) }}
 {{- $_ := set $config "web" (dict "probes_without_auth" $v.webConfig.probesWithoutAuth) }}
 {{- end }}
+{{- if $v.dcgmCompat.enabled }}
+{{- $compat := dict "enabled" true "hostname_label" $v.dcgmCompat.hostnameLabel }}
+{{- if gt (int $v.dcgmCompat.port) 0 }}
+{{- if eq (int $v.dcgmCompat.port) (int $v.config.port) }}
+{{- fail "dcgmCompat.port must differ from config.port" }}
+{{- end }}
+{{- $_ := set $compat "listen_address" (printf "0.0.0.0:%d" (int $v.dcgmCompat.port)) }}
+{{- end }}
+{{- $_ := set $config "dcgm_compat" $compat }}
+{{- end }}
 {{- toYaml (mergeOverwrite $config (deepCopy $v.config.extra)) }}
 {{- end }}
 
