@@ -23,6 +23,7 @@ import pynvml
 from gpu_exporter import sim
 from gpu_exporter.assembly import assemble
 from gpu_exporter.config import load_config
+from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.rules.manager import RuleManager, store_samples
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.series import SeriesSet
@@ -43,6 +44,7 @@ class Pipeline:
     interval: float
     manager: RuleManager | None = None
     notifier: Any = None
+    dcgm_compat: DcgmCompat | None = None
     _closed: bool = field(default=False, repr=False)
 
     def tick(self) -> None:
@@ -93,10 +95,12 @@ def build(
     alertmanager_url: str | None = None,
     xid_events: bool = False,
     start: float = 0.0,
+    dcgm_compat: bool = False,
 ) -> Pipeline:
     """The daemon's tick pipeline, wired by the CLI's own helpers from a configuration built
     as `serve`'s flags would build it. `rules=None`: the shipped pack; `rules=[]`: none.
     The XID thread is off by default (it waits in real time; see `overhead.xid_polling_cpu`).
+    `dcgm_compat`: serve's --dcgm-compat (the listener that keeps the ticks' series).
     """
     clock = ManualClock(start)
     fake = sim.install(scenario, clock=clock)
@@ -107,6 +111,8 @@ def build(
         flags["rules.files"] = rules
     if alertmanager_url:
         flags["alerting.alertmanagers"] = [alertmanager_url]
+    if dcgm_compat:
+        flags["dcgm_compat.enabled"] = True
     config = load_config(None, flags, environ={})
     errors = ErrorLog()
     source = NvmlSource(
@@ -121,7 +127,14 @@ def build(
     if assembly.notifier is not None:
         assembly.notifier.start()
     return Pipeline(
-        fake, clock, source, assembly.sampler, interval, assembly.rules, assembly.notifier
+        fake,
+        clock,
+        source,
+        assembly.sampler,
+        interval,
+        assembly.rules,
+        assembly.notifier,
+        assembly.dcgm_compat,
     )
 
 

@@ -6,7 +6,8 @@
 
 Writes `bench/results/<benchmark>.json`, `bench/results/machine.json` and
 `bench/results/summary.md` (`bench/results/quick/` with `--quick`), and prints the summary.
-Benchmarks: peer (vs nvitop-exporter), scaling, overhead (vs bare NVML), soak, detection.
+Benchmarks: peer (vs nvitop-exporter), scaling, overhead (vs bare NVML), soak, detection,
+compat (the dcgm-exporter compatible output).
 Needs: this repository installed (`pip install -e .`), nvitop-exporter 1.7.2 for the peer
 (without it the peer columns stay empty), Debian's prometheus and prometheus-alertmanager for
 the detection benchmark. Everything listens on 127.0.0.1 only.
@@ -34,10 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import detection, overhead, peer, report, scaling, soak  # noqa: E402
+from bench import compat, detection, overhead, peer, report, scaling, soak  # noqa: E402
 from bench.procs import OURS, PEER  # noqa: E402
 
-BENCHMARKS = ("peer", "scaling", "overhead", "soak", "detection")
+BENCHMARKS = ("peer", "scaling", "overhead", "soak", "detection", "compat")
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -140,12 +141,14 @@ def runners(args: argparse.Namespace, workdir: Path) -> dict[str, Callable[[], d
     detection_settings = (
         detection.DetectionSettings.quick() if quick else detection.DetectionSettings()
     )
+    compat_settings = compat.CompatSettings.quick() if quick else compat.CompatSettings()
     return {
         "peer": lambda: peer.run(peer_settings, workdir / "peer"),
         "scaling": lambda: scaling.run(scaling_settings, workdir / "scaling"),
         "overhead": lambda: overhead.run(overhead_settings),
         "soak": lambda: soak.run(soak_settings, workdir / "soak"),
         "detection": lambda: detection.run(detection_settings, workdir / "detection"),
+        "compat": lambda: compat.run(compat_settings, workdir / "compat"),
     }
 
 

@@ -532,3 +532,28 @@ def test_exposition_cost_and_bytes_per_device() -> None:
         for name, size in (("8gpu", 80_000.0), ("64gpu", 640_000.0))
     }
     assert scaling.bytes_per_device(results) == {"8": 10_000.0, "64": 10_000.0}
+
+
+# -- the dcgm-exporter compat benchmark ---------------------------------------------------------
+
+
+def test_compat_benchmark_measures_both_pipelines_and_a_scrape() -> None:
+    from bench import compat
+
+    settings = compat.CompatSettings(rounds=1, ticks_per_round=1, renders=1, configs=("8gpu",))
+    data = compat.run(settings, Path("/nonexistent"))["configs"]["8gpu"]
+    assert len(data["tick_cpu_off"]) == len(data["tick_cpu_on"]) == 1
+    assert data["on_vs_off"] == data["tick_cpu_on_mean"] / data["tick_cpu_off_mean"]
+    assert data["compat_bytes"] > 50_000 and data["native_bytes"] > 50_000
+    assert data["compat_render"]["count"] == data["native_render"]["count"] == 1
+    section = report.compat_section({"configs": {"8gpu": data}})
+    assert section.splitlines()[2].startswith("| 8gpu ")
+
+
+def test_compat_target_verdicts() -> None:
+    def verdict(on_vs_off: float) -> str:
+        results = {"compat": {"configs": {"8gpu": {"on_vs_off": on_vs_off}}}}
+        (target,) = [t for t in report.evaluate_targets(results) if "dcgm compat" in t[0]]
+        return report._verdict(target[3])
+
+    assert verdict(1.01) == "met" and verdict(1.2) == "**missed**"

@@ -519,3 +519,17 @@ def _set(timestamp: float, *rows: Series) -> SeriesSet:
     for row in rows:
         families[row.family] = (*families.get(row.family, ()), row)
     return SeriesSet(timestamp, families)
+
+
+def test_pcie_rate_falls_back_to_nvmls_throughput_sample() -> None:
+    """Drivers without PCIe byte counters: the native 20 ms throughput gauge, as bytes/s."""
+    rows = (
+        series("gpu_up", 1.0, _gpu(0)),
+        _info(0),
+        series("gpu_pcie_throughput_bytes_per_second", 3.5e9, (*_gpu(0), ("direction", "rx"))),
+    )
+    values = {
+        n: v for n, _, v in parse(render(_set(2.0, *rows), _set(1.0, *rows), SETTINGS).decode())
+    }
+    assert values["DCGM_FI_PROF_PCIE_RX_BYTES"] == "3500000000"
+    assert "DCGM_FI_PROF_PCIE_TX_BYTES" not in values

@@ -17,12 +17,12 @@ the power limits) get a help text in the same style, and the type DCGM's unit im
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 from gpu_exporter.nvml_facts import CLOCK_EVENT_REASONS, COMBINED_THERMAL_REASON
-from gpu_exporter.snapshot import Labels, Reading, find_value
+from gpu_exporter.snapshot import Labels, Reading
 
 
 class Of(Enum):
@@ -40,20 +40,34 @@ class Of(Enum):
     PARENT_ONCE = "parent once"  # the physical GPU's, once per GPU even with MIG on
 
 
+# A GPU's (or instance's) readings by family and labels (sorted by name): one pass over them,
+# instead of one scan per compat family.
+Index = Mapping[tuple[str, Labels], float]
+
+
+def index(readings: Iterable[Reading]) -> dict[tuple[str, Labels], float]:
+    """The readings of the families compat output reads (FIELDS' natives), indexed."""
+    return {
+        (r.family, r.labels if len(r.labels) < 2 else tuple(sorted(r.labels))): r.value
+        for r in readings
+        if r.family in NATIVE_FAMILIES
+    }
+
+
 @dataclass(frozen=True)
 class Entity:
     """What one compat series set is computed from: a whole GPU, a GPU instance of a MIG GPU,
-    or (`instance` False, `parent_only` True) a MIG GPU's own additive quantities.
+    or (`parent_only`) a MIG GPU's own additive quantities.
 
-    `own` holds the entity's readings (a GPU instance's: empty when it has several compute
+    `own` indexes the entity's readings (a GPU instance's: empty when it has several compute
     instances, whose memory and activity belong to none alone); `parent` the physical GPU's;
     `rates` the per-second rate of the GPU's counters between the last two ticks, by family
     and labels.
     """
 
-    own: tuple[Reading, ...]
-    parent: tuple[Reading, ...]
-    rates: Mapping[tuple[str, Labels], float]
+    own: Index
+    parent: Index
+    rates: Index
     instance: bool = False
     parent_only: bool = False
 
@@ -62,8 +76,10 @@ class Entity:
             return of is Of.PARENT_ONCE
         return not (self.instance and of is Of.PARENT_ONCE)
 
-    def readings(self, of: Of) -> tuple[Reading, ...]:
-        return self.own if of is Of.ENTITY else self.parent
+    def value(self, of: Of, family: str, labels: Labels = ()) -> float | None:
+        """The reading of `family` with exactly `labels` (sorted by name), of the entity or
+        of its parent GPU as `of` says; None when absent."""
+        return (self.own if of is Of.ENTITY else self.parent).get((family, labels))
 
     def rate(self, family: str, labels: Labels = ()) -> float | None:
         return self.rates.get((family, labels))
@@ -97,7 +113,7 @@ class CompatField:
         if self.rate:
             value = entity.rate(self.native, self.labels)
         else:
-            value = find_value(entity.readings(self.of), self.native, dict(self.labels))
+            value = entity.value(self.of, self.native, self.labels)
         return None if value is None else value * self.scale
 
     def mapping(self) -> str:
@@ -125,11 +141,11 @@ def _xid(entity: Entity) -> float | None:
     if not entity.parent:
         return None
     newest: tuple[float, int] = (float("-inf"), 0)
-    for reading in entity.parent:
-        if reading.family == "gpu_xid_last_timestamp_seconds":
-            xid = dict(reading.labels).get("xid", "")
+    for (family, labels), value in entity.parent.items():
+        if family == "gpu_xid_last_timestamp_seconds":
+            xid = dict(labels).get("xid", "")
             if xid.isdecimal():
-                newest = max(newest, (reading.value, int(xid)))
+                newest = max(newest, (value, int(xid)))
     return float(newest[1])
 
 
@@ -137,7 +153,7 @@ def _clock_event_bits(entity: Entity) -> float | None:
     """NVML's clock-event reason bitmask, re-encoded from gpu_clock_event_active{reason}."""
     bits, seen = 0, False
     for reason in CLOCK_EVENT_REASONS:
-        active = find_value(entity.parent, "gpu_clock_event_active", {"reason": reason.name})
+        active = entity.value(Of.PARENT, "gpu_clock_event_active", (("reason", reason.name),))
         if active is not None:
             seen = True
             if active >= 1.0:
@@ -149,11 +165,11 @@ def _thermal_violation_ns(entity: Entity) -> float | None:
     """NVML's thermal violation time: the combined counter where the driver has only that,
     else software plus hardware thermal slowdown (equal when the two never overlap)."""
     family = "gpu_clock_event_seconds_total"
-    combined = find_value(entity.parent, family, {"reason": COMBINED_THERMAL_REASON})
+    combined = entity.value(Of.PARENT, family, (("reason", COMBINED_THERMAL_REASON),))
     if combined is not None:
         return combined * NS
     parts = [
-        find_value(entity.parent, family, {"reason": reason})
+        entity.value(Of.PARENT, family, (("reason", reason),))
         for reason in ("sw_thermal_slowdown", "hw_thermal_slowdown")
     ]
     present = [part for part in parts if part is not None]
@@ -174,8 +190,8 @@ def _pcie_rate(direction: str) -> Callable[[Entity], float | None]:
         if counted is not None:
             return counted
         # Drivers without PCIe byte counters: NVML's 20 ms throughput sample (KB/s -> B/s).
-        return find_value(
-            entity.parent, "gpu_pcie_throughput_bytes_per_second", {"direction": direction}
+        return entity.value(
+            Of.PARENT, "gpu_pcie_throughput_bytes_per_second", (("direction", direction),)
         )
 
     return rate
@@ -198,7 +214,7 @@ def _f(
         help_,
         integer,
         native,
-        tuple((labels or {}).items()),
+        tuple(sorted((labels or {}).items())),
         **options,  # type: ignore[arg-type]
     )
 
@@ -391,6 +407,11 @@ FIELDS: tuple[CompatField, ...] = (
 )  # fmt: skip
 
 BY_NAME: Mapping[str, CompatField] = {field.name: field for field in FIELDS}
+# Every native family a compat value is computed from (a derived field names its own).
+NATIVE_FAMILIES = frozenset(
+    {field.native for field in FIELDS}
+    | {"gpu_clock_event_active", "gpu_pcie_throughput_bytes_per_second"}
+)
 
 # dcgm-exporter's default counter files name these; what this output cannot give, and why.
 NOT_CARRIED: Mapping[str, str] = {

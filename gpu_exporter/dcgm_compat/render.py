@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_exporter.dcgm_compat.fields import FIELDS, CompatField, Entity
+from gpu_exporter.dcgm_compat.fields import FIELDS, CompatField, Entity, index
 from gpu_exporter.dcgm_compat.xid_messages import message
 from gpu_exporter.series import DeviceView, InstanceView, SeriesSet
 from gpu_exporter.snapshot import Labels, Reading
@@ -107,12 +107,12 @@ def _targets(
 ) -> Iterable[_Target]:
     """A GPU's compat entities: itself, or with MIG instances, one per GPU instance plus its
     own additive quantities (see fields.Of)."""
-    readings, own_rates = view.readings, rates.get(view.index, {})
+    parent, own_rates = index(view.readings), rates.get(view.index, {})
     if not view.instances:
-        entity = Entity(readings, readings, own_rates)
-        yield _Target(entity, _prefix(view, settings), _pods(readings))
+        entity = Entity(parent, parent, own_rates)
+        yield _Target(entity, _prefix(view, settings), _pods(view.readings))
         return
-    yield _Target(Entity((), readings, own_rates, parent_only=True), _prefix(view, settings), ())
+    yield _Target(Entity({}, parent, own_rates, parent_only=True), _prefix(view, settings), ())
     by_gi: dict[int, list[InstanceView]] = {}
     for instance in view.instances:
         if instance.gpu_instance_id is not None:
@@ -121,10 +121,11 @@ def _targets(
         # A GPU instance split into compute instances: its memory and activity belong to
         # none of them alone, and the series list has no GPU-instance-level copy of them.
         single = instances[0] if len(instances) == 1 else None
-        own = single.readings if single is not None and single.compute_instance_id is None else ()
+        alone = single is not None and single.compute_instance_id is None
+        own = index(single.readings) if single is not None and alone else {}
         profile = _COMPUTE_PREFIX.sub("", instances[0].identity.get("mig_profile", ""))
         pods = tuple(pod for instance in instances for pod in _pods(instance.readings))
-        entity = Entity(tuple(own), readings, own_rates, instance=True)
+        entity = Entity(own, parent, own_rates, instance=True)
         yield _Target(entity, _prefix(view, settings, (profile, str(gi))), pods)
 
 
