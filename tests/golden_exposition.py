@@ -1,4 +1,5 @@
-"""Golden expositions: `/metrics` of the `mixed` scenario at fixed times, pinned in files.
+"""Golden expositions: `/metrics` of the `mixed` scenario at fixed times, pinned in files (and
+`/metrics/dcgm`, the dcgm-exporter compatible output, with pods in labels mode).
 
 The daemon is assembled as `serve` assembles it (`gpu_exporter.assembly`), on the fake NVML
 driven by a manual clock, with the shipped rule pack, ticked `TICKS` times one second apart;
@@ -23,6 +24,8 @@ from pathlib import Path
 from gpu_exporter import sim
 from gpu_exporter.assembly import Assembly, assemble
 from gpu_exporter.config import load_config
+from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
+from gpu_exporter.dcgm_compat.render import CompatSettings
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
@@ -117,6 +120,20 @@ def render(mode: str) -> dict[str, str]:
         }
 
 
+# The dcgm-exporter compatible output (/metrics/dcgm) of the same daemon, pods in labels mode.
+COMPAT_PATH = GOLDEN / f"{SCENARIO}-labels.dcgm.txt"
+COMPAT_SETTINGS = CompatSettings("hostname", "node-a")
+
+
+def render_compat() -> str:
+    """/metrics/dcgm after TICKS ticks (rates from the last two), attribution in labels mode."""
+    compat = DcgmCompat(COMPAT_SETTINGS)
+    with running("labels", lambda assembly: assembly.sampler.add_listener(compat)) as assembly:
+        published = assembly.sampler.series
+        assert published is not None
+        return compat.body(published).decode()
+
+
 def mask(text: str) -> str:
     lines = []
     for line in text.splitlines():
@@ -144,6 +161,8 @@ def main() -> int:
         for fmt, text in render(mode).items():
             path(mode, fmt).write_text(text)
             print(f"wrote {path(mode, fmt).relative_to(GOLDEN.parent.parent)}")
+    COMPAT_PATH.write_text(render_compat())
+    print(f"wrote {COMPAT_PATH.relative_to(GOLDEN.parent.parent)}")
     return 0
 
 

@@ -10,7 +10,7 @@ import re
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.golden_exposition import FORMATS, MODES, path, render
+from tests.golden_exposition import COMPAT_PATH, FORMATS, MODES, path, render, render_compat
 from tests.support import promtool_check_metrics
 
 REGENERATE = "regenerate with `.venv/bin/python -m tests.golden_exposition` and review the diff"
@@ -70,3 +70,20 @@ def test_modes_differ_only_as_documented() -> None:
     assert held and all('pod="trainer-0"' in line for line in held), "a series without its pod"
     # GPU 5 is time-sliced by two pods: both in gpu_pod_info, the first on its other series.
     assert labels.count('pod="job-b"') == 1 and 'gpu_pod_info{container="work"' in labels
+
+
+def test_compat_exposition_matches_the_golden_file() -> None:
+    """/metrics/dcgm of the same ticks: names, label order, units and formats pinned."""
+    assert COMPAT_PATH.exists(), f"{COMPAT_PATH} is missing; {REGENERATE}"
+    expected, actual = COMPAT_PATH.read_text(), render_compat()
+    if actual != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                actual.splitlines(keepends=True),
+                str(COMPAT_PATH),
+                "now",
+                n=1,
+            )
+        )
+        pytest.fail(f"/metrics/dcgm differs from {COMPAT_PATH.name} ({REGENERATE}):\n{diff[:6000]}")
