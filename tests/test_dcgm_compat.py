@@ -14,13 +14,15 @@ import math
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.assembly import Assembly
+from gpu_exporter.config import ConfigError, load_config
 from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
-from gpu_exporter.dcgm_compat.fields import BY_NAME, FIELDS
+from gpu_exporter.dcgm_compat.fields import BY_NAME, FIELDS, markdown_table
 from gpu_exporter.dcgm_compat.render import CompatSettings, dcgm_bus_id, render
 from gpu_exporter.dcgm_compat.xid_messages import message
 from gpu_exporter.series import Series, SeriesSet, series
@@ -533,3 +535,45 @@ def test_pcie_rate_falls_back_to_nvmls_throughput_sample() -> None:
     }
     assert values["DCGM_FI_PROF_PCIE_RX_BYTES"] == "3500000000"
     assert "DCGM_FI_PROF_PCIE_TX_BYTES" not in values
+
+
+def test_migration_guide_mapping_is_the_code() -> None:
+    guide = (
+        Path(__file__).resolve().parent.parent / "docs/migrating-from-dcgm-exporter.md"
+    ).read_text()
+    begin, end = "<!-- dcgm-mapping:begin -->\n", "\n<!-- dcgm-mapping:end -->"
+    embedded = guide[guide.index(begin) + len(begin) : guide.index(end)]
+    assert embedded == markdown_table(), (
+        "the migration guide's mapping is stale: regenerate it from "
+        "`python -m gpu_exporter.dcgm_compat.fields`"
+    )
+    for field in FIELDS:
+        assert f"| `{field.name}` |" in embedded
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def test_configuration_names_the_file_line_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("dcgm_compat:\n  enabled: true\n  hostname_label: HostName\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    assert f"{path}:3" in str(caught.value) and "dcgm_compat.hostname_label" in str(caught.value)
+    path.write_text("listen_address: 127.0.0.1:9449\ndcgm_compat:\n  enabled: true\n"
+                    "  listen_address: '[::1]:9449'\n")  # fmt: skip
+    with pytest.raises(ConfigError, match="must use another port than listen_address"):
+        load_config(path, environ={})
+    path.write_text("dcgm_compat:\n  enabled: true\n  listen_address: nowhere\n")
+    with pytest.raises(ConfigError, match="expected HOST:PORT"):
+        load_config(path, environ={})
+
+
+def test_environment_and_node_name() -> None:
+    env = {"GPU_EXPORTER_DCGM_COMPAT__ENABLED": "true", "NODE_NAME": "gpu-node-7"}
+    config = load_config(None, environ=env)
+    assert config.dcgm_compat.enabled
+    assert config.dcgm_compat.settings(env) == CompatSettings("hostname", "gpu-node-7")
+    hidden = config.dcgm_compat.model_copy(update={"hostname_label": "none"})
+    assert hidden.settings(env).hostname_label == ""
+    assert load_config(None, environ={}).dcgm_compat.enabled is False  # off unless asked

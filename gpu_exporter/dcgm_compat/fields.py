@@ -124,8 +124,10 @@ class CompatField:
         native = f"`{self.native}{{{selector}}}`" if selector else f"`{self.native}`"
         if self.rate:
             native = f"rate of {native} over the last tick, bytes/s"
-        if self.scale != 1.0:
-            native += f" x {self.scale:g}"
+        if self.scale > 1.0:
+            native += f" * {self.scale:,.0f}"
+        elif self.scale < 1.0:
+            native += f" / {1 / self.scale:,.0f}"
         return native
 
 
@@ -272,8 +274,8 @@ FIELDS: tuple[CompatField, ...] = (
     _f("DCGM_FI_DEV_THERMAL_VIOLATION", 241, "counter",
        "Throttling duration due to thermal constraints (in ns).", INT,
        _CLOCK_NS, of=P, derive=_thermal_violation_ns,
-       source='`gpu_clock_event_seconds_total{reason="thermal"}` x 1e9 (older drivers), else '
-       "the sum of its `sw_thermal_slowdown` and `hw_thermal_slowdown` series x 1e9"),
+       source='`gpu_clock_event_seconds_total{reason="thermal"}` * 1,000,000,000 (older '
+       "drivers), else the sum of its `sw_thermal_slowdown` and `hw_thermal_slowdown` series"),
     _f("DCGM_FI_DEV_SYNC_BOOST_VIOLATION", 242, "counter",
        "Throttling duration due to sync-boost constraints (in ns).", INT,
        _CLOCK_NS, {"reason": "sync_boost"}, scale=NS, of=P),
@@ -417,7 +419,7 @@ NATIVE_FAMILIES = frozenset(
 NOT_CARRIED: Mapping[str, str] = {
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "vGPU guests only; the daemon reads no vGPU state",
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0": "per-link byte counters are not read (totals are)",
-    "DCGM_FI_PROF_PIPE_TENSOR_DMMA_ACTIVE": "reserved in DCGM; no GPU reports it",
+    "DCGM_FI_PROF_PIPE_TENSOR_DMMA_ACTIVE": "reserved in DCGM's fields; no counter file has it",
     "DCGM_EXP_XID_ERRORS_COUNT": "dcgm-exporter's own windowed count: "
     "`increase(gpu_xid_errors_total[5m])` gives it",
     "DCGM_EXP_CLOCK_EVENTS_COUNT": "dcgm-exporter's own count of samples per bit: "
@@ -429,19 +431,27 @@ NOT_CARRIED: Mapping[str, str] = {
 }
 
 
+_ON_MIG = {
+    Of.ENTITY: "each GPU instance's own",
+    Of.PARENT: "the GPU's, on each GPU instance",
+    Of.PARENT_ONCE: "the GPU's, once (no `GPU_I_*`)",
+}
+
+
 def markdown_table() -> str:
     """The migration guide's mapping (docs/migrating-from-dcgm-exporter.md, drift-tested)."""
     rows = [
-        "| dcgm-exporter family | DCGM id | type | unit / format | from the native metric |",
-        "|---|---|---|---|---|",
+        "| dcgm-exporter family | DCGM id | type | printed | on a MIG GPU | computed from |",
+        "|---|---|---|---|---|---|",
     ]
     for field in FIELDS:
-        printed = "integer (`%d`)" if field.integer else "double (`%f`)"
-        where = {Of.ENTITY: "", Of.PARENT: " (parent's)", Of.PARENT_ONCE: " (once per GPU)"}
+        printed = "`%d`" if field.integer else "`%f`"
         rows.append(
-            f"| `{field.name}` | {field.field_id} | {field.type} | {printed}{where[field.of]} "
-            f"| {field.mapping()} |"
+            f"| `{field.name}` | {field.field_id} | {field.type} | {printed} "
+            f"| {_ON_MIG[field.of]} | {field.mapping()} |"
         )
+    rows += ["", "| not carried | why |", "|---|---|"]
+    rows += [f"| `{name}` | {why} |" for name, why in NOT_CARRIED.items()]
     return "\n".join(rows)
 
 
