@@ -23,7 +23,7 @@ from gpu_exporter.assembly import Assembly
 from gpu_exporter.config import ConfigError, load_config
 from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.dcgm_compat.fields import BY_NAME, FIELDS, markdown_table
-from gpu_exporter.dcgm_compat.render import CompatSettings, dcgm_bus_id, render
+from gpu_exporter.dcgm_compat.render import CompatSettings, Counters, dcgm_bus_id, render
 from gpu_exporter.dcgm_compat.xid_messages import message
 from gpu_exporter.series import Series, SeriesSet, series
 from tests.golden_exposition import running
@@ -378,14 +378,14 @@ def test_rates_come_from_two_ticks_and_are_absent_before() -> None:
     second = tick(12.0, 5_001_000.0, (2_048_000_000.0, 1_024_000_000.0))
     alone = {n: v for n, _, v in parse(render(first, None, SETTINGS).decode())}
     assert not {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"} & set(alone)
-    values = {n: v for n, _, v in parse(render(second, first, SETTINGS).decode())}
+    values = {n: v for n, _, v in parse(render(second, Counters.of(first), SETTINGS).decode())}
     assert values["DCGM_FI_PROF_PCIE_TX_BYTES"] == "2500000"  # bytes/s
     assert values["DCGM_FI_PROF_NVLINK_TX_BYTES"] == "1024000000"
     assert values["DCGM_FI_PROF_NVLINK_RX_BYTES"] == "512000000"
     # DCGM's NVLINK_BANDWIDTH_TOTAL: both directions, KiB/s / 1000.
     assert values["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == "1500"
     reset = tick(13.0, 10.0, (3_000_000_000.0, 1_024_000_000.0))
-    after_reset = {n: v for n, _, v in parse(render(reset, second, SETTINGS).decode())}
+    after_reset = {n: v for n, _, v in parse(render(reset, Counters.of(second), SETTINGS).decode())}
     assert "DCGM_FI_PROF_PCIE_TX_BYTES" not in after_reset  # a counter reset is no rate
     assert after_reset["DCGM_FI_PROF_NVLINK_TX_BYTES"] == "952000000"
 
@@ -531,7 +531,10 @@ def test_pcie_rate_falls_back_to_nvmls_throughput_sample() -> None:
         series("gpu_pcie_throughput_bytes_per_second", 3.5e9, (*_gpu(0), ("direction", "rx"))),
     )
     values = {
-        n: v for n, _, v in parse(render(_set(2.0, *rows), _set(1.0, *rows), SETTINGS).decode())
+        n: v
+        for n, _, v in parse(
+            render(_set(2.0, *rows), Counters.of(_set(1.0, *rows)), SETTINGS).decode()
+        )
     }
     assert values["DCGM_FI_PROF_PCIE_RX_BYTES"] == "3500000000"
     assert "DCGM_FI_PROF_PCIE_TX_BYTES" not in values

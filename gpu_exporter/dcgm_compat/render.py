@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from gpu_exporter.dcgm_compat.fields import FIELDS, CompatField, Entity, index
 from gpu_exporter.dcgm_compat.xid_messages import message
-from gpu_exporter.series import DeviceView, InstanceView, SeriesSet
+from gpu_exporter.series import DeviceView, InstanceView, Series, SeriesSet
 from gpu_exporter.snapshot import Labels, Reading
 
 # The native counters whose per-second rates compat families carry (DCGM's own rates).
@@ -47,6 +47,19 @@ class CompatSettings:
 
 
 @dataclass(frozen=True)
+class Counters:
+    """One tick's series of the RATE_FAMILIES (references to its rows, not copies): what the
+    next tick's rates need of it."""
+
+    timestamp: float
+    rows: Mapping[str, tuple[Series, ...]]
+
+    @classmethod
+    def of(cls, series: SeriesSet) -> Counters:
+        return cls(series.timestamp, {family: series.of(family) for family in RATE_FAMILIES})
+
+
+@dataclass(frozen=True)
 class _Target:
     """One entity with the labels its series carry before the per-pod and XID labels."""
 
@@ -55,7 +68,7 @@ class _Target:
     pods: tuple[tuple[str, str, str], ...]
 
 
-def render(current: SeriesSet, previous: SeriesSet | None, settings: CompatSettings) -> bytes:
+def render(current: SeriesSet, previous: Counters | None, settings: CompatSettings) -> bytes:
     """The compat exposition of `current`; rates from `previous`, the tick before it."""
     rates = _rates(current, previous)
     targets = [target for view in current.devices() for target in _targets(view, rates, settings)]
@@ -164,7 +177,7 @@ def _pods(readings: Iterable[Reading]) -> tuple[tuple[str, str, str], ...]:
 
 
 def _rates(
-    current: SeriesSet, previous: SeriesSet | None
+    current: SeriesSet, previous: Counters | None
 ) -> dict[int, dict[tuple[str, Labels], float]]:
     """Per GPU index, the per-second rate of each RATE_FAMILIES series of a whole GPU between
     the two ticks; none across a counter reset, a GPU's UUID change or a missing tick."""
@@ -175,7 +188,7 @@ def _rates(
     if not seconds > 0:
         return rates
     for family in RATE_FAMILIES:
-        before = {row.labels: row.value for row in previous.of(family)}
+        before = {row.labels: row.value for row in previous.rows.get(family, ())}
         for row in current.of(family):
             earlier = before.get(row.labels)
             if earlier is None or row.value < earlier:
