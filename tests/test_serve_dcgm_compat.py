@@ -10,6 +10,7 @@ the tensor activity, and the `label_values(DCGM_FI_DEV_GPU_TEMP, gpu)` variable.
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from tests.daemon import command, free_port, parse_samples, serve
 from tests.servers import prometheus_with_config
 from tests.support import promtool_check_metrics, wait_for
+from tests.tlsfiles import PASSWORD, USER, password_hash
 
 ALL = '{instance=~".*", gpu=~".*"}'
 # promtool 2.42 lints DCGM-style names (no `_total`, camelCase labels, `_NS`) with exit 3; a
@@ -207,9 +209,9 @@ def test_drop_in_port_and_native_endpoint_untouched(tmp_path: Path) -> None:
         assert 'collector="dcgm_compat"' not in plain.metrics_text()
 
 
-def _ready(client: httpx.Client) -> str | None:
+def _ready(client: httpx.Client, auth: tuple[str, str] | None = None) -> str | None:
     try:
-        response = client.get("/metrics")
+        response = client.get("/metrics", auth=auth) if auth else client.get("/metrics")
     except httpx.TransportError:
         return None
     return response.text if response.status_code == 200 else None
@@ -228,3 +230,31 @@ def test_same_port_for_both_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert b"must use another port" in result.stderr
+
+
+def test_drop_in_port_has_the_same_basic_auth(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  {USER}: {password_hash()}\n")
+    address = f"127.0.0.1:{free_port()}"
+    args = ("--simulate", "mixed", "--web-config-file", str(web), "--dcgm-compat")
+    with serve(
+        tmp_path, *args, "--dcgm-compat-listen-address", address, auth=(USER, PASSWORD)
+    ) as daemon:
+        daemon.wait_ready()
+        with httpx.Client(base_url=f"http://{address}", timeout=5) as drop_in:
+            assert drop_in.get("/metrics").status_code == 401
+            text = wait_for(lambda: _ready(drop_in, (USER, PASSWORD)), 10)
+            assert text and "DCGM_FI_DEV_GPU_TEMP{" in text
+        assert daemon.get("/metrics/dcgm").status_code == 200
+        assert httpx.get(f"{daemon.url}/metrics/dcgm", timeout=5).status_code == 401
+
+
+def test_a_drop_in_port_in_use_is_exit_2_naming_it(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        args = ("--simulate", "mixed", "--dcgm-compat", "--dcgm-compat-listen-address", address)
+        with serve(tmp_path, *args) as daemon:
+            assert daemon.process.wait(timeout=20) == 2
+            assert f"cannot listen on {address}" in daemon.output()
