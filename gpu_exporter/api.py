@@ -284,10 +284,8 @@ def dcgm_metrics(
     async def handler(request: Request) -> Response:
         series = sampler.series
         if series is None:
-            why = not_started() or "no snapshot yet"
-            return PlainTextResponse(f"{why}\n", status_code=503)
-        gzipped = wants_gzip(request.headers.get("accept-encoding"))
-        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
+            return _no_snapshot(not_started)
+        gzipped, headers = _gzip(request)
         return Response(compat.body(series, gzipped), media_type=DCGM_CONTENT_TYPE, headers=headers)
 
     return handler
@@ -304,6 +302,17 @@ def create_compat_app(
     for method in ("GET", "HEAD"):
         app.add_api_route("/metrics", handler, methods=[method], include_in_schema=False)
     return app
+
+
+def _no_snapshot(not_started: Callable[[], str | None]) -> Response:
+    why = not_started() or "no snapshot yet"
+    return PlainTextResponse(f"{why}\n", status_code=503)
+
+
+def _gzip(request: Request) -> tuple[bool, dict[str, str]]:
+    """Whether the scraper takes gzip, and the response headers that go with it."""
+    gzipped = wants_gzip(request.headers.get("accept-encoding"))
+    return gzipped, {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
 
 
 def _not_started(startup: StartupProgress | None) -> Callable[[], str | None]:
@@ -349,11 +358,9 @@ def create_app(
     async def metrics(request: Request) -> Response:
         rendered = sampler.rendered
         if rendered is None:
-            why = not_started() or "no snapshot yet"
-            return PlainTextResponse(f"{why}\n", status_code=503)
+            return _no_snapshot(not_started)
         openmetrics = wants_openmetrics(request.headers.get("accept"))
-        gzipped = wants_gzip(request.headers.get("accept-encoding"))
-        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzipped else {}
+        gzipped, headers = _gzip(request)
         return Response(
             rendered.body(openmetrics, gzipped),
             media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT,

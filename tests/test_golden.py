@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -24,9 +25,12 @@ def rendered(request: pytest.FixtureRequest) -> tuple[str, dict[str, str]]:
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_exposition_matches_the_golden_file(rendered: tuple[str, dict[str, str]], fmt: str) -> None:
     mode, outputs = rendered
-    golden = path(mode, fmt)
+    assert_as_pinned(path(mode, fmt), outputs[fmt], "/metrics")
+
+
+def assert_as_pinned(golden: Path, actual: str, endpoint: str) -> None:
     assert golden.exists(), f"{golden} is missing; {REGENERATE}"
-    expected, actual = golden.read_text(), outputs[fmt]
+    expected = golden.read_text()
     if actual != expected:
         diff = "".join(
             difflib.unified_diff(
@@ -37,7 +41,7 @@ def test_exposition_matches_the_golden_file(rendered: tuple[str, dict[str, str]]
                 n=1,
             )
         )
-        pytest.fail(f"/metrics differs from {golden.name} ({REGENERATE}):\n{diff[:6000]}")
+        pytest.fail(f"{endpoint} differs from {golden.name} ({REGENERATE}):\n{diff[:6000]}")
 
 
 def test_golden_text_is_valid_exposition() -> None:
@@ -74,16 +78,4 @@ def test_modes_differ_only_as_documented() -> None:
 
 def test_compat_exposition_matches_the_golden_file() -> None:
     """/metrics/dcgm of the same ticks: names, label order, units and formats pinned."""
-    assert COMPAT_PATH.exists(), f"{COMPAT_PATH} is missing; {REGENERATE}"
-    expected, actual = COMPAT_PATH.read_text(), render_compat()
-    if actual != expected:
-        diff = "".join(
-            difflib.unified_diff(
-                expected.splitlines(keepends=True),
-                actual.splitlines(keepends=True),
-                str(COMPAT_PATH),
-                "now",
-                n=1,
-            )
-        )
-        pytest.fail(f"/metrics/dcgm differs from {COMPAT_PATH.name} ({REGENERATE}):\n{diff[:6000]}")
+    assert_as_pinned(COMPAT_PATH, render_compat(), "/metrics/dcgm")

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from gpu_exporter.sim.scenario import ScenarioError, load_scenario
-from gpu_exporter.snapshot import DeviceSample
 from gpu_exporter.sources.nvml import NvmlSource
 from tests.conftest import ManualClock
+from tests.test_mig_source import ticks  # n ticks one second apart; the last one's samples
 
 H200 = {"model": "NVIDIA H200", "architecture": "hopper", "nvlink_links": 18}
 
@@ -68,15 +68,6 @@ def start(start_source: Callable[..., NvmlSource]) -> Callable[..., NvmlSource]:
         return start_source(spec, **settings)
 
     return _start
-
-
-def ticks(source: NvmlSource, clock: ManualClock, n: int = 3) -> dict[int, DeviceSample]:
-    """n ticks one second apart (the first at t=1: GPM's baseline); the last tick's samples."""
-    samples: list[DeviceSample] = []
-    for _ in range(n):
-        clock.advance(1.0)
-        samples = source.sample()
-    return {d.index: d for d in samples}
 
 
 def test_every_value_is_the_scenarios_after_unit_conversion(start, clock: ManualClock) -> None:
