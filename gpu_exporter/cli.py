@@ -268,6 +268,9 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
     except WebConfigError as exc:  # the web-config file changed since it was checked above
         print(f"web config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except http_server.ListenError as exc:  # taken since it was checked above
+        print(f"cannot listen on {exc}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         assembly.stop()
     return 0

@@ -33,6 +33,8 @@ from gpu_exporter.snapshot import Labels
 # prometheus_client's CONTENT_TYPE_LATEST says version=1.0.0, which Prometheus 2.x does not know.
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_OPENMETRICS = openmetrics.CONTENT_TYPE_LATEST
+# One compression level for every exposition served gzipped (gzip.compress defaults to 9).
+GZIP_LEVEL = 6
 # Info families are exposed as gauges with value 1 (what Prometheus' text format knows).
 _EXPOSED_TYPE = {
     Kind.GAUGE: "gauge",
@@ -168,7 +170,8 @@ class RenderedMetrics:
                         self._lines = self._writer.sample_lines(self._series_set)
                     write = openmetrics_exposition if openmetrics_format else text_exposition
                     plain = self._cache[(openmetrics_format, False)] = write(self._lines)
-                self._cache[key] = gzip.compress(plain, compresslevel=6) if gzipped else plain
+                body = gzip.compress(plain, compresslevel=GZIP_LEVEL) if gzipped else plain
+                self._cache[key] = body
             return self._cache[key]
 
 

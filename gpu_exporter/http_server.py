@@ -13,6 +13,7 @@ import contextlib
 import logging
 import math
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -57,7 +58,8 @@ def run(
     APP), that app on a second listener of the same server (same limits, TLS and auth).
 
     Raises `web_config.WebConfigError` (a ValueError naming file, line and field) before
-    serving anything when the web-config file cannot be used.
+    serving anything when the web-config file cannot be used, and `ListenError` (naming the
+    address) when a listener's address cannot be bound.
     """
     import uvicorn
 
@@ -102,9 +104,10 @@ def run(
     server.on_wake = live.check
     sockets = None
     if also is not None:
-        # One server on two sockets: each listener's requests go to its app by local port.
-        second = uvicorn.Config(app, host=also[0], port=also[1])
-        sockets = [config.bind_socket(), second.bind_socket()]
+        # One server on two sockets, bound here (uvicorn's own binding of a second Config
+        # would reset its logging): each listener's requests go to its app by local port.
+        sockets = _bind_all([(host, port), (also[0], also[1])])
+        log.info("serving on %s:%d and, dcgm-exporter compatible, on %s:%d", host, port, *also[:2])
     try:
         with _reload_on_sighup(live, server):
             server.run(sockets=sockets)
@@ -281,19 +284,45 @@ def seconds_to_next_second() -> float:
     return 1.001 - time.time() % 1.0
 
 
-def cannot_listen(host: str, port: int) -> str:
-    """Why binding HOST:PORT fails (checked before starting, so the error is ours to word)."""
-    import socket
+class ListenError(OSError):
+    """An address that cannot be bound; the message says why (and, from `run`, which)."""
 
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to HOST:PORT's first address, as uvicorn binds one (SO_REUSEADDR,
+    inheritable); listening starts when the server starts."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        return exc.strerror or str(exc)
+        raise ListenError(exc.strerror or str(exc)) from exc
     family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    bound = socket.socket(family, kind, proto)
+    try:
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind(address)
+    except OSError as exc:
+        bound.close()
+        raise ListenError(exc.strerror or str(exc)) from exc
+    bound.set_inheritable(True)
+    return bound
+
+
+def _bind_all(addresses: list[tuple[str, int]]) -> list[socket.socket]:
+    bound: list[socket.socket] = []
+    for host, port in addresses:
         try:
-            probe.bind(address)
-        except OSError as exc:
-            return exc.strerror or str(exc)
+            bound.append(bind_listener(host, port))
+        except ListenError as exc:
+            for other in bound:
+                other.close()
+            raise ListenError(f"{host}:{port}: {exc}") from exc
+    return bound
+
+
+def cannot_listen(host: str, port: int) -> str:
+    """Why binding HOST:PORT fails (checked before starting, so the error is ours to word)."""
+    try:
+        bind_listener(host, port).close()
+    except ListenError as exc:
+        return str(exc)
     return ""

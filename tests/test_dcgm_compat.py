@@ -580,3 +580,38 @@ def test_environment_and_node_name() -> None:
     hidden = config.dcgm_compat.model_copy(update={"hostname_label": "none"})
     assert hidden.settings(env).hostname_label == ""
     assert load_config(None, environ={}).dcgm_compat.enabled is False  # off unless asked
+
+
+def test_rates_survive_pods_coming_and_going() -> None:
+    """In labels mode a counter's series gains the pod's labels when a pod starts: still the
+    same counter, so the rate is there in that tick."""
+    before = _set(1.0, series("gpu_pcie_bytes_total", 0.0, (*_gpu(0), ("direction", "tx"))))
+    held = (*_gpu(0), ("direction", "tx"), *_pod("ml", "train-0", "main"))
+    now = _set(
+        2.0,
+        series("gpu_up", 1.0, (*_gpu(0), *_pod("ml", "train-0", "main"))),
+        _info(0),
+        series("gpu_pcie_bytes_total", 4096.0, held),
+    )
+    values = {n: v for n, _, v in parse(render(now, Counters.of(before), SETTINGS).decode())}
+    assert values["DCGM_FI_PROF_PCIE_TX_BYTES"] == "4096"
+
+
+def test_a_pod_holding_two_compute_instances_of_a_gpu_instance_is_one_series() -> None:
+    parent = _gpu(1)
+    rows = [
+        series("gpu_up", 1.0, parent),
+        _info(1),
+        series("gpu_temperature_celsius", 61.0, (*parent, ("sensor", "gpu"))),
+        *_instance(1, 5, 0, "MIG-b", "1c.2g.35gb", used=1.0),
+        *_instance(1, 5, 1, "MIG-c", "1c.2g.35gb", used=1.0),
+        series(
+            "gpu_pod_info", 1.0, (*parent, *_mig(5, 0, "MIG-b", "1c.2g.35gb"), *_pod("a", "p", "c"))
+        ),
+        series(
+            "gpu_pod_info", 1.0, (*parent, *_mig(5, 1, "MIG-c", "1c.2g.35gb"), *_pod("a", "p", "c"))
+        ),
+    ]
+    samples = parse(render(_set(1.0, *rows), None, SETTINGS).decode())
+    temps = [dict(labels) for name, labels, _ in samples if name == "DCGM_FI_DEV_GPU_TEMP"]
+    assert [(t["GPU_I_ID"], t["pod"]) for t in temps] == [("5", "p")]

@@ -200,6 +200,9 @@ def test_drop_in_port_and_native_endpoint_untouched(tmp_path: Path) -> None:
         text = wait_for(lambda: _ready(drop_in), 10)
         assert text and text.startswith("# HELP DCGM_FI_DEV_SM_CLOCK ")
         assert drop_in.get("/api/v1/devices").status_code == 404  # only /metrics there
+        # One server, one logging setup: no access log on either listener, both announced.
+        assert '"GET /metrics' not in daemon.output()
+        assert f"dcgm-exporter compatible, on {address}" in daemon.output()
         native = daemon.metrics_text()
         assert "DCGM_FI_" not in native and native.startswith("# HELP gpu_")
         drop_in.close()

@@ -14,10 +14,11 @@ import threading
 from collections import deque
 
 from gpu_exporter.dcgm_compat.render import CompatSettings, Counters, render
+from gpu_exporter.exposition import CONTENT_TYPE_TEXT, GZIP_LEVEL
 from gpu_exporter.series import SeriesSet
 
 # The text format dcgm-exporter serves, whatever the scraper asks for (it has no OpenMetrics).
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_TEXT
 
 
 class DcgmCompat:
@@ -49,7 +50,7 @@ class DcgmCompat:
                 self._cached = cached
             bodies = cached[1]
             if gzipped and True not in bodies:
-                bodies[True] = gzip.compress(bodies[False], compresslevel=6)
+                bodies[True] = gzip.compress(bodies[False], compresslevel=GZIP_LEVEL)
             return bodies[gzipped]
 
     def _previous(self, timestamp: float) -> Counters | None:

@@ -88,8 +88,9 @@ class Entity:
 @dataclass(frozen=True)
 class CompatField:
     """One dcgm-exporter family. The value is `native{labels}` times `scale` (or its rate per
-    second between the last two ticks, with `rate`), unless `derive` computes it; `source`
-    says how, for the migration guide, when `derive` does."""
+    second between the last two ticks, with `rate`), unless `derive` computes it (from the
+    rates of `native`, with `rate`); `source` says how, for the migration guide, when
+    `derive` does."""
 
     name: str
     field_id: int
@@ -339,7 +340,7 @@ FIELDS: tuple[CompatField, ...] = (
        "gpu_nvlink_errors_total", {"error": "recovery"}, of=P),
     _f("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", 449, "counter",
        "Total number of NVLink bandwidth counters for all lanes.", INT,
-       "gpu_nvlink_bytes_total", of=ONCE, derive=_nvlink_bandwidth, floor=True,
+       "gpu_nvlink_bytes_total", of=ONCE, derive=_nvlink_bandwidth, floor=True, rate=True,
        source="rate of `gpu_nvlink_bytes_total` over the last tick, both directions, "
        "÷ 1.024e6 (DCGM's ≈ MiB/s; typed counter as in dcgm-exporter)"),
     _f("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 1001, "gauge",
@@ -367,13 +368,15 @@ FIELDS: tuple[CompatField, ...] = (
     _f("DCGM_FI_PROF_PCIE_TX_BYTES", 1009, "gauge",
        "The rate of data transmitted over the PCIe bus - including both protocol headers and "
        "data payloads - in bytes per second.", INT,
-       "gpu_pcie_bytes_total", {"direction": "tx"}, of=ONCE, derive=_pcie_rate("tx"), floor=True,
+       "gpu_pcie_bytes_total", {"direction": "tx"}, of=ONCE, derive=_pcie_rate("tx"),
+       floor=True, rate=True,
        source='rate of `gpu_pcie_bytes_total{direction="tx"}` over the last tick, bytes/s '
        "(`gpu_pcie_throughput_bytes_per_second` on drivers without byte counters)"),
     _f("DCGM_FI_PROF_PCIE_RX_BYTES", 1010, "gauge",
        "The rate of data received over the PCIe bus - including both protocol headers and "
        "data payloads - in bytes per second.", INT,
-       "gpu_pcie_bytes_total", {"direction": "rx"}, of=ONCE, derive=_pcie_rate("rx"), floor=True,
+       "gpu_pcie_bytes_total", {"direction": "rx"}, of=ONCE, derive=_pcie_rate("rx"),
+       floor=True, rate=True,
        source='rate of `gpu_pcie_bytes_total{direction="rx"}` over the last tick, bytes/s '
        "(`gpu_pcie_throughput_bytes_per_second` on drivers without byte counters)"),
     _f("DCGM_FI_PROF_NVLINK_TX_BYTES", 1011, "gauge",
@@ -409,6 +412,8 @@ FIELDS: tuple[CompatField, ...] = (
 )  # fmt: skip
 
 BY_NAME: Mapping[str, CompatField] = {field.name: field for field in FIELDS}
+# The native counters whose per-second rates compat families carry (DCGM's own rates).
+RATE_FAMILIES = tuple(dict.fromkeys(field.native for field in FIELDS if field.rate))
 # Every native family a compat value is computed from (a derived field names its own).
 NATIVE_FAMILIES = frozenset(
     {field.native for field in FIELDS}

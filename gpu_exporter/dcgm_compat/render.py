@@ -26,13 +26,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_exporter.dcgm_compat.fields import FIELDS, CompatField, Entity, index
+from gpu_exporter.dcgm_compat.fields import FIELDS, RATE_FAMILIES, CompatField, Entity, index
 from gpu_exporter.dcgm_compat.xid_messages import message
 from gpu_exporter.series import DeviceView, InstanceView, Series, SeriesSet
 from gpu_exporter.snapshot import Labels, Reading
 
-# The native counters whose per-second rates compat families carry (DCGM's own rates).
-RATE_FAMILIES = ("gpu_pcie_bytes_total", "gpu_nvlink_bytes_total")
 _XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
 _COMPUTE_PREFIX = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance of a 3g.40gb
 
@@ -137,7 +135,7 @@ def _targets(
         alone = single is not None and single.compute_instance_id is None
         own = index(single.readings) if single is not None and alone else {}
         profile = _COMPUTE_PREFIX.sub("", instances[0].identity.get("mig_profile", ""))
-        pods = tuple(pod for instance in instances for pod in _pods(instance.readings))
+        pods = _pods(reading for instance in instances for reading in instance.readings)
         entity = Entity(own, parent, own_rates, instance=True)
         yield _Target(entity, _prefix(view, settings, (profile, str(gi))), pods)
 
@@ -188,19 +186,29 @@ def _rates(
     if not seconds > 0:
         return rates
     for family in RATE_FAMILIES:
-        before = {row.labels: row.value for row in previous.rows.get(family, ())}
+        # Matched on the GPU and the family's own labels only: pods coming or going (labels
+        # mode) change a series' labels, not its counter.
+        before = {_counter_key(row.labels): row.value for row in previous.rows.get(family, ())}
         for row in current.of(family):
-            earlier = before.get(row.labels)
-            if earlier is None or row.value < earlier:
-                continue
-            labels = dict(row.labels)
-            if "mig_uuid" in labels or not labels.get("gpu", "").isdecimal():
-                continue
+            key = _counter_key(row.labels)
+            earlier = before.get(key)
+            if earlier is None or row.value < earlier or key[2] or not key[0].isdecimal():
+                continue  # no tick before, a counter reset, a MIG instance, no GPU index
             own = tuple((k, v) for k, v in row.labels if k == "direction")
-            rates.setdefault(int(labels["gpu"]), {})[(family, own)] = (
-                row.value - earlier
-            ) / seconds
+            per_second = (row.value - earlier) / seconds
+            rates.setdefault(int(key[0]), {})[(family, own)] = per_second
     return rates
+
+
+def _counter_key(labels: Labels) -> tuple[str, str, str, str]:
+    """(gpu, uuid, mig_uuid, direction) of a byte counter's series."""
+    values = dict(labels)
+    return (
+        values.get("gpu", ""),
+        values.get("uuid", ""),
+        values.get("mig_uuid", ""),
+        values.get("direction", ""),
+    )
 
 
 def _escape(value: str) -> str:
