@@ -208,10 +208,18 @@ def test_servicemonitor_relabels_node_and_sets_a_scrape_timeout(rendered, varian
     # The dcgm-exporter drop-in port, scraped as the native endpoint is (chart-all-on has it).
     want = [("dcgm", "/metrics")] if variant == "chart-all-on" else []
     assert [(extra["port"], extra["path"]) for extra in compat] == want
-    assert all(
-        {**extra, "port": "", "path": ""} == {**endpoint, "port": "", "path": ""}
-        for extra in compat
-    )
+    for extra in compat:
+        # Its own job (or Prometheus would see two targets with one label set) and instance
+        # kept (NVIDIA's dashboard selects on it); the rest as the native endpoint.
+        job = {"targetLabel": "job", "replacement": "gpu-exporter-dcgm"}
+        assert job in extra["relabelings"]  # before the user's own, which may override it
+        assert [r for r in extra["relabelings"] if r != job] == endpoint["relabelings"]
+        parity = {"action": "labeldrop", "regex": "(instance|job)"}
+        users = [r for r in endpoint.get("metricRelabelings", []) if r != parity]
+        assert extra.get("metricRelabelings", []) == users
+        skip = ("port", "path", "relabelings", "metricRelabelings")
+        same = {k: v for k, v in endpoint.items() if k not in skip}
+        assert {k: v for k, v in extra.items() if k not in skip} == same
     relabel = endpoint["relabelings"][0]
     assert relabel["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
     assert relabel["targetLabel"] == "node"

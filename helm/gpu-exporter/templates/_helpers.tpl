@@ -210,8 +210,8 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{- if $v.dcgmCompat.enabled }}
 {{- $compat := dict "enabled" true "hostname_label" $v.dcgmCompat.hostnameLabel }}
 {{- if gt (int $v.dcgmCompat.port) 0 }}
-{{- if eq (int $v.dcgmCompat.port) (int $v.config.port) }}
-{{- fail "dcgmCompat.port must differ from config.port" }}
+{{- if has (int $v.dcgmCompat.port) (list (int $v.config.port) (int $v.service.port)) }}
+{{- fail "dcgmCompat.port must differ from config.port and service.port" }}
 {{- end }}
 {{- $_ := set $compat "listen_address" (printf "0.0.0.0:%d" (int $v.dcgmCompat.port)) }}
 {{- end }}
