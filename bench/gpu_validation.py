@@ -71,6 +71,16 @@ PROBE_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("remapped_unc", 143, 0),
     ("remap_pending", 144, 0),
     ("remap_failure", 145, 0),
+    # Read since the dcgm-exporter compatibility issue (only checked against nvml.h so far).
+    ("board_limit_violation_ns", 77, 0),
+    ("low_utilization_violation_ns", 78, 0),
+    ("reliability_violation_ns", 79, 0),
+    ("ecc_sbe_aggregate", 5, 0),
+    ("ecc_dbe_aggregate", 6, 0),
+    ("nvlink_crc_flit_errors", 38, 0),
+    ("nvlink_crc_data_errors", 45, 0),
+    ("nvlink_replay_errors", 52, 0),
+    ("nvlink_recovery_errors", 59, 0),
 )
 
 
@@ -376,6 +386,44 @@ def probe_mig(source: NvmlSource) -> dict[str, Any]:
     return out
 
 
+def probe_calls(handle: Any) -> dict[str, Any]:
+    """The NVML calls read since the dcgm-exporter compatibility issue, as this GPU answers
+    them (value, or the error's name)."""
+    calls = {
+        "encoder_utilization": N.nvmlDeviceGetEncoderUtilization,
+        "decoder_utilization": N.nvmlDeviceGetDecoderUtilization,
+        "power_management_limit_mw": N.nvmlDeviceGetPowerManagementLimit,
+        "enforced_power_limit_mw": N.nvmlDeviceGetEnforcedPowerLimit,
+    }
+    out: dict[str, Any] = {}
+    for name, call in calls.items():
+        try:
+            out[name] = call(handle)
+        except N.NVMLError as exc:
+            out[name] = {"error": type(exc).__name__}
+    return out
+
+
+def probe_compat(source: NvmlSource) -> dict[str, Any]:
+    """/metrics/dcgm of two ticks a second apart, as the daemon would write it: which
+    dcgm-exporter families this GPU gives, and GPU 0's line of each."""
+    from gpu_exporter.dcgm_compat.render import CompatSettings, Counters, render
+
+    builder = SeriesBuilder()
+    first = builder.build(Snapshot(time.time(), tuple(source.sample())))
+    time.sleep(1.0)
+    second = builder.build(Snapshot(time.time(), tuple(source.sample())))
+    text = render(second, Counters.of(first), CompatSettings("hostname", platform.node()))
+    lines = text.decode().splitlines()
+    families = [line.split(" ")[2] for line in lines if line.startswith("# TYPE ")]
+    gpu0 = {}
+    for line in lines:
+        name, brace, _ = line.partition("{")
+        if brace and 'gpu="0"' in line and name not in gpu0:
+            gpu0[name] = line
+    return {"families": families, "gpu0_lines": gpu0, "bytes": len(text)}
+
+
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -445,6 +493,8 @@ def run(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
         report["gpm_short_windows"] = probe_gpm(handle)
         report["memory_info"] = probe_memory(handle)
         report["mig"] = probe_mig(source)
+        report["calls"] = probe_calls(handle)
+        report["dcgm_compat"] = probe_compat(source)
         for name in args.workloads:
             if time.monotonic() - started > TIME_BUDGET_SECONDS:
                 report["workloads"][name] = {"skipped": "time budget spent"}

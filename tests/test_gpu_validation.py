@@ -48,6 +48,18 @@ def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_n
     assert report["fields"]["hw_thermal_ns"]["return"] == 0
     assert report["gpm_short_windows"]["supported"] is True
     assert report["memory_info"]["v2"]["reserved"] > 0
+    # What the compat issue reads: answered by the fake as nvml.h says a Hopper GPU would.
+    assert report["fields"]["board_limit_violation_ns"]["return"] == 0
+    assert report["fields"]["nvlink_crc_flit_errors"]["return"] == 0
+    assert (
+        report["calls"]["power_management_limit_mw"] >= report["calls"]["enforced_power_limit_mw"]
+    )
+    assert len(report["calls"]["encoder_utilization"]) == 2  # [percent, sampling period us]
+    compat = report["dcgm_compat"]
+    assert "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE" in compat["families"]
+    assert compat["gpu0_lines"]["DCGM_FI_DEV_GPU_TEMP"].startswith(
+        'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID='
+    )
     assert report["call_latency"]["power_usage"]["calls"] >= 3
     assert report["microbench"]["nvmlDeviceGetPcieThroughput"]["p50_ms"] >= 19  # fake's model
     summary = output.with_suffix(".md").read_text()
