@@ -31,8 +31,9 @@ class Of(Enum):
     dcgm-exporter watches a MIG GPU only through its GPU instances and repeats the parent's
     values on each of them; sums over instances then count the parent several times. Here
     the parent's state (clocks, temperatures, errors) is repeated on each instance as there,
-    but its additive quantities (power, energy, link traffic) appear once, on a series with
-    the parent's labels and no GPU_I_* labels — the one deliberate difference.
+    but its additive quantities (power, energy, power limits, PCIe and NVLink traffic) appear
+    once, on a series with the parent's labels and no GPU_I_* labels — the one deliberate
+    difference.
     """
 
     ENTITY = "entity"  # the GPU's own, or the GPU instance's own
