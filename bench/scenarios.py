@@ -21,8 +21,8 @@ from gpu_exporter.sim.mig import GPU_SLICES, INSTANCE_QUANTITIES
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 PCIE_BYTE_FIELDS = (197, 198)  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / RX_BYTES
 # The fake's default latency model for a "real NVML" variant: ~0.36 ms per call, the only
-# published per-call figure (nvitop/gpustat, reference/nvml.md section 10.4), plus the
-# documented 20 ms window of the PCIe throughput call.
+# published per-call figure (about 2,743 nvmlDeviceGetPowerUsage calls a second on a Tesla
+# K40m, wookayin/gpustat#76), plus the documented 20 ms window of the PCIe throughput call.
 NVML_LIKE_LATENCY = {"default_ms": 0.36, "functions": {"nvmlDeviceGetPcieThroughput": 20}}
 
 

@@ -6,7 +6,7 @@
 Standard library only (plus `gpu_exporter.nvml_facts`, which is too: the clock-event reason
 names come from there): a dashboard is a plain dict, and the helpers below are the small part of
 Grafana's model we use. grafana-foundation-sdk would add builders but no validation (it accepts
-`{"gridPos": {"h": "x"}}` silently, reference/tooling.md section 5); tests/test_dashboards.py
+`{"gridPos": {"h": "x"}}` silently, tried with its PyPI release); tests/test_dashboards.py
 type-checks the output against @grafana/schema instead.
 
 Three dashboards:
@@ -99,7 +99,7 @@ UNLABELLED_OWNER = (
     f" or on (uuid) max by (cluster, uuid) (gpu_up{{{POD_MATCHERS}}}) * 0 + 1)"
 )
 
-# Bottleneck classes (gpu_exporter/classify.py, DESIGN.md section 6), with the code the
+# Bottleneck classes (gpu_exporter/classify.py), with the code the
 # state-timeline panels encode each class as, and its colour.
 CLASSES: tuple[tuple[str, str, str], ...] = (
     ("idle", "idle", "#808080"),
@@ -795,7 +795,7 @@ ACTIVITY_NOTE = (
 CLASS_NOTE = (
     "Classes come from the exporter's classifier (ordered checks over a few seconds: idle, "
     "throttled, launch-bound, link-bound, memory-bound, tensor-bound, compute-bound, unknown; "
-    "see DESIGN.md section 6)."
+    'see the gpu-exporter README, "Is this GPU doing useful work?").'
 )
 MIG_WEIGHT_NOTE = "Each MIG instance weighs its share of a full GPU (1/7 for a 1g instance)."
 MIG_NOTE = (

@@ -1,7 +1,7 @@
 """Bottleneck class per GPU: what limits it right now, by ordered checks over a short window.
 
 Each call of `Classifier.process` (one per sampler tick) adds a window of the tick's inputs per
-GPU and applies these checks in order; the first that matches is the class (DESIGN.md §6):
+GPU and applies these checks in order; the first that matches is the class:
 
 1. `idle`          mean utilization below `idle_utilization`: no kernel ran.
 2. `throttled`     a HW slowdown / HW thermal / power brake / SW thermal reason held the clocks

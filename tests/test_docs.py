@@ -1,7 +1,10 @@
-"""The README's metric reference is generated from the catalog and must not drift."""
+"""The README's metric reference is generated from the catalog and must not drift; the docs
+cite only what is in the repository or upstream."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 
 from gpu_exporter.catalog import markdown_table
@@ -38,3 +41,33 @@ def test_every_test_the_fault_matrix_names_exists() -> None:
         if not re.search(rf"^(?:async )?def {name}\(", (ROOT / path).read_text(), re.M)
     ]
     assert not missing, f"docs/reliability.md names tests that do not exist: {missing}"
+
+
+# Documents the project was written from that are not part of it: nothing in it may send a
+# reader there (say the fact and its upstream source instead).
+_OUTSIDE = re.compile(
+    r"DESIGN\.md|(?:reference/)?(?:nvml|tooling|anchors|peers|dcgm-compat-mig)\.md"
+    r"|\.\./shared/|\bthe seed\b",
+    re.IGNORECASE,
+)
+
+
+def test_nothing_cites_a_document_outside_the_repository() -> None:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    found = []
+    for name in filter(None, listed.split("\0")):
+        path = ROOT / name
+        if name == "tests/test_docs.py" or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue  # binary files cite nothing
+        found += [
+            f"{name}:{number}: {line.strip()[:100]}"
+            for number, line in enumerate(text.splitlines(), 1)
+            if _OUTSIDE.search(line)
+        ]
+    assert not found, "cites a document that is not in this repository:\n" + "\n".join(found)
