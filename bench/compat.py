@@ -10,14 +10,13 @@ the shipped rules, in alternating rounds so that drift on the machine hits both 
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.inproc import build
-from bench.scaling import CONFIGS, MIG_CONFIG
+from bench.scaling import CONFIGS, MIG_CONFIG, measure_ticks
 from bench.stats import ratio, summarize
 
 _BY_NAME = {config.name: config for config in CONFIGS}
@@ -41,11 +40,8 @@ def _tick_cpu(compat: bool, scenario: dict[str, Any], ticks: int) -> float:
     try:
         pipeline.tick()
         pipeline.tick()
-        gc.collect()
-        cpu0 = time.process_time()
-        for _ in range(ticks):
-            pipeline.tick()
-        return (time.process_time() - cpu0) / ticks
+        cpu: float = measure_ticks(pipeline, ticks)["cpu_seconds_per_tick"]
+        return cpu
     finally:
         pipeline.close()
 

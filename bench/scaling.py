@@ -108,7 +108,7 @@ class ScalingSettings:
         )
 
 
-def _ticks(pipeline: Any, count: int) -> dict[str, Any]:
+def measure_ticks(pipeline: Any, count: int) -> dict[str, Any]:
     walls = []
     gc.collect()
     cpu0 = time.process_time()
@@ -127,10 +127,10 @@ def tick_cost(config: Config, settings: ScalingSettings, workdir: Path) -> dict[
     try:
         pipeline.tick()
         pipeline.tick()
-        young = _ticks(pipeline, settings.young_ticks)
+        young = measure_ticks(pipeline, settings.young_ticks)
         steps = pipeline.prefill(settings.history_seconds)
         pipeline.tick()  # the first evaluation over the full history
-        steady = _ticks(pipeline, settings.steady_ticks)
+        steady = measure_ticks(pipeline, settings.steady_ticks)
         store = pipeline.manager.store if pipeline.manager is not None else None
         return {
             "young": young,

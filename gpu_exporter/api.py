@@ -24,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_exporter import __version__
 from gpu_exporter.catalog import BY_NAME
-from gpu_exporter.dcgm_compat.endpoint import CONTENT_TYPE as DCGM_CONTENT_TYPE
 from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.exposition import (
     CONTENT_TYPE_OPENMETRICS,
@@ -268,7 +267,7 @@ _DCGM_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "the latest tick in dcgm-exporter 4.8's names, labels, units and text "
         "format (docs/migrating-from-dcgm-exporter.md); gzip when Accept-Encoding allows it",
-        "content": {DCGM_CONTENT_TYPE: {"schema": {"type": "string"}}},
+        "content": {CONTENT_TYPE_TEXT: {"schema": {"type": "string"}}},
     },
     503: {"description": "no snapshot yet (start-up, or before the first tick)", "content": _TEXT},
     **_UNAUTHORIZED,
@@ -286,7 +285,7 @@ def dcgm_metrics(
         if series is None:
             return _no_snapshot(not_started)
         gzipped, headers = _gzip(request)
-        return Response(compat.body(series, gzipped), media_type=DCGM_CONTENT_TYPE, headers=headers)
+        return Response(compat.body(series, gzipped), media_type=CONTENT_TYPE_TEXT, headers=headers)
 
     return handler
 

@@ -293,7 +293,7 @@ class DcgmCompatConfig(_Strict):
     def settings(self, environ: Mapping[str, str] | None = None) -> CompatSettings:
         environ = os.environ if environ is None else environ
         label = "" if self.hostname_label == "none" else self.hostname_label
-        return CompatSettings(label, environ.get("NODE_NAME") or socket.gethostname())
+        return CompatSettings(label, node_name(environ) or socket.gethostname())
 
 
 class Config(_Strict):
@@ -318,8 +318,9 @@ class Config(_Strict):
     def external_labels(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         environ = os.environ if environ is None else environ
         labels = dict(self.alerting.external_labels)
-        if "node" not in labels and environ.get("NODE_NAME"):
-            labels["node"] = environ["NODE_NAME"]
+        node = node_name(environ)
+        if "node" not in labels and node:
+            labels["node"] = node
         return labels
 
     @field_validator("listen_address")
@@ -346,6 +347,11 @@ class Config(_Strict):
                 f"listen_address ({self.listen_address})"
             )
         return self
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    """The node's name, from $NODE_NAME (the DaemonSet's downward API); "" when unset."""
+    return environ.get("NODE_NAME", "")
 
 
 def split_host_port(address: str) -> tuple[str, int]:

@@ -26,6 +26,7 @@ from gpu_exporter.assembly import Assembly, assemble
 from gpu_exporter.config import load_config
 from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.dcgm_compat.render import CompatSettings
+from gpu_exporter.series import SeriesSet
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
@@ -125,13 +126,21 @@ COMPAT_PATH = GOLDEN / f"{SCENARIO}-labels.dcgm.txt"
 COMPAT_SETTINGS = CompatSettings("hostname", "node-a")
 
 
-def render_compat() -> str:
-    """/metrics/dcgm after TICKS ticks (rates from the last two), attribution in labels mode."""
+@contextmanager
+def running_compat(mode: str = "labels") -> Iterator[tuple[SeriesSet, str]]:
+    """The published series after TICKS ticks, and their /metrics/dcgm (rates from the last
+    two), for attribution `mode`."""
     compat = DcgmCompat(COMPAT_SETTINGS)
-    with running("labels", lambda assembly: assembly.sampler.add_listener(compat)) as assembly:
+    with running(mode, lambda assembly: assembly.sampler.add_listener(compat)) as assembly:
         published = assembly.sampler.series
         assert published is not None
-        return compat.body(published).decode()
+        yield published, compat.body(published).decode()
+
+
+def render_compat() -> str:
+    """/metrics/dcgm after TICKS ticks, attribution in labels mode."""
+    with running_compat() as (_, text):
+        return text
 
 
 def mask(text: str) -> str:

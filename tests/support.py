@@ -37,6 +37,17 @@ def require_tool(name: str) -> str:
     return path
 
 
+def promtool(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """promtool with these arguments; its exit status and output, text."""
+    return subprocess.run(
+        [require_tool("promtool"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def promtool_check_metrics(text: bytes) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [require_tool("promtool"), "check", "metrics"],

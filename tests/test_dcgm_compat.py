@@ -13,22 +13,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_exporter.assembly import Assembly
 from gpu_exporter.config import ConfigError, load_config
 from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.dcgm_compat.fields import BY_NAME, FIELDS, markdown_table
 from gpu_exporter.dcgm_compat.render import CompatSettings, Counters, dcgm_bus_id, render
 from gpu_exporter.dcgm_compat.xid_messages import message
 from gpu_exporter.series import Series, SeriesSet, series
-from tests.golden_exposition import running
+from tests.golden_exposition import COMPAT_SETTINGS, running_compat
 
-SETTINGS = CompatSettings("hostname", "node-a")
+SETTINGS = COMPAT_SETTINGS  # hostname="node-a"
 
 # dcgm-exporter's counter file, active rows and the commented-out rows users enable:
 # name -> (TYPE, HELP), verbatim.
@@ -198,22 +196,11 @@ def parse(text: str) -> list[tuple[str, list[tuple[str, str]], str]]:
     return samples
 
 
-@contextmanager
-def compat_daemon(
-    mode: str, settings: CompatSettings = SETTINGS
-) -> Iterator[tuple[Assembly, DcgmCompat]]:
-    compat = DcgmCompat(settings)
-    with running(mode, lambda assembly: assembly.sampler.add_listener(compat)) as assembly:
-        yield assembly, compat
-
-
 @pytest.fixture(scope="module")
 def labelled() -> Iterator[tuple[SeriesSet, str]]:
     """The mixed scenario after six ticks, pods in labels mode: its series and compat text."""
-    with compat_daemon("labels") as (assembly, compat):
-        published = assembly.sampler.series
-        assert published is not None
-        yield published, compat.body(published).decode()
+    with running_compat("labels") as (published, text):
+        yield published, text
 
 
 def test_every_line_has_dcgm_exporters_shape(labelled: tuple[SeriesSet, str]) -> None:

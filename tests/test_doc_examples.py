@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from gpu_exporter import sim
 from gpu_exporter.config import load_config
 from gpu_exporter.web_config import load_web_config
 from gpu_exporter.yamlfile import load_yaml_file
-from tests.support import require_tool
+from tests.support import promtool
 from tests.tlsfiles import make_pki
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,13 +161,7 @@ def test_prometheus_examples_pass_promtool(where: str, text: str, tmp_path: Path
         data["rule_files"] = [str(rules)]
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(data))
-    checked = subprocess.run(
-        [require_tool("promtool"), "check", "config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    checked = promtool("check", "config", str(path))
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 

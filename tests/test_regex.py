@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from gpu_exporter.rules.regex import (
     compile_re2,
     label_matcher,
 )
-from tests.support import require_tool
+from tests.support import promtool
 
 PATTERNS = [
     # Go refuses, C++ RE2 accepts: mirrored
@@ -49,13 +48,7 @@ def _go_verdicts(tmp_path: Path) -> dict[str, str]:
     ]
     path = tmp_path / "patterns.rules.json"  # JSON is YAML: no quoting questions
     path.write_text(json.dumps({"groups": [{"name": "g", "rules": rules}]}))
-    proc = subprocess.run(
-        [require_tool("promtool"), "check", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = promtool("check", "rules", str(path))
     verdicts = dict.fromkeys(PATTERNS, "OK")
     for line in (proc.stdout + proc.stderr).splitlines():
         m = re.search(r'"r(\d+)": could not parse expression: .*?(error parsing regexp: .*)$', line)

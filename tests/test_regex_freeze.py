@@ -19,7 +19,7 @@ import httpx
 
 from gpu_exporter.rules.unit_tests import run_test_files
 from tests.daemon import serve_with_live_rules
-from tests.support import require_tool, wait_for
+from tests.support import promtool, wait_for
 
 UUID_BOMB = "GPU-([0-9a-f]+-?)*Z"  # promtool and `rules check` accept it
 POD_BOMB = "([a-z0-9]+-?)+-worker-[0-9]+"
@@ -97,13 +97,7 @@ def test_catastrophic_regexes_evaluate_in_process_at_once(tmp_path: Path) -> Non
     test_file = tmp_path / "bombs.test.json"
     test_file.write_text(json.dumps(_unit_test()))
     # promtool (Go's RE2-style regexp) says what the results are...
-    proc = subprocess.run(
-        [require_tool("promtool"), "test", "rules", str(test_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = promtool("test", "rules", str(test_file))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # ...and our engine, which would spin for hours on `re`, agrees at once.
     out = StringIO()

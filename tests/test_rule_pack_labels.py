@@ -35,7 +35,7 @@ from gpu_exporter.rules.loader import Rule, load_rule_files, parse_duration
 from gpu_exporter.rules.series_notation import load_input_series, parse_series
 from gpu_exporter.rules.unit_tests import run_test_file
 from gpu_exporter.store import Labels, SeriesStore
-from tests.support import require_tool
+from tests.support import promtool, require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "rules").glob("*.yaml"))
@@ -447,13 +447,7 @@ def test_promtool_agrees(tmp_path: Path) -> None:
     """The same expectations, every scenario and variant in one file, on real promtool."""
     cases = [_test_case(s, v) for s in SCENARIOS for v in sorted(VARIANTS)]
     path = _write_test_file(tmp_path, cases)
-    result = subprocess.run(
-        [require_tool("promtool"), "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = promtool("test", "rules", str(path), timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

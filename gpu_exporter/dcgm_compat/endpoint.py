@@ -14,11 +14,8 @@ import threading
 from collections import deque
 
 from gpu_exporter.dcgm_compat.render import CompatSettings, Counters, render
-from gpu_exporter.exposition import CONTENT_TYPE_TEXT, GZIP_LEVEL
+from gpu_exporter.exposition import GZIP_LEVEL
 from gpu_exporter.series import SeriesSet
-
-# The text format dcgm-exporter serves, whatever the scraper asks for (it has no OpenMetrics).
-CONTENT_TYPE = CONTENT_TYPE_TEXT
 
 
 class DcgmCompat:
