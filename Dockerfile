@@ -34,6 +34,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY rules ./rules
+COPY docs/runbook.md ./docs/runbook.md
 COPY gpu_exporter ./gpu_exporter
 # The project's own wheel, then the venv; pip and setuptools leave the venv afterwards.
 RUN python3 -m venv /opt/gpu-exporter \

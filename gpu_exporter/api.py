@@ -22,7 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpu_exporter import __version__
+from gpu_exporter import __version__, runbook
 from gpu_exporter.catalog import BY_NAME
 from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.exposition import (
@@ -303,6 +303,11 @@ def create_compat_app(
     return app
 
 
+def runbook_page() -> Response:
+    """The alert runbook every shipped alert's runbook_url points at (gpu_exporter/runbook.py)."""
+    return HTMLResponse(runbook.render_page(), headers=runbook.page_headers())
+
+
 def _no_snapshot(not_started: Callable[[], str | None]) -> Response:
     why = not_started() or "no snapshot yet"
     return PlainTextResponse(f"{why}\n", status_code=503)
@@ -428,6 +433,8 @@ def create_app(
     @get("/", include_in_schema=False)
     def status_page() -> Response:
         return HTMLResponse(render_status_page(), headers=status_page_headers())
+
+    get(runbook.RUNBOOK_PATH, include_in_schema=False)(runbook_page)
 
     @get(
         "/api/v1/rules",

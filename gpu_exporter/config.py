@@ -12,6 +12,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -32,6 +33,7 @@ from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSetting
 from gpu_exporter.promnames import label_name_problem
 from gpu_exporter.rules.manager import RuleSettings
 from gpu_exporter.rules.pack import default_rule_files
+from gpu_exporter.runbook import default_base_url as default_runbook_base_url
 from gpu_exporter.sources.settings import NvmlSettings, default_deadline
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
 
@@ -195,8 +197,24 @@ class AlertingConfig(_Strict):
     external_url: str = RuleSettings.external_url
     resend_delay_seconds: float = Field(default=RuleSettings.resend_delay, gt=0, le=86400)
     queue_capacity: int = Field(default=NotifierSettings.queue_capacity, ge=1, le=1_000_000)
+    # Where the alerts' runbook_url points (gpu_exporter/runbook.py); None: this daemon's own
+    # /runbook (Config.runbook_base_url).
+    runbook_base_url: str | None = None
 
     _pairs = field_validator("external_labels", mode="before")(_parse_pairs)
+
+    @field_validator("runbook_base_url")
+    @classmethod
+    def _absolute_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            url = urlsplit(value)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise ValueError(f"must be an absolute http(s) URL, got {value!r}")
+            if url.fragment:
+                raise ValueError(
+                    f"must not have a #fragment (the alert adds its own), got {value!r}"
+                )
+        return value
 
     @field_validator("alertmanagers", mode="before")
     @classmethod
@@ -314,6 +332,11 @@ class Config(_Strict):
 
     def web_settings(self) -> WebSettings:
         return WebSettings(web_config_file=self.web_config_file, **self.web.model_dump())
+
+    def runbook_base_url(self, tls: bool, environ: Mapping[str, str] | None = None) -> str:
+        """alerting.runbook_base_url, or this daemon's own /runbook."""
+        configured = self.alerting.runbook_base_url
+        return configured or default_runbook_base_url(self.listen_address, tls, environ)
 
     def external_labels(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         environ = os.environ if environ is None else environ

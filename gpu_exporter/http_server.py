@@ -142,6 +142,19 @@ def web_config_problem(settings: WebSettings) -> str:
     return ""
 
 
+def serves_tls(settings: WebSettings) -> bool:
+    """Whether the daemon serves HTTPS: its web-config file turns TLS on (checked before by
+    web_config_problem; an unreadable file counts as plain HTTP here)."""
+    from gpu_exporter.web_config import WebConfigError, load_web_config
+
+    if settings.web_config_file is None:
+        return False
+    try:
+        return load_web_config(settings.web_config_file).ssl_context is not None
+    except WebConfigError:
+        return False
+
+
 def _peer_check(live: LiveWebConfig) -> Callable[[Any], bool] | None:
     if live.ssl_context is None:
         return None

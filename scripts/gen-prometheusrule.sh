@@ -20,8 +20,12 @@ mkdir -p "$work/helm/gpu-exporter/files/rules" "$work/helm/gpu-exporter/files/da
   "$work/deploy"
 shopt -s nullglob
 rule_files=(rules/*.yaml)
+# deploy/configmap.yaml's alerting.runbook_base_url: the runbook the exporters serve, through
+# deploy/service.yaml (tests/test_deploy.py checks that the two agree).
+DEPLOY_RUNBOOK_BASE_URL=http://gpu-exporter.gpu-exporter.svc:9449/runbook
 "$PYTHON" -m gpu_exporter rules export --name gpu-exporter \
   --label app.kubernetes.io/instance=gpu-exporter --label app.kubernetes.io/part-of=gpu-exporter \
+  --runbook-base-url "$DEPLOY_RUNBOOK_BASE_URL" \
   "${rule_files[@]}" >"$work/deploy/prometheusrule.yaml"
 cp "${rule_files[@]}" "$work/helm/gpu-exporter/files/rules/"
 dashboards=(dashboards/*.json)

@@ -36,6 +36,7 @@ from gpu_exporter.rules.loader import (
     load_rule_files,
 )
 from gpu_exporter.rules.pack import default_rule_files
+from gpu_exporter.runbook import with_runbook_base
 from gpu_exporter.series import Producer, Series, SeriesSet, series
 from gpu_exporter.store import Labels, SeriesStore, make_labels
 
@@ -53,6 +54,8 @@ class RuleSettings:
     resend_delay: float = 60.0
     external_labels: dict[str, str] = field(default_factory=dict)
     external_url: str = ""
+    # Shipped runbook links (docs/runbook.md#...) are made absolute under this; "": as written.
+    runbook_base_url: str = ""
     reload_check_seconds: float = 5.0
     # Budgets: a rule's range or offset reaching further back than this is
     # refused at load; one group's evaluation running longer than this is stopped and counted
@@ -146,6 +149,7 @@ class RuleManager:
         """The rule files as an evaluator, carrying over the current rules' state; raises
         RuleFileError for a broken file, or for rules whose history cannot fit the cap."""
         groups = load_rule_files(self.settings.files, self._limits())
+        groups = with_runbook_base(groups, self.settings.runbook_base_url)
         evaluator = GroupEvaluator(
             groups,
             self.store,
