@@ -110,7 +110,8 @@ def test_runbook_names_the_critical_xids() -> None:
 
 
 def test_diagnose_grades_xids_as_the_rules_do(capsys, tmp_path: Path) -> None:
-    """On the fake NVML: 95 critical, 94 a warning (not critical), 13 listed without a grade."""
+    """On the fake NVML: 95 critical, 94 a warning (not critical), both the rule pack's alerts;
+    13 is not alerted, so a note and no health finding."""
     scenario = tmp_path / "xids.yaml"
     scenario.write_text(
         "name: xids\n"
@@ -128,10 +129,11 @@ def test_diagnose_grades_xids_as_the_rules_do(capsys, tmp_path: Path) -> None:
     report = json.loads(capsys.readouterr().out)
     (device,) = report["devices"]
     assert device["state"]["health"]["xid_errors"] == {"13": 1, "94": 1, "95": 1}
-    xid_problems = sorted(p for p in device["problems"] if "XID" in p)
-    assert xid_problems == [
-        "XID 13 seen 1 time(s) during the profile",
-        "critical XID 95 seen 1 time(s) during the profile",
-        "warning XID 94 seen 1 time(s) during the profile",
+    graded = sorted(
+        (f["labels"]["xid"], f["alert"], f["severity"]) for f in device["health_findings"]
+    )
+    assert graded == [("94", "GpuXidWarning", "warning"), ("95", "GpuXidCritical", "critical")]
+    assert [n for n in device["notes"] if "XID" in n] == [
+        f"XID 13 seen 1 time(s) during the profile: {xids.NOT_ALERTED[13]}"
     ]
     assert status == diagnose.EXIT_ATTENTION

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 PACK_DIR = Path(__file__).resolve().parent.parent / "rulepack"  # a link to ../rules in the tree
+# The pack's group whose alerts define an unhealthy GPU (diagnose and the status page read it).
+HEALTH_GROUP = "gpu-health"
 
 
 def default_rule_files() -> list[str]:

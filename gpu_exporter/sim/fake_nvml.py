@@ -29,6 +29,7 @@ import pynvml
 
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
 from gpu_exporter.sim.scenario import (
+    COMPUTE_MODES,
     DeviceSpec,
     Scenario,
     ValueSpec,
@@ -618,6 +619,11 @@ class FakeNvmlLib:
         _set(out, int(dev.spec.persistence_mode))
         return SUCCESS
 
+    @_nvml("nvmlDeviceGetComputeMode")  # nvml.h: "For all products."
+    def _compute_mode(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, COMPUTE_MODES[dev.spec.compute_mode])
+        return SUCCESS
+
     @_nvml("nvmlDeviceGetPerformanceState")
     def _pstate(self, dev: _Device, t: float, out: Any) -> int:
         _set(out, dev.spec.performance_state)
@@ -818,6 +824,21 @@ class FakeNvmlLib:
         _set(out, round(dev.spec.power_management_limit_watts * 1000))
         return SUCCESS
 
+    # Settings `gpu-exporter diagnose` checks. As nvml.h documents them (Kepler or newer
+    # fully supported devices; NOT_SUPPORTED elsewhere); not compared with a real driver.
+
+    @_nvml("nvmlDeviceGetPowerManagementDefaultLimit", feature="power_limit")
+    def _power_default_limit(self, dev: _Device, t: float, out: Any) -> int:
+        _set(out, round(dev.spec.power_default_limit_watts * 1000))
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetPowerManagementLimitConstraints", feature="power_limit")
+    def _power_limit_constraints(self, dev: _Device, t: float, low: Any, high: Any) -> int:
+        minimum, maximum = dev.spec.power_limit_range_watts
+        _set(low, round(minimum * 1000))
+        _set(high, round(maximum * 1000))
+        return SUCCESS
+
     @_nvml("nvmlDeviceGetTotalEnergyConsumption", feature="energy")
     def _energy(self, dev: _Device, t: float, out: Any) -> int:
         _set(out, _energy_mj(dev, t))
@@ -870,6 +891,26 @@ class FakeNvmlLib:
             return INVALID_ARGUMENT
         _set(out, dev.spec.max_clocks_mhz[name])
         return SUCCESS
+
+    def _application_clock(self, clocks: Mapping[str, int], clock_type: Any, out: Any) -> int:
+        # Graphics and SM share one application clock; NVML has none for the video clock.
+        names = {pynvml.NVML_CLOCK_GRAPHICS: "sm", pynvml.NVML_CLOCK_SM: "sm"}
+        names[pynvml.NVML_CLOCK_MEM] = "memory"
+        kind = _int(clock_type)
+        if kind == pynvml.NVML_CLOCK_VIDEO:
+            return NOT_SUPPORTED
+        if kind not in names:
+            return INVALID_ARGUMENT
+        _set(out, clocks[names[kind]])
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetApplicationsClock", feature="applications_clocks")
+    def _applications_clock(self, dev: _Device, t: float, clock_type: Any, out: Any) -> int:
+        return self._application_clock(dev.spec.application_clocks_mhz, clock_type, out)
+
+    @_nvml("nvmlDeviceGetDefaultApplicationsClock", feature="applications_clocks")
+    def _default_applications_clock(self, dev: _Device, t: float, clock_type: Any, out: Any) -> int:
+        return self._application_clock(dev.spec.default_application_clocks_mhz, clock_type, out)
 
     @_nvml(
         "nvmlDeviceGetCurrentClocksEventReasons",
@@ -970,7 +1011,7 @@ class FakeNvmlLib:
     @_nvml("nvmlDeviceGetEccMode", feature="ecc")
     def _ecc_mode(self, dev: _Device, t: float, current: Any, pending: Any) -> int:
         _set(current, int(dev.spec.ecc))
-        _set(pending, int(dev.spec.ecc))
+        _set(pending, int(dev.spec.ecc_pending))
         return SUCCESS
 
     @_nvml("nvmlDeviceGetTotalEccErrors", feature="ecc")

@@ -83,7 +83,13 @@ FEATURES: frozenset[str] = frozenset(
         "events",
         "numa",
         "topology",
+        "applications_clocks",
     }
+)
+
+# nvmlComputeMode_t (nvml.h): the scenario's names for NVML_COMPUTEMODE_*.
+COMPUTE_MODES: Mapping[str, int] = MappingProxyType(
+    {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
 )
 
 TOPOLOGY_LEVELS: dict[str, int] = {
@@ -358,6 +364,8 @@ class DeviceSpec:
     memory_reserved_bytes: int
     power_limit_watts: float  # enforced
     power_management_limit_watts: float  # set by the administrator: >= the enforced one
+    power_default_limit_watts: float  # the board's default management limit
+    power_limit_range_watts: tuple[float, float]  # the management limit's (min, max)
     max_clocks_mhz: Mapping[str, int]  # graphics, sm, memory, video
     pcie_max_generation: int
     pcie_max_width: int
@@ -365,10 +373,14 @@ class DeviceSpec:
     nvlink_links: int
     nvlink_version: int
     ecc: bool
+    ecc_pending: bool  # ECC mode after the next reboot (nvmlDeviceGetEccMode's pending)
     numa_node: int
     cpus: tuple[int, ...]
     persistence_mode: bool
     performance_state: int
+    application_clocks_mhz: Mapping[str, int]  # sm, memory
+    default_application_clocks_mhz: Mapping[str, int]  # sm, memory
+    compute_mode: str  # a COMPUTE_MODES name
     unsupported: frozenset[str]
     values: Mapping[str, ValueSpec]
     mig: MigSpec | None = None  # None: MIG disabled (on GPUs that have it)
@@ -582,11 +594,15 @@ _DEVICE_KEYS = frozenset(
         "pci_device_id", "vbios_version", "memory_total_bytes", "memory_reserved_bytes",
         "power_limit_watts", "power_management_limit_watts", "max_clocks_mhz", "pcie",
         "nvlink_links", "nvlink_version", "ecc", "numa_node", "cpus", "persistence_mode",
-        "performance_state", "unsupported", "values", "mig",
+        "performance_state", "unsupported", "values", "mig", "power_default_limit_watts",
+        "power_limit_range_watts", "ecc_pending", "application_clocks_mhz",
+        "default_application_clocks_mhz", "compute_mode",
     }
 )  # fmt: skip
 # Mapping-valued device keys that `defaults` merges key by key instead of replacing.
-_MERGED_KEYS = ("values", "max_clocks_mhz", "pcie")
+_MERGED_KEYS = (
+    "values", "max_clocks_mhz", "pcie", "application_clocks_mhz", "default_application_clocks_mhz"
+)  # fmt: skip
 _FAULT_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # kind: (required, optional) besides at/device/kind
     "xid": (("xid",), ()),
@@ -693,6 +709,8 @@ def _submapping(node: _Node, key: str) -> dict[str, _Node]:
         return node.mapping(frozenset(QUANTITIES))
     if key == "pcie":
         return node.mapping({"max_generation", "max_width", "gpu_max_generation"})
+    if key in ("application_clocks_mhz", "default_application_clocks_mhz"):
+        return node.mapping({"sm", "memory"})
     return node.mapping({"graphics", "sm", "memory", "video"})
 
 
@@ -737,6 +755,11 @@ def _parse_device(index: int, d: dict[str, Any], scenario_name: str, seed: int) 
             f"must be >= power_limit_watts ({power_limit:g}, the enforced limit), "
             f"got {management_limit:g}"
         )
+    default_limit, limit_range = _power_limit_settings(d, management_limit)
+    default_app = {"sm": clocks["sm"], "memory": clocks["memory"]}
+    default_app |= _clock_pair(d.get("default_application_clocks_mhz", {}))
+    app = default_app | _clock_pair(d.get("application_clocks_mhz", {}))
+    ecc = get("ecc", _Node.boolean, known.ecc)
     mig = None
     if "mig" in d:
         if not mig_capable(arch):
@@ -762,21 +785,63 @@ def _parse_device(index: int, d: dict[str, Any], scenario_name: str, seed: int) 
         memory_reserved_bytes=int(get("memory_reserved_bytes", _num_in(0, total), 480 * MIB)),
         power_limit_watts=power_limit,
         power_management_limit_watts=management_limit,
+        power_default_limit_watts=default_limit,
+        power_limit_range_watts=limit_range,
         max_clocks_mhz=clocks,
         pcie_max_generation=max_gen,
         pcie_max_width=max_width,
         pcie_gpu_max_generation=pcie_get("gpu_max_generation", _int_in(1, 6), max_gen),
         nvlink_links=get("nvlink_links", _int_in(0, 36), known.nvlink_links),
         nvlink_version=get("nvlink_version", _int_in(1, 8), _DEFAULT_NVLINK_VERSION.get(arch, 1)),
-        ecc=get("ecc", _Node.boolean, known.ecc),
+        ecc=ecc,
+        ecc_pending=get("ecc_pending", _Node.boolean, ecc),
         numa_node=numa,
         cpus=get("cpus", _cpu_list, tuple(range(numa * 56, numa * 56 + 56))),
         persistence_mode=get("persistence_mode", _Node.boolean, True),
         performance_state=get("performance_state", _int_in(0, 15), 0),
+        application_clocks_mhz=app,
+        default_application_clocks_mhz=default_app,
+        compute_mode=get("compute_mode", lambda n: n.choice(COMPUTE_MODES), "default"),
         unsupported=frozenset(n.choice(FEATURES) for n in _opt_seq(d.get("unsupported"))),
         values=_parse_values(d.get("values", {}), fixed, f"{seed}:{index}"),
         mig=mig,
     )
+
+
+def _clock_pair(nodes: Mapping[str, _Node]) -> dict[str, int]:
+    return {name: node.integer(lo=1) for name, node in nodes.items()}
+
+
+def _power_limit_settings(
+    d: dict[str, Any], management_limit: float
+) -> tuple[float, tuple[float, float]]:
+    """The default management limit (by default the one set: nothing changed) and the range
+    a management limit may take (by default half the default up to the larger of the two;
+    the half is assumed, boards differ). The set limit must lie in the range."""
+    default = management_limit
+    if "power_default_limit_watts" in d:
+        default = d["power_default_limit_watts"].number(lo=1)
+    if "power_limit_range_watts" in d:
+        node = d["power_limit_range_watts"]
+        items = node.seq()
+        if len(items) != 2:
+            raise node.error("expected [min, max] in watts")
+        low, high = items[0].number(lo=1), items[1].number(lo=1)
+        if low > high:
+            raise node.error(f"min ({low:g}) must not exceed max ({high:g})")
+    else:
+        node, low, high = None, default / 2, max(default, management_limit)
+    if not low <= management_limit <= high:
+        keys = ("power_default_limit_watts", "power_management_limit_watts", "power_limit_watts")
+        where = node or next((d[k] for k in keys if k in d), None)
+        message = (
+            f"the management limit {management_limit:g} W lies outside "
+            f"power_limit_range_watts [{low:g}, {high:g}]"
+        )
+        if where is None:
+            raise ValueError(message)
+        raise where.error(message)
+    return default, (low, high)
 
 
 def _pair(node: _Node) -> tuple[int, int]:

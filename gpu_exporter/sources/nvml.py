@@ -677,6 +677,34 @@ class NvmlSource:
         ]
         return sorted(samples, key=lambda s: s.index)
 
+    def read_each_device(
+        self, read: Callable[[DeviceReader], Any], timeout: float
+    ) -> dict[str, Any]:
+        """`read(reader)` on each answering GPU's own worker, between ticks (for one-off reads
+        such as diagnose's settings check): by UUID, its result, or a string saying why there
+        is none (the GPU is down or busy, the read raised, or it did not answer in `timeout`
+        seconds: then it is left behind as a hung tick is)."""
+        jobs: dict[str, futures.Future[Any]] = {}
+        out: dict[str, Any] = {}
+        for uuid, device in self._devices.items():
+            if not device.identified:
+                continue
+            if device.lost or (device.pending is not None and not device.pending.done()):
+                out[uuid] = device.down_reason or "the GPU is not answering"
+                continue
+            device.pending = jobs[uuid] = device.worker.submit(read, device.reader)
+        if jobs:
+            futures.wait(jobs.values(), timeout=timeout)
+        for uuid, job in jobs.items():
+            if not job.done():
+                out[uuid] = f"no answer within {timeout:g}s"
+            elif job.exception() is not None:
+                exc = job.exception()
+                out[uuid] = f"the read failed: {type(exc).__name__}: {exc}"
+            else:
+                out[uuid] = job.result()
+        return out
+
     def _all_down(self, reason: str) -> list[DeviceSample]:
         return sorted(
             (self._down(d, reason) for d in self._devices.values()), key=lambda s: s.index

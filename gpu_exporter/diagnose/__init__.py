@@ -1,0 +1,103 @@
+"""`gpu-exporter diagnose`: a one-shot report on this node's GPUs, health first.
+
+1. Versions: driver, NVML, CUDA driver API, the Python binding and the exporter (a result is
+   only reproducible with the software it came from).
+2. Topology, as `nvidia-smi topo -m`, and what it means: a full NVLink mesh (directly or
+   through NVSwitch) or not, a GPU that reaches the others only over PCIe, pairs that cross
+   the CPU interconnect (SYS), a GPU without NUMA affinity (`topology_notes.py`).
+3. Per-GPU state at the end of the profile: clocks against their maximum, power against its
+   limit, active clock-event (throttle) reasons, PCIe and NVLink links. A GPU that is down
+   shows none of these (they would be stale), only why it is down.
+4. An activity profile over `--duration` seconds with the production NVML source and the
+   bottleneck classifier: utilization next to SM / Tensor / DRAM activity, link traffic, the
+   class and its one-line reason (`classify.Verdict.why`, as the status page shows it), and
+   with pods the pod holding each GPU.
+5. Health: the shipped rule pack's `gpu-health` group evaluated over the profile's series by
+   the daemon's own rule engine (`health.py`; `--health-rules` for another pack), so
+   "unhealthy" means what the alerts mean. Each finding has ordered next steps (drain, collect
+   `nvidia-bug-report.sh`, reset, replace), which are that GPU's next steps: an unhealthy GPU
+   gets no performance advice. XIDs before the run are only in the kernel log: the report
+   says where.
+6. Settings read once after the profile (`config_checks.py`): power limit against its
+   default and range, persistence mode, ECC mode pending, application clocks against their
+   defaults, MIG mode pending, compute mode.
+7. What to look at next for each healthy GPU's class (`advice.py`).
+
+MIG: a GPU with MIG enabled has no class of its own; its MIG instances are listed under it,
+each with its profile, class, pods and memory, and judged as a whole GPU is (a launch-bound
+instance needs attention and gets the same advice). NVML reads an instance's activity with
+GPM, per GPU instance, on Hopper and newer only: an A100/A30 instance (or a compute instance
+of a GPU instance split into several) says its activity is unavailable and why, instead of a
+generic "unknown".
+
+Pods: with the kubelet's PodResources socket (`--kubelet-socket`, by default the kubelet's
+own path when it exists and the node is not simulated), each GPU and MIG instance names the
+pods holding it, read once before the profile, as the daemon's pod attribution reads them.
+
+Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario,
+health rule files); 3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the
+GPU count, XID registration) does not answer within `--start-timeout`, which names the stuck
+step and how long it waited (a driver that hangs there gives nothing to report on; a GPU whose
+own start calls hang is down in the report instead, with why). "Needs attention" means a GPU
+that is down, a health finding (an alert of the gpu-health group pending or firing during the
+profile, about a GPU or the node), NVLink links down or P2P over NVLink unavailable, a setting
+warning (power limit below its default, persistence mode off, ECC or MIG mode change pending,
+application clocks changed, compute mode Prohibited), and on a healthy GPU clocks held down by
+a HW / thermal / power-brake reason or a class in ATTENTION_CLASSES: throttled, launch_bound
+and link_bound waste a GPU that is nominally busy. memory_bound is reported but is not a
+fault: on the roofline, low-intensity work (LLM decode, elementwise ops) is memory-bound by
+nature; idle, tensor_bound and compute_bound are not problems, and unknown means missing data,
+not a fault. Notes (XIDs the pack does not alert on, ECC errors from before the run, setting
+notes, topology notes) never change the exit status.
+"""
+
+from __future__ import annotations
+
+from gpu_exporter.diagnose.advice import (
+    ATTENTION_CLASSES,
+    MIG_NO_GPM_STEPS,
+    MIG_SHARED_STEPS,
+    NEXT_STEPS,
+)
+from gpu_exporter.diagnose.command import (
+    DEFAULT_START_TIMEOUT_SECONDS,
+    MAX_START_TIMEOUT_SECONDS,
+    add_arguments,
+    add_parser,
+    check_arguments,
+    main,
+    run,
+    use_colour,
+)
+from gpu_exporter.diagnose.exit_status import (
+    EXIT_ATTENTION,
+    EXIT_NO_DRIVER,
+    EXIT_OK,
+    EXIT_USAGE,
+)
+from gpu_exporter.diagnose.health import HEALTH_GROUP, HEALTH_STEPS, HealthRules
+from gpu_exporter.diagnose.report import SCHEMA_VERSION, build_report
+
+__all__ = [
+    "ATTENTION_CLASSES",
+    "DEFAULT_START_TIMEOUT_SECONDS",
+    "EXIT_ATTENTION",
+    "EXIT_NO_DRIVER",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "HEALTH_GROUP",
+    "HEALTH_STEPS",
+    "MAX_START_TIMEOUT_SECONDS",
+    "MIG_NO_GPM_STEPS",
+    "MIG_SHARED_STEPS",
+    "NEXT_STEPS",
+    "SCHEMA_VERSION",
+    "HealthRules",
+    "add_arguments",
+    "add_parser",
+    "build_report",
+    "check_arguments",
+    "main",
+    "run",
+    "use_colour",
+]

@@ -1,0 +1,312 @@
+"""The command line of `gpu-exporter diagnose` and the run: NVML's start, the profile (the
+daemon's series model, classifier and health rules fed each tick), the settings read after it,
+then the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from importlib import metadata
+from typing import TextIO
+
+from gpu_exporter import __version__
+from gpu_exporter.classify import Classifier, Thresholds
+from gpu_exporter.diagnose.exit_status import EXIT_NO_DRIVER, EXIT_USAGE
+from gpu_exporter.diagnose.health import HealthRules
+from gpu_exporter.diagnose.report import PodsRead, Profile, Run, build_report
+from gpu_exporter.diagnose.text import Text
+from gpu_exporter.k8s import defaults as k8s_defaults
+from gpu_exporter.series import SeriesBuilder
+from gpu_exporter.snapshot import DeviceSample, Snapshot, TickStats
+from gpu_exporter.sources.settings import NvmlSettings
+from gpu_exporter.sources.startup import StartupProgress
+from gpu_exporter.topology import Topology, read_topology
+
+# How long NVML's start may take before diagnose gives up: as long as the source waits for one
+# call before it counts it hung (nvmlInit without persistence mode takes seconds per GPU).
+DEFAULT_START_TIMEOUT_SECONDS = NvmlSettings.hang_quarantine_seconds
+MAX_START_TIMEOUT_SECONDS = 3600.0
+_SIMULATE_HINT = "run `gpu-exporter diagnose --simulate` to see a report on a simulated node"
+
+Processor = Callable[[list[DeviceSample], float], list[DeviceSample]]
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--simulate",
+        nargs="?",
+        const="mixed",
+        metavar="SCENARIO",
+        help="diagnose a simulated node: a built-in scenario name (default mixed) or a file",
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="length of the activity profile (default 10)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="sampling interval of the profile, at least 0.2 (default 1)",
+    )
+    parser.add_argument(
+        "--start-timeout",
+        type=float,
+        default=DEFAULT_START_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="how long NVML may take to start before diagnose gives up with exit status 3 "
+        f"(default {DEFAULT_START_TIMEOUT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--kubelet-socket",
+        metavar="PATH",
+        help="the kubelet's PodResources socket, to name the pod holding each GPU and MIG "
+        f"instance (default: {k8s_defaults.SOCKET_PATH} when it exists and the node is not "
+        "simulated)",
+    )
+    parser.add_argument(
+        "--health-rules",
+        action="append",
+        metavar="FILE",
+        help="rule files whose gpu-health group defines an unhealthy GPU (default: the "
+        "shipped rule pack; repeat for several)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--no-color", action="store_true", help="never colour the output")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "diagnose",
+        help="one-shot report: versions, topology, GPU state, activity profile, next steps",
+        description="Diagnose this node's GPUs. Exit status: 0 nothing needs attention, "
+        "1 something does, 2 bad input, 3 no NVIDIA driver.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def check_arguments(args: argparse.Namespace) -> str:
+    """Why these arguments cannot run, or ""."""
+    if not 0 < args.duration <= 3600:
+        return f"--duration must be > 0 and at most 3600 seconds, got {args.duration:g}"
+    if not 0.2 <= args.interval <= 3600:  # GPM needs >= 100 ms between samples
+        return f"--interval must be 0.2-3600 seconds, got {args.interval:g}"
+    if args.interval > args.duration:
+        return f"--interval ({args.interval:g}) must not exceed --duration ({args.duration:g})"
+    if not 0 < args.start_timeout <= MAX_START_TIMEOUT_SECONDS:
+        return (
+            f"--start-timeout must be > 0 and at most {MAX_START_TIMEOUT_SECONDS:g} seconds, "
+            f"got {args.start_timeout:g}"
+        )
+    return ""
+
+
+def use_colour(args: argparse.Namespace, stream: TextIO) -> bool:
+    """Colour only on a terminal, and never with --no-color, --json or NO_COLOR (no-color.org)."""
+    if args.no_color or args.json or os.environ.get("NO_COLOR"):
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def run(args: argparse.Namespace) -> int:
+    problem = check_arguments(args)
+    if problem:
+        print(f"gpu-exporter diagnose: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    simulated, kubelet = False, None
+    if args.simulate:
+        from gpu_exporter import sim
+
+        try:
+            scenario = sim.load_scenario(args.simulate)
+        except ValueError as exc:  # ScenarioError names the file, field and line
+            print(f"scenario error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        sim.install(scenario)
+        simulated = True
+        if args.kubelet_socket is None and scenario.pods:
+            from gpu_exporter.sim.kubelet import start_for
+
+            kubelet = start_for(scenario)  # the scenario's pods, as a kubelet reports them
+            args.kubelet_socket = kubelet.socket_path if kubelet is not None else None
+    try:
+        return _diagnose(args, sys.stdout)
+    finally:
+        if simulated:
+            from gpu_exporter import sim
+
+            sim.uninstall()
+        if kubelet is not None:
+            kubelet.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu-exporter diagnose", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+# -- the diagnosis ----------------------------------------------------------------------------
+
+
+def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, Processor | None]:
+    """The kubelet's pods, read once (a profile is short: pods do not move during it), and
+    the processor that adds gpu_pod_info to each tick's samples (None: no pods)."""
+    socket = args.kubelet_socket
+    if socket is None:
+        if args.simulate or not os.path.exists(k8s_defaults.SOCKET_PATH):
+            return PodsRead(None, False), None
+        socket = k8s_defaults.SOCKET_PATH
+    # grpc and protobuf only when pods are read
+    from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
+    from gpu_exporter.k8s.labels import PodsOfTick
+
+    attribution = PodAttribution(AttributionSettings(socket_path=socket))
+    if not attribution.refresh():
+        return PodsRead(socket, False), None
+    pods = PodsRead(socket, True, len(attribution.pods_by_device()))
+    return pods, PodsOfTick(attribution).process
+
+
+def _load_health_rules(args: argparse.Namespace) -> HealthRules | str:
+    """The health rules, or why they cannot be used (a file:line error from the loader)."""
+    from gpu_exporter.rules.loader import RuleFileError
+
+    try:
+        return HealthRules(args.health_rules or None)
+    except RuleFileError as exc:
+        return f"--health-rules: {exc}"
+
+
+def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
+    from gpu_exporter.sources.base import ErrorLog
+    from gpu_exporter.sources.device_config import read_device_config
+    from gpu_exporter.sources.nvml import NvmlSource
+    from gpu_exporter.sources.settings import default_deadline
+
+    health = _load_health_rules(args)
+    if isinstance(health, str):
+        print(f"gpu-exporter diagnose: {health}", file=sys.stderr)
+        return EXIT_USAGE
+    settings = NvmlSettings(
+        device_deadline_seconds=default_deadline(args.interval),
+        slow_refresh_seconds=3600.0,  # the static data once is enough for a short profile
+    )
+    source = NvmlSource(settings=settings, errors=ErrorLog(), topology_reader=read_topology)
+    try:
+        # Not `start()`: that waits for ever on a driver whose nvmlInit hangs.
+        source.begin()
+        deadline = time.monotonic() + args.start_timeout
+        problem = _not_started(source.progress, args.start_timeout)
+        if problem:
+            print(f"gpu-exporter diagnose: {problem}", file=sys.stderr)
+            return EXIT_NO_DRIVER
+        colour = use_colour(args, out)
+        versions = _versions(source.node_info())
+        if source.progress.wait_finished(max(0.0, deadline - time.monotonic())):
+            topology = source.topology or Topology((), (), ("topology could not be read",))
+        else:
+            note = f"the topology read did not finish within {args.start_timeout:g}s"
+            topology = Topology((), (), (note,))
+        pods, processor = _read_pods(args)
+        text = None if args.json else Text(out, colour)
+        if text:
+            text.header(args.simulate, versions, topology, args.duration, pods)
+        profile = _run_profile(source.sample, args.duration, args.interval, health, processor)
+        # The settings once, after the profile: no extra NVML calls while it measures.
+        profile.config = source.read_each_device(
+            read_device_config, settings.device_deadline_seconds
+        )
+        run = Run(args.simulate, args.duration, args.interval)
+        report = build_report(run, versions, topology, profile, pods)
+        if text:
+            text.body(report)
+        else:
+            out.write(json.dumps(report, indent=2) + "\n")
+        return int(report["exit_status"])
+    finally:
+        source.close()
+
+
+def _not_started(progress: StartupProgress, timeout: float) -> str:
+    """Why the GPUs cannot be sampled after waiting up to `timeout` for NVML's start ("" once
+    they can): its error, or the step that has not answered and for how long."""
+    from gpu_exporter.sources.base import SourceUnavailableError
+
+    if progress.wait_ready(timeout):
+        return ""
+    failure = progress.failure
+    if isinstance(failure, SourceUnavailableError):  # no driver, or more GPUs than we take
+        return f"{str(failure).partition('; ')[0]}; {_SIMULATE_HINT}."
+    if failure is not None:
+        return f"NVML start-up failed: {type(failure).__name__}: {failure}"
+    return (
+        f"NVML does not answer: {progress.reason()} (--start-timeout {timeout:g}); the driver "
+        "looks hung: check `dmesg` for NVRM and Xid messages and whether `nvidia-smi` answers"
+    )
+
+
+def _run_profile(
+    sample: Callable[[], list[DeviceSample]],
+    duration: float,
+    interval: float,
+    health: HealthRules,
+    pods: Processor | None = None,
+) -> Profile:
+    # One window over the whole profile: the class describes all of it, not its last seconds.
+    classifier = Classifier(Thresholds(), window_seconds=duration + interval)
+    profile = Profile(classifier, health)
+    builder = SeriesBuilder()  # the daemon's own series model: diagnose reads what it exports
+    ticks = max(2, round(duration / interval) + 1)  # GPM needs two samples for one window
+    start = time.monotonic()
+    for tick in range(ticks):
+        delay = start + tick * interval - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        now = time.monotonic()
+        devices = classifier.process(sample(), now)
+        if pods is not None:
+            devices = pods(devices, now)
+        wall = time.time()
+        # The tick's own stats, as the sampler's: the exporter's alerts see a live exporter.
+        stats = TickStats(ticks=tick + 1, last_tick_timestamp=wall)
+        series_set = builder.build(Snapshot(wall, tuple(devices), stats=stats))
+        health.observe(series_set)
+        for view in series_set.devices():
+            profile.last[view.index] = view
+        profile.ticks += 1
+    return profile
+
+
+def _versions(node_info: Mapping[str, str]) -> dict[str, str | None]:
+    try:
+        binding: str | None = metadata.version("nvidia-ml-py")
+    except metadata.PackageNotFoundError:
+        binding = None
+    return {
+        "exporter": __version__,
+        "nvidia_ml_py": binding,
+        "driver": node_info.get("driver_version"),
+        "nvml": node_info.get("nvml_version"),
+        "cuda_driver": _cuda_version(node_info.get("cuda_driver_version")),
+    }
+
+
+def _cuda_version(raw: str | None) -> str | None:
+    """NVML's 12080 -> "12.8"."""
+    if not raw or not raw.isdigit():
+        return raw
+    number = int(raw)
+    return f"{number // 1000}.{number % 1000 // 10}"
