@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpu_exporter import http_server
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.notify import Notifier, NotifierSettings
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
@@ -135,6 +134,21 @@ def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | No
     return attribution
 
 
+def rule_settings(config: Any) -> RuleSettings:
+    """The rule manager's settings for `config`; `config check` loads the rules with these too."""
+    return RuleSettings(
+        files=config.rules.files,
+        evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
+        resend_delay=config.alerting.resend_delay_seconds,
+        external_labels=config.external_labels(),
+        external_url=config.alerting.external_url,
+        reload_check_seconds=config.rules.reload_check_seconds,
+        max_range_seconds=config.rules.max_range_seconds,
+        group_time_budget_seconds=config.rules.group_time_budget_seconds,
+        history_max_bytes=config.rules.history_max_bytes,
+    )
+
+
 def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifier | None]:
     """Rule manager (if rules are enabled) and notifier (if Alertmanagers are configured)."""
     if not config.rules.enabled:
@@ -148,21 +162,7 @@ def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifi
             ),
             external_labels=config.external_labels(),
         )
-    manager = RuleManager(
-        RuleSettings(
-            files=config.rules.files,
-            evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
-            resend_delay=config.alerting.resend_delay_seconds,
-            external_labels=config.external_labels(),
-            external_url=config.alerting.external_url,
-            runbook_base_url=config.runbook_base_url(http_server.serves_tls(config.web_settings())),
-            reload_check_seconds=config.rules.reload_check_seconds,
-            max_range_seconds=config.rules.max_range_seconds,
-            group_time_budget_seconds=config.rules.group_time_budget_seconds,
-            history_max_bytes=config.rules.history_max_bytes,
-        ),
-        notifier,
-    )
+    manager = RuleManager(rule_settings(config), notifier)
     manager.load()
     sampler.add_listener(manager)
     sampler.add_late_producer(manager.producer())

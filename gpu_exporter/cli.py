@@ -1,4 +1,5 @@
-"""Command line: `gpu-exporter serve`, `gpu-exporter --version`.
+"""Command line: `gpu-exporter serve`, `gpu-exporter --version`; `rules`, `config check` and
+`diagnose` are registered here and live in their own modules.
 
 Exit status: 0 after a clean stop, 1 when there is nothing to monitor (no driver), 2 for bad
 input (flags, config file, scenario file, rule files, web-config file, more GPUs than
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
-from gpu_exporter.runbook import PROMETHEUS_RUNBOOK_BASE_URL
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
     from gpu_exporter.config import Config
@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve that output at /metrics here (dcgm-exporter: 0.0.0.0:9400)",
     )
     _add_rules_commands(commands)
-    from gpu_exporter import diagnose
+    from gpu_exporter import config_check, diagnose
+
+    config_check.add_parser(commands)
 
     diagnose.add_parser(commands)
     return parser
@@ -121,13 +123,6 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--namespace", help="metadata.namespace")
     export.add_argument(
         "--label", action="append", metavar="NAME=VALUE", help="metadata label, repeatable"
-    )
-    export.add_argument(
-        "--runbook-base-url",
-        default=PROMETHEUS_RUNBOOK_BASE_URL,
-        metavar="URL",
-        help="where runbook_url links to docs/runbook.md point (default: %(default)s, the "
-        "/runbook of the exporter whose series raised the alert, expanded by Prometheus)",
     )
     export.add_argument("files", nargs="*", metavar="FILE", help="default: the shipped pack")
 
@@ -293,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_exporter.rules import commands
 
         return commands.run(args)
+    if args.command == "config":
+        from gpu_exporter import config_check
+
+        return config_check.run(args)
     if args.command == "diagnose":
         from gpu_exporter import diagnose
 

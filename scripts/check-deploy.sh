@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Check the deployment files with the real tools (install them with scripts/install-tools.sh):
-#   generated   deploy/prometheusrule.yaml, the chart's rule copy and README are up to date
+#   generated   deploy/prometheusrule.yaml, the chart's rule copy, values schema and README are up to date
 #   lint        helm lint --strict, with the default values and with ci/all-on-values.yaml
 #   render      helm template (defaults; ServiceMonitor + PrometheusRule on; every toggle on;
 #               pod attribution off) and kubectl kustomize (deploy/; + components/restricted;
@@ -62,6 +62,7 @@ timed() {  # timed NAME COMMAND...: run, then print how long it took
 
 step_generated() {
   bash scripts/gen-prometheusrule.sh --check
+  "$VENV/bin/python" scripts/gen-values-schema.py --check
   "$VENV/bin/python" scripts/gen-chart-readme.py --check
 }
 

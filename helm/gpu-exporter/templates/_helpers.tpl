@@ -159,16 +159,20 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{- toYaml $files }}
 {{- end }}
 
-{{/* The daemon's configuration file. */}}
+{{/*
+The daemon's configuration file. Numbers go through float64/int: `helm --set` gives `0.5` as a
+string (values.schema.json admits numeric strings for that), the daemon's file must say 0.5.
+config.nvml and config.extra are passed as given (the daemon reads numeric strings as numbers).
+*/}}
 {{- define "gpu-exporter.config" -}}
 {{- $v := .Values }}
-{{- $config := dict "listen_address" (printf "0.0.0.0:%d" (int $v.config.port)) "interval_seconds" $v.config.intervalSeconds "log_level" $v.config.logLevel }}
+{{- $config := dict "listen_address" (printf "0.0.0.0:%d" (int $v.config.port)) "interval_seconds" (float64 $v.config.intervalSeconds) "log_level" $v.config.logLevel }}
 {{- with $v.config.nvml }}{{ $_ := set $config "nvml" (deepCopy .) }}{{ end }}
 {{- $k8s := dict "enabled" $v.podAttribution.enabled }}
 {{- if $v.podAttribution.enabled }}
 {{- $_ := set $k8s "socket_path" (printf "%s/kubelet.sock" (include "gpu-exporter.podResourcesDir" .)) }}
-{{- $_ := set $k8s "refresh_seconds" $v.podAttribution.refreshSeconds }}
-{{- $_ := set $k8s "timeout_seconds" $v.podAttribution.timeoutSeconds }}
+{{- $_ := set $k8s "refresh_seconds" (float64 $v.podAttribution.refreshSeconds) }}
+{{- $_ := set $k8s "timeout_seconds" (float64 $v.podAttribution.timeoutSeconds) }}
 {{- $_ := set $k8s "resource_names" $v.podAttribution.resourceNames }}
 {{- $_ := set $k8s "resource_prefixes" $v.podAttribution.resourcePrefixes }}
 {{- $_ := set $k8s "mode" $v.podAttribution.mode }}
@@ -178,14 +182,14 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{- if $v.rules.enabled }}
 {{- $_ := set $rules "files" (list (printf "%s/*.yaml" (include "gpu-exporter.rulesDir" .))) }}
 {{- if not (kindIs "invalid" $v.rules.evaluationIntervalSeconds) }}
-{{- $_ := set $rules "evaluation_interval_seconds" $v.rules.evaluationIntervalSeconds }}
+{{- $_ := set $rules "evaluation_interval_seconds" (float64 $v.rules.evaluationIntervalSeconds) }}
 {{- end }}
 {{- end }}
 {{- $_ := set $config "rules" $rules }}
 {{- $ams := list }}
 {{- range $v.alerting.alertmanagers }}
 {{- $am := dict "url" .url }}
-{{- if hasKey . "timeoutSeconds" }}{{ $_ := set $am "timeout_seconds" .timeoutSeconds }}{{ end }}
+{{- if hasKey . "timeoutSeconds" }}{{ $_ := set $am "timeout_seconds" (float64 .timeoutSeconds) }}{{ end }}
 {{- with .bearerTokenFile }}{{ $_ := set $am "bearer_token_file" . }}{{ end }}
 {{- with .basicAuth }}
 {{- $_ := set $am "basic_auth" (dict "username" .username "password_file" .passwordFile) }}
@@ -200,7 +204,7 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{- end }}
 {{- $ams = append $ams $am }}
 {{- end }}
-{{- $alerting := dict "alertmanagers" $ams "external_labels" $v.alerting.externalLabels "resend_delay_seconds" $v.alerting.resendDelaySeconds "queue_capacity" $v.alerting.queueCapacity }}
+{{- $alerting := dict "alertmanagers" $ams "external_labels" $v.alerting.externalLabels "resend_delay_seconds" (float64 $v.alerting.resendDelaySeconds) "queue_capacity" (int $v.alerting.queueCapacity) }}
 {{- with $v.alerting.externalUrl }}{{ $_ := set $alerting "external_url" . }}{{ end }}
 {{- $_ := set $config "alerting" $alerting }}
 {{- if $v.webConfig.enabled }}
