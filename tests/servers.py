@@ -97,11 +97,15 @@ receivers:
 
 
 @contextlib.contextmanager
-def alertmanager(workdir: Path, webhook: str, port: int | None = None) -> Iterator[str]:
-    """A real Alertmanager on 127.0.0.1 (no cluster port), stopped by PID; yields its url."""
+def alertmanager(
+    workdir: Path, webhook: str, port: int | None = None, config: str | None = None
+) -> Iterator[str]:
+    """A real Alertmanager on 127.0.0.1 (no cluster port), stopped by PID; yields its url.
+
+    `config`: a configuration of its own instead of AM_CONFIG (`webhook` is then unused)."""
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "am.yml").write_text(AM_CONFIG.format(webhook=webhook))
+    (workdir / "am.yml").write_text(AM_CONFIG.format(webhook=webhook) if config is None else config)
     args = [
         f"--config.file={workdir / 'am.yml'}",
         f"--storage.path={workdir / 'data'}",
