@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpu_exporter import http_server
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.notify import Notifier, NotifierSettings
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
@@ -142,6 +143,7 @@ def rule_settings(config: Any) -> RuleSettings:
         resend_delay=config.alerting.resend_delay_seconds,
         external_labels=config.external_labels(),
         external_url=config.alerting.external_url,
+        runbook_base_url=config.runbook_base_url(http_server.serves_tls(config.web_settings())),
         reload_check_seconds=config.rules.reload_check_seconds,
         max_range_seconds=config.rules.max_range_seconds,
         group_time_budget_seconds=config.rules.group_time_budget_seconds,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+from gpu_exporter.runbook import PROMETHEUS_RUNBOOK_BASE_URL
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
     from gpu_exporter.config import Config
@@ -123,6 +124,13 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--namespace", help="metadata.namespace")
     export.add_argument(
         "--label", action="append", metavar="NAME=VALUE", help="metadata label, repeatable"
+    )
+    export.add_argument(
+        "--runbook-base-url",
+        default=PROMETHEUS_RUNBOOK_BASE_URL,
+        metavar="URL",
+        help="where runbook_url links to docs/runbook.md point (default: %(default)s, the "
+        "/runbook of the exporter whose series raised the alert, expanded by Prometheus)",
     )
     export.add_argument("files", nargs="*", metavar="FILE", help="default: the shipped pack")
 
