@@ -89,7 +89,7 @@ CHECK_PCIE = Step(
     "check the slot, retimers and the BIOS link settings.",
 )
 CHECK_COUNT = Step(
-    Action.CHECK,
+    Action.COLLECT,
     "`nvidia-smi -L` lists the GPUs the driver still sees; compare with the node's inventory.",
 )
 REPLACE_IF_REPEATS = Step(
