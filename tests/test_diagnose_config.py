@@ -118,3 +118,30 @@ def test_healthy_defaults_need_no_attention(capsys, tmp_path: Path) -> None:
     (device,) = report["devices"]
     assert device["config"]["findings"] == [] and device["problems"] == []
     assert status == diagnose.EXIT_OK
+
+
+def test_a_hung_settings_read_costs_that_gpu_its_settings_not_the_report(tmp_path: Path) -> None:
+    """The settings are read once after the profile; a call that never answers leaves that
+    GPU's settings unavailable (why is said) and the report still comes, in bounded time."""
+    import subprocess
+    import sys
+
+    scenario = tmp_path / "hung-settings.yaml"
+    scenario.write_text(
+        MISCONFIGURED.split("devices:")[0]
+        + "devices:\n  - {}\n  - {}\n"
+        + "faults:\n  - {at: 0, device: 1, kind: hang, duration: 600,"
+        + " function: nvmlDeviceGetPowerManagementDefaultLimit}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "gpu_exporter.diagnose", "--simulate", str(scenario), "--json",
+         "--duration", "1", "--interval", "0.5"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    answered, hung = report["devices"]
+    assert answered["config"]["settings"]["power_default_limit_watts"] is not None
+    assert hung["config"]["settings"] is None
+    assert hung["config"]["unavailable"].startswith("no answer within")
+    assert hung["up"] is True and hung["class"] == "tensor_bound"  # the profile was unaffected
+    assert result.returncode == diagnose.EXIT_OK, result.stderr
