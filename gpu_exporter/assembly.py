@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_exporter import http_server
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.notify import Notifier, NotifierSettings
+from gpu_exporter.notify.dedup import warn_label_mismatches
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog, Source
@@ -157,6 +158,7 @@ def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifi
         return None, None
     notifier = None
     if config.alerting.alertmanagers:
+        warn_label_mismatches(config.alerting.external_labels)
         notifier = Notifier(
             NotifierSettings(
                 targets=tuple(am.target() for am in config.alerting.alertmanagers),
