@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_exporter import __version__, runbook
 from gpu_exporter.catalog import BY_NAME
+from gpu_exporter.classify import Verdict, WindowStats, class_kind
 from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.exposition import (
     CONTENT_TYPE_OPENMETRICS,
@@ -31,9 +32,10 @@ from gpu_exporter.exposition import (
     wants_gzip,
     wants_openmetrics,
 )
+from gpu_exporter.health import HealthView
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.series import ACTIVITY_FAMILIES, DeviceView, InstanceView
-from gpu_exporter.snapshot import Reading
+from gpu_exporter.snapshot import DeviceSample, Reading
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.status_page import render_status_page, status_page_headers
 
@@ -100,6 +102,55 @@ class InstanceSize(_Body):
     memory_bytes: int | None = Field(description="memory of its GPU instance")
 
 
+Kind = Literal["waste", "fine", "spare", "unknown"]
+_KIND = (
+    "what its class means (gpu_exporter/classify.py CLASS_KINDS): waste (held but held back: "
+    "idle while a pod holds it, launch_bound, link_bound, throttled), fine (at a hardware "
+    "roof: tensor_bound, compute_bound, memory_bound), spare (idle, no pod holds it), unknown; "
+    "null without a class"
+)
+_REASON = (
+    "the classifier's one-line reason for its class, with the numbers it measured (what "
+    "`diagnose` prints as class_reason); null without a class"
+)
+
+
+class Link(_Body):
+    """The classifier's window: the busier direction's mean rate against the link's payload
+    capacity per direction."""
+
+    bytes_per_second: float | None
+    capacity_bytes_per_second: float | None = Field(
+        description="PCIe: generation x width in the current link state; NVLink: active links "
+        "x the architecture's per-link rate; null when unknown"
+    )
+    utilization: float | None = Field(description="bytes_per_second / capacity, 0..1")
+
+
+class Links(_Body):
+    pcie: Link
+    nvlink: Link
+
+
+class HealthProblem(_Body):
+    alertname: str
+    state: Literal["pending", "firing"]
+    severity: str
+    text: str = Field(description="short: XID 79: NVIDIA's meaning of it, else the alert name")
+    summary: str = Field(description="the alert's summary annotation")
+
+
+class Health(_Body):
+    """From the active alerts of the shipped rule pack's gpu-health group for this GPU."""
+
+    state: Literal["healthy", "pending", "unhealthy", "unknown"] = Field(
+        description="unhealthy: one of them fires; pending: one waits out its `for:`; unknown: "
+        "no verdict (in-daemon rules disabled, the group not loaded or not evaluated yet)"
+    )
+    why: str | None = Field(description="why the state is unknown; null otherwise")
+    problems: list[HealthProblem] = Field(description="firing first")
+
+
 class Instance(_Body):
     identity: dict[str, str] = Field(
         description="the labels that tell it apart on its series, after the parent's gpu and "
@@ -111,6 +162,8 @@ class Instance(_Body):
     bottleneck: str | None = Field(
         description="its bottleneck class (gpu_bottleneck); null without classifier output"
     )
+    bottleneck_kind: Kind | None = Field(description=_KIND)
+    bottleneck_reason: str | None = Field(description=_REASON)
     memory: InstanceMemory
     activity: InstanceActivity
     size: InstanceSize | None = Field(description="null without gpu_mig_instance_info")
@@ -124,6 +177,17 @@ class Device(_Body):
     down_reason: str | None = Field(description="why the GPU is down; null when up")
     info: dict[str, str] = Field(description="gpu_info's labels")
     labels: dict[str, str] = Field(description="pod attribution labels (labels mode)")
+    bottleneck: str | None = Field(
+        description="its bottleneck class (gpu_bottleneck); null without classifier output, "
+        "for a down GPU and with MIG on (its instances have theirs)"
+    )
+    bottleneck_kind: Kind | None = Field(description=_KIND)
+    bottleneck_reason: str | None = Field(description=_REASON)
+    links: Links | None = Field(
+        description="PCIe and NVLink throughput against capacity, as the classifier measured "
+        "them (with MIG on, through its instances); null without classifier output"
+    )
+    health: Health
     metrics: Metrics = Field(description=_METRICS)
     instances: list[Instance] = Field(
         description="its MIG instances (MIG devices), by GPU instance then compute instance; "
@@ -418,6 +482,7 @@ def create_app(
         if published is None:
             return JSONResponse({"status": "error", "error": "no snapshot yet"}, 503)
         snapshot, series_set = published.snapshot, published.series
+        health = HealthView(rules.rules_json() if rules is not None else None)
         return JSONResponse(
             {
                 "status": "success",
@@ -425,7 +490,10 @@ def create_app(
                     "timestamp": snapshot.timestamp,
                     "sequence": snapshot.sequence,
                     "node": dict(snapshot.node_info),
-                    "devices": [device_json(view) for view in series_set.devices()],
+                    "devices": [
+                        device_json(view, snapshot.device(view.index), health)
+                        for view in series_set.devices()
+                    ],
                 },
             }
         )
@@ -468,10 +536,19 @@ def _openapi_schema(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def device_json(device: DeviceView) -> dict[str, Any]:
+def device_json(
+    device: DeviceView, sample: DeviceSample | None = None, health: HealthView | None = None
+) -> dict[str, Any]:
     """One GPU as the tick's series show it: `labels` are its attribution labels (labels
     mode), `metrics` its families keyed by name, with their catalog labels, `instances` its
-    MIG instances."""
+    MIG instances. `sample` is the same tick's DeviceSample (the classifier's verdicts, which
+    are no series), `health` the rule engine's view (None: rules disabled)."""
+    verdicts = _instance_verdicts(sample)
+    instances = sorted(device.instances, key=lambda instance: instance.order_key)
+    verdict = sample.verdict if sample is not None else None
+    # With MIG on the GPU has no verdict; its links are the same in each instance's.
+    link_source = verdict or next((v for v in verdicts.values() if v is not None), None)
+    held = bool(InstanceView.pods_of(device.readings))
     return {
         "index": device.index,
         "uuid": device.uuid,
@@ -479,29 +556,64 @@ def device_json(device: DeviceView) -> dict[str, Any]:
         "down_reason": device.down_reason or None,
         "info": dict(device.info),
         "labels": dict(device.labels),
+        **_class_json(bottleneck_class(device.readings), verdict, held),
+        "links": _links_json(link_source.stats) if link_source is not None else None,
+        "health": (health or HealthView(None)).of(device.index),
         "metrics": _metrics_json(device.readings),
         "instances": [
-            instance_json(instance)
-            for instance in sorted(device.instances, key=lambda instance: instance.order_key)
+            instance_json(instance, verdicts.get(instance.mig_uuid)) for instance in instances
         ],
     }
 
 
-def instance_json(instance: InstanceView) -> dict[str, Any]:
+def _instance_verdicts(sample: DeviceSample | None) -> dict[str, Verdict | None]:
+    if sample is None:
+        return {}
+    return {instance.mig_uuid: instance.verdict for instance in sample.instances}
+
+
+def _class_json(cls: str | None, verdict: Verdict | None, held: bool) -> dict[str, Any]:
+    """The class, its kind and the classifier's reason (only when it is that class's)."""
+    reason = verdict.why if verdict is not None and verdict.cls == cls else None
+    return {
+        "bottleneck": cls,
+        "bottleneck_kind": class_kind(cls, held) if cls is not None else None,
+        "bottleneck_reason": reason,
+    }
+
+
+def _links_json(stats: WindowStats) -> dict[str, Any]:
+    def link(rate: float | None, capacity: float | None, share: float | None) -> dict[str, Any]:
+        return {
+            "bytes_per_second": _finite(rate),
+            "capacity_bytes_per_second": _finite(capacity),
+            "utilization": _finite(share),
+        }
+
+    return {
+        "pcie": link(stats.pcie_bytes_per_second, stats.pcie_capacity, stats.pcie_utilization),
+        "nvlink": link(
+            stats.nvlink_bytes_per_second, stats.nvlink_capacity, stats.nvlink_utilization
+        ),
+    }
+
+
+def instance_json(instance: InstanceView, verdict: Verdict | None = None) -> dict[str, Any]:
     """One MIG instance: its identity and pods, the quantities people look for first (class,
-    memory, activity, size), and all its families as `metrics`."""
+    its kind and reason, memory, activity, size), and all its families as `metrics`."""
 
     def finite(family: str) -> float | None:
         return _finite(instance.value(family))
 
+    pods = instance.pods()
     return {
         "identity": dict(instance.identity),
         "labels": dict(instance.labels),
         "pods": [
             {"namespace": namespace, "pod": pod, "container": container}
-            for namespace, pod, container in instance.pods()
+            for namespace, pod, container in pods
         ],
-        "bottleneck": bottleneck_class(instance.readings),
+        **_class_json(bottleneck_class(instance.readings), verdict, bool(pods)),
         "memory": {
             "used_bytes": finite("gpu_memory_used_bytes"),
             "total_bytes": finite("gpu_memory_total_bytes"),

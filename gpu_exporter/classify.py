@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
+from types import MappingProxyType
 
 from gpu_exporter.nvml_facts import (
     COMBINED_THERMAL_REASON,
@@ -57,6 +58,39 @@ CLASSES: tuple[str, ...] = (
     "unknown",
 )
 OUTPUT_FAMILIES = frozenset({"gpu_bottleneck", "gpu_bottleneck_seconds_total"})
+
+# What each class means for whoever pays for the GPU (the status page colours its chip by it):
+#   waste:   the GPU is held but does far less than it could, for a reason that can be fixed:
+#            launch overhead or host stalls, transfers, or clocks cut by a protective limit;
+#   fine:    the GPU is busy at one of its hardware roofs (tensor pipes, SMs, or DRAM
+#            bandwidth). memory_bound is fine: a bandwidth-bound kernel (LLM decode, embedding
+#            lookups) at its DRAM roof is doing what the hardware allows, and no setting moves
+#            that roof; only a different algorithm would;
+#   spare:   idle, and no pod is known to hold it: free capacity, not waste;
+#   unknown: the activity data needed to tell is missing.
+# idle is waste only while a pod holds the GPU (see `class_kind`).
+WASTE, FINE, SPARE, UNKNOWN = "waste", "fine", "spare", "unknown"
+CLASS_KINDS: Mapping[str, str] = MappingProxyType(
+    {
+        "idle": SPARE,
+        "throttled": WASTE,
+        "launch_bound": WASTE,
+        "link_bound": WASTE,
+        "memory_bound": FINE,
+        "tensor_bound": FINE,
+        "compute_bound": FINE,
+        "unknown": UNKNOWN,
+    }
+)
+
+
+def class_kind(cls: str, held: bool) -> str:
+    """The kind of class `cls` on a GPU (or MIG instance) that a pod holds (`held`) or not: an
+    idle GPU a pod holds is waste (allocated, doing nothing), one nobody holds is spare."""
+    if cls == "idle" and held:
+        return WASTE
+    return CLASS_KINDS.get(cls, UNKNOWN)
+
 
 # Clock-event reasons that mean the hardware slowed the GPU down against the workload's will
 # (nvml.h: HW slowdown halves the clocks or more; HW thermal, power brake and SW thermal are
@@ -168,6 +202,8 @@ class WindowStats:
     pcie_utilization: float | None  # of capacity, the busier direction
     nvlink_utilization: float | None
     link_utilization: float | None  # the busier link; None when a link cannot be judged
+    pcie_capacity: float | None = None  # bytes/s per direction, in the link's current state
+    nvlink_capacity: float | None = None  # over all active links
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,12 +302,17 @@ class Classifier:
                 seen.add(key)
                 point = _point(_index(instance.readings), parent, architecture, now)
                 readings = _with_classes(instance.readings, self._classify(key, point, now))
-                instances.append(dataclasses.replace(instance, readings=readings))
+                verdict = self._devices[key].verdict
+                instances.append(dataclasses.replace(instance, readings=readings, verdict=verdict))
             return dataclasses.replace(
                 device, readings=_with_classes(device.readings), instances=tuple(instances)
             )
         classes = self._classify(device.uuid, _point(parent, parent, architecture, now), now)
-        return dataclasses.replace(device, readings=_with_classes(device.readings, classes))
+        return dataclasses.replace(
+            device,
+            readings=_with_classes(device.readings, classes),
+            verdict=self._devices[device.uuid].verdict,
+        )
 
     def _forget(self, key: str) -> None:
         state = self._devices.get(key)
@@ -487,6 +528,8 @@ def window_stats(points: Sequence[_Point], now: float, window_seconds: float) ->
         pcie_utilization=pcie_util,
         nvlink_utilization=nvlink_util,
         link_utilization=link_util,
+        pcie_capacity=latest.pcie_capacity,
+        nvlink_capacity=latest.nvlink_capacity,
     )
 
 
@@ -494,38 +537,61 @@ def window_stats(points: Sequence[_Point], now: float, window_seconds: float) ->
 
 
 def decide(s: WindowStats, t: Thresholds) -> tuple[str, str]:
-    """The ordered checks; returns (class, why)."""
+    """The ordered checks; returns (class, why). `why` is one line for people (the status page,
+    `diagnose`): the conclusion first, then the measured numbers it rests on."""
     if s.utilization is not None and s.utilization < t.idle_utilization:
-        return "idle", f"utilization {s.utilization:.2f} < {t.idle_utilization:.2f}"
+        return "idle", (
+            f"no kernel running: utilization {s.utilization:.0%} "
+            f"(idle under {t.idle_utilization:.0%})"
+        )
     if s.throttle_fraction is not None and s.throttle_fraction >= t.throttle_fraction:
         reasons = ", ".join(s.throttle_reasons) or "thermal/power limits"
-        return "throttled", f"clocks held down {s.throttle_fraction:.0%} of the time ({reasons})"
+        return "throttled", f"clocks held down: {reasons}, {s.throttle_fraction:.0%} of the time"
     missing = _missing_activity(s)
     if missing:
         return "unknown", missing
     assert s.sm_active is not None and s.dram_active is not None and s.tensor_active is not None
     sm_low = s.sm_active < t.sm_active_low
     link = s.link_utilization
-    activity = (
-        f"utilization {s.utilization:.2f}, " if s.utilization is not None else ""
-    ) + f"SM {s.sm_active:.2f}, tensor {s.tensor_active:.2f}, DRAM {s.dram_active:.2f}"
+    units = f"SM {s.sm_active:.0%}, tensor {s.tensor_active:.0%}, DRAM {s.dram_active:.0%}"
+    at = f" at {s.utilization:.0%} utilization" if s.utilization is not None else ""
+    empty = f"SMs mostly empty: SM {s.sm_active:.0%}{at}"
     if sm_low and s.dram_active < t.dram_active_high and link is not None:
         if link < t.link_utilization_high:
-            return "launch_bound", f"{activity}, links {link:.0%} of capacity: SMs mostly empty"
-        return "link_bound", f"{activity}, links {link:.0%} of capacity: SMs wait on transfers"
+            return "launch_bound", (
+                f"{empty}, links at {_links(s)} (small kernels, launch gaps or host stalls)"
+            )
+        return "link_bound", (
+            f"SMs wait on transfers: {_links(s)}; SM {s.sm_active:.0%}{at}, "
+            f"DRAM {s.dram_active:.0%}"
+        )
     if s.dram_active >= t.dram_active_high and s.dram_active >= s.tensor_active:
-        return "memory_bound", f"{activity}: DRAM bandwidth near its peak"
+        return "memory_bound", f"DRAM bandwidth near its peak: {units}"
     if s.tensor_active >= t.tensor_active_high:
-        return "tensor_bound", f"{activity}: Tensor Cores are the busiest unit"
+        return "tensor_bound", f"Tensor Cores are the busiest unit: {units}"
     if not sm_low:
-        return "compute_bound", f"{activity}: SMs busy on non-tensor work"
-    return "unknown", f"{activity}, link throughput unknown: launch- or link-bound"
+        return "compute_bound", f"SMs busy on non-tensor work: {units}"
+    return "unknown", f"{empty}, link throughput unknown (launch- or link-bound)"
+
+
+def _links(s: WindowStats) -> str:
+    """The busier link first: "NVLink 72% of capacity, PCIe 40%"."""
+    found = [
+        (share, name)
+        for name, share in (("NVLink", s.nvlink_utilization), ("PCIe", s.pcie_utilization))
+        if share is not None
+    ]
+    found.sort(reverse=True)
+    return ", ".join(
+        f"{name} {share:.0%}" + (" of capacity" if i == 0 else "")
+        for i, (share, name) in enumerate(found)
+    )
 
 
 def _missing_activity(s: WindowStats) -> str:
     if s.sm_active is None or s.tensor_active is None or s.dram_active is None:
         return "no SM/Tensor/DRAM activity (NVML GPM needs Hopper+ and 2 samples; else DCGM)"
     if s.sm_stuck:
-        busy = "unknown" if s.utilization is None else f"{s.utilization:.2f}"
+        busy = "unknown" if s.utilization is None else f"{s.utilization:.0%}"
         return f"SM activity stuck at 0 while utilization is {busy}"
     return ""

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # classify imports this module
+    from gpu_exporter.classify import Verdict
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -50,6 +54,7 @@ class InstanceSample:
     profile: str
     shared: bool = False
     readings: tuple[Reading, ...] = ()
+    verdict: Verdict | None = None  # the classifier's, with its reason and numbers
 
     @property
     def labels(self) -> Labels:
@@ -75,6 +80,8 @@ class DeviceSample:
     `info` holds gpu_info's labels, and the device minor number (`minor_number`, not
     exported). `instances` are its MIG devices, and `mig_enabled` whether MIG is on (as last
     read: it stays True through a tick whose MIG read failed, which then has no instances).
+    `verdict` is the bottleneck classifier's for this tick (None without one, for a down GPU
+    and for a MIG parent, whose instances have theirs).
     """
 
     index: int
@@ -85,6 +92,7 @@ class DeviceSample:
     down_reason: str = ""
     instances: tuple[InstanceSample, ...] = ()
     mig_enabled: bool = False
+    verdict: Verdict | None = None  # the classifier's, with its reason and numbers
 
     @property
     def labels(self) -> Labels:

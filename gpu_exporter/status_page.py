@@ -34,18 +34,20 @@ _PAGE = r"""<!DOCTYPE html>
   --bg: #ffffff; --fg: #1b1f24; --muted: #57606a; --line: #d0d7de; --head: #f6f8fa;
   --bar: #e6e9ee; --fill: #2f6fdd; --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700;
   --warn-bg: #fff8c5; --bad-bg: #ffebe9; --chip: #eef1f5;
+  --waste: #bc4c00; --waste-bg: #fff1e5; --fine-bg: #dafbe1;
 }
 @media (prefers-color-scheme: dark) {
   :root {
     --bg: #0d1117; --fg: #e6edf3; --muted: #8d96a0; --line: #30363d; --head: #161b22;
     --bar: #262c36; --fill: #4c8fff; --ok: #3fb950; --bad: #ff7b72; --warn: #d29922;
     --warn-bg: #3b2e0a; --bad-bg: #4a1414; --chip: #21262d;
+    --waste: #f0883e; --waste-bg: #3d2311; --fine-bg: #12301c;
   }
 }
 * { box-sizing: border-box; }
 body {
   margin: 0; padding: 1rem 1.25rem; background: var(--bg); color: var(--fg);
-  font: 14px/1.4 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+  font: 13px/1.35 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
 }
 header { display: flex; flex-wrap: wrap; align-items: baseline; gap: .5rem 1.5rem; }
 h1 { font-size: 1.3rem; margin: 0; }
@@ -58,22 +60,30 @@ h2 { font-size: 1.05rem; margin: 1.5rem 0 .5rem; }
 .scroll { overflow-x: auto; }
 table { border-collapse: collapse; width: 100%; }
 caption { text-align: left; color: var(--muted); padding-bottom: .3rem; }
-th, td { padding: .3rem .45rem; border-bottom: 1px solid var(--line); text-align: left;
+th, td { padding: .3rem .3rem; border-bottom: 1px solid var(--line); text-align: left;
   vertical-align: middle; white-space: nowrap; }
 thead th { background: var(--head); font-weight: 600; white-space: normal;
   vertical-align: bottom; }
 tbody th { font-weight: 600; }
+/* The GPU column stays in view while the wide table scrolls sideways. */
+#gpus tr > :first-child { position: sticky; left: 0; z-index: 1; background: var(--bg); }
+#gpus thead tr > :first-child { background: var(--head); }
+#gpus tr.down > :first-child, #gpus tr.unhealthy > :first-child { background: var(--bad-bg); }
+#gpus tr.suspect > :first-child { background: var(--warn-bg); }
 .stale { opacity: .55; }
 .num { font-variant-numeric: tabular-nums; }
 .na { color: var(--muted); font-style: italic; }
 .state-up { color: var(--ok); font-weight: 600; }
 .state-down { color: var(--bad); font-weight: 600; }
-tr.down td, tr.down th { background: var(--bad-bg); }
+tr.down td, tr.down th, tr.unhealthy td, tr.unhealthy th { background: var(--bad-bg); }
+tr.unhealthy > th:first-child, tr.down > th:first-child { box-shadow: inset 4px 0 var(--bad); }
+tr.suspect td, tr.suspect th { background: var(--warn-bg); }
+tr.suspect > th:first-child { box-shadow: inset 4px 0 var(--warn); }
 tr.instance > th { padding-left: 1.6rem; font-weight: 400; }
 tr.instance > th::before { content: "\21B3\00A0"; color: var(--muted); }
 tr.instance > td, tr.instance > th { border-bottom-style: dashed; }
 .mig { font-weight: 600; }
-.bar { display: block; width: 5rem; height: .45rem; margin-top: .2rem; background: var(--bar);
+.bar { display: block; width: 3.6rem; height: .45rem; margin-top: .2rem; background: var(--bar);
   border-radius: 3px; overflow: hidden; }
 .bar > span { display: block; height: 100%; background: var(--fill); }
 .bar.hot > span { background: var(--warn); }
@@ -81,11 +91,23 @@ tr.instance > td, tr.instance > th { border-bottom-style: dashed; }
   border-radius: 999px; background: var(--warn-bg); color: var(--fg);
   border: 1px solid var(--warn); font-size: .85em; }
 .class { display: inline-block; padding: 0 .45rem; border-radius: 4px; background: var(--chip);
-  font-weight: 600; }
+  font-weight: 600; border: 1px solid var(--line); }
+.class.kind-waste { background: var(--waste-bg); color: var(--waste); border-color: var(--waste); }
+.class.kind-fine { background: var(--fine-bg); color: var(--ok); border-color: var(--ok); }
+.class.kind-unknown { font-style: italic; border-style: dashed; }
+.problem { display: block; width: max-content; margin: 0 0 .15rem; padding: 0 .45rem;
+  border-radius: 4px; font-weight: 600; font-size: .85em; color: var(--fg); }
+.problem.firing { background: var(--bad-bg); border: 1px solid var(--bad); }
+.problem.pending { background: var(--warn-bg); border: 1px solid var(--warn); }
+.healthy { color: var(--ok); font-weight: 600; }
+td.why { white-space: normal; min-width: 13rem; max-width: 15rem; font-size: .9em; }
+td.pod .line { max-width: 11rem; overflow: hidden; text-overflow: ellipsis; }
+.legend { margin: 0 0 .4rem; max-width: 80rem; }
 .firing { color: var(--bad); font-weight: 600; }
 .pending { color: var(--warn); font-weight: 600; }
 td.summary { white-space: normal; min-width: 20rem; }
-td.throttle { white-space: normal; min-width: 9rem; }
+td.state { white-space: normal; max-width: 12rem; }
+td.throttle { white-space: normal; min-width: 8rem; max-width: 10rem; }
 .line { display: block; }
 footer { margin-top: 1.5rem; font-size: .85em; }
 </style>
@@ -102,29 +124,37 @@ footer { margin-top: 1.5rem; font-size: .85em; }
 </p></noscript>
 
 <h2 id="gpus-title">GPUs</h2>
+<p class="legend muted">Health: the daemon's gpu-health alerts for the GPU (red: firing,
+  amber: pending). Bottleneck: <b>orange</b> is waste (held but held back), <b>green</b> is
+  fine (at a hardware roof), grey is spare (idle, no pod holds it) or unknown. Activity is a
+  fraction of the last sample period; links are the busier direction against the link's
+  capacity; n/a: not measurable here. MIG instances are listed under their GPU: their
+  utilization is graphics-engine activity (NVML has none under MIG); health, links, power,
+  clocks, temperature and throttling are the whole GPU's.</p>
 <div class="scroll">
 <table id="gpus" aria-labelledby="gpus-title">
-  <caption>Activity values are fractions of the last sample period; n/a means the GPU
-    or driver cannot measure it. MIG instances are listed under their GPU: their
-    utilization is graphics-engine activity (NVML has none under MIG); power, clocks,
-    temperature and throttling are the whole GPU's.</caption>
+
   <thead><tr>
     <th scope="col">GPU</th>
     <th scope="col">Model</th>
     <th scope="col">State</th>
+    <th scope="col">Health</th>
     <th scope="col">Pod</th>
     <th scope="col">Bottleneck</th>
+    <th scope="col">Why</th>
     <th scope="col">Utilization</th>
     <th scope="col">SM activity</th>
     <th scope="col">Tensor activity</th>
     <th scope="col">DRAM activity</th>
+    <th scope="col">PCIe / capacity</th>
+    <th scope="col">NVLink / capacity</th>
     <th scope="col">Memory</th>
     <th scope="col">Power / limit</th>
     <th scope="col">SM clock / max</th>
     <th scope="col">Temperature</th>
     <th scope="col">Throttle reasons</th>
   </tr></thead>
-  <tbody><tr><td colspan="14" class="muted">Loading&hellip;</td></tr></tbody>
+  <tbody><tr><td colspan="18" class="muted">Loading&hellip;</td></tr></tbody>
 </table>
 </div>
 
@@ -152,8 +182,8 @@ footer { margin-top: 1.5rem; font-size: .85em; }
   const REFRESH_MS = __REFRESH__ * 1000;
   const TIMEOUT_MS = 5000;
   // data-col names, in column order: stable hooks for tests and user styles.
-  const GPU_COLS = ["gpu", "model", "state", "pod", "bottleneck", "util", "sm", "tensor",
-    "dram", "memory", "power", "clock", "temp", "throttle"];
+  const GPU_COLS = ["gpu", "model", "state", "health", "pod", "bottleneck", "why", "util", "sm",
+    "tensor", "dram", "pcie", "nvlink", "memory", "power", "clock", "temp", "throttle"];
   const ALERT_COLS = ["state", "alertname", "severity", "gpu", "summary"];
   let lastOk = null;  // when the device data last arrived
 
@@ -174,10 +204,6 @@ footer { margin-top: 1.5rem; font-size: .85em; }
   }
   function activeLabels(m, family, key) {
     return list(m, family).filter((s) => s && s.value === 1).map((s) => labelOf(s, key));
-  }
-  function bottleneck(m) {
-    if (!Array.isArray(m.gpu_bottleneck)) return null;  // no classifier output: unknown
-    return activeLabels(m, "gpu_bottleneck", "class")[0] || "unknown";
   }
 
   function bar(fraction, hot) {
@@ -223,13 +249,72 @@ footer { margin-top: 1.5rem; font-size: .85em; }
   function podInfo(m) {
     return list(m, "gpu_pod_info").map((s) => s.labels || {});
   }
-  function classCell(cls) {
+  // The class chip, coloured by the kind the server gives (waste, fine, spare, unknown).
+  function classCell(cls, kind) {
     const td = el("td", null, "bottleneck");
     if (cls === null || cls === undefined) {
       td.append(el("span", "—", "na"));
       td.title = "unknown: no bottleneck class reported";
-    } else td.append(el("span", cls, "class"));
+    } else {
+      const chip = el("span", cls, "class");
+      if (typeof kind === "string" && /^[a-z]+$/.test(kind)) {
+        chip.classList.add("kind-" + kind);
+        chip.dataset.kind = kind;
+        chip.title = kind;
+      }
+      td.append(chip);
+    }
     return td;
+  }
+  function whyCell(reason, missing) {
+    if (typeof reason === "string" && reason) return el("td", reason, "why");
+    return el("td", missing || "", "why muted");
+  }
+  // The gpu-health alerts active for the GPU, as the server read them from the rule engine.
+  function healthCell(h) {
+    const td = el("td", null, "health");
+    if (!h || typeof h !== "object" || h.state === "unknown") {
+      td.append(el("span", "unknown", "na"));
+      td.title = (h && h.why) || "no health verdict";
+      return td;
+    }
+    const problems = Array.isArray(h.problems) ? h.problems : [];
+    if (problems.length === 0) td.append(el("span", "ok", "healthy"));
+    for (const p of problems) {
+      const state = p.state === "firing" ? "firing" : "pending";
+      const chip = el("span", p.text || p.alertname, "problem " + state);
+      chip.title = [p.summary, p.alertname + " " + state].filter(Boolean).join(" · ");
+      td.append(chip);
+    }
+    return td;
+  }
+  function healthRowClass(h) {
+    if (!h || typeof h !== "object") return "";
+    return h.state === "unhealthy" ? "unhealthy" : h.state === "pending" ? "suspect" : "";
+  }
+  // A link's rate against its capacity (bytes/s per direction), as GB/s with a bar.
+  function linkCell(link, cls, hot) {
+    const l = link && typeof link === "object" ? link : {};
+    const rate = num(l.bytes_per_second);
+    const cap = num(l.capacity_bytes_per_second);
+    if (rate === null) {
+      return naCell(cls, cap === null ? "no active link, or not measured" : undefined);
+    }
+    const gb = (x) => (x / 1e9 < 10 ? (x / 1e9).toFixed(1) : Math.round(x / 1e9).toString());
+    const td = el("td", null, "num " + cls);
+    td.append(el("span", (cap === null ? gb(rate) : gb(rate) + " / " + gb(cap)) + " GB/s", "val"));
+    if (cap !== null && cap > 0) td.append(bar(rate / cap, hot));
+    const share = num(l.utilization);
+    if (share !== null) td.title = Math.round(share * 100) + "% of capacity";
+    return td;
+  }
+  function linkCells(links, cls) {
+    const ls = links && typeof links === "object" ? links : {};
+    const share = (l) => (l && typeof l === "object" ? num(l.utilization) : null) ?? -1;
+    const busier = share(ls.nvlink) > share(ls.pcie) ? "nvlink" : "pcie";
+    // Hot: the link that makes this GPU link_bound.
+    const hot = (name) => cls === "link_bound" && name === busier;
+    return [linkCell(ls.pcie, "pcie", hot("pcie")), linkCell(ls.nvlink, "nvlink", hot("nvlink"))];
   }
   function parentCell(cls, index) {
     const td = el("td", "", "inherited " + cls);
@@ -250,7 +335,8 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     const m = d.metrics && typeof d.metrics === "object" ? d.metrics : {};
     const tr = el("tr");
     tr.dataset.gpu = String(d.index);
-    if (!d.up) tr.className = "down";
+    tr.dataset.health = (d.health && d.health.state) || "unknown";
+    tr.className = [d.up ? "" : "down", healthRowClass(d.health)].filter(Boolean).join(" ");
     const idx = el("th", d.index, "num index");
     idx.scope = "row";
     tr.append(idx, el("td", (d.info && d.info.model) || "—", "model"));
@@ -261,25 +347,27 @@ footer { margin-top: 1.5rem; font-size: .85em; }
       state.append(el("span", "down", "state-down"));
       if (d.down_reason) state.append(el("span", ": " + d.down_reason, "reason"));
     }
-    tr.append(state, podCell(podInfo(m)));
+    tr.append(state, healthCell(d.health), podCell(podInfo(m)));
 
     // MIG on: the classes, utilization and activity are the instances' (rows below).
     const mig = labelled(m, "gpu_mig_mode", "state", "current") === 1;
     const instances = Array.isArray(d.instances) ? d.instances : [];
     const perInstance = mig ? "MIG is on: see its instances below" : undefined;
+    const cls = d.bottleneck;  // null without classifier output
     if (mig) {
       const td = el("td", null, "bottleneck");
       td.append(el("span", "MIG: " + instances.length + " instance" +
         (instances.length === 1 ? "" : "s"), "mig"));
       td.title = "MIG is enabled: each MIG instance has its own class";
-      tr.append(td);
-    } else tr.append(classCell(bottleneck(m)));
+      tr.append(td, whyCell(null, "each instance has its own class"));
+    } else tr.append(classCell(cls, d.bottleneck_kind), whyCell(d.bottleneck_reason));
 
     tr.append(
       pctCell(num(m.gpu_utilization_ratio), "util", perInstance),
       pctCell(num(m.gpu_sm_active_ratio), "sm", perInstance),
       pctCell(num(m.gpu_tensor_active_ratio), "tensor", perInstance),
       pctCell(num(m.gpu_dram_active_ratio), "dram", perInstance),
+      ...linkCells(d.links, cls),
       memCell(num(m.gpu_memory_used_bytes), num(m.gpu_memory_total_bytes),
         mig ? "MIG is on: the GPU's memory is read per instance (the GPU's total needs the " +
           "MIG monitor capability)" : undefined),
@@ -319,7 +407,7 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     const id = inst.identity && typeof inst.identity === "object" ? inst.identity : {};
     const act = inst.activity && typeof inst.activity === "object" ? inst.activity : {};
     const mem = inst.memory && typeof inst.memory === "object" ? inst.memory : {};
-    const tr = el("tr", null, "instance");
+    const tr = el("tr", null, ["instance", healthRowClass(d.health)].filter(Boolean).join(" "));
     tr.dataset.gpu = String(d.index);
     tr.dataset.migUuid = String(id.mig_uuid || "");
     let name = "GI " + String(id.gpu_instance ?? "?");
@@ -342,13 +430,14 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     ge.title = num(act.graphics_engine) === null ? noActivity
       : "graphics-engine activity (NVML has no utilization under MIG)";
     tr.append(
-      idx, profile, state,
+      idx, profile, state, parentCell("health", d.index),
       podCell(Array.isArray(inst.pods) ? inst.pods : []),
-      classCell(inst.bottleneck),
+      classCell(inst.bottleneck, inst.bottleneck_kind), whyCell(inst.bottleneck_reason),
       ge,
       pctCell(num(act.sm), "sm", noActivity),
       pctCell(num(act.tensor), "tensor", noActivity),
       pctCell(num(act.dram), "dram", noActivity),
+      parentCell("pcie", d.index), parentCell("nvlink", d.index),
       memCell(num(mem.used_bytes), num(mem.total_bytes),
         shared ? "the GPU instance's, shared by its compute instances" : undefined),
       parentCell("power", d.index), parentCell("clock", d.index),

@@ -206,8 +206,19 @@ def test_each_gpu_lists_its_mig_instances_with_identity_pods_class_memory_activi
         "pending": 0.0,
     }
     assert set(whole) == {
-        "index", "uuid", "up", "down_reason", "info", "labels", "metrics", "instances",
+        "index", "uuid", "up", "down_reason", "info", "labels", "bottleneck", "bottleneck_kind",
+        "bottleneck_reason", "links", "health", "metrics", "instances",
     }  # fmt: skip
+    # Each instance's class with its kind and the classifier's reason; the parent has none,
+    # but its links (every instance reads the parent's) against their capacity.
+    assert launch["bottleneck_kind"] == "waste"
+    assert launch["bottleneck_reason"].startswith("SMs mostly empty"), launch
+    assert gis["12"]["bottleneck_kind"] == "spare"  # idle, no pod holds it
+    assert a100_gis["1/1"]["bottleneck_kind"] == "unknown"
+    assert "Hopper" in a100_gis["1/1"]["bottleneck_reason"]
+    assert seven["bottleneck"] is seven["bottleneck_kind"] is seven["bottleneck_reason"] is None
+    pcie = seven["links"]["pcie"]
+    assert pcie["capacity_bytes_per_second"] > 0 and 0 <= pcie["utilization"] < 1, pcie
 
 
 def test_after_the_reconfiguration_the_new_instances_appear_and_the_old_one_is_gone(
@@ -246,7 +257,8 @@ def test_the_answer_is_exactly_its_model_and_the_schema_declares_instances(
     assert device["properties"]["instances"]["items"] == {"$ref": "#/components/schemas/Instance"}
     assert "instances" in device["required"]
     assert set(instance["properties"]) == {
-        "identity", "labels", "pods", "bottleneck", "memory", "activity", "size", "metrics",
+        "identity", "labels", "pods", "bottleneck", "bottleneck_kind", "bottleneck_reason",
+        "memory", "activity", "size", "metrics",
     }  # fmt: skip
     assert set(instance["required"]) == set(instance["properties"])
     assert set(schemas["InstanceActivity"]["properties"]) == {

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 
 from gpu_exporter import sim
 from gpu_exporter.api import create_app
-from gpu_exporter.classify import CLASSES
+from gpu_exporter.classify import CLASSES, Classifier
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog
@@ -39,12 +39,16 @@ HEADERS = (
     "GPU",
     "Model",
     "State",
+    "Health",
     "Pod",
     "Bottleneck",
+    "Why",
     "Utilization",
     "SM activity",
     "Tensor activity",
     "DRAM activity",
+    "PCIe / capacity",
+    "NVLink / capacity",
     "Memory",
     "Power / limit",
     "SM clock / max",
@@ -89,6 +93,7 @@ def api_json() -> Iterator[dict[str, Any]]:
         rules = RuleManager(RuleSettings(evaluation_interval=5.0))  # the shipped rule pack
         rules.load()
         sampler = Sampler(source, errors, interval=5.0, wall_clock=lambda: 1.75e9 + clock.now)
+        sampler.add_processor("classifier", Classifier().process)
         sampler.add_listener(rules)
         for _ in range(130):  # 650 s: past the 2-10 min `for:` of the throttling rules
             clock.advance(5.0)
@@ -162,7 +167,9 @@ def chromium(tmp_path: Path, url: str, *args: str) -> str:
 
 
 class Dom(HTMLParser):
-    """Rows of the rendered tables: data-col -> cell text, plus the throttle chips."""
+    """Rows of the rendered tables: data-col -> cell text, plus the throttle chips, the health
+    problems (text, state), the class chip's kind, each cell's title and the columns whose bar
+    is hot."""
 
     def __init__(self, markup: str) -> None:
         super().__init__()
@@ -171,38 +178,50 @@ class Dom(HTMLParser):
         self._table = ""
         self._row: dict[str, Any] | None = None
         self._col: str | None = None
-        self._chip = False
+        self._chip: list[str] | None = None  # the list the open chip's text goes to
         self.feed(markup)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attr = {k: v or "" for k, v in attrs}
+        classes = attr.get("class", "").split()
         self.tags.append((tag, attr))
         if tag == "table":
             self._table = attr.get("id", "")
         elif tag == "tr" and self._table in self.rows:
-            self._row = {"attrs": attr, "chips": []}
+            self._row = {"attrs": attr, "chips": [], "problems": [], "titles": {}, "hot": set()}
         elif tag in ("td", "th") and self._row is not None and "data-col" in attr:
             self._col = attr["data-col"]
             self._row[self._col] = ""
-        elif tag == "span" and self._row is not None and "chip" in attr.get("class", "").split():
-            self._chip = True
-            self._row["chips"].append("")
+            self._row["titles"][self._col] = attr.get("title", "")
+        elif tag == "span" and self._row is not None and "chip" in classes:
+            self._chip = self._row["chips"]
+            self._chip.append("")
+        elif tag == "span" and self._row is not None and "problem" in classes:
+            self._row["problems"].append(("", "firing" if "firing" in classes else "pending"))
+            self._chip = []
+        elif tag == "span" and self._row is not None and "class" in classes:
+            self._row["kind"] = attr.get("data-kind", "")
+        elif tag == "span" and self._row is not None and {"bar", "hot"} <= set(classes):
+            self._row["hot"].add(self._col)
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "tr" and self._row is not None:
-            if len(self._row) > 2:  # skip the header row and "no data" rows
+            if self._row["titles"]:  # skip the header row and "no data" rows (no data-col)
                 self.rows[self._table].append(self._row)
             self._row = None
         elif tag in ("td", "th"):
             self._col = None
         elif tag == "span":
-            self._chip = False
+            self._chip = None
 
     def handle_data(self, data: str) -> None:
         if self._row is not None and self._col is not None:
             self._row[self._col] += data
-            if self._chip:
-                self._row["chips"][-1] += data
+            if self._chip is self._row["chips"]:
+                self._chip[-1] += data
+            elif self._chip is not None:  # a health problem
+                text, state = self._row["problems"][-1]
+                self._row["problems"][-1] = (text + data, state)
 
     def attrs(self, tag: str, **match: str) -> dict[str, str]:
         return next(
@@ -233,8 +252,19 @@ def test_browser_renders_every_gpu_and_the_firing_alerts(
     assert all(re.fullmatch(r"\d+(\.\d)? / \d+ GiB", row["memory"]) for row in gpus.values())
     assert {row["pod"] for row in gpus.values()} == {"—"}  # no kubelet here
     assert not [row for row in gpus.values() if "instance" in row["attrs"].get("class", "")]
-    # "—" while the sampler here runs no classifier, a class name once it does.
-    assert {row["bottleneck"] for row in gpus.values()} <= {"—", *CLASSES}
+    # The classifier's class per GPU, its kind as the chip's colour, its reason beside it.
+    classes = {gpu: row["bottleneck"] for gpu, row in gpus.items()}
+    assert set(classes.values()) <= set(CLASSES) and classes["7"] == "link_bound", classes
+    devices = {str(d["index"]): d for d in api_json["devices"]["data"]["devices"]}
+    for gpu, row in gpus.items():
+        assert row["kind"] == devices[gpu]["bottleneck_kind"] and row["kind"], row
+        assert row["why"] == devices[gpu]["bottleneck_reason"] and row["why"], row
+        assert row["health"] == "ok" and "unhealthy" not in row["attrs"].get("class", ""), row
+    assert gpus["4"]["kind"] == gpus["7"]["kind"] == "waste" and gpus["2"]["kind"] == "fine"
+    # Links against capacity; the NVLink that makes GPU 7 link-bound is the hot bar.
+    assert re.fullmatch(r"3\d\d / 450 GB/s", gpus["7"]["nvlink"]), gpus["7"]
+    assert re.fullmatch(r"\d+(\.\d)? / 63 GB/s", gpus["7"]["pcie"]), gpus["7"]
+    assert gpus["7"]["hot"] == {"nvlink"} and not gpus["4"]["hot"] & {"pcie", "nvlink"}
 
     firing = {(a["alertname"], a["gpu"]) for a in dom.rows["alerts"] if a["state"] == "firing"}
     assert {("GpuThermalSlowdown", "5"), ("GpuBusyButIdle", "4")} <= firing, firing
@@ -252,11 +282,14 @@ def test_browser_escapes_hostile_values_and_shows_missing_ones_as_na(
     gpu0, gpu1, gpu2, gpu3 = devices["data"]["devices"][:4]
     gpu0["info"]["model"] = PROBE
     gpu0["metrics"]["gpu_clock_event_active"].append({"labels": {"reason": PROBE}, "value": 1.0})
-    gpu1.update(up=False, down_reason=PROBE, metrics={})
-    gpu2["metrics"]["gpu_bottleneck"] = [
-        {"labels": {"class": "tensor_bound"}, "value": 0.0},
-        {"labels": {"class": PROBE}, "value": 1.0},
-    ]
+    gpu1.update(up=False, down_reason=PROBE, metrics={}, links=None)
+    gpu1.update(bottleneck=None, bottleneck_kind=None, bottleneck_reason=None)  # as when down
+    gpu2.update(bottleneck=PROBE, bottleneck_kind=PROBE, bottleneck_reason=PROBE)
+    gpu2["health"] = {"state": "unhealthy", "why": None, "problems": [
+        {"alertname": PROBE, "state": "firing", "severity": PROBE, "text": PROBE,
+         "summary": PROBE},
+    ]}  # fmt: skip
+    gpu0["links"] = {"pcie": {"bytes_per_second": PROBE}, "nvlink": PROBE}
     del gpu3["metrics"]["gpu_sm_active_ratio"]  # absent, as on pre-Hopper GPUs
     gpu3["metrics"]["gpu_tensor_active_ratio"] = None  # NaN is sent as null
     alerts = {"status": "success", "data": {"alerts": [{
@@ -277,8 +310,12 @@ def test_browser_escapes_hostile_values_and_shows_missing_ones_as_na(
     assert gpus["0"]["model"] == PROBE and PROBE in gpus["0"]["chips"]
     assert gpus["1"]["state"] == f"down: {PROBE}"
     assert [gpus["1"][c] for c in ("util", "sm", "power", "temp", "throttle")] == ["n/a"] * 5
-    assert gpus["1"]["bottleneck"] == "—"
-    assert gpus["2"]["bottleneck"] == PROBE
+    assert gpus["1"]["bottleneck"] == "—" and gpus["1"]["why"] == ""
+    assert gpus["1"]["pcie"] == gpus["1"]["nvlink"] == "n/a"
+    assert gpus["2"]["bottleneck"] == gpus["2"]["why"] == PROBE
+    assert gpus["2"]["kind"] == ""  # not a kind: no class name built from it
+    assert gpus["2"]["problems"] == [(PROBE, "firing")] and gpus["2"]["health"] == PROBE
+    assert gpus["0"]["pcie"] == gpus["0"]["nvlink"] == "n/a"
     assert gpus["3"]["sm"] == "n/a" and gpus["3"]["tensor"] == "n/a"  # never 0%
     assert gpus["3"]["dram"].endswith("%")
     [alert] = dom.rows["alerts"]
