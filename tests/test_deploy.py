@@ -266,13 +266,24 @@ def test_no_operator_component_drops_only_the_operator_resources(rendered):
 
 
 def test_deploy_prometheusrule_is_the_exported_pack(rendered):
-    """deploy/prometheusrule.yaml has every group of rules/*.yaml, unchanged."""
+    """deploy/prometheusrule.yaml has every group of rules/*.yaml, unchanged but for the runbook
+    links, which point where the daemon's own alerts point (deploy/configmap.yaml)."""
+    from gpu_exporter.config import Config
+    from gpu_exporter.runbook import resolve_url
+
     rule = one(docs(rendered, "deploy"), "PrometheusRule")
+    config_text = one(docs(rendered, "deploy"), "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    base = Config.model_validate(yaml.safe_load(config_text)).alerting.runbook_base_url
+    assert base and base.startswith("http://gpu-exporter.gpu-exporter.svc:"), base
     pack = [
         g
         for f in sorted((ROOT / "rules").glob("*.yaml"))
         for g in yaml.safe_load(f.read_text())["groups"]
     ]
+    for group in pack:
+        for r in group["rules"]:
+            if "runbook_url" in r.get("annotations", {}):
+                r["annotations"]["runbook_url"] = resolve_url(r["annotations"]["runbook_url"], base)
     assert sorted(g["name"] for g in rule["spec"]["groups"]) == sorted(g["name"] for g in pack)
     by_name = {g["name"]: g for g in rule["spec"]["groups"]}
     for group in pack:
@@ -324,7 +335,11 @@ def test_rule_overrides_reach_the_prometheusrule(rendered):
     rules = {r.get("alert") or r["record"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     busy = rules["GpuBusyButIdle"]
     assert busy["for"] == "30m"
-    assert busy["labels"] == {"severity": "critical", "team": "ml-platform"}
+    assert busy["labels"] == {
+        "category": "efficiency",
+        "severity": "critical",
+        "team": "ml-platform",
+    }
     assert busy["annotations"]["runbook_url"] == (
         "https://example.org/gpu-exporter/docs/runbook.md#gpubusybutidle"
     )

@@ -95,7 +95,11 @@ SCENARIOS = [
     Scenario(
         "GpuBusyButIdle",
         "10m",
-        (("gpu_utilization_ratio", "0.97x40"), ("gpu_sm_active_ratio", "0.12x40")),
+        (
+            ("gpu_utilization_ratio", "0.97x40"),
+            ("gpu_sm_active_ratio", "0.12x40"),
+            ('gpu_bottleneck{class="link_bound"}', "0x40"),
+        ),
     ),
     Scenario(
         "GpuActivityMetricsUnavailable",
@@ -116,12 +120,18 @@ SCENARIOS = [
             ("gpu_sm_active_ratio", "0.85x40"),
             ("gpu_tensor_active_ratio", "0.02x40"),
             ('gpu_info{architecture="hopper"}', "1x40"),
+            ('gpu_bottleneck{class="memory_bound"}', "0x40"),
         ),
     ),
     Scenario(
         "GpuMemoryBandwidthBound",
         "15m",
         (("gpu_dram_active_ratio", "0.9x40"), ("gpu_tensor_active_ratio", "0.1x40")),
+    ),
+    Scenario(
+        "GpuLinkBound",
+        "10m",
+        (('gpu_bottleneck{class="link_bound"}', "1x40"),),
     ),
     Scenario(
         "GpuBusyButIdle",
@@ -158,6 +168,7 @@ SCENARIOS = [
             ('gpu_clock_event_active{reason="hw_slowdown"}', "1x40"),
             ('gpu_clock_event_active{reason="hw_thermal_slowdown"}', "0x40"),
             ('gpu_clock_event_active{reason="hw_power_brake_slowdown"}', "0x40"),
+            ('gpu_clock_event_seconds_total{reason="hw_thermal_slowdown"}', "0x40"),
         ),
     ),
     Scenario(
@@ -205,6 +216,7 @@ SCENARIOS = [
             ('gpu_clock_max_hertz{clock="sm"}', "1980000000x40"),
             ("gpu_utilization_ratio", "0.98x40"),
             ('gpu_clock_event_active{reason="sw_power_cap"}', "0x40"),
+            ('gpu_clock_event_seconds_total{reason="hw_thermal_slowdown"}', "0x40"),
         ),
     ),
     Scenario(

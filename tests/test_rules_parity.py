@@ -66,11 +66,11 @@ def test_both_pass(path: Path) -> None:
 MUTATIONS = [
     ("efficiency.test.yaml", "      - eval_time: 9m\n", "      - eval_time: 10m\n"),
     ("efficiency.test.yaml", "values: '0.12x40'", "values: '0.35x40'"),
-    ("health.test.yaml", "2m 0s ago", "3m 0s ago"),
+    ("health.test.yaml", "at 1970-01-01 00:04:00 +0000 UTC", "at 1970-01-01 00:05:00 +0000 UTC"),
     (
         "health.test.yaml",
-        '{gpu: "2", uuid: GPU-2, severity: warning}',
-        '{gpu: "2", uuid: GPU-2, state: current, severity: warning}',
+        '{gpu: "2", uuid: GPU-2, category: health, severity: warning}',
+        '{gpu: "2", uuid: GPU-2, state: current, category: health, severity: warning}',
     ),
     ("throttling.test.yaml", "'0+6x40'", "'0+1x40'"),
     ("throttling.test.yaml", "      - eval_time: 21m\n", "      - eval_time: 22m\n"),

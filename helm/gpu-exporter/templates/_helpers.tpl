@@ -74,6 +74,18 @@ root:root; without it the pod runs as the image's UID 65532 and meets Pod Securi
 {{- end }}
 
 {{/*
+Where the shipped alerts' runbook_url points, for the daemon and Prometheus alike:
+rules.runbookBaseUrl, or the runbook every exporter serves at /runbook, through the Service.
+*/}}
+{{- define "gpu-exporter.runbookBaseUrl" -}}
+{{- if .Values.rules.runbookBaseUrl }}
+{{- trimSuffix "/" .Values.rules.runbookBaseUrl }}
+{{- else }}
+{{- printf "%s://%s.%s.svc:%d/runbook" (ternary "https" "http" (eq (include "gpu-exporter.https" .) "true")) (include "gpu-exporter.fullname" .) .Release.Namespace (int .Values.service.port) }}
+{{- end }}
+{{- end }}
+
+{{/*
 The rule files of the shipped pack (files/rules/*.yaml, copies of the repository's rules/) after
 rules.disabledGroups, rules.disabledAlerts, rules.alertOverrides and rules.runbookBaseUrl, plus
 rules.extraGroups as extra.rules.yaml: YAML `{<file name>: {groups: [...]}}`, files left without
@@ -134,10 +146,10 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and $r.runbookBaseUrl $rule.annotations }}
+{{- if $rule.annotations }}
 {{- $url := default "" $rule.annotations.runbook_url }}
 {{- if hasPrefix "docs/runbook.md" $url }}
-{{- $_ := set $rule.annotations "runbook_url" (printf "%s%s" (trimSuffix "/" $r.runbookBaseUrl) (trimPrefix "docs/runbook.md" $url)) }}
+{{- $_ := set $rule.annotations "runbook_url" (printf "%s%s" (include "gpu-exporter.runbookBaseUrl" $) (trimPrefix "docs/runbook.md" $url)) }}
 {{- end }}
 {{- end }}
 {{- $rules = append $rules $rule }}
