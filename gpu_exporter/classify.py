@@ -590,7 +590,10 @@ def _links(s: WindowStats) -> str:
 
 def _missing_activity(s: WindowStats) -> str:
     if s.sm_active is None or s.tensor_active is None or s.dram_active is None:
-        return "no SM/Tensor/DRAM activity (NVML GPM needs Hopper+ and 2 samples; else DCGM)"
+        return (
+            "no SM/Tensor/DRAM activity: NVML reads it with GPM, on Hopper or newer and from "
+            "the second sample; older GPUs need DCGM"
+        )
     if s.sm_stuck:
         busy = "unknown" if s.utilization is None else f"{s.utilization:.0%}"
         return f"SM activity stuck at 0 while utilization is {busy}"

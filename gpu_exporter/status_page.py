@@ -4,6 +4,14 @@ No external assets (inline CSS and JS, system fonts, no framework). The script p
 `api/v1/devices` and `api/v1/alerts` every 2 s through relative URLs, so the page also works
 behind a path prefix, and puts every value into the DOM with `textContent`, never as markup.
 
+Per GPU, in reading order: its state; its health (the daemon's active alerts of the shipped
+pack's gpu-health group for it, as /api/v1/devices gives them: firing red, pending amber, the
+row styled so an unhealthy GPU stands out); the pod holding it; its bottleneck class as a chip
+coloured by the kind the server gives (waste, fine, spare, unknown) and the classifier's
+one-line reason; activity; PCIe and NVLink throughput against capacity (the link that makes
+a GPU link_bound has the hot bar); memory, power, clocks, temperature and throttling. The page
+holds no threshold, alert name or class list of its own: it shows what the API says.
+
 A GPU with MIG enabled has a row of its own (power, clocks, temperature, throttling: the
 physical GPU's) saying "MIG: n instances" where a whole GPU shows its class, and one indented
 row per MIG instance under it (its profile, GPU instance and compute instance, class, pods,
@@ -106,7 +114,7 @@ td.pod .line { max-width: 11rem; overflow: hidden; text-overflow: ellipsis; }
 .firing { color: var(--bad); font-weight: 600; }
 .pending { color: var(--warn); font-weight: 600; }
 td.summary { white-space: normal; min-width: 20rem; }
-td.state { white-space: normal; max-width: 12rem; }
+tr.down td.state { white-space: normal; max-width: 12rem; }
 td.throttle { white-space: normal; min-width: 8rem; max-width: 10rem; }
 .line { display: block; }
 footer { margin-top: 1.5rem; font-size: .85em; }
