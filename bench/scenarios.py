@@ -63,6 +63,9 @@ def generate(
         device["numa_node"] = index * 2 // max(devices, 2) if devices > 1 else 0
         generated.append(device)
     scenario["devices"] = generated
+    # No pods: a scenario's pods start a fake kubelet and pod attribution, which every
+    # measurement here (and its committed baselines) leaves out; their indices fit 8 GPUs only.
+    scenario.pop("pods", None)
     scenario["name"] = name or f"bench-{devices}gpu"
     scenario["description"] = f"{devices} GPUs generated from {scenario.get('name')} for bench/"
     if latency is not None:
