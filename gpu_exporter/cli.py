@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
@@ -191,7 +191,7 @@ def serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         simulator = sim.install(scenario)
         log.info("simulating scenario %r", config.simulate)
-        kubelet, config = _simulated_kubelet(scenario, config)
+        kubelet, config = _simulated_kubelet(scenario, config, simulator.clock)
     errors = ErrorLog()
     from gpu_exporter.topology import read_topology
 
@@ -211,15 +211,18 @@ def serve(args: argparse.Namespace) -> int:
             kubelet.close()
 
 
-def _simulated_kubelet(scenario: Any, config: Config) -> tuple[Any, Config]:
-    """For a scenario with `pods:`, a fake kubelet serving them, and the configuration pointed
-    at it, unless `kubernetes.enabled` was set: a simulated node then has pods as a real one,
-    read by the production attribution path."""
+def _simulated_kubelet(
+    scenario: Any, config: Config, clock: Callable[[], float]
+) -> tuple[Any, Config]:
+    """For a scenario with `pods:`, a fake kubelet serving them (those active at `clock()`, the
+    fake NVML's scenario time), and the configuration pointed at it, unless `kubernetes.enabled`
+    was set: a simulated node then has pods as a real one, read by the production attribution
+    path."""
     if not scenario.pods or config.kubernetes.enabled != "auto":
         return None, config
     from gpu_exporter.sim.kubelet import start_for
 
-    kubelet = start_for(scenario)
+    kubelet = start_for(scenario, clock)
     if kubelet is None:
         return None, config
     kubernetes = config.kubernetes.model_copy(

@@ -138,7 +138,7 @@ def test_terminal_report_has_the_matrix_and_no_colour_off_a_tty() -> None:
     assert re.search(r"^  GPU0\s+X\s+NV18", out, re.MULTILINE)
     assert "CPU Affinity" in out and "Legend:" in out
     assert "7. What to look at next" in out and "Exit status 1" in out
-    assert re.search(r"^  4\s.*launch_bound$", out, re.MULTILINE)
+    assert re.search(r"^  4\s.*launch_bound\s+ml/trainer-0$", out, re.MULTILINE)  # with its pod
 
 
 class _Tty(io.StringIO):

@@ -134,12 +134,13 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:  # ScenarioError names the file, field and line
             print(f"scenario error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        sim.install(scenario)
+        fake = sim.install(scenario)
         simulated = True
         if args.kubelet_socket is None and scenario.pods:
             from gpu_exporter.sim.kubelet import start_for
 
-            kubelet = start_for(scenario)  # the scenario's pods, as a kubelet reports them
+            # The scenario's pods as a kubelet reports them, on the fake NVML's clock.
+            kubelet = start_for(scenario, fake.clock)
             args.kubelet_socket = kubelet.socket_path if kubelet is not None else None
     try:
         return _diagnose(args, sys.stdout)

@@ -1,9 +1,11 @@
 """A fake kubelet: a real gRPC server for the PodResources v1 API on a unix socket.
 
 `serve --simulate` and `diagnose --simulate` run one for a scenario with `pods:`, so the
-daemon's production attribution path (a gRPC List() every refresh) reads them. Tests set the
-pods it reports (`set_pods`), make List() hang (`hang_seconds`), stop and restart it on the
-same socket, or start it without the v1 service (an old kubelet).
+daemon's production attribution path (a gRPC List() every refresh) reads them; each List()
+reports the pods active at that scenario time (`from`/`until`, on the fake NVML's clock). Tests
+set the pods it reports (`set_pods`, or `set_schedule` for a list that changes over time), make
+List() hang (`hang_seconds`), stop and restart it on the same socket, or start it without the v1
+service (an old kubelet).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
 from typing import Any
 
@@ -85,16 +88,25 @@ class FakeKubelet:
         self.release = threading.Event()
         self.list_calls = 0
         self._pods: list[api_pb2.PodResources] = []
+        self._schedule: Callable[[], list[api_pb2.PodResources]] | None = None
         self._lock = threading.Lock()
         self._server: grpc.Server | None = None
 
     def set_pods(self, pods: Iterable[api_pb2.PodResources]) -> None:
+        """A fixed list, reported until changed (replaces a schedule)."""
         with self._lock:
             self._pods = list(pods)
+            self._schedule = None
+
+    def set_schedule(self, pods_now: Callable[[], list[api_pb2.PodResources]]) -> None:
+        """Report `pods_now()` at every List(): pods that change over time."""
+        with self._lock:
+            self._schedule = pods_now
 
     def pods(self) -> list[api_pb2.PodResources]:
         with self._lock:
-            return list(self._pods)
+            schedule, pods = self._schedule, list(self._pods)
+        return schedule() if schedule is not None else pods
 
     def start(self) -> FakeKubelet:
         self.release.clear()
@@ -123,19 +135,32 @@ class FakeKubelet:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def scenario_pods(scenario: Scenario) -> list[api_pb2.PodResources]:
-    """The scenario's `pods:` as the kubelet reports them (one container entry per device)."""
+def scenario_pods(scenario: Scenario, t: float | None = None) -> list[api_pb2.PodResources]:
+    """The scenario's `pods:` as the kubelet reports them (one container entry per device): those
+    active at scenario time `t` (`from` <= t < `until`), or every entry when `t` is None."""
     by_pod: dict[tuple[str, str], dict[str, list[tuple[str, list[str]]]]] = {}
     for spec in scenario.pods:
+        if t is not None and not spec.active(t):
+            continue
         containers = by_pod.setdefault((spec.namespace, spec.pod), {})
         containers.setdefault(spec.container, []).append((spec.resource, [spec.device_id]))
     return [pod(namespace, name, containers) for (namespace, name), containers in by_pod.items()]
 
 
-def start_for(scenario: Scenario) -> FakeKubelet | None:
-    """A running fake kubelet reporting the scenario's pods, or None when it has none."""
+def start_for(scenario: Scenario, clock: Callable[[], float] | None = None) -> FakeKubelet | None:
+    """A running fake kubelet reporting the scenario's pods active at `clock()` (scenario
+    seconds: pass the fake NVML's clock; by default real time since this call), or None when
+    the scenario has no pods."""
     if not scenario.pods:
         return None
+    now = clock if clock is not None else _seconds_since(time.monotonic())
     kubelet = FakeKubelet()
-    kubelet.set_pods(scenario_pods(scenario))
+    kubelet.set_schedule(lambda: scenario_pods(scenario, now()))
     return kubelet.start()
+
+
+def _seconds_since(start: float) -> Callable[[], float]:
+    def clock() -> float:
+        return time.monotonic() - start
+
+    return clock

@@ -448,6 +448,12 @@ class PodSpec:
     container: str
     resource: str  # nvidia.com/gpu, nvidia.com/mig-<profile>
     device_id: str  # the device plugin's id: GPU or MIG UUID, `::<n>` for a time-slice replica
+    start: float = 0.0  # `from`: scenario seconds at which the kubelet starts reporting it
+    until: float | None = None  # `until`: when it stops (None: for the rest of the run)
+
+    def active(self, t: float) -> bool:
+        """Inside [from, until): the kubelet reports this pod at scenario time `t`."""
+        return t >= self.start and (self.until is None or t < self.until)
 
 
 @dataclass(frozen=True)
@@ -1015,7 +1021,7 @@ def _parse_fault(node: _Node, count: int) -> FaultSpec:
 
 _POD_KEYS = frozenset(
     {"namespace", "pod", "container", "resource", "gpu", "gpu_instance", "compute_instance",
-     "replica"}
+     "replica", "from", "until"}
 )  # fmt: skip
 
 
@@ -1043,12 +1049,18 @@ def _parse_pod(node: _Node, devices: tuple[DeviceSpec, ...]) -> PodSpec:
         device_id = device.uuid
     if "replica" in keys:
         device_id += f"::{keys['replica'].integer(lo=0)}"  # time-slicing's shares
+    start = keys["from"].number(lo=0) if "from" in keys else 0.0
+    until = keys["until"].number(lo=0) if "until" in keys else None
+    if until is not None and until <= start:
+        raise keys["until"].error("`until` must be after `from`")
     return PodSpec(
         namespace=keys["namespace"].string(),
         pod=keys["pod"].string(),
         container=keys["container"].string() if "container" in keys else "main",
         resource=keys["resource"].string() if "resource" in keys else resource,
         device_id=device_id,
+        start=start,
+        until=until,
     )
 
 
