@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
-from gpu_exporter.runbook import PROMETHEUS_RUNBOOK_BASE_URL
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
     from gpu_exporter.config import Config
@@ -127,10 +126,9 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
     )
     export.add_argument(
         "--runbook-base-url",
-        default=PROMETHEUS_RUNBOOK_BASE_URL,
         metavar="URL",
-        help="where runbook_url links to docs/runbook.md point (default: %(default)s, the "
-        "/runbook of the exporter whose series raised the alert, expanded by Prometheus)",
+        help="where runbook_url links to docs/runbook.md point, e.g. the exporters' own "
+        "/runbook through their Service (required when the files have such links)",
     )
     export.add_argument("files", nargs="*", metavar="FILE", help="default: the shipped pack")
 

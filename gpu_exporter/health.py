@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpu_exporter.rules.pack import HEALTH_GROUP  # the pack group that defines health
 from gpu_exporter.xids import CRITICAL, NOT_ALERTED, WARNING
 
-HEALTH_GROUP = "gpu-health"  # the rule group of the shipped pack that defines health
 NOT_EVALUATED = "0001-01-01T00:00:00Z"  # a group's lastEvaluation before its first
 
 RULES_DISABLED = "in-daemon rules are disabled (rules.enabled: false): no health verdict"

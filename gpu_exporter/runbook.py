@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 # What the shipped rules' runbook_url values start with (the file's path in this repository).
 RUNBOOK_SOURCE = "docs/runbook.md"
 RUNBOOK_PATH = "/runbook"  # where the daemon serves it
-# `rules export`'s default, for rules Prometheus evaluates: a template Prometheus expands to the
-# /runbook of the exporter it scraped the alert's series from (`instance` is its host:port).
-PROMETHEUS_RUNBOOK_BASE_URL = "http://{{ $labels.instance }}" + RUNBOOK_PATH
 # A link to the runbook inside the package: docs/runbook.md in the source tree.
 _RUNBOOK_FILE = Path(__file__).resolve().parent / "runbook.md"
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -56,9 +53,14 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+def links_runbook(value: str) -> bool:
+    """Whether a runbook_url value is a shipped link that needs a base URL."""
+    return value.startswith(RUNBOOK_SOURCE)
+
+
 def resolve_url(value: str, base_url: str) -> str:
     """`value` with a leading RUNBOOK_SOURCE replaced by `base_url`; other values unchanged."""
-    if not base_url or not value.startswith(RUNBOOK_SOURCE):
+    if not base_url or not links_runbook(value):
         return value
     return base_url.rstrip("/") + value[len(RUNBOOK_SOURCE) :]
 
@@ -86,7 +88,8 @@ def default_base_url(
     environ = os.environ if environ is None else environ
     host, _, port = listen_address.rpartition(":")
     if host in _WILDCARD_HOSTS:
-        host = environ.get("POD_IP") or socket.getfqdn()
+        # gethostname, not getfqdn: no DNS lookup that a broken resolver could stall.
+        host = environ.get("POD_IP") or socket.gethostname()
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"  # an IPv6 literal in a URL
     scheme = "https" if tls else "http"
@@ -134,11 +137,17 @@ def render_page() -> str:
 
 
 def page_headers() -> dict[str, str]:
-    """Nothing but the page's own style may run or load (no scripts at all)."""
+    """Nothing but the page's own style may load (no scripts at all), no framing, and no
+    referrer (the daemon's address) sent to the external links it has."""
     digest = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
+    csp = (
+        f"default-src 'none'; style-src 'sha256-{digest}'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
     return {
-        "Content-Security-Policy": f"default-src 'none'; style-src 'sha256-{digest}'",
+        "Content-Security-Policy": csp,
         "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
     }
 
 

@@ -53,6 +53,10 @@ SHIPPED_FIRING = {
         "GpuMemoryBandwidthBound",  # 3
         "GpuThermalSlowdown",  # 5, from about 20 s (its low clocks are not a second alert)
         "GpuPowerBrakeSlowdown",  # 6
+        # 5 for a moment at the start: with this file's short `for`, HW slowdown fires before
+        # the thermal counter has the rate that hands the event to GpuThermalSlowdown (the
+        # shipped 5m `for` outlasts that by far).
+        "GpuHardwareSlowdown",
     },
     # GpuXidCritical on 1 and 2; GpuActivityMetricsUnavailable on 3 (no GPM) and on 1 while it
     # is lost; GpuLost on 1 from about 17 s to 30 s.

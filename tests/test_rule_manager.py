@@ -190,7 +190,17 @@ def test_export_is_a_prometheusrule_promtool_accepts(tmp_path: Path) -> None:
     from tests.support import require_tool
 
     result = subprocess.run(
-        [sys.executable, "-m", "gpu_exporter", "rules", "export", "--namespace", "monitoring"],
+        [
+            sys.executable,
+            "-m",
+            "gpu_exporter",
+            "rules",
+            "export",
+            "--namespace",
+            "monitoring",
+            "--runbook-base-url",
+            "https://wiki.example/gpu-runbook",
+        ],
         capture_output=True,
         text=True,
         check=True,

@@ -120,7 +120,7 @@ SCENARIOS = [
             ("gpu_sm_active_ratio", "0.85x40"),
             ("gpu_tensor_active_ratio", "0.02x40"),
             ('gpu_info{architecture="hopper"}', "1x40"),
-            ('gpu_bottleneck{class="memory_bound"}', "0x40"),
+            ("gpu_dram_active_ratio", "0.3x40"),
         ),
     ),
     Scenario(

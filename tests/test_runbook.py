@@ -93,23 +93,29 @@ def test_config_base_url_wins_over_the_default(tmp_path: Path) -> None:
     assert load_config(path, environ={}).runbook_base_url(tls=False) == "https://wiki.example/gpu"
 
 
-@pytest.mark.parametrize(
-    ("flags", "base"),
-    [
-        ([], runbook.PROMETHEUS_RUNBOOK_BASE_URL),
-        (["--runbook-base-url", "https://w/rb"], "https://w/rb"),
-    ],
-)
-def test_rules_export_makes_every_link_absolute(flags: list[str], base: str) -> None:
-    result = subprocess.run(
+def export(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "gpu_exporter", "rules", "export", *flags, str(PACK)],
         capture_output=True,
         text=True,
-        check=True,
     )
+
+
+def test_rules_export_makes_every_link_absolute() -> None:
+    result = export("--runbook-base-url", "https://w/rb")
+    assert result.returncode == 0, result.stderr
     rules = [r for g in yaml.safe_load(result.stdout)["spec"]["groups"] for r in g["rules"]]
     for rule in rules:
-        assert rule["annotations"]["runbook_url"] == f"{base}#{runbook.anchor_of(rule['alert'])}"
+        anchor = runbook.anchor_of(rule["alert"])
+        assert rule["annotations"]["runbook_url"] == f"https://w/rb#{anchor}"
+
+
+def test_rules_export_asks_where_the_runbook_is() -> None:
+    """No default: Prometheus knows no address of the runbook (the shipped ServiceMonitor drops
+    `instance`), and a link that does not open is worse than an error before the rollout."""
+    result = export()
+    assert result.returncode == 2 and result.stdout == ""
+    assert "--runbook-base-url" in result.stderr
 
 
 def test_the_daemon_serves_the_runbook_its_alerts_link(tmp_path: Path) -> None:
