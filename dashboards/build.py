@@ -1124,7 +1124,8 @@ def efficiency() -> Json:
             "Alerts firing and pending",
             "Prometheus' ALERTS for the GPUs in scope: the shipped rule pack's efficiency, "
             "throttling and health alerts, pending ones included (they fire once their `for` "
-            "has passed). Runbook: docs/runbook.md. Empty when nothing is wrong.",
+            "has passed). Each alert's runbook_url opens its section of the runbook (the exporter "
+            "serves it at /runbook). Empty when nothing is wrong.",
             [
                 (
                     "Active",
@@ -1462,7 +1463,8 @@ def health() -> Json:
             "XID errors",
             "XID errors per GPU (NVML events; the exporter sees only XIDs after it started). 0 "
             f"when none happened. Critical XIDs ({_xid_list(CRITICAL_XIDS)}) raise "
-            f"GpuXidCritical, {_xid_list(WARNING_XIDS)} GpuXidWarning; see docs/runbook.md.",
+            f"GpuXidCritical, {_xid_list(WARNING_XIDS)} GpuXidWarning (the exporter's /runbook says "
+            "what to do).",
             [
                 Q(
                     zero_filled(f"sum by (cluster, node, gpu) ({xid})", "cluster, node, gpu"),

@@ -6,7 +6,7 @@
 #      localhost/gpu-exporter-base:bookworm-YYYYMMDD (older days are pruned);
 #   2. buildah bud --build-arg BASE=<that image> -t "$IMAGE" . (the builder stage installs the
 #      wheel's dependencies from PyPI);
-#   3. buildah run: `gpu-exporter --version`, `gpu-exporter rules export`, and
+#   3. buildah run: `gpu-exporter --version`, `gpu-exporter rules export`, /runbook, and
 #      `gpu-exporter serve --simulate mixed` answering /readyz and /metrics as UID 65532, then
 #      stopping cleanly on SIGTERM. The image has no shell and no curl, so the probe is a Python
 #      snippet run by the image's own interpreter inside the same `buildah run`.
@@ -120,7 +120,8 @@ trap '"${BUILDAH[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
 run() { "${BUILDAH[@]}" run --isolation chroot "$ctr" -- "$@"; }
 version="$(run gpu-exporter --version)"
 echo "  $version"
-run gpu-exporter rules export | grep -q '^kind: PrometheusRule$'
+run gpu-exporter rules export --runbook-base-url http://gpu-exporter.gpu-exporter.svc:9449/runbook |
+  grep -q '^kind: PrometheusRule$'
 # shellcheck disable=SC2016  # the snippet is Python, not shell
 run python3 -c '
 import os, subprocess, sys, time, urllib.request
@@ -149,6 +150,9 @@ try:
         body = answer.read().decode()
     with urllib.request.urlopen(base + "/healthz", timeout=5) as answer:
         assert answer.status == 200
+    # The runbook every alert links (docs/runbook.md, inside the wheel).
+    with urllib.request.urlopen(base + "/runbook", timeout=5) as answer:
+        assert answer.status == 200 and "id=\"gpulost\"" in answer.read().decode()
     assert "\ngpu_up{" in body and "gpu_exporter_build_info{" in body, body[:500]
 finally:
     proc.terminate()
