@@ -1463,8 +1463,8 @@ def health() -> Json:
             "XID errors",
             "XID errors per GPU (NVML events; the exporter sees only XIDs after it started). 0 "
             f"when none happened. Critical XIDs ({_xid_list(CRITICAL_XIDS)}) raise "
-            f"GpuXidCritical, {_xid_list(WARNING_XIDS)} GpuXidWarning (the exporter's /runbook says "
-            "what to do).",
+            f"GpuXidCritical, {_xid_list(WARNING_XIDS)} GpuXidWarning (the exporter's "
+            "/runbook says what to do).",
             [
                 Q(
                     zero_filled(f"sum by (cluster, node, gpu) ({xid})", "cluster, node, gpu"),
