@@ -33,6 +33,7 @@ from gpu_exporter.exposition import (
     wants_openmetrics,
 )
 from gpu_exporter.health import HealthView
+from gpu_exporter.rules.pack import HEALTH_GROUP
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.series import ACTIVITY_FAMILIES, DeviceView, InstanceView
 from gpu_exporter.snapshot import DeviceSample, Reading
@@ -482,7 +483,7 @@ def create_app(
         if published is None:
             return JSONResponse({"status": "error", "error": "no snapshot yet"}, 503)
         snapshot, series_set = published.snapshot, published.series
-        health = HealthView(rules.rules_json() if rules is not None else None)
+        health = HealthView(rules.rules_json(HEALTH_GROUP) if rules is not None else None)
         return JSONResponse(
             {
                 "status": "success",

@@ -144,7 +144,9 @@ def rule_settings(config: Any) -> RuleSettings:
         resend_delay=config.alerting.resend_delay_seconds,
         external_labels=config.external_labels(),
         external_url=config.alerting.external_url,
-        runbook_base_url=config.runbook_base_url(http_server.serves_tls(config.web_settings())),
+        runbook_base_url=config.runbook_base_url(
+            lambda: http_server.serves_tls(config.web_settings())
+        ),
         reload_check_seconds=config.rules.reload_check_seconds,
         max_range_seconds=config.rules.max_range_seconds,
         group_time_budget_seconds=config.rules.group_time_budget_seconds,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -333,10 +333,12 @@ class Config(_Strict):
     def web_settings(self) -> WebSettings:
         return WebSettings(web_config_file=self.web_config_file, **self.web.model_dump())
 
-    def runbook_base_url(self, tls: bool, environ: Mapping[str, str] | None = None) -> str:
-        """alerting.runbook_base_url, or this daemon's own /runbook."""
+    def runbook_base_url(
+        self, tls: Callable[[], bool], environ: Mapping[str, str] | None = None
+    ) -> str:
+        """alerting.runbook_base_url, or this daemon's own /runbook (`tls` asked only then)."""
         configured = self.alerting.runbook_base_url
-        return configured or default_runbook_base_url(self.listen_address, tls, environ)
+        return configured or default_runbook_base_url(self.listen_address, tls(), environ)
 
     def external_labels(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
         environ = os.environ if environ is None else environ

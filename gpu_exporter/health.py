@@ -13,29 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpu_exporter import xids
+from gpu_exporter.rules.manager import NEVER_EVALUATED
 from gpu_exporter.rules.pack import HEALTH_GROUP  # the pack group that defines health
-from gpu_exporter.xids import CRITICAL, NOT_ALERTED, WARNING
-
-NOT_EVALUATED = "0001-01-01T00:00:00Z"  # a group's lastEvaluation before its first
 
 RULES_DISABLED = "in-daemon rules are disabled (rules.enabled: false): no health verdict"
 GROUP_MISSING = f"no rule group named {HEALTH_GROUP!r} is loaded (rules.files): no health verdict"
 NOT_YET = f"the {HEALTH_GROUP} rules have not been evaluated yet"
 
 
-def xid_meaning(xid: str) -> str:
-    """NVIDIA's meaning of an XID (gpu_exporter/xids.py), or "" for one not listed there."""
-    if not xid.isdecimal():
-        return ""
-    number = int(xid)
-    return CRITICAL.get(number) or WARNING.get(number) or NOT_ALERTED.get(number, "")
-
-
 def _problem(rule: str, alert: Mapping[str, Any]) -> dict[str, str]:
     labels = alert.get("labels", {})
     xid = str(labels.get("xid", ""))
     text = f"XID {xid}" if xid else rule
-    meaning = xid_meaning(xid)
+    meaning = xids.meaning(xid)
     return {
         "alertname": rule,
         "state": str(alert.get("state", "")),
@@ -59,7 +50,7 @@ class HealthView:
         if not health:
             self._why = GROUP_MISSING
             return
-        if all(g.get("lastEvaluation") == NOT_EVALUATED for g in health):
+        if all(g.get("lastEvaluation") == NEVER_EVALUATED for g in health):
             self._why = NOT_YET
             return
         for group in health:

@@ -14,9 +14,7 @@ leaves them as text too.
 
 from __future__ import annotations
 
-import base64
 import functools
-import hashlib
 import html
 import os
 import re
@@ -26,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpu_exporter import __version__
+from gpu_exporter import __version__, page_security
 from gpu_exporter.rules.loader import Group
 
 if TYPE_CHECKING:
@@ -123,32 +121,27 @@ def _parse(text: str) -> tuple[MarkdownIt, list[Token], list[str]]:
     return md, tokens, anchors
 
 
+@functools.cache
+def _parsed() -> tuple[MarkdownIt, list[Token], list[str]]:
+    return _parse(markdown_source())
+
+
 def anchors() -> list[str]:
     """Every heading anchor of the runbook, in order."""
-    return _parse(markdown_source())[2]
+    return list(_parsed()[2])
 
 
 @functools.cache
 def render_page() -> str:
     """The runbook as one self-contained HTML page (no external assets)."""
-    md, tokens, _ = _parse(markdown_source())
+    md, tokens, _ = _parsed()
     body = md.renderer.render(tokens, md.options, {})
     return _PAGE.format(version=html.escape(__version__), style=_STYLE, body=body)
 
 
 def page_headers() -> dict[str, str]:
-    """Nothing but the page's own style may load (no scripts at all), no framing, and no
-    referrer (the daemon's address) sent to the external links it has."""
-    digest = base64.b64encode(hashlib.sha256(_STYLE.encode()).digest()).decode()
-    csp = (
-        f"default-src 'none'; style-src 'sha256-{digest}'; "
-        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    )
-    return {
-        "Content-Security-Policy": csp,
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
-    }
+    """Nothing but the page's own style may load (no scripts at all)."""
+    return page_security.page_headers(f"style-src {page_security.inline_hash(_STYLE)}")
 
 
 _STYLE = """

@@ -21,12 +21,12 @@ utilization under MIG).
 
 from __future__ import annotations
 
-import base64
-import hashlib
+import functools
 import html
 import re
 
 from gpu_exporter import __version__
+from gpu_exporter.page_security import inline_hash, page_headers
 
 REFRESH_SECONDS = 2
 
@@ -597,22 +597,17 @@ def _inline_hash(page: str, tag: str) -> str:
     body = re.search(rf"<{tag}>(.*?)</{tag}>", page, re.S)
     if body is None:
         raise ValueError(f"status page has no <{tag}> block")
-    digest = hashlib.sha256(body.group(1).encode()).digest()
-    return f"'sha256-{base64.b64encode(digest).decode()}'"
+    return inline_hash(body.group(1))
 
 
+@functools.cache
 def status_page_headers() -> dict[str, str]:
     """Response headers for the page: a CSP that allows only its own inline script and style
-    (by hash) and requests to the same origin, so even a missed escape could not run code."""
+    (by hash) and requests to the same origin, so even a missed escape could not run code.
+    The page is static, so they are computed once."""
     page = render_status_page()
-    csp = (
-        f"default-src 'none'; script-src {_inline_hash(page, 'script')}; "
-        f"style-src {_inline_hash(page, 'style')}; connect-src 'self'; "
-        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    headers = page_headers(
+        f"script-src {_inline_hash(page, 'script')}; "
+        f"style-src {_inline_hash(page, 'style')}; connect-src 'self'"
     )
-    return {
-        "Content-Security-Policy": csp,
-        "Cache-Control": "no-store",
-        "X-Content-Type-Options": "nosniff",
-        "Referrer-Policy": "no-referrer",
-    }
+    return {**headers, "Cache-Control": "no-store"}

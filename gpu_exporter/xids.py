@@ -57,6 +57,15 @@ CRITICAL_XIDS = frozenset(CRITICAL)
 WARNING_XIDS = frozenset(WARNING)
 
 
+def meaning(xid: int | str) -> str:
+    """NVIDIA's meaning of an XID as listed above, or "" for one not listed (or not a number)."""
+    if isinstance(xid, str):
+        if not xid.isdecimal():
+            return ""
+        xid = int(xid)
+    return CRITICAL.get(xid) or WARNING.get(xid) or NOT_ALERTED.get(xid, "")
+
+
 def xid_severity(xid: int) -> str:
     """The severity label the rule pack gives `xid` (GpuXidCritical: "critical", GpuXidWarning:
     "warning"), or "" for an XID it does not alert on."""

@@ -90,7 +90,10 @@ def test_config_refuses_a_base_url_that_is_not_absolute(tmp_path: Path, bad: str
 def test_config_base_url_wins_over_the_default(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("alerting:\n  runbook_base_url: https://wiki.example/gpu\n")
-    assert load_config(path, environ={}).runbook_base_url(tls=False) == "https://wiki.example/gpu"
+    assert (
+        load_config(path, environ={}).runbook_base_url(tls=lambda: False)
+        == "https://wiki.example/gpu"
+    )
 
 
 def export(*flags: str) -> subprocess.CompletedProcess[str]:

@@ -144,7 +144,7 @@ class HealthFinding:
     def text(self) -> str:
         """One line: the alert, what it means for an XID (gpu_exporter/xids.py), its summary."""
         xid = self.labels.get("xid", "")
-        meaning = xids.CRITICAL.get(int(xid)) or xids.WARNING.get(int(xid)) if xid else None
+        meaning = xids.meaning(xid)
         detail = f" (XID {xid}: {meaning})" if meaning else ""
         still = "" if self.active_at_end else ", ended during the profile"
         return (

@@ -63,7 +63,8 @@ def export(args: argparse.Namespace) -> int:
         groups: list[Any] = []
         for path in expand_paths(patterns):
             groups += (load_yaml_file(path).data or {}).get("groups") or []
-        if args.runbook_base_url is None and _links_runbook(groups):
+        linked = _resolve_runbook_links(groups, args.runbook_base_url or "")
+        if linked and args.runbook_base_url is None:
             print(
                 "rules export: the rules link the shipped runbook (docs/runbook.md#...); say "
                 "where people can open it with --runbook-base-url URL, e.g. "
@@ -71,7 +72,6 @@ def export(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        _resolve_runbook_links(groups, args.runbook_base_url or "")
     except (RuleFileError, YamlFileError) as exc:
         print(f"rule error: {exc}", file=sys.stderr)
         return 2
@@ -96,20 +96,15 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _links_runbook(groups: list[Any]) -> bool:
-    return any(
-        runbook.links_runbook(str((rule.get("annotations") or {}).get("runbook_url", "")))
-        for group in groups
-        for rule in group.get("rules") or []
-    )
-
-
-def _resolve_runbook_links(groups: list[Any], base_url: str) -> None:
-    """runbook_url annotations made absolute in place (the groups were checked by the loader)."""
+def _resolve_runbook_links(groups: list[Any], base_url: str) -> bool:
+    """runbook_url annotations made absolute in place (the groups were checked by the loader;
+    base_url "": left as written); whether any links the shipped runbook."""
+    linked = False
     for group in groups:
         for rule in group.get("rules") or []:
             annotations = rule.get("annotations") or {}
-            if "runbook_url" in annotations:
-                annotations["runbook_url"] = runbook.resolve_url(
-                    str(annotations["runbook_url"]), base_url
-                )
+            url = str(annotations.get("runbook_url", ""))
+            if runbook.links_runbook(url):
+                linked = True
+                annotations["runbook_url"] = runbook.resolve_url(url, base_url)
+    return linked

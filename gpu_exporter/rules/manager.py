@@ -345,9 +345,10 @@ class RuleManager:
     def alerts_json(self) -> list[dict[str, Any]]:
         return [_alert_json(alert) for rule in self.alerting_rules() for alert in rule.alerts()]
 
-    def rules_json(self) -> list[dict[str, Any]]:
+    def rules_json(self, group: str | None = None) -> list[dict[str, Any]]:
+        """/api/v1/rules' groups; `group`: only the groups of that name."""
         with self._lock:
-            groups = list(self.evaluator.groups)
+            groups = [g for g in self.evaluator.groups if group in (None, g.group.name)]
         return [
             {
                 "name": g.group.name,
@@ -395,9 +396,13 @@ def _mib(count: int) -> str:
     return f"{count / 2**20:.1f} MiB"
 
 
+# lastEvaluation of a group not evaluated yet (Go's zero time, as Prometheus writes it).
+NEVER_EVALUATED = "0001-01-01T00:00:00Z"
+
+
 def _rfc3339(unix: float) -> str:
     if not unix:
-        return "0001-01-01T00:00:00Z"
+        return NEVER_EVALUATED
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1e3):03d}Z"
 
 

@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 from gpu_exporter import nvml_facts as facts
 from gpu_exporter.sim.mig import MigSpec, parse_mig
+from gpu_exporter.sources.device_config import COMPUTE_MODE_NAMES
 from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml, load_yaml_file
 
 __all__ = [
@@ -87,9 +88,9 @@ FEATURES: frozenset[str] = frozenset(
     }
 )
 
-# nvmlComputeMode_t (nvml.h): the scenario's names for NVML_COMPUTEMODE_*.
+# nvmlComputeMode_t (nvml.h): the scenario's names for NVML_COMPUTEMODE_*, the reader's names.
 COMPUTE_MODES: Mapping[str, int] = MappingProxyType(
-    {"default": 0, "exclusive_thread": 1, "prohibited": 2, "exclusive_process": 3}
+    {name: mode for mode, name in COMPUTE_MODE_NAMES.items()}
 )
 
 TOPOLOGY_LEVELS: dict[str, int] = {

@@ -55,16 +55,15 @@ class DeviceConfig:
 def read_device_config(reader: DeviceReader) -> DeviceConfig:
     """The settings of the GPU `reader` holds; run it on that GPU's worker thread."""
     h = reader.handle
-    answered: dict[str, Any] = {}
     unsupported: list[str] = []
     failed: list[str] = []
 
-    def ask(call: str, *args: Any) -> Any:
-        key = f"config_{call}"  # keys of their own: what the collectors learned stays theirs
+    def ask(call: str, *args: Any, key_suffix: str = "") -> Any:
+        # Keys of their own: what the collectors learned stays theirs.
+        key = f"config_{call}{key_suffix}"
         result = reader.call(key, getattr(N, call, None), h, *args)
-        if result is None:
+        if result is None and call not in unsupported + failed:
             (unsupported if reader.is_unsupported(key) else failed).append(call)
-        answered[call] = result
         return result
 
     def watts(milliwatts: Any) -> float | None:
@@ -76,18 +75,10 @@ def read_device_config(reader: DeviceReader) -> DeviceConfig:
     persistence = ask("nvmlDeviceGetPersistenceMode")
     ecc_current, ecc_pending = ask("nvmlDeviceGetEccMode") or (None, None)
     app_sm = ask("nvmlDeviceGetApplicationsClock", N.NVML_CLOCK_SM)
-    app_memory = reader.call(
-        "config_nvmlDeviceGetApplicationsClock_mem",
-        getattr(N, "nvmlDeviceGetApplicationsClock", None),
-        h,
-        N.NVML_CLOCK_MEM,
-    )
+    app_memory = ask("nvmlDeviceGetApplicationsClock", N.NVML_CLOCK_MEM, key_suffix="_mem")
     default_sm = ask("nvmlDeviceGetDefaultApplicationsClock", N.NVML_CLOCK_SM)
-    default_memory = reader.call(
-        "config_nvmlDeviceGetDefaultApplicationsClock_mem",
-        getattr(N, "nvmlDeviceGetDefaultApplicationsClock", None),
-        h,
-        N.NVML_CLOCK_MEM,
+    default_memory = ask(
+        "nvmlDeviceGetDefaultApplicationsClock", N.NVML_CLOCK_MEM, key_suffix="_mem"
     )
     mode = ask("nvmlDeviceGetComputeMode")
     return DeviceConfig(
