@@ -16,7 +16,28 @@
 #
 # The builder uses Debian's python3 (3.11.2) rather than a python:3.11 image so that the same
 # Dockerfile builds from Debian's apt repositories and PyPI alone.
+#
+# DCGM (optional; docs/kubernetes.md "DCGM: activity on GPUs before Hopper"): the default image
+# carries no DCGM. With the build argument DCGM_DEB naming NVIDIA's DCGM 4 .deb files (space-
+# separated), found at the top of the `dcgm-debs` stage, the image also carries every shared
+# library those packages install in /usr/lib/<arch> (datacenter-gpu-manager-4-core: libdcgm.so.4
+# and the host engine's modules, libdcgmmodule*.so.4, which it dlopens by name; -proprietary:
+# libdcgmmoduleprofiling.so.4 and libnvperf_dcgm_host.so, for the profiling fields) and what they
+# link to (ldd, as below). Not included: nv-hostengine, dcgmi, the diagnostic (nvvs) and its
+# plugins. The .deb files come from NVIDIA's CUDA repository and cannot be downloaded in CI, so
+# this variant is not built there; the default build is. Either replace the stage with a
+# directory holding the files (BuildKit: --build-context dcgm-debs=DIR) or name an image that
+# holds them (--build-arg DCGM_DEBS_FROM=IMAGE):
+#   docker buildx build --build-context dcgm-debs=./dcgm-debs -t gpu-exporter:dcgm \
+#     --build-arg DCGM_DEB="datacenter-gpu-manager-4-core_*.deb datacenter-gpu-manager-4-proprietary_*.deb" .
+# (names or shell patterns, each of which must match a file).
+# The image then holds NVIDIA's DCGM libraries under NVIDIA's license (their copyright files
+# are in /usr/share/doc): check it before publishing such an image.
 ARG BASE=docker.io/library/debian:bookworm-slim
+ARG DCGM_DEBS_FROM=scratch
+
+# Empty unless replaced: where DCGM_DEB's files are read from.
+FROM ${DCGM_DEBS_FROM} AS dcgm-debs
 
 FROM ${BASE} AS builder
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
@@ -42,6 +63,32 @@ RUN python3 -m venv /opt/gpu-exporter \
  && /opt/gpu-exporter/bin/pip install --quiet /wheels/gpu_exporter-*.whl \
  && /opt/gpu-exporter/bin/pip uninstall --quiet -y pip setuptools \
  && /opt/gpu-exporter/bin/gpu-exporter --version
+
+# DCGM_DEB (see the top): install the packages here (apt-get resolves their Debian
+# dependencies), then put their libraries in /rootfs, where the next step's ldd finds what
+# they link to and ldconfig makes them loadable by name. Empty: nothing happens.
+ARG DCGM_DEB=""
+# hadolint ignore=DL3003,DL3008,SC2086
+RUN --mount=type=bind,from=dcgm-debs,target=/tmp/dcgm-debs \
+    if [ -n "$DCGM_DEB" ]; then \
+      arch="$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH"))')" \
+      && mkdir -p /tmp/dcgm "/rootfs/usr/lib/$arch" \
+      && (cd /tmp/dcgm-debs && for deb in $DCGM_DEB; do cp "$deb" /tmp/dcgm/; done) \
+      && apt-get update \
+      && apt-get install -y --no-install-recommends /tmp/dcgm/*.deb \
+      && rm -rf /var/lib/apt/lists/* \
+      && for deb in /tmp/dcgm/*.deb; do dpkg-deb -f "$deb" Package; done > /tmp/dcgm-packages \
+      && while read -r pkg; do dpkg -L "$pkg"; done < /tmp/dcgm-packages \
+         | grep -E "^(/usr)?/lib/$arch/lib[^/]*[.]so([.][0-9]+)*\$" | sort -u > /tmp/dcgm-libs \
+      && { grep -q '/libdcgm[.]so[.]4$' /tmp/dcgm-libs \
+           || { echo "DCGM_DEB: no libdcgm.so.4 in $DCGM_DEB" >&2; exit 1; }; } \
+      && xargs -a /tmp/dcgm-libs cp -a -t "/rootfs/usr/lib/$arch/" \
+      && while read -r pkg; do \
+           find "/usr/share/doc/$pkg" -maxdepth 1 -type f \( -name copyright -o -iname '*licen[cs]e*' \) \
+             -exec install -D -m 0644 -t "/rootfs/usr/share/doc/$pkg" {} + 2>/dev/null || true; \
+         done < /tmp/dcgm-packages \
+      && rm -rf /tmp/dcgm; \
+    fi
 
 # Assemble the runtime tree. Byte-code is compiled here because the root filesystem is
 # read-only at run time.
@@ -91,7 +138,14 @@ RUN R=/rootfs \
  && cp -a /etc/ld.so.conf /etc/ld.so.conf.d "$R/etc/" && ldconfig -r "$R" \
  && mkdir -p "$R/home/nonroot" \
  && chroot "$R" /opt/gpu-exporter/bin/python -c 'import ctypes, ssl, zlib, gpu_exporter.cli' \
- && chroot "$R" /opt/gpu-exporter/bin/gpu-exporter --version
+ && chroot "$R" /opt/gpu-exporter/bin/gpu-exporter --version \
+ && if [ -n "$DCGM_DEB" ]; then \
+      chroot "$R" /opt/gpu-exporter/bin/python -c "$(printf '%s\n' \
+        'import ctypes, sys' \
+        'try: ctypes.CDLL("libdcgm.so.4")' \
+        'except OSError as e:  # the driver libraries come from the node at run time' \
+        '    sys.exit(0 if "libnvidia-ml" in str(e) or "libcuda" in str(e) else str(e))')"; \
+    fi
 
 FROM scratch
 ARG VERSION=0.1.0

@@ -6,7 +6,8 @@ template` / `helm install` time instead of every pod exiting 2. The rest of the 
 written by hand and left as it is.
 
 Generated: `config.extra` (the whole configuration), `config.nvml`, and the chart values that
-become one daemon setting each (`GENERATED_LEAVES`). Every subschema is inlined (no `$ref`),
+become one daemon setting each (`GENERATED_LEAVES`; those in `EMPTY_MEANS_DEFAULT` also accept
+"", which the chart writes as no setting at all). Every subschema is inlined (no `$ref`),
 which every JSON-schema validator Helm has used reads. Numbers also accept numeric strings:
 `helm --set` makes `0.5` a string (only integers, true/false and null get a type), and
 `--set-string` makes every value one; the daemon reads numeric strings as numbers, and the
@@ -58,8 +59,14 @@ GENERATED_LEAVES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("alerting", "externalLabels"): ("alerting", "external_labels"),
     ("alerting", "resendDelaySeconds"): ("alerting", "resend_delay_seconds"),
     ("alerting", "queueCapacity"): ("alerting", "queue_capacity"),
+    ("dcgm", "mode"): ("dcgm", "mode"),
+    ("dcgm", "address"): ("dcgm", "address"),
     ("dcgmCompat", "hostnameLabel"): ("dcgm_compat", "hostname_label"),
 }
+# Chart values among those where "" means "the daemon's default": the chart then leaves the
+# setting out of the file, so the empty string is valid for the chart value although the
+# daemon refuses it as the setting (its minLength is dropped; every other limit stays).
+EMPTY_MEANS_DEFAULT: frozenset[tuple[str, ...]] = frozenset({("dcgm", "address")})
 # Whole objects: chart value -> model.
 GENERATED_OBJECTS: dict[tuple[str, ...], type[Any]] = {
     ("config", "nvml"): NvmlConfig,
@@ -129,7 +136,12 @@ def generate(current: dict[str, Any]) -> dict[str, Any]:
         parent[chart_path[-1]] = {"$comment": COMMENT, **model_schema(model)}
     for chart_path, setting in GENERATED_LEAVES.items():
         parent = _at(schema, chart_path[:-1])["properties"]
-        parent[chart_path[-1]] = {"$comment": COMMENT, **_at(config, setting)}
+        leaf = {"$comment": COMMENT, **_at(config, setting)}
+        if chart_path in EMPTY_MEANS_DEFAULT:
+            if leaf.get("type") != "string":
+                raise SystemExit(f"{'.'.join(chart_path)}: an empty default needs a string")
+            leaf.pop("minLength", None)
+        parent[chart_path[-1]] = leaf
     return schema
 
 

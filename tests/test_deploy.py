@@ -356,6 +356,8 @@ def test_rule_overrides_reach_the_prometheusrule(rendered):
         ("rules.disabledAlerts[0]=NoSuchAlert", "no alert"),
         ("rules.alertOverrides.NoSuchAlert.for=5m", "no alert"),
         ("podAttribution.mode=everything", "podAttribution.mode"),
+        ("dcgm.mode=sometimes", "dcgm.mode"),
+        ("dcgm.extra=1", "dcgm: Additional property extra is not allowed"),
         ("unknownKey=1", "unknownKey"),
         ("webConfig.enabled=true", "webConfig.enabled needs webConfig.inline"),
         ("serviceMonitor.scheme=ftp", "serviceMonitor.scheme"),
@@ -425,6 +427,21 @@ def test_config_changes_restart_the_pods_but_rule_changes_do_not(tools):
     assert checksum("--set", "rules.disabledAlerts[0]=GpuTensorCoresIdle") == base
 
 
+def render_notes(tmp_path: Path, *args: str) -> str:
+    """NOTES.txt only renders on install; wrap it in a template to render it offline."""
+    chart = tmp_path / "gpu-exporter"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        '{{- define "notes" }}' + notes + "{{- end }}\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "notes" . | quote }}}\n'
+    )
+    objects = helm_template("--show-only", "templates/zz-notes.yaml", *args, chart=chart)
+    return objects[0]["data"]["notes"]
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -439,23 +456,131 @@ def test_config_changes_restart_the_pods_but_rule_changes_do_not(tools):
     ],
 )
 def test_notes_render(tools, tmp_path, args):
-    """NOTES.txt only renders on install; wrap it in a template to render it offline."""
-    chart = tmp_path / "gpu-exporter"
-    shutil.copytree(CHART, chart)
-    notes = (chart / "templates" / "NOTES.txt").read_text()
-    (chart / "templates" / "NOTES.txt").unlink()
-    (chart / "templates" / "zz-notes.yaml").write_text(
-        '{{- define "notes" }}' + notes + "{{- end }}\n"
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
-        'data: {notes: {{ include "notes" . | quote }}}\n'
-    )
-    objects = helm_template("--show-only", "templates/zz-notes.yaml", *args, chart=chart)
-    text = objects[0]["data"]["notes"]
+    text = render_notes(tmp_path, *args)
     assert "kubectl -n gpu-exporter get daemonset gpu-exporter" in text
     if "podAttribution.enabled=false" in args:
         assert "UID 65532" in text and "serviceMonitor.enabled=false" in text
     else:
         assert "UID 0 without capabilities" in text
+
+
+# --- DCGM (docs/kubernetes.md "DCGM: activity on GPUs before Hopper") ------------------------
+
+OPERATOR_HOSTENGINE = "nvidia-dcgm.gpu-operator.svc:5555"
+
+
+def _dcgm_render(*args: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(the daemon's configuration as loaded, the pod securityContext, the container's)."""
+    objects = helm_template(*args)
+    text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return yaml.safe_load(text), pod["securityContext"], container["securityContext"]
+
+
+@pytest.mark.parametrize("variant", sorted(v for v in VARIANTS if v.startswith("chart")))
+def test_chart_writes_no_dcgm_section_unless_asked(rendered, variant):
+    config = yaml.safe_load(
+        one(docs(rendered, variant), "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    )
+    assert "dcgm" not in config
+    assert Config.model_validate({"dcgm": config.get("dcgm", {})}).dcgm.mode == "off"
+
+
+@pytest.mark.parametrize("attribution", [True, False])
+@pytest.mark.parametrize("mode", ["standalone", "auto"])
+def test_chart_dcgm_client_modes_keep_the_security_context(tools, mode, attribution):
+    """standalone/auto connect to a host engine elsewhere: the exporter stays as it was (UID
+    65532 without attribution, UID 0 with it; no capabilities either way)."""
+    args = ["--set", f"dcgm.mode={mode}", "--set", f"dcgm.address={OPERATOR_HOSTENGINE}"]
+    args += ["--set", f"podAttribution.enabled={str(attribution).lower()}"]
+    config, pod, container = _dcgm_render(*args)
+    assert config["dcgm"] == {"mode": mode, "address": OPERATOR_HOSTENGINE}
+    settings = Config.model_validate({"dcgm": config["dcgm"]}).dcgm.settings()
+    assert (settings.mode, settings.address) == (mode, OPERATOR_HOSTENGINE)
+    _, default_pod, default_container = _dcgm_render(
+        "--set", f"podAttribution.enabled={str(attribution).lower()}"
+    )
+    assert (pod, container) == (default_pod, default_container)
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    assert pod["runAsNonRoot"] is (not attribution)
+    assert pod["runAsUser"] == (0 if attribution else 65532)
+
+
+def test_chart_dcgm_empty_address_leaves_the_daemon_default(tools):
+    config, _, _ = _dcgm_render("--set", "dcgm.mode=standalone", "--set", "dcgm.address=")
+    assert config["dcgm"] == {"mode": "standalone"}
+    assert Config.model_validate({"dcgm": config["dcgm"]}).dcgm.address == "localhost:5555"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--set", "dcgm.mode=embedded"],
+        # The mode the daemon runs with decides, wherever it was set.
+        ["--set", "config.extra.dcgm.mode=embedded"],
+    ],
+)
+def test_chart_dcgm_embedded_runs_as_root_with_sys_admin(tools, tmp_path, args):
+    config, pod, container = _dcgm_render("--set", "podAttribution.enabled=false", *args)
+    assert config["dcgm"]["mode"] == "embedded" and "address" not in config["dcgm"]
+    assert (pod["runAsUser"], pod["runAsGroup"], pod["runAsNonRoot"]) == (0, 0, False)
+    assert container["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    # The rest stays: not privileged, read-only root filesystem. allowPrivilegeEscalation
+    # false is valid with the capability spelled SYS_ADMIN (the API server refuses it only
+    # with CAP_SYS_ADMIN).
+    assert container["privileged"] is False and container["readOnlyRootFilesystem"] is True
+    assert container["allowPrivilegeEscalation"] is False
+    assert "CAP_SYS_ADMIN" not in container["capabilities"]["add"]
+    # A user's securityContext still wins over the chart's.
+    _, _, mine = _dcgm_render(*args, "--set-json", 'securityContext={"capabilities":{"add":[]}}')
+    assert mine["capabilities"] == {"drop": ["ALL"], "add": []}
+    # And the objects are valid Kubernetes objects.
+    out = tmp_path / "embedded.yaml"
+    out.write_text(
+        subprocess.run(
+            [str(HELM), "template", "gpu-exporter", str(CHART), "-n", "gpu-exporter", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
+    for version in ("1.25.0", "1.37.0"):
+        checked = subprocess.run(
+            [str(VENV_BIN / "kubernetes-validate"), "--strict", "--quiet", "-k", version, str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_chart_dcgm_fields_come_through_config_extra(tools):
+    config, _, _ = _dcgm_render(
+        "--set", "dcgm.mode=auto", "--set-json", "config.extra.dcgm.fields=[1001,1002,1013]"
+    )
+    assert config["dcgm"] == {"mode": "auto", "fields": [1001, 1002, 1013]}
+    assert Config.model_validate({"dcgm": config["dcgm"]}).dcgm.fields == (1001, 1002, 1013)
+
+
+def test_notes_say_what_each_dcgm_mode_needs(tools, tmp_path):
+    embedded = render_notes(tmp_path / "e", "--set", "dcgm.mode=embedded")
+    assert "UID 0 with SYS_ADMIN added" in embedded and "DCGM_DEB" in embedded
+    assert "without capabilities" not in embedded
+    restricted = render_notes(
+        tmp_path / "r", "--set", "dcgm.mode=embedded", "--set", "podAttribution.enabled=false"
+    )
+    assert 'Pod Security "privileged"' in restricted and '"restricted"' not in restricted
+    standalone = render_notes(tmp_path / "s", "--set", "dcgm.mode=standalone")
+    assert "nv-hostengine at localhost:5555" in standalone
+    assert "set dcgm.address" in standalone and "exits at start" in standalone
+    auto = render_notes(
+        tmp_path / "a", "--set", "dcgm.mode=auto", "--set", f"dcgm.address={OPERATOR_HOSTENGINE}"
+    )
+    assert f"nv-hostengine at {OPERATOR_HOSTENGINE}" in auto and "set dcgm.address" not in auto
+    assert "UID 0 without capabilities" in auto
+    assert "gpu_exporter_dcgm_up" not in render_notes(tmp_path / "o")
 
 
 # --- security: web config, ServiceMonitor TLS, NetworkPolicy --------------------------------

@@ -119,6 +119,12 @@ SAMPLES = [
     ({"alerting": {"alertmanagers": [{"timeout_seconds": 3}]}}, False),
     ({"alerting": {"external_labels": {"cluster": ""}}}, False),
     ({"rules": {"history_max_bytes": 1}}, False),
+    ({"dcgm": {"mode": "standalone", "address": "nvidia-dcgm.gpu-operator.svc:5555"}}, True),
+    ({"dcgm": {"mode": "auto", "fields": [1001, 1002, 1013]}}, True),
+    ({"dcgm": {"mode": "sometimes"}}, False),
+    ({"dcgm": {"address": ""}}, False),  # the chart's dcgm.address "" is no setting at all
+    ({"dcgm": {"fields": []}}, False),
+    ({"dcgm": {"typo": 1}}, False),
 ]
 
 
@@ -149,6 +155,9 @@ def test_config_extra_refuses_what_the_daemon_refuses(settings, accepted):
         ("config.extra.classifier.idle_utilization=2", "idle_utilization: Must be less than"),
         ("config.intervalSeconds=fast", "config.intervalSeconds: Does not match"),
         ("config.intervalSeconds=7200", "config.intervalSeconds: Must be less than"),
+        ("dcgm.mode=sometimes", "dcgm.mode: dcgm.mode must be one of the following"),
+        ("config.extra.dcgm.mode=sometimes", "config.extra.dcgm.mode: config.extra.dcgm.mode"),
+        ("config.extra.dcgm.fields=1001", "config.extra.dcgm.fields: Invalid type"),
     ],
 )
 def test_helm_refuses_a_bad_daemon_setting_naming_it(setting, message):
@@ -196,6 +205,25 @@ def test_a_valid_extra_setting_reaches_the_daemon_and_may_replace_the_charts(tmp
     assert (loaded.nvml.max_devices, loaded.nvml.slow_refresh_seconds) == (8, 60)
 
 
+def test_the_chart_dcgm_address_accepts_empty_for_the_daemon_default():
+    """The chart's dcgm.address is the model's setting but for "" (the chart then writes no
+    address and the daemon uses its own default), which the setting itself refuses."""
+    chart = schema()["properties"]["dcgm"]["properties"]
+    setting = schema()["properties"]["config"]["properties"]["extra"]["properties"]["dcgm"]
+    address = setting["properties"]["address"]
+    assert address["minLength"] == 1
+    assert {k: v for k, v in chart["address"].items() if k != "$comment"} == {
+        k: v for k, v in address.items() if k != "minLength"
+    }
+    assert chart["mode"]["enum"] == setting["properties"]["mode"]["enum"]
+    validator = jsonschema.Draft7Validator(schema()["properties"]["dcgm"])
+    assert validator.is_valid({"mode": "off", "address": ""})
+    assert not validator.is_valid({"mode": "off", "address": "x" * 4097})
+    assert not validator.is_valid({"mode": False})  # a bare `off` in a values file
+    gen = generator()
+    assert set(gen.EMPTY_MEANS_DEFAULT) <= set(gen.GENERATED_LEAVES)
+
+
 def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
     """The files the DaemonSet's container sees, under `root`: the chart's ConfigMaps and
     Secrets as rendered, stand-ins for Secrets the chart does not create. Returns the config."""
@@ -230,7 +258,22 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
     return root / args[args.index("--config") + 1].lstrip("/")
 
 
-@pytest.mark.parametrize("values", [[], ["-f", str(CHART / "ci" / "all-on-values.yaml")]])
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        ["-f", str(CHART / "ci" / "all-on-values.yaml")],
+        [
+            "--set",
+            "dcgm.mode=standalone",
+            "--set",
+            "dcgm.address=nvidia-dcgm.gpu-operator.svc:5555",
+        ],
+        ["--set", "dcgm.mode=auto", "--set", "dcgm.address=unix:/run/dcgm/hostengine.sock"],
+        ["--set", "dcgm.mode=embedded", "--set-json", "config.extra.dcgm.fields=[1001,1013]"],
+    ],
+    ids=["defaults", "all-on", "dcgm-standalone", "dcgm-auto-unix", "dcgm-embedded"],
+)
 def test_the_rendered_configuration_passes_config_check(values, tmp_path):
     root = tmp_path / "pod"
     config = _pod_files(rendered(*values), root)

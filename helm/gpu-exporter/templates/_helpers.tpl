@@ -61,16 +61,34 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 Security contexts: the defaults, with the user's values merged over them. Pod attribution needs
 UID 0 because the kubelet creates its pod-resources directory 0750 and the socket 0755, both
 root:root; without it the pod runs as the image's UID 65532 and meets Pod Security "restricted".
+DCGM embedded runs a host engine inside the exporter, which needs root and CAP_SYS_ADMIN ("In
+both modes the DCGM library should be run as root", DCGM documentation): UID 0 and SYS_ADMIN
+added (every other capability still dropped). allowPrivilegeEscalation stays false: the API
+server refuses that only with the capability spelled CAP_SYS_ADMIN, and no_new_privs takes
+nothing from a root process that already holds the capability.
 */}}
 {{- define "gpu-exporter.podSecurityContext" -}}
-{{- $uid := ternary 0 65532 .Values.podAttribution.enabled }}
-{{- $defaults := dict "runAsUser" $uid "runAsGroup" $uid "runAsNonRoot" (not .Values.podAttribution.enabled) "seccompProfile" (dict "type" "RuntimeDefault") }}
+{{- $root := or .Values.podAttribution.enabled (eq (include "gpu-exporter.dcgmMode" .) "embedded") }}
+{{- $uid := ternary 0 65532 $root }}
+{{- $defaults := dict "runAsUser" $uid "runAsGroup" $uid "runAsNonRoot" (not $root) "seccompProfile" (dict "type" "RuntimeDefault") }}
 {{- toYaml (mergeOverwrite $defaults (deepCopy .Values.podSecurityContext)) }}
 {{- end }}
 
 {{- define "gpu-exporter.securityContext" -}}
-{{- $defaults := dict "allowPrivilegeEscalation" false "privileged" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) }}
+{{- $capabilities := dict "drop" (list "ALL") }}
+{{- if eq (include "gpu-exporter.dcgmMode" .) "embedded" }}
+{{- $_ := set $capabilities "add" (list "SYS_ADMIN") }}
+{{- end }}
+{{- $defaults := dict "allowPrivilegeEscalation" false "privileged" false "readOnlyRootFilesystem" true "capabilities" $capabilities }}
 {{- toYaml (mergeOverwrite $defaults (deepCopy .Values.securityContext)) }}
+{{- end }}
+
+{{/*
+The DCGM mode the daemon runs with: dcgm.mode, or config.extra.dcgm.mode, which wins, as it
+does in the configuration file.
+*/}}
+{{- define "gpu-exporter.dcgmMode" -}}
+{{- dig "dcgm" "mode" "off" (include "gpu-exporter.config" . | fromYaml) }}
 {{- end }}
 
 {{/*
@@ -175,6 +193,8 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 The daemon's configuration file. Numbers go through float64/int: `helm --set` gives `0.5` as a
 string (values.schema.json admits numeric strings for that), the daemon's file must say 0.5.
 config.nvml and config.extra are passed as given (the daemon reads numeric strings as numbers).
+`dcgm:` is written only when dcgm.mode is not "off", its address only when set: with the
+defaults the file is what it was before the chart knew DCGM.
 */}}
 {{- define "gpu-exporter.config" -}}
 {{- $v := .Values }}
@@ -232,6 +252,11 @@ config.nvml and config.extra are passed as given (the daemon reads numeric strin
 {{- $_ := set $compat "listen_address" (printf "0.0.0.0:%d" (int $v.dcgmCompat.port)) }}
 {{- end }}
 {{- $_ := set $config "dcgm_compat" $compat }}
+{{- end }}
+{{- if ne $v.dcgm.mode "off" }}
+{{- $dcgm := dict "mode" $v.dcgm.mode }}
+{{- with $v.dcgm.address }}{{ $_ := set $dcgm "address" . }}{{ end }}
+{{- $_ := set $config "dcgm" $dcgm }}
 {{- end }}
 {{- toYaml (mergeOverwrite $config (deepCopy $v.config.extra)) }}
 {{- end }}
