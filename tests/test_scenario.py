@@ -34,7 +34,7 @@ def _spec(quantity: str, spec: object) -> ValueSpec:
 
 
 def test_builtin_names() -> None:
-    assert sim.builtin_scenarios() == ["faults", "mig", "mixed", "pre-hopper"]
+    assert sim.builtin_scenarios() == ["faults", "mig", "mixed", "pre-hopper", "pre-hopper-dcgm"]
 
 
 @pytest.mark.parametrize("name", sim.builtin_scenarios())
@@ -82,7 +82,8 @@ def test_load_from_path_and_unknown_name(tmp_path: Path) -> None:
     path.write_text("name: mine\ndevices: [{}]\n")
     assert load_scenario(path).name == "mine"
     assert load_scenario(str(path)).source == str(path)
-    with pytest.raises(ScenarioError, match="built-ins: faults, mig, mixed, pre-hopper"):
+    builtins = r"\(built-ins: faults, mig, mixed, pre-hopper, pre-hopper-dcgm\)$"
+    with pytest.raises(ScenarioError, match=builtins):
         load_scenario("no-such-scenario")
 
 

@@ -5,6 +5,11 @@
     ...                                  # production code: import pynvml; pynvml.nvmlInit() ...
     sim.uninstall()
 
+A scenario with a `dcgm:` section also gets a fake libdcgm (`FakeDcgmLib`, on the same clock),
+which the DCGM binding then uses instead of libdcgm.so.4 (`installed_dcgm()` returns it); one
+without makes the binding behave as if libdcgm.so.4 were not installed, so a real one on this
+machine is never picked up in simulation.
+
 See docs/scenarios.md for the scenario format.
 
 The fake plugs in under pynvml's public API through a few of its private attributes
@@ -20,18 +25,22 @@ from typing import Any
 
 import pynvml
 
+from gpu_exporter.sim.fake_dcgm import FakeDcgmLib
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib
 from gpu_exporter.sim.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
+from gpu_exporter.sources import dcgm_api
 
 __all__ = [
     "BINDING_PRIVATES",
     "BindingChangedError",
+    "FakeDcgmLib",
     "FakeNvmlLib",
     "Scenario",
     "ScenarioError",
     "binding_problems",
     "builtin_scenarios",
     "install",
+    "installed_dcgm",
     "load_scenario",
     "uninstall",
 ]
@@ -95,12 +104,31 @@ def install(
         scenario = load_scenario(scenario)
     fake = FakeNvmlLib(scenario, clock)
     _swap(fake)
+    _use_dcgm(FakeDcgmLib(scenario, fake.clock) if scenario.dcgm is not None else None)
     return fake
 
 
 def uninstall() -> None:
-    """Forget the fake: pynvml is back to "library not loaded" (next init loads the real one)."""
+    """Forget the fakes: pynvml is back to "library not loaded" (next init loads the real one),
+    and the DCGM binding to the real libdcgm.so.4."""
     _swap(None)
+    global _dcgm
+    _dcgm = None
+    dcgm_api.use_library(None)
+
+
+def installed_dcgm() -> FakeDcgmLib | None:
+    """The fake libdcgm of the installed scenario (None: none installed, or no `dcgm:`)."""
+    return _dcgm
+
+
+_dcgm: FakeDcgmLib | None = None
+
+
+def _use_dcgm(lib: FakeDcgmLib | None) -> None:
+    global _dcgm
+    _dcgm = lib
+    dcgm_api.use_library(dcgm_api.NO_LIBRARY if lib is None else lib)
 
 
 def _swap(lib: FakeNvmlLib | None) -> None:

@@ -1,4 +1,4 @@
-"""Scenario files for the fake NVML: load, validate, evaluate (format: docs/scenarios.md).
+"""Scenario files for the fake NVML and libdcgm: load, validate, evaluate (docs/scenarios.md).
 
 A scenario is parsed into frozen dataclasses. Every device ends up with a complete
 `values` table (one `ValueSpec` per quantity, defaults filled in), so the fake never has to
@@ -26,9 +26,12 @@ from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml, load_ya
 __all__ = [
     "ARCHITECTURES",
     "CLOCK_EVENT_REASONS",
+    "DCGM_HOST_ENGINE_PORT",
     "FEATURES",
     "MAX_DEVICES",
+    "NO_DEVICE",
     "QUANTITIES",
+    "DcgmSpec",
     "DeviceSpec",
     "DriverSpec",
     "FaultSpec",
@@ -42,6 +45,7 @@ __all__ = [
     "builtin_scenarios",
     "load_scenario",
     "normalize_bus_id",
+    "normalize_dcgm_address",
 ]
 
 GIB = 1024**3
@@ -417,21 +421,59 @@ class DeviceSpec:
         return self.values[quantity].value_at(t)
 
 
+# `FaultSpec.device` of a fault of the whole node (its DCGM host engine), not of one GPU.
+NO_DEVICE = -1
+
+
 @dataclass(frozen=True)
 class FaultSpec:
-    kind: str  # xid | gpu_lost | hang | no_permission | gpm_nan
+    # xid | gpu_lost | hang | no_permission | gpm_nan (NVML);
+    # dcgm_down | dcgm_blank | dcgm_paused | dcgm_hang (DCGM)
+    kind: str
     at: float
-    device: int
+    device: int  # NO_DEVICE for dcgm_down, dcgm_paused, dcgm_hang
     xid: int = 0
     until: float | None = None
     function: str = ""
     duration: float = 0.0
     metric: int = 0
+    field: int = 0  # dcgm_blank: the DCGM field id
 
     def active(self, t: float) -> bool:
-        """Inside [at, until) (or [at, at + duration) for hang)."""
-        end = self.at + self.duration if self.kind == "hang" else self.until
+        """Inside [at, until) (or [at, at + duration) for hang and dcgm_hang)."""
+        end = self.at + self.duration if self.kind in _TIMED_KINDS else self.until
         return t >= self.at and (end is None or t < end)
+
+
+_TIMED_KINDS = frozenset({"hang", "dcgm_hang"})
+
+# DCGM_HE_PORT_NUMBER (DCGM dcgm_structs.h): nv-hostengine's port when an address names none.
+DCGM_HOST_ENGINE_PORT = 5555
+
+
+@dataclass(frozen=True)
+class DcgmSpec:
+    """The node's DCGM: its libdcgm and nv-hostengine (docs/scenarios.md, "DCGM")."""
+
+    host_engine_running: bool = True  # False: no nv-hostengine at all
+    address: str | None = None  # normalized (normalize_dcgm_address); None: any address
+    profiling_module_loaded: bool = True
+    embedded_requires_root: bool = False
+    connect_params_versions: frozenset[int] = frozenset({1, 2})
+    missing_functions: frozenset[str] = frozenset()
+
+
+def normalize_dcgm_address(text: str, unix_socket: bool = False) -> str | None:
+    """A dcgmConnect_v2 address as compared: 'host' -> 'host:5555', 'host:port' as is, a unix
+    socket path as is; None when it is none of these."""
+    if unix_socket:
+        return text or None
+    host, colon, port = text.rpartition(":")
+    if not colon:
+        host, port = text, str(DCGM_HOST_ENGINE_PORT)
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535 or ":" in host:
+        return None
+    return f"{host}:{int(port)}"
 
 
 @dataclass(frozen=True)
@@ -469,6 +511,7 @@ class Scenario:
     faults: tuple[FaultSpec, ...]
     topology: tuple[TopologyGroup, ...]
     pods: tuple[PodSpec, ...] = ()
+    dcgm: DcgmSpec | None = None  # None: no DCGM on this node (no libdcgm)
 
     def topology_level(self, a: int, b: int) -> int:
         """PCIe common-ancestor level of two GPUs: explicit groups, else by NUMA node."""
@@ -593,6 +636,7 @@ _TOP_KEYS = frozenset(
         "faults",
         "topology",
         "pods",
+        "dcgm",
     }
 )
 _DEVICE_KEYS = frozenset(
@@ -617,7 +661,18 @@ _FAULT_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "hang": (("function", "duration"), ()),
     "no_permission": (("function",), ("until",)),
     "gpm_nan": (("metric",), ("until",)),
+    "dcgm_down": ((), ("until",)),
+    "dcgm_blank": (("field",), ("until",)),
+    "dcgm_paused": ((), ("until",)),
+    "dcgm_hang": (("function", "duration"), ()),
 }
+# Faults of the node's host engine: no `device`.
+_NODE_FAULTS = frozenset({"dcgm_down", "dcgm_paused", "dcgm_hang"})
+_DCGM_FAULTS = frozenset(kind for kind in _FAULT_FIELDS if kind.startswith("dcgm_"))
+_DCGM_KEYS = frozenset(
+    {"host_engine", "address", "profiling_module", "embedded", "connect_params_versions",
+     "missing_functions"}
+)  # fmt: skip
 
 
 def _known_functions() -> frozenset[str]:
@@ -625,6 +680,19 @@ def _known_functions() -> frozenset[str]:
     from gpu_exporter.sim.fake_nvml import implemented_functions
 
     return implemented_functions()
+
+
+def _known_dcgm_functions() -> frozenset[str]:
+    # Imported here because fake_dcgm imports this module.
+    from gpu_exporter.sim.fake_dcgm import implemented_functions
+
+    return implemented_functions()
+
+
+def _served_dcgm_fields() -> frozenset[int]:
+    from gpu_exporter.sim.fake_dcgm import served_fields
+
+    return served_fields()
 
 
 def _parse(data: Any, ctx: _Ctx) -> Scenario:
@@ -641,12 +709,15 @@ def _parse(data: Any, ctx: _Ctx) -> Scenario:
     entries = [_merge(defaults, node) for node in top["devices"].seq(nonempty=True)]
     devices = tuple(_parse_device(i, entry, name, seed) for i, entry in enumerate(entries))
     _refuse_shared_ids(devices, entries, top["devices"])
-    faults = tuple(_parse_fault(n, len(devices)) for n in _opt_seq(top.get("faults")))
+    dcgm = _parse_dcgm(top["dcgm"]) if "dcgm" in top else None
+    fault_nodes = _opt_seq(top.get("faults"))
+    faults = tuple(_parse_fault(n, len(devices)) for n in fault_nodes)
+    _refuse_dcgm_faults_without_dcgm(faults, fault_nodes, dcgm)
     topology = tuple(_parse_topology(n, len(devices)) for n in _opt_seq(top.get("topology")))
     description = top["description"].string() if "description" in top else ""
     pods = tuple(_parse_pod(n, devices) for n in _opt_seq(top.get("pods")))
     return Scenario(
-        name, description, ctx.source, seed, driver, latency, devices, faults, topology, pods
+        name, description, ctx.source, seed, driver, latency, devices, faults, topology, pods, dcgm
     )
 
 
@@ -684,6 +755,48 @@ def _parse_driver(node: _Node | None) -> DriverSpec:
     if "cuda_version" in keys:
         given["cuda_version"] = keys["cuda_version"].integer(lo=0)
     return DriverSpec(missing_functions=missing, unsupported_fields=fields, **given)
+
+
+def _parse_dcgm(node: _Node) -> DcgmSpec:
+    keys = node.mapping(_DCGM_KEYS)
+
+    def pick(key: str, options: tuple[str, str]) -> bool:
+        """True for the first option (the default), False for the second."""
+        return key not in keys or keys[key].choice(frozenset(options)) == options[0]
+
+    address = None
+    if "address" in keys:
+        text = keys["address"].string()
+        address = normalize_dcgm_address(text, unix_socket=text.startswith("/"))
+        if address is None:
+            raise keys["address"].error(
+                f"expected host, host:port or a unix socket path (/...), got {text!r}"
+            )
+    versions = frozenset({1, 2})
+    if "connect_params_versions" in keys:
+        items = keys["connect_params_versions"].seq(nonempty=True)
+        versions = frozenset(n.integer(lo=1, hi=255) for n in items)  # the version's top byte
+    known = _known_dcgm_functions()
+    missing = frozenset(n.choice(known) for n in _opt_seq(keys.get("missing_functions")))
+    return DcgmSpec(
+        host_engine_running=pick("host_engine", ("running", "absent")),
+        address=address,
+        profiling_module_loaded=pick("profiling_module", ("loaded", "missing")),
+        embedded_requires_root=not pick("embedded", ("allowed", "requires_root")),
+        connect_params_versions=versions,
+        missing_functions=missing,
+    )
+
+
+def _refuse_dcgm_faults_without_dcgm(
+    faults: tuple[FaultSpec, ...], nodes: list[_Node], dcgm: DcgmSpec | None
+) -> None:
+    """A DCGM fault on a node without DCGM would silently do nothing."""
+    if dcgm is not None:
+        return
+    for fault, node in zip(faults, nodes, strict=True):
+        if fault.kind in _DCGM_FAULTS:
+            raise node.child("kind").error(f"{fault.kind} needs a top-level `dcgm:` section")
 
 
 def _parse_latency(node: _Node | None) -> LatencySpec:
@@ -999,8 +1112,9 @@ def _parse_fault(node: _Node, count: int) -> FaultSpec:
     every = {"kind", "at", "device"} | {k for r, o in _FAULT_FIELDS.values() for k in (*r, *o)}
     kind = node.mapping(every, required=("kind",))["kind"].choice(frozenset(_FAULT_FIELDS))
     required, optional = _FAULT_FIELDS[kind]
-    allowed = {"kind", "at", "device", *required, *optional}
-    keys = node.mapping(allowed, required=("at", "device", *required))
+    if kind not in _NODE_FAULTS:
+        required = ("device", *required)
+    keys = node.mapping({"kind", "at", *required, *optional}, required=("at", *required))
     at = keys["at"].number(lo=0)
     until = keys["until"].number(lo=at) if "until" in keys else None
     if until is not None and until <= at:
@@ -1008,16 +1122,30 @@ def _parse_fault(node: _Node, count: int) -> FaultSpec:
     duration = keys["duration"].number(lo=0) if "duration" in keys else 0.0
     if "duration" in keys and duration <= 0:
         raise keys["duration"].error("must be > 0")
+    function = ""
+    if "function" in keys:
+        known = _known_dcgm_functions() if kind == "dcgm_hang" else _known_functions()
+        function = keys["function"].choice(known)
     return FaultSpec(
         kind=kind,
         at=at,
-        device=keys["device"].integer(lo=0, hi=count - 1),
+        device=keys["device"].integer(lo=0, hi=count - 1) if "device" in keys else NO_DEVICE,
         xid=keys["xid"].integer(lo=0) if "xid" in keys else 0,
         until=until,
-        function=keys["function"].choice(_known_functions()) if "function" in keys else "",
+        function=function,
         duration=duration,
         metric=keys["metric"].integer(lo=1) if "metric" in keys else 0,
+        field=_dcgm_field(keys["field"]) if "field" in keys else 0,
     )
+
+
+def _dcgm_field(node: _Node) -> int:
+    served = _served_dcgm_fields()
+    field_id = node.integer(lo=0)
+    if field_id not in served:
+        known = ", ".join(map(str, sorted(served)))
+        raise node.error(f"the fake libdcgm serves no field {field_id} (served: {known})")
+    return field_id
 
 
 _POD_KEYS = frozenset(

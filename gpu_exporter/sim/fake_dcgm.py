@@ -1,0 +1,846 @@
+"""A fake libdcgm (DCGM's C library, libdcgm.so.4) for the simulator, driven by a scenario.
+
+`FakeDcgmLib` stands where `ctypes.CDLL("libdcgm.so.4")` would: its attributes are C function
+pointers made with `ctypes.CFUNCTYPE(...)(impl)`, so a binding sets `argtypes`/`restype` on
+them and calls them with ctypes objects, and real ctypes marshalling runs in between. Every
+pointer parameter is declared `c_void_p` and read through this module's own structure
+definitions, written from DCGM's headers independently of any binding, so that a layout or
+version mistake on either side shows. A symbol the scenario's `dcgm.missing_functions` names is
+not set: looking it up raises AttributeError, as with CDLL.
+
+One fake is one simulated node: this process's libdcgm, the node's nv-hostengine (standalone
+connections) and at most one embedded host engine. It follows DCGM's documented semantics
+(DCGM 4.6.0 dcgm_structs.h, dcgm_agent.h, dcgm_fields.h): return codes, struct versions
+(`MAKE_DCGM_VERSION`), blank sentinels, `dcgmInit`/`dcgmShutdown` pairs, groups and field
+groups, "the first update of the field will not occur until the next field update cycle" and
+"DCGM will save BLANK values while profiling is paused".
+
+Assumptions, not verified against a real DCGM:
+- a watched field read before its first update cycle has status DCGM_ST_NO_DATA; a field no
+  connection to that host engine watches has DCGM_ST_NOT_WATCHED (both with a blank value);
+- samples fall exactly on the grid watch time + k * updateFreq (no jitter); only the latest is
+  kept (maxKeepAge and maxKeepSamples are checked, not modelled);
+- DCGM_FV_FLAG_LIVE_DATA reads the device fields (54, 57) live; profiling fields always come
+  from the watches;
+- a connection's groups, field groups and watches go with it (persistAfterDisconnect is not
+  modelled); watches are the host engine's, so every connection to it reads them;
+- `embedded: requires_root` refuses watches of profiling fields only (DCGM_ST_REQUIRES_ROOT);
+- dcgmDisconnect of a dead connection answers DCGM_ST_CONNECTION_NOT_VALID and frees it; a
+  second dcgmStartEmbedded while one runs answers DCGM_ST_INIT_ERROR; DCGM_OPERATION_MODE_MANUAL
+  samples as AUTO (there is no dcgmUpdateAllFields here);
+- profiling is paused node-wide (a `dcgm_paused` fault, or dcgmProfPause through any handle);
+- group types other than DEFAULT / DEFAULT_EVERYTHING make empty groups (no NVSwitches, no MIG
+  entities); entities other than whole GPUs are refused (DCGM_ST_NOT_SUPPORTED).
+
+Every implementation catches every exception and answers DCGM_ST_GENERIC_ERROR (an exception
+in a ctypes callback would otherwise be printed and answer 0, DCGM_ST_OK); `internal_errors`
+keeps what was caught, so tests can assert there was none. The fake holds its lock only for
+bookkeeping, never while a `dcgm_hang` fault sleeps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from gpu_exporter.sim.scenario import (
+    DcgmSpec,
+    DeviceSpec,
+    FaultSpec,
+    Scenario,
+    normalize_dcgm_address,
+)
+
+__all__ = ["FakeDcgmLib", "implemented_functions", "served_fields"]
+
+log = logging.getLogger(__name__)
+
+# dcgmReturn_t (dcgm_structs.h) -> errorString's text (the header's description of it).
+OK = 0
+BADPARAM = -1
+GENERIC_ERROR = -3
+NOT_CONFIGURED = -5
+NOT_SUPPORTED = -6
+INIT_ERROR = -7
+UNINITIALIZED = -10
+TIMEOUT = -11
+VER_MISMATCH = -12
+UNKNOWN_FIELD = -13
+NO_DATA = -14
+STALE_DATA = -15
+NOT_WATCHED = -16
+NO_PERMISSION = -17
+CONNECTION_NOT_VALID = -21
+REQUIRES_ROOT = -29
+MODULE_NOT_LOADED = -33
+GROUP_IS_EMPTY = -35
+PROFILING_NOT_SUPPORTED = -36
+PROFILING_MULTI_PASS = -38
+PAUSED = -54
+_MESSAGES: dict[int, bytes] = {
+    OK: b"Success",
+    BADPARAM: b"A bad parameter was passed to a function",
+    GENERIC_ERROR: b"A generic, unspecified error",
+    NOT_CONFIGURED: b"Setting not configured",
+    NOT_SUPPORTED: b"Feature not supported",
+    INIT_ERROR: b"DCGM Init error",
+    UNINITIALIZED: b"Object is in undefined state",
+    TIMEOUT: b"Requested operation timed out",
+    VER_MISMATCH: b"Version mismatch between received and understood API",
+    UNKNOWN_FIELD: b"Unknown field id",
+    NO_DATA: b"No data is available",
+    STALE_DATA: b"Data is considered stale",
+    NOT_WATCHED: b"The given field id is not being updated by the cache manager",
+    NO_PERMISSION: b"Do not have permission to perform the desired action",
+    CONNECTION_NOT_VALID: b"The connection to the host engine is not valid any longer",
+    REQUIRES_ROOT: b"This operation cannot be performed when the host engine is running as "
+    b"non-root",
+    MODULE_NOT_LOADED: b"This request is serviced by a module of DCGM that is not currently loaded",
+    GROUP_IS_EMPTY: b"This group is empty and the requested operation is not valid on an "
+    b"empty group",
+    PROFILING_NOT_SUPPORTED: b"Profiling is not supported for this group of GPUs or GPU",
+    PROFILING_MULTI_PASS: b"The requested profiling metrics cannot be collected in a single pass",
+    PAUSED: b"The hostengine and all modules are paused",
+}
+
+# dcgm_structs.h constants
+_OPERATION_MODES = frozenset({1, 2})  # DCGM_OPERATION_MODE_AUTO, MANUAL
+_GROUP_DEFAULT, _GROUP_DEFAULT_EVERYTHING = 0, 5  # dcgmGroupType_t: all GPUs
+_GROUP_TYPES = range(6)  # DEFAULT .. DEFAULT_EVERYTHING
+GROUP_ALL_GPUS = 0x7FFFFFFF
+MAX_NUM_DEVICES = 32
+MAX_FIELD_IDS_PER_FIELD_GROUP = 128
+MAX_STR_LENGTH = 256
+MAX_BLOB_LENGTH = 4096
+FV_FLAG_LIVE_DATA = 0x1
+FE_GPU = 1  # dcgm_field_entity_group_t (dcgm_fields.h)
+
+# Field types (dcgm_fields.h DCGM_FT_*) and blank values (dcgm_structs.h DCGM_BLANK_VALUES):
+# base, + 1 not found, + 2 not supported, + 3 not permissioned.
+FT_DOUBLE, FT_INT64, FT_STRING = ord("d"), ord("i"), ord("s")
+FP64_BLANK = 140737488355328.0  # 2**47
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+_STR_BLANKS = (b"<<<NULL>>>", b"<<<NOT_FOUND>>>", b"<<<NOT_SUPPORTED>>>", b"<<<NOT_PERM>>>")
+BLANK, NOT_FOUND_BLANK, NOT_SUPPORTED_BLANK = 0, 1, 2  # offsets from the blank base
+
+# Profiling fields (DCGM_FI_PROF_*, 1001-1075): the profiling module's, paused together.
+PROFILING_FIELDS = range(1001, 1076)
+# Served fields: id -> the scenario quantity (dcgm_fields.h ids; ratios 0..1, bytes/s).
+_RATIO_FIELDS: dict[int, str] = {
+    1001: "graphics_active",  # GR_ENGINE_UTIL_RATIO
+    1002: "sm_active",  # SM_UTIL_RATIO
+    1003: "sm_occupancy",  # SM_OCCUPANCY_RATIO
+    1004: "tensor_active",  # TENSOR_UTIL_RATIO
+    1005: "dram_active",  # DRAM_UTIL_RATIO
+    1006: "fp64_active",  # FP64_UTIL_RATIO
+    1007: "fp32_active",  # FP32_UTIL_RATIO
+    1008: "fp16_active",  # FP16_UTIL_RATIO (HMMA excluded)
+    1013: "tensor_imma_active",  # IMMA_UTIL_RATIO
+    1015: "tensor_dfma_active",  # DFMA_UTIL_RATIO
+    1016: "int_active",  # INT_UTIL_RATIO
+}
+_HMMA_FIELD = 1014  # HMMA_UTIL_RATIO: the rest of tensor_active, as the fake NVML's GPM has it
+_BYTES_FIELDS: dict[int, str] = {
+    1009: "pcie_tx_bytes_per_second",  # PCIE_TX_BYTES
+    1010: "pcie_rx_bytes_per_second",  # PCIE_RX_BYTES
+    1011: "nvlink_tx_bytes_per_second",  # NVLINK_TX_BYTES
+    1012: "nvlink_rx_bytes_per_second",  # NVLINK_RX_BYTES
+}
+_NVLINK_FIELDS = frozenset({1011, 1012})
+_STRING_FIELDS: dict[int, Callable[[DeviceSpec], str]] = {
+    54: lambda dev: dev.uuid,  # DCGM_FI_DEV_GPU_UUID
+    57: lambda dev: dev.pci_bus_id,  # DCGM_FI_DEV_PCI_BUS_ID
+}
+_FIELD_TYPES: dict[int, int] = (
+    dict.fromkeys(_RATIO_FIELDS, FT_DOUBLE)
+    | {_HMMA_FIELD: FT_DOUBLE}
+    | dict.fromkeys(_BYTES_FIELDS, FT_INT64)
+    | dict.fromkeys(_STRING_FIELDS, FT_STRING)
+)
+
+# Tokens handed out; distinct ranges catch a group passed as a handle and the like.
+_HANDLE_BASE, _GROUP_BASE, _FIELD_GROUP_BASE = 0x44430000, 0x47520000, 0x46470000
+
+
+# ---------------------------------------------------------------------------------------------
+# Structures (dcgm_structs.h), the fake's own copies
+
+
+class _ConnectParamsV1(ctypes.Structure):  # dcgmConnectV2Params_v1
+    _fields_ = [("version", ctypes.c_uint), ("persistAfterDisconnect", ctypes.c_uint)]
+
+
+class _ConnectParamsV2(ctypes.Structure):  # dcgmConnectV2Params_v2
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("persistAfterDisconnect", ctypes.c_uint),
+        ("timeoutMs", ctypes.c_uint),
+        ("addressIsUnixSocket", ctypes.c_uint),
+    ]
+
+
+class _EntityPair(ctypes.Structure):  # dcgmGroupEntityPair_t
+    _fields_ = [("entityGroupId", ctypes.c_uint), ("entityId", ctypes.c_uint)]
+
+
+class _Value(ctypes.Union):
+    _fields_ = [
+        ("i64", ctypes.c_int64),
+        ("dbl", ctypes.c_double),
+        ("str", ctypes.c_char * MAX_STR_LENGTH),
+        ("blob", ctypes.c_char * MAX_BLOB_LENGTH),
+    ]
+
+
+class _FieldValueV2(ctypes.Structure):  # dcgmFieldValue_v2
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("entityGroupId", ctypes.c_uint),  # dcgm_field_entity_group_t: an enum, 4 bytes
+        ("entityId", ctypes.c_uint),
+        ("fieldId", ctypes.c_ushort),
+        ("fieldType", ctypes.c_ushort),
+        ("status", ctypes.c_int),
+        ("unused", ctypes.c_uint),  # aligns ts to 8 bytes
+        ("ts", ctypes.c_int64),  # microseconds since 1970
+        ("value", _Value),
+    ]
+
+
+def make_version(struct: type[ctypes.Structure], version: int) -> int:
+    """MAKE_DCGM_VERSION(type, ver) = sizeof(type) | ver << 24."""
+    return ctypes.sizeof(struct) | version << 24
+
+
+_CONNECT_PARAMS: dict[int, type[ctypes.Structure]] = {1: _ConnectParamsV1, 2: _ConnectParamsV2}
+FIELD_VALUE_VERSION2 = make_version(_FieldValueV2, 2)
+
+# The C prototypes as the fake declares them (dcgm_agent.h): (restype, argtypes). Handles are
+# uintptr_t; enums are 4-byte ints; every pointer is c_void_p, read through the structs above.
+_H = ctypes.c_size_t
+_I, _U, _P = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    "dcgmInit": (_I, ()),
+    "dcgmShutdown": (_I, ()),
+    "dcgmStartEmbedded": (_I, (_I, _P)),
+    "dcgmStopEmbedded": (_I, (_H,)),
+    "dcgmConnect_v2": (_I, (_P, _P, _P)),
+    "dcgmDisconnect": (_I, (_H,)),
+    "dcgmGetAllSupportedDevices": (_I, (_H, _P, _P)),
+    "dcgmGroupCreate": (_I, (_H, _I, _P, _P)),
+    "dcgmGroupAddEntity": (_I, (_H, _H, _U, _U)),
+    "dcgmGroupDestroy": (_I, (_H, _H)),
+    "dcgmFieldGroupCreate": (_I, (_H, _I, _P, _P, _P)),
+    "dcgmFieldGroupDestroy": (_I, (_H, _H)),
+    "dcgmWatchFields": (_I, (_H, _H, _H, ctypes.c_longlong, ctypes.c_double, _I)),
+    "dcgmUnwatchFields": (_I, (_H, _H, _H)),
+    "dcgmEntitiesGetLatestValues": (_I, (_H, _P, _U, _P, _U, _U, _P)),
+    "dcgmProfPause": (_I, (_H,)),
+    "dcgmProfResume": (_I, (_H,)),
+    "errorString": (_P, (_I,)),  # const char *: the address of a buffer the fake keeps
+}
+
+
+def implemented_functions() -> frozenset[str]:
+    """C symbols the fake provides (before a scenario's `dcgm.missing_functions`)."""
+    return frozenset(_PROTOTYPES)
+
+
+def served_fields() -> frozenset[int]:
+    """Field ids the fake serves values for; others read DCGM_ST_UNKNOWN_FIELD."""
+    return frozenset(_FIELD_TYPES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-engine state
+
+
+@dataclass
+class _FieldGroup:
+    name: str
+    fields: tuple[int, ...]
+
+
+@dataclass
+class _Watch:
+    since_us: int  # scenario time of dcgmWatchFields
+    every_us: int  # updateFreq
+
+    def latest_us(self, now_us: int) -> int | None:
+        """The most recent update time since + k * every <= now (k >= 1); None before it."""
+        k = (now_us - self.since_us) // self.every_us
+        return self.since_us + k * self.every_us if k >= 1 else None
+
+
+_Key = tuple[int, int]  # (GPU id, field id)
+
+
+@dataclass
+class _Connection:
+    """A handle's state: standalone (`life` = the host engine's life it was made in) or the
+    embedded engine."""
+
+    embedded: bool
+    life: int = 0
+    groups: dict[int, list[int]] = field(default_factory=dict)  # group -> GPU ids
+    field_groups: dict[int, _FieldGroup] = field(default_factory=dict)
+    watches: dict[_Key, dict[_Key, _Watch]] = field(default_factory=dict)  # (grp, fgrp) -> ...
+
+
+@dataclass(frozen=True)
+class _Reading:
+    status: int
+    field_type: int
+    value: float | int | bytes  # by field_type
+    ts_us: int | None = None  # scenario microseconds of the sample; None: no sample
+
+
+_Impl = TypeVar("_Impl", bound=Callable[..., Any])
+_IMPLS: dict[str, Callable[..., Any]] = {}
+
+
+def _c(name: str) -> Callable[[_Impl], _Impl]:
+    """Register the implementation of C symbol `name`."""
+
+    def register(impl: _Impl) -> _Impl:
+        _IMPLS[name] = impl
+        return impl
+
+    return register
+
+
+def _text(address: int | None) -> str | None:
+    return None if not address else ctypes.string_at(address).decode(errors="replace")
+
+
+def _store(address: int, ctype: Any, value: int) -> None:
+    ctype.from_address(address).value = value
+
+
+def _blank(field_type: int, offset: int) -> float | int | bytes:
+    if field_type == FT_DOUBLE:
+        return FP64_BLANK + offset
+    if field_type == FT_STRING:
+        return _STR_BLANKS[offset]
+    return INT64_BLANK + offset
+
+
+# ---------------------------------------------------------------------------------------------
+# The library
+
+
+class FakeDcgmLib:
+    """Fake `libdcgm.so.4` for one simulated node (see the module docstring).
+
+    `clock()` returns scenario seconds (pass the fake NVML's, so both agree; by default
+    monotonic seconds since construction); `call_counts` counts calls per C symbol;
+    `pause()`/`resume()` pause profiling as another tool would (dcgmProfPause).
+    """
+
+    def __init__(self, scenario: Scenario, clock: Callable[[], float] | None = None) -> None:
+        if scenario.dcgm is None:
+            raise ValueError(f"scenario {scenario.name!r} has no `dcgm:` section")
+        self.scenario = scenario
+        self.spec: DcgmSpec = scenario.dcgm
+        start = time.monotonic()
+        self.clock: Callable[[], float] = clock or (lambda: time.monotonic() - start)
+        self.call_counts: Counter[str] = Counter()
+        self.internal_errors: list[str] = []
+        self._epoch_us = round(time.time() * 1e6)  # ts = this + scenario time
+        self._lock = threading.Lock()
+        self._refcount = 0
+        self._connections: dict[int, _Connection] = {}
+        self._tokens = itertools.count(1)
+        self._pauses: list[list[int | None]] = []  # [from_us, until_us or None], node-wide
+        self._devices = {dev.index: dev for dev in scenario.devices}
+        faults = [f for f in scenario.faults if f.kind.startswith("dcgm_")]
+        self._down = [f for f in faults if f.kind == "dcgm_down"]
+        self._blanks = [f for f in faults if f.kind == "dcgm_blank"]
+        self._paused_faults = [f for f in faults if f.kind == "dcgm_paused"]
+        self._hangs = [f for f in faults if f.kind == "dcgm_hang"]
+        self._messages = {code: ctypes.create_string_buffer(msg) for code, msg in _MESSAGES.items()}
+        self._callbacks: dict[str, Any] = {}  # kept: ctypes frees a thunk with its object
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            if name in self.spec.missing_functions:
+                continue
+            pointer = ctypes.CFUNCTYPE(restype, *argtypes)(self._entry(name))
+            self._callbacks[name] = pointer
+            setattr(self, name, pointer)
+
+    # -- Python-side controls ------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Pause profiling node-wide, as dcgmProfPause (or nsight, through it) would."""
+        with self._lock:
+            self._pause(self._now_us())
+
+    def resume(self) -> None:
+        with self._lock:
+            self._resume(self._now_us())
+
+    @property
+    def paused(self) -> bool:
+        with self._lock:
+            return self._profiling_paused(self._now_us())
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def _entry(self, name: str) -> Callable[..., Any]:
+        impl = _IMPLS[name]
+        failed: int | None = None if name == "errorString" else GENERIC_ERROR
+
+        def entry(*args: Any) -> Any:
+            try:
+                with self._lock:
+                    self.call_counts[name] += 1
+                self._hang(name)
+                return impl(self, *args)
+            except BaseException as exc:  # a callback must answer, never raise (docstring)
+                log.exception("fake libdcgm: %s failed", name)
+                self.internal_errors.append(f"{name}: {exc!r}")
+                return failed
+
+        entry.__name__ = name
+        return entry
+
+    def _hang(self, name: str) -> None:
+        """dcgm_hang: sleep `duration` real seconds, no lock held, then answer normally."""
+        t = self.clock()
+        for fault in self._hangs:
+            if fault.function == name and fault.active(t):
+                time.sleep(fault.duration)
+
+    def _now_us(self) -> int:
+        return round(self.clock() * 1e6)
+
+    def _new_token(self, base: int) -> int:
+        return base + next(self._tokens)
+
+    # -- host engine life ----------------------------------------------------------------------
+
+    def _host_engine_up(self, t: float) -> bool:
+        return self.spec.host_engine_running and not any(f.active(t) for f in self._down)
+
+    def _life(self, t: float) -> int:
+        """Which life of nv-hostengine this is: each `dcgm_down` begun restarts it."""
+        return sum(1 for f in self._down if t >= f.at)
+
+    def _alive(self, conn: _Connection, t: float) -> bool:
+        return conn.embedded or (self._host_engine_up(t) and conn.life == self._life(t))
+
+    def _connection(self, handle: int, t: float) -> tuple[int, _Connection | None]:
+        """(OK, its state) or the return code for a call on `handle` (caller holds the lock)."""
+        if self._refcount == 0:
+            return UNINITIALIZED, None
+        conn = self._connections.get(handle)
+        if conn is None:
+            return BADPARAM, None
+        if not self._alive(conn, t):
+            return CONNECTION_NOT_VALID, None
+        return OK, conn
+
+    def _peers(self, conn: _Connection, t: float) -> list[_Connection]:
+        """The live connections to the same host engine as `conn` (its watches are shared)."""
+        return [
+            other
+            for other in self._connections.values()
+            if other.embedded == conn.embedded and self._alive(other, t)
+        ]
+
+    # -- profiling pause -----------------------------------------------------------------------
+
+    def _pause(self, now_us: int) -> None:
+        if not self._pauses or self._pauses[-1][1] is not None:
+            self._pauses.append([now_us, None])
+
+    def _resume(self, now_us: int) -> None:
+        if self._pauses and self._pauses[-1][1] is None:
+            self._pauses[-1][1] = now_us
+
+    def _profiling_paused(self, t_us: int) -> bool:
+        t = t_us / 1e6
+        if any(f.active(t) for f in self._paused_faults):
+            return True
+        return any(
+            start is not None and start <= t_us and (end is None or t_us < end)
+            for start, end in self._pauses
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    @_c("dcgmInit")
+    def _init(self) -> int:
+        with self._lock:
+            self._refcount += 1
+        return OK
+
+    @_c("dcgmShutdown")
+    def _shutdown(self) -> int:
+        with self._lock:
+            if self._refcount == 0:
+                return UNINITIALIZED
+            self._refcount -= 1
+            if self._refcount == 0:
+                # dcgm_agent.h: embedded host engines and remote connections are shut down too.
+                self._connections.clear()
+        return OK
+
+    @_c("errorString")
+    def _error_string(self, code: int) -> int | None:
+        buffer = self._messages.get(code)
+        return None if buffer is None else ctypes.addressof(buffer)
+
+    @_c("dcgmStartEmbedded")
+    def _start_embedded(self, mode: int, out: int | None) -> int:
+        if out is None or mode not in _OPERATION_MODES:
+            return BADPARAM
+        with self._lock:
+            if self._refcount == 0:
+                return UNINITIALIZED
+            if any(conn.embedded for conn in self._connections.values()):
+                return INIT_ERROR
+            handle = self._new_token(_HANDLE_BASE)
+            self._connections[handle] = _Connection(embedded=True)
+        _store(out, _H, handle)
+        return OK
+
+    @_c("dcgmStopEmbedded")
+    def _stop_embedded(self, handle: int) -> int:
+        with self._lock:
+            if self._refcount == 0:
+                return UNINITIALIZED
+            conn = self._connections.get(handle)
+            if conn is None or not conn.embedded:
+                return BADPARAM
+            del self._connections[handle]
+        return OK
+
+    @_c("dcgmConnect_v2")
+    def _connect(self, address_p: int | None, params_p: int | None, out: int | None) -> int:
+        if address_p is None or params_p is None or out is None:
+            return BADPARAM
+        rc, unix = self._connect_params(params_p)
+        if rc != OK:
+            return rc
+        address = normalize_dcgm_address(_text(address_p) or "", unix)
+        if address is None:
+            return BADPARAM
+        t = self.clock()
+        with self._lock:
+            if self._refcount == 0:
+                return UNINITIALIZED
+            wanted = self.spec.address
+            if not self._host_engine_up(t) or (wanted is not None and address != wanted):
+                return CONNECTION_NOT_VALID
+            handle = self._new_token(_HANDLE_BASE)
+            self._connections[handle] = _Connection(embedded=False, life=self._life(t))
+        _store(out, _H, handle)
+        return OK
+
+    def _connect_params(self, params_p: int) -> tuple[int, bool]:
+        """(OK, address is a unix socket) or (VER_MISMATCH, _) for a version not accepted."""
+        version = ctypes.c_uint.from_address(params_p).value
+        number = version >> 24
+        struct = _CONNECT_PARAMS.get(number)
+        if (
+            struct is None
+            or number not in self.spec.connect_params_versions
+            or version != make_version(struct, number)
+        ):
+            return VER_MISMATCH, False
+        params = struct.from_address(params_p)
+        return OK, bool(getattr(params, "addressIsUnixSocket", 0))
+
+    @_c("dcgmDisconnect")
+    def _disconnect(self, handle: int) -> int:
+        t = self.clock()
+        with self._lock:
+            conn = self._connections.get(handle)
+            if conn is not None and conn.embedded:
+                return BADPARAM
+            rc, _ = self._connection(handle, t)
+            if conn is not None and rc in (OK, CONNECTION_NOT_VALID):
+                del self._connections[handle]  # freed client-side, even when dead
+        return rc
+
+    # -- discovery and groups ------------------------------------------------------------------
+
+    @_c("dcgmGetAllSupportedDevices")
+    def _supported_devices(self, handle: int, ids_p: int | None, count_p: int | None) -> int:
+        with self._lock:
+            rc, _ = self._connection(handle, self.clock())
+        if rc != OK:
+            return rc
+        if ids_p is None or count_p is None:
+            return BADPARAM
+        ids = sorted(self._devices)[:MAX_NUM_DEVICES]
+        out = (ctypes.c_uint * MAX_NUM_DEVICES).from_address(ids_p)
+        for i, gpu in enumerate(ids):
+            out[i] = gpu
+        _store(count_p, ctypes.c_int, len(ids))
+        return OK
+
+    @_c("dcgmGroupCreate")
+    def _group_create(self, handle: int, kind: int, name_p: int | None, out: int | None) -> int:
+        if not _text(name_p) or out is None or kind not in _GROUP_TYPES:
+            return BADPARAM
+        everything = kind in (_GROUP_DEFAULT, _GROUP_DEFAULT_EVERYTHING)
+        with self._lock:
+            rc, conn = self._connection(handle, self.clock())
+            if conn is None:
+                return rc
+            group = self._new_token(_GROUP_BASE)
+            conn.groups[group] = sorted(self._devices) if everything else []
+        _store(out, _H, group)
+        return OK
+
+    @_c("dcgmGroupAddEntity")
+    def _group_add(self, handle: int, group: int, entity_group: int, entity: int) -> int:
+        with self._lock:
+            rc, conn = self._connection(handle, self.clock())
+            if conn is None:
+                return rc
+            members = conn.groups.get(group)
+            if members is None:
+                return NOT_CONFIGURED
+            if entity_group != FE_GPU:
+                return NOT_SUPPORTED  # whole GPUs only: no MIG, vGPU or NVSwitch entities
+            if entity not in self._devices or entity in members:
+                return BADPARAM
+            members.append(entity)
+        return OK
+
+    @_c("dcgmGroupDestroy")
+    def _group_destroy(self, handle: int, group: int) -> int:
+        with self._lock:
+            rc, conn = self._connection(handle, self.clock())
+            if conn is None:
+                return rc
+            # dcgm_agent.h: what was applied to the group stays (its watches too).
+            return OK if conn.groups.pop(group, None) is not None else NOT_CONFIGURED
+
+    @_c("dcgmFieldGroupCreate")
+    def _field_group_create(
+        self, handle: int, count: int, ids_p: int | None, name_p: int | None, out: int | None
+    ) -> int:
+        name = _text(name_p)
+        if not 1 <= count <= MAX_FIELD_IDS_PER_FIELD_GROUP or ids_p is None:
+            return BADPARAM
+        if not name or out is None:
+            return BADPARAM
+        fields = tuple((ctypes.c_ushort * count).from_address(ids_p))
+        t = self.clock()
+        with self._lock:
+            rc, conn = self._connection(handle, t)
+            if conn is None:
+                return rc
+            taken = {g.name for peer in self._peers(conn, t) for g in peer.field_groups.values()}
+            if name in taken:
+                return BADPARAM  # dcgm_agent.h: unique per host engine
+            token = self._new_token(_FIELD_GROUP_BASE)
+            conn.field_groups[token] = _FieldGroup(name, fields)
+        _store(out, _H, token)
+        return OK
+
+    @_c("dcgmFieldGroupDestroy")
+    def _field_group_destroy(self, handle: int, field_group: int) -> int:
+        with self._lock:
+            rc, conn = self._connection(handle, self.clock())
+            if conn is None:
+                return rc
+            return OK if conn.field_groups.pop(field_group, None) is not None else BADPARAM
+
+    # -- watches -------------------------------------------------------------------------------
+
+    @_c("dcgmWatchFields")
+    def _watch(
+        self,
+        handle: int,
+        group: int,
+        field_group: int,
+        every_us: int,
+        keep_age: float,
+        keep_samples: int,
+    ) -> int:
+        now_us = self._now_us()
+        with self._lock:
+            rc, conn = self._connection(handle, now_us / 1e6)
+            if conn is None:
+                return rc
+            gpus = sorted(self._devices) if group == GROUP_ALL_GPUS else conn.groups.get(group)
+            fields = conn.field_groups.get(field_group)
+            if gpus is None or fields is None or every_us <= 0:
+                return BADPARAM
+            if keep_age < 0 or keep_samples < 0:
+                return BADPARAM
+            rc = self._refusal(conn, fields.fields)
+            if rc != OK:
+                return rc
+            if not gpus:
+                return GROUP_IS_EMPTY
+            old = conn.watches.get((group, field_group), {})
+            # Watching again keeps the samples' schedule: DCGM keeps a watched field's cache.
+            conn.watches[(group, field_group)] = {
+                (gpu, f): _Watch(old[(gpu, f)].since_us if (gpu, f) in old else now_us, every_us)
+                for gpu in gpus
+                for f in fields.fields
+            }
+        return OK
+
+    def _refusal(self, conn: _Connection, fields: tuple[int, ...]) -> int:
+        """Why the host engine refuses to watch these fields, or OK."""
+        if not any(f in PROFILING_FIELDS for f in fields):
+            return OK
+        if not self.spec.profiling_module_loaded:
+            return MODULE_NOT_LOADED
+        if conn.embedded and self.spec.embedded_requires_root:
+            return REQUIRES_ROOT
+        return OK
+
+    @_c("dcgmUnwatchFields")
+    def _unwatch(self, handle: int, group: int, field_group: int) -> int:
+        with self._lock:
+            rc, conn = self._connection(handle, self.clock())
+            if conn is None:
+                return rc
+            known_group = group == GROUP_ALL_GPUS or group in conn.groups
+            if not known_group or field_group not in conn.field_groups:
+                return BADPARAM
+            conn.watches.pop((group, field_group), None)
+        return OK
+
+    @_c("dcgmProfPause")
+    def _prof_pause(self, handle: int) -> int:
+        return self._pause_call(handle, self._pause)
+
+    @_c("dcgmProfResume")
+    def _prof_resume(self, handle: int) -> int:
+        return self._pause_call(handle, self._resume)
+
+    def _pause_call(self, handle: int, change: Callable[[int], None]) -> int:
+        now_us = self._now_us()
+        with self._lock:
+            rc, _ = self._connection(handle, now_us / 1e6)
+            if rc == OK:
+                change(now_us)
+        return rc
+
+    # -- values --------------------------------------------------------------------------------
+
+    @_c("dcgmEntitiesGetLatestValues")
+    def _latest_values(
+        self,
+        handle: int,
+        entities_p: int | None,
+        entity_count: int,
+        fields_p: int | None,
+        field_count: int,
+        flags: int,
+        values_p: int | None,
+    ) -> int:
+        if not entities_p or not fields_p or not values_p or not entity_count or not field_count:
+            return BADPARAM
+        entities = (_EntityPair * entity_count).from_address(entities_p)
+        fields = tuple((ctypes.c_ushort * field_count).from_address(fields_p))
+        records = (_FieldValueV2 * (entity_count * field_count)).from_address(values_p)
+        now_us = self._now_us()
+        with self._lock:
+            rc, conn = self._connection(handle, now_us / 1e6)
+            if conn is None:
+                return rc
+            watches = self._watch_index(self._peers(conn, now_us / 1e6))
+        live = bool(flags & FV_FLAG_LIVE_DATA)
+        for i, entity in enumerate(entities):
+            for j, field_id in enumerate(fields):
+                key = (entity.entityId, field_id)
+                reading = self._reading(entity.entityGroupId, key, watches, live, now_us)
+                self._write(records[i * field_count + j], entity, field_id, reading)
+        return OK
+
+    @staticmethod
+    def _watch_index(peers: list[_Connection]) -> dict[_Key, list[_Watch]]:
+        index: dict[_Key, list[_Watch]] = {}
+        for conn in peers:
+            for watched in conn.watches.values():
+                for key, watch in watched.items():
+                    index.setdefault(key, []).append(watch)
+        return index
+
+    def _reading(
+        self,
+        entity_group: int,
+        key: _Key,
+        watches: dict[_Key, list[_Watch]],
+        live: bool,
+        now_us: int,
+    ) -> _Reading:
+        gpu, field_id = key
+        field_type = _FIELD_TYPES.get(field_id)
+        if field_type is None:
+            return _Reading(UNKNOWN_FIELD, FT_INT64, INT64_BLANK)
+        blank = _blank(field_type, BLANK)
+        if entity_group != FE_GPU:
+            return _Reading(NOT_SUPPORTED, field_type, blank)  # whole GPUs only
+        dev = self._devices.get(gpu)
+        if dev is None:
+            return _Reading(BADPARAM, field_type, blank)
+        if live and field_id in _STRING_FIELDS:
+            return _Reading(OK, field_type, self._sample(dev, field_id, now_us), now_us)
+        if key not in watches:
+            return _Reading(NOT_WATCHED, field_type, blank)
+        updates = [u for w in watches[key] if (u := w.latest_us(now_us)) is not None]
+        if not updates:
+            return _Reading(NO_DATA, field_type, blank)  # before the first update cycle
+        at = max(updates)
+        return _Reading(OK, field_type, self._sample(dev, field_id, at), at)
+
+    def _sample(self, dev: DeviceSpec, field_id: int, t_us: int) -> float | int | bytes:
+        """The value the host engine sampled for this field at scenario time `t_us`."""
+        t = t_us / 1e6
+        field_type = _FIELD_TYPES[field_id]
+        profiling = field_id in PROFILING_FIELDS
+        if profiling and not dev.at_least("volta"):
+            return _blank(field_type, NOT_SUPPORTED_BLANK)  # no profiling before Volta
+        if any(self._blanked(f, dev, field_id, t) for f in self._blanks):
+            return _blank(field_type, BLANK)
+        if profiling:
+            with self._lock:
+                if self._profiling_paused(t_us):
+                    return _blank(field_type, BLANK)  # "DCGM will save BLANK values"
+        if field_id in _STRING_FIELDS:
+            return _STRING_FIELDS[field_id](dev).encode()
+        if field_id in _NVLINK_FIELDS and not dev.supports("nvlink"):
+            return _blank(field_type, NOT_SUPPORTED_BLANK)  # as GPM: no links, no metric
+        if field_id in _BYTES_FIELDS:
+            return round(dev.value(_BYTES_FIELDS[field_id], t))
+        if field_id == _HMMA_FIELD:
+            busy = dev.value("tensor_active", t) - dev.value("tensor_imma_active", t)
+            return max(0.0, min(1.0, busy - dev.value("tensor_dfma_active", t)))
+        return dev.value(_RATIO_FIELDS[field_id], t)
+
+    @staticmethod
+    def _blanked(fault: FaultSpec, dev: DeviceSpec, field_id: int, t: float) -> bool:
+        return fault.device == dev.index and fault.field == field_id and fault.active(t)
+
+    def _write(self, record: Any, entity: Any, field_id: int, reading: _Reading) -> None:
+        ctypes.memset(ctypes.addressof(record), 0, ctypes.sizeof(record))
+        record.version = FIELD_VALUE_VERSION2  # the library fills each value's version
+        record.entityGroupId = entity.entityGroupId
+        record.entityId = entity.entityId
+        record.fieldId = field_id
+        record.fieldType = reading.field_type
+        record.status = reading.status
+        record.ts = 0 if reading.ts_us is None else self._epoch_us + reading.ts_us
+        value = reading.value
+        if isinstance(value, bytes):
+            record.value.str = value[: MAX_STR_LENGTH - 1]
+        elif reading.field_type == FT_DOUBLE:
+            record.value.dbl = float(value)
+        else:
+            record.value.i64 = int(value)

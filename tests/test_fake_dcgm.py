@@ -1,0 +1,769 @@
+"""The fake libdcgm (gpu_exporter/sim/fake_dcgm.py), driven through raw ctypes only.
+
+The prototypes and structures below are this test's own copies of DCGM's headers (DCGM 4.6.0
+dcgm_structs.h, dcgm_agent.h), typed as a binding would type them, so real ctypes marshalling
+runs between them and the fake; the production binding is not used. Scenario time is a manual
+clock; only `dcgm_hang` uses (short) real time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_exporter import sim
+from gpu_exporter.classify import Thresholds, WindowStats, decide, nvlink_capacity, pcie_capacity
+from gpu_exporter.sim.clock import ManualClock
+from gpu_exporter.sim.fake_dcgm import FakeDcgmLib, implemented_functions
+from gpu_exporter.sim.scenario import ScenarioError, load_scenario
+from gpu_exporter.sources import dcgm_api
+
+# -- dcgm_structs.h / dcgm_fields.h, this test's copies ---------------------------------------
+
+OK, BADPARAM, GENERIC_ERROR, NOT_CONFIGURED, NOT_SUPPORTED = 0, -1, -3, -5, -6
+INIT_ERROR, UNINITIALIZED, VER_MISMATCH, UNKNOWN_FIELD, NO_DATA = -7, -10, -12, -13, -14
+NOT_WATCHED, CONNECTION_NOT_VALID, REQUIRES_ROOT, MODULE_NOT_LOADED = -16, -21, -29, -33
+FE_GPU, FE_GPU_I = 1, 4
+GROUP_EMPTY, GROUP_ALL_GPUS = 1, 0x7FFFFFFF
+FV_FLAG_LIVE_DATA = 1
+FT_DOUBLE, FT_INT64, FT_STRING = ord("d"), ord("i"), ord("s")
+FP64_BLANK = 140737488355328.0
+FP64_NOT_SUPPORTED = FP64_BLANK + 2
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+INT64_NOT_SUPPORTED = INT64_BLANK + 2
+
+
+class ConnectV1(ctypes.Structure):  # dcgmConnectV2Params_v1
+    _fields_ = [("version", ctypes.c_uint), ("persistAfterDisconnect", ctypes.c_uint)]
+
+
+class ConnectV2(ctypes.Structure):  # dcgmConnectV2Params_v2
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("persistAfterDisconnect", ctypes.c_uint),
+        ("timeoutMs", ctypes.c_uint),
+        ("addressIsUnixSocket", ctypes.c_uint),
+    ]
+
+
+class EntityPair(ctypes.Structure):  # dcgmGroupEntityPair_t
+    _fields_ = [("entityGroupId", ctypes.c_int), ("entityId", ctypes.c_uint)]
+
+
+class ValueUnion(ctypes.Union):
+    _fields_ = [
+        ("i64", ctypes.c_longlong),
+        ("dbl", ctypes.c_double),
+        ("str", ctypes.c_char * 256),
+        ("blob", ctypes.c_char * 4096),
+    ]
+
+
+class FieldValueV2(ctypes.Structure):  # dcgmFieldValue_v2
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("entityGroupId", ctypes.c_int),
+        ("entityId", ctypes.c_uint),
+        ("fieldId", ctypes.c_ushort),
+        ("fieldType", ctypes.c_ushort),
+        ("status", ctypes.c_int),
+        ("unused", ctypes.c_uint),
+        ("ts", ctypes.c_longlong),
+        ("value", ValueUnion),
+    ]
+
+
+def make_version(struct: type[ctypes.Structure], version: int) -> int:
+    return ctypes.sizeof(struct) | version << 24
+
+
+H = ctypes.c_size_t  # dcgmHandle_t, dcgmGpuGrp_t, dcgmFieldGrp_t: uintptr_t
+HP = ctypes.POINTER(H)
+ARGTYPES: dict[str, tuple[list[Any], Any]] = {
+    "dcgmInit": ([], ctypes.c_int),
+    "dcgmShutdown": ([], ctypes.c_int),
+    "dcgmStartEmbedded": ([ctypes.c_int, HP], ctypes.c_int),
+    "dcgmStopEmbedded": ([H], ctypes.c_int),
+    "dcgmConnect_v2": ([ctypes.c_char_p, ctypes.c_void_p, HP], ctypes.c_int),
+    "dcgmDisconnect": ([H], ctypes.c_int),
+    "dcgmGetAllSupportedDevices": (
+        [H, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int)],
+        ctypes.c_int,
+    ),
+    "dcgmGroupCreate": ([H, ctypes.c_int, ctypes.c_char_p, HP], ctypes.c_int),
+    "dcgmGroupAddEntity": ([H, H, ctypes.c_int, ctypes.c_uint], ctypes.c_int),
+    "dcgmGroupDestroy": ([H, H], ctypes.c_int),
+    "dcgmFieldGroupCreate": (
+        [H, ctypes.c_int, ctypes.POINTER(ctypes.c_ushort), ctypes.c_char_p, HP],
+        ctypes.c_int,
+    ),
+    "dcgmFieldGroupDestroy": ([H, H], ctypes.c_int),
+    "dcgmWatchFields": (
+        [H, H, H, ctypes.c_longlong, ctypes.c_double, ctypes.c_int],
+        ctypes.c_int,
+    ),
+    "dcgmUnwatchFields": ([H, H, H], ctypes.c_int),
+    "dcgmEntitiesGetLatestValues": (
+        [
+            H,
+            ctypes.POINTER(EntityPair),
+            ctypes.c_uint,
+            ctypes.POINTER(ctypes.c_ushort),
+            ctypes.c_uint,
+            ctypes.c_uint,
+            ctypes.POINTER(FieldValueV2),
+        ],
+        ctypes.c_int,
+    ),
+    "dcgmProfPause": ([H], ctypes.c_int),
+    "dcgmProfResume": ([H], ctypes.c_int),
+    "errorString": ([ctypes.c_int], ctypes.c_char_p),
+}
+
+
+class Api:
+    """The fake's C functions typed by this test, plus the few call sequences tests repeat."""
+
+    def __init__(self, lib: FakeDcgmLib) -> None:
+        self.lib = lib
+
+    def __call__(self, name: str, *args: Any) -> Any:
+        fn = getattr(self.lib, name)
+        fn.argtypes, fn.restype = ARGTYPES[name]
+        return fn(*args)
+
+    def connect(
+        self, address: str = "localhost", params: ctypes.Structure | None = None, unix: int = 0
+    ) -> tuple[int, int]:
+        if params is None:
+            params = ConnectV2(make_version(ConnectV2, 2), 0, 1000, unix)
+        handle = H()
+        rc = self("dcgmConnect_v2", address.encode(), ctypes.byref(params), ctypes.byref(handle))
+        return rc, handle.value
+
+    def embedded(self) -> int:
+        handle = H()
+        assert self("dcgmStartEmbedded", 1, ctypes.byref(handle)) == OK
+        return handle.value
+
+    def watch(
+        self, handle: int, gpus: list[int], fields: list[int], every_s: float = 1.0
+    ) -> tuple[int, int, int]:
+        """(rc of dcgmWatchFields, group, field group) for a new group and field group."""
+        group, field_group = H(), H()
+        assert self("dcgmGroupCreate", handle, GROUP_EMPTY, b"g", ctypes.byref(group)) == OK
+        for gpu in gpus:
+            assert self("dcgmGroupAddEntity", handle, group.value, FE_GPU, gpu) == OK
+        ids = (ctypes.c_ushort * len(fields))(*fields)
+        name = f"fields-{group.value}".encode()
+        rc = self("dcgmFieldGroupCreate", handle, len(fields), ids, name, ctypes.byref(field_group))
+        assert rc == OK
+        every_us = round(every_s * 1e6)
+        rc = self("dcgmWatchFields", handle, group.value, field_group.value, every_us, 10.0, 2)
+        return rc, group.value, field_group.value
+
+    def read(
+        self,
+        handle: int,
+        gpus: list[int],
+        fields: list[int],
+        flags: int = 0,
+        entity_group: int = FE_GPU,
+    ) -> tuple[int, list[FieldValueV2]]:
+        entities = (EntityPair * len(gpus))(*(EntityPair(entity_group, gpu) for gpu in gpus))
+        ids = (ctypes.c_ushort * len(fields))(*fields)
+        values = (FieldValueV2 * (len(gpus) * len(fields)))()
+        rc = self(
+            "dcgmEntitiesGetLatestValues",
+            handle,
+            entities,
+            len(gpus),
+            ids,
+            len(fields),
+            flags,
+            values,
+        )
+        return rc, list(values)
+
+    def values(self, handle: int, gpus: list[int], fields: list[int], flags: int = 0) -> list:
+        """(status, value) per record, the value by its field type."""
+        rc, records = self.read(handle, gpus, fields, flags)
+        assert rc == OK
+        return [(r.status, _value(r)) for r in records]
+
+
+def _value(record: FieldValueV2) -> Any:
+    if record.fieldType == FT_DOUBLE:
+        return record.value.dbl
+    if record.fieldType == FT_STRING:
+        return record.value.str.decode()
+    return record.value.i64
+
+
+SM, TENSOR, IMMA, DFMA = 0.9, 0.4, 0.1, 0.05
+
+
+def scenario(dcgm: dict | None = None, faults: list | None = None, **top: Any) -> dict:
+    """Two A100s: a training one (with a step in SM activity at 3.2 s) and a launch-bound one."""
+    training = {
+        "label": "training",
+        "values": {
+            "utilization": 0.97,
+            "sm_active": {"steps": [[0, 0.2], [3.2, SM]]},
+            "tensor_active": TENSOR,
+            "tensor_imma_active": IMMA,
+            "tensor_dfma_active": DFMA,
+            "dram_active": 0.3,
+            "pcie_tx_bytes_per_second": 1.5e9,
+            "nvlink_tx_bytes_per_second": 8.0e10,
+        },
+    }
+    launch = {"label": "launch", "values": {"utilization": 0.97, "sm_active": 0.12}}
+    spec: dict[str, Any] = {
+        "name": "dcgm-fake",
+        "defaults": {"model": "NVIDIA A100-SXM4-80GB"},
+        "devices": [training, launch],
+        "dcgm": dcgm if dcgm is not None else {"host_engine": "running"},
+        "faults": faults or [],
+        **top,
+    }
+    return spec
+
+
+Make = Callable[..., tuple[Api, FakeDcgmLib]]
+
+
+@pytest.fixture
+def make(clock: ManualClock) -> Iterator[Make]:
+    """make(spec, init=True) -> (Api, fake) on `clock`; no fake may have failed inside."""
+    made: list[FakeDcgmLib] = []
+
+    def _make(spec: dict, init: bool = True) -> tuple[Api, FakeDcgmLib]:
+        fake = FakeDcgmLib(load_scenario(spec), clock)
+        made.append(fake)
+        api = Api(fake)
+        if init:
+            assert api("dcgmInit") == OK
+        return api, fake
+
+    yield _make
+    for fake in made:
+        assert fake.internal_errors == []
+
+
+# -- structures and versions ----------------------------------------------------------------
+
+
+def test_struct_sizes_are_the_headers() -> None:
+    # dcgmFieldValue_v2: version, entityGroupId, entityId (3 x 4), fieldId + fieldType (4),
+    # status, unused (2 x 4) = 6 four-byte words; int64 ts; a union as large as its 4096-byte
+    # blob: 24 + 8 + 4096.
+    assert ctypes.sizeof(FieldValueV2) == 4 * 6 + 8 + 4096 == 4128
+    assert FieldValueV2.ts.offset == 24 and FieldValueV2.value.offset == 32
+    assert ctypes.sizeof(ConnectV1) == 8 and ctypes.sizeof(ConnectV2) == 16
+    assert ctypes.sizeof(EntityPair) == 8
+    assert make_version(FieldValueV2, 2) == 4128 | 2 << 24
+
+
+def test_every_value_carries_the_v2_version_and_its_entity(make: Make, clock: ManualClock) -> None:
+    api, _ = make(scenario())
+    rc, handle = api.connect()
+    assert rc == OK
+    rc, records = api.read(handle, [0, 1], [54, 1002, 9999], flags=FV_FLAG_LIVE_DATA)
+    assert rc == OK
+    assert [r.version for r in records] == [make_version(FieldValueV2, 2)] * 6
+    assert [(r.entityGroupId, r.entityId, r.fieldId) for r in records] == [
+        (FE_GPU, gpu, f) for gpu in (0, 1) for f in (54, 1002, 9999)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("accepted", "params", "expected"),
+    [
+        (None, ConnectV2(make_version(ConnectV2, 2)), OK),
+        (None, ConnectV1(make_version(ConnectV1, 1)), OK),
+        ([2], ConnectV1(make_version(ConnectV1, 1)), VER_MISMATCH),
+        ([1], ConnectV2(make_version(ConnectV2, 2)), VER_MISMATCH),
+        (None, ConnectV2(make_version(ConnectV1, 2)), VER_MISMATCH),  # v2's number, v1's size
+        (None, ConnectV2(0), VER_MISMATCH),
+    ],
+)
+def test_connect_params_versions(
+    make: Make, accepted: list[int] | None, params: ctypes.Structure, expected: int
+) -> None:
+    section: dict[str, Any] = {"host_engine": "running"}
+    if accepted is not None:
+        section["connect_params_versions"] = accepted
+    api, _ = make(scenario(section))
+    assert api.connect(params=params)[0] == expected
+
+
+# -- init, connect, group, watch, read ------------------------------------------------------
+
+
+def test_watched_fields_read_the_scenario_after_the_first_update_cycle(
+    make: Make, clock: ManualClock
+) -> None:
+    api, fake = make(scenario())
+    clock.now = 1.0
+    rc, handle = api.connect()
+    assert rc == OK
+    ids = (ctypes.c_uint * 32)()
+    count = ctypes.c_int()
+    assert api("dcgmGetAllSupportedDevices", handle, ids, ctypes.byref(count)) == OK
+    assert list(ids[: count.value]) == [0, 1]
+    assert api.watch(handle, [0, 1], [1002, 1004])[0] == OK
+    clock.now = 1.5  # "the first update of the field will not occur until the next cycle"
+    rc, records = api.read(handle, [0, 1], [1002, 1004])
+    assert [r.status for r in records] == [NO_DATA] * 4
+    assert all(r.value.dbl == FP64_BLANK for r in records)
+    clock.now = 3.5  # updates at 2 and 3; sm_active steps to 0.9 only at 3.2
+    rc, records = api.read(handle, [0, 1], [1002, 1004])
+    assert [(r.status, r.fieldType) for r in records] == [(OK, FT_DOUBLE)] * 4
+    assert [r.value.dbl for r in records] == pytest.approx([0.2, TENSOR, 0.12, 0.0])
+    assert {r.ts for r in records} == {fake._epoch_us + 3_000_000}  # the update's time
+    clock.now = 4.0
+    assert api.values(handle, [0], [1002]) == [(OK, pytest.approx(SM))]
+    assert api("dcgmDisconnect", handle) == OK
+    assert api("dcgmShutdown") == OK
+
+
+def test_fields_served_and_refused(make: Make, clock: ManualClock) -> None:
+    api, fake = make(scenario())
+    _, handle = api.connect()
+    every = [1001, 1005, 1006, 1009, 1011, 1013, 1014, 1015, 1016]
+    assert api.watch(handle, [0], every)[0] == OK
+    clock.now = 1.0
+    graphics, dram, fp64, pcie, nvlink, imma, hmma, dfma, integer = api.values(handle, [0], every)
+    assert graphics == (OK, pytest.approx(0.97))  # graphics_active falls back to utilization
+    assert dram == (OK, pytest.approx(0.3))
+    assert fp64 == (OK, 0.0)  # unset: 0, as GPM gives
+    assert pcie == (OK, 1_500_000_000) and nvlink == (OK, 80_000_000_000)  # INT64 bytes/s
+    assert imma == (OK, pytest.approx(IMMA)) and dfma == (OK, pytest.approx(DFMA))
+    assert hmma == (OK, pytest.approx(TENSOR - IMMA - DFMA))  # the rest of tensor_active
+    assert integer == (OK, 0.0)
+    not_watched, unknown = api.values(handle, [0], [1003, 9999])
+    assert not_watched == (NOT_WATCHED, FP64_BLANK)
+    assert unknown[0] == UNKNOWN_FIELD
+    assert api.values(handle, [0], [54, 57]) == [(NOT_WATCHED, "<<<NULL>>>")] * 2
+    uuid, bus = api.values(handle, [1], [54, 57], flags=FV_FLAG_LIVE_DATA)
+    device = fake.scenario.devices[1]
+    assert uuid == (OK, device.uuid) and bus == (OK, device.pci_bus_id)
+    rc, records = api.read(handle, [0], [1002], entity_group=FE_GPU_I)  # MIG: whole GPUs only
+    assert (rc, records[0].status) == (OK, NOT_SUPPORTED)
+
+
+def test_no_links_and_pre_volta_read_not_supported_with_status_ok(
+    make: Make, clock: ManualClock
+) -> None:
+    spec = scenario()
+    spec["devices"][1]["nvlink_links"] = 0
+    spec["devices"].append({"model": "Tesla P100", "architecture": "pascal"})
+    api, _ = make(spec)
+    _, handle = api.connect()
+    assert api.watch(handle, [0, 1, 2], [1002, 1011])[0] == OK
+    clock.now = 1.0
+    values = api.values(handle, [0, 1, 2], [1002, 1011])
+    assert values[1] == (OK, 80_000_000_000)
+    assert values[3] == (OK, INT64_NOT_SUPPORTED)  # no NVLink: as GPM's NOT_SUPPORTED
+    assert values[4:] == [(OK, FP64_NOT_SUPPORTED), (OK, INT64_NOT_SUPPORTED)]  # Pascal
+
+
+def test_calls_check_init_handles_and_groups(make: Make) -> None:
+    api, _ = make(scenario(), init=False)
+    assert api.connect()[0] == UNINITIALIZED
+    assert api("dcgmShutdown") == UNINITIALIZED
+    assert api("dcgmInit") == OK and api("dcgmInit") == OK  # counted, as init/shutdown pairs
+    _, handle = api.connect()
+    assert api("dcgmShutdown") == OK
+    assert api.watch(handle, [0], [1002])[0] == OK  # still initialised once
+    assert api("dcgmShutdown") == OK  # the last: connections are shut down too
+    assert api("dcgmInit") == OK
+    assert api("dcgmDisconnect", handle) == BADPARAM
+    assert api("dcgmDisconnect", 12345) == BADPARAM
+    _, handle = api.connect()
+    assert api("dcgmGroupAddEntity", handle, 777, FE_GPU, 0) == NOT_CONFIGURED
+    _, group, field_group = api.watch(handle, [0], [1002])
+    assert api("dcgmGroupAddEntity", handle, group, FE_GPU, 0) == BADPARAM  # already in it
+    assert api("dcgmGroupAddEntity", handle, group, FE_GPU, 9) == BADPARAM  # no such GPU
+    assert api("dcgmWatchFields", handle, field_group, group, 1000, 1.0, 0) == BADPARAM  # swapped
+    assert api("dcgmWatchFields", handle, group, field_group, 0, 1.0, 0) == BADPARAM
+    ids = (ctypes.c_ushort * 1)(1002)
+    out = H()
+    taken = f"fields-{group}".encode()  # field group names are unique per host engine
+    assert api("dcgmFieldGroupCreate", handle, 1, ids, taken, ctypes.byref(out)) == BADPARAM
+    assert api("dcgmFieldGroupCreate", handle, 0, ids, b"none", ctypes.byref(out)) == BADPARAM
+    assert api("dcgmUnwatchFields", handle, group, field_group) == OK
+    assert api("dcgmFieldGroupDestroy", handle, field_group) == OK
+    assert api("dcgmFieldGroupDestroy", handle, field_group) == BADPARAM
+    assert api("dcgmGroupDestroy", handle, group) == OK
+    assert api("dcgmGroupDestroy", handle, group) == NOT_CONFIGURED
+
+
+def test_error_strings(make: Make) -> None:
+    api, _ = make(scenario())
+    assert api("errorString", CONNECTION_NOT_VALID) == (
+        b"The connection to the host engine is not valid any longer"
+    )
+    assert api("errorString", MODULE_NOT_LOADED).startswith(b"This request is serviced by a")
+    assert api("errorString", -999) is None  # dcgm_agent.h: nullptr for no such code
+
+
+def test_an_exception_inside_answers_an_error_not_ok(clock: ManualClock) -> None:
+    def broken() -> float:
+        raise RuntimeError("clock broke")
+
+    fake = FakeDcgmLib(load_scenario(scenario()), broken)
+    api = Api(fake)
+    assert api("dcgmInit") == GENERIC_ERROR  # ctypes alone would have answered 0 (OK)
+    assert fake.internal_errors and "clock broke" in fake.internal_errors[0]
+
+
+# -- the host engine: address, down, restart, refusals --------------------------------------
+
+
+def test_address_and_absent_host_engine(make: Make) -> None:
+    api, _ = make(scenario({"address": "10.0.0.7"}))
+    assert api.connect("10.0.0.7:5555")[0] == OK  # "x.x.x.x": the default port 5555
+    assert api.connect("10.0.0.7")[0] == OK
+    assert api.connect("10.0.0.8")[0] == CONNECTION_NOT_VALID
+    assert api.connect("10.0.0.7:5556")[0] == CONNECTION_NOT_VALID
+    unix, _ = make(scenario({"address": "/run/dcgm.sock"}))
+    assert unix.connect("/run/dcgm.sock", unix=1)[0] == OK
+    assert unix.connect("/run/other.sock", unix=1)[0] == CONNECTION_NOT_VALID
+    absent, _ = make(scenario({"host_engine": "absent"}))
+    assert absent.connect()[0] == CONNECTION_NOT_VALID
+    handle = absent.embedded()  # an embedded engine needs no nv-hostengine
+    assert absent.watch(handle, [0], [1002])[0] == OK
+
+
+def test_host_engine_down_then_restarted(make: Make, clock: ManualClock) -> None:
+    api, _ = make(scenario(faults=[{"kind": "dcgm_down", "at": 5, "until": 10}]))
+    _, old = api.connect()
+    _, group, field_group = api.watch(old, [0], [1002])
+    embedded = api.embedded()
+    assert api.watch(embedded, [0], [1002])[0] == OK
+    clock.now = 4.0
+    assert api.values(old, [0], [1002]) == [(OK, pytest.approx(SM))]
+    clock.now = 6.0  # down
+    assert api.read(old, [0], [1002])[0] == CONNECTION_NOT_VALID
+    assert api("dcgmUnwatchFields", old, group, field_group) == CONNECTION_NOT_VALID
+    assert api.connect()[0] == CONNECTION_NOT_VALID
+    assert api.values(embedded, [0], [1002]) == [(OK, pytest.approx(SM))]  # not affected
+    clock.now = 10.0  # restarted: what the old connection set up is gone with it
+    assert api.read(old, [0], [1002])[0] == CONNECTION_NOT_VALID
+    assert api("dcgmGroupDestroy", old, group) == CONNECTION_NOT_VALID
+    rc, new = api.connect()
+    assert rc == OK
+    assert api.values(new, [0], [1002]) == [(NOT_WATCHED, FP64_BLANK)]  # watch again
+    assert api.watch(new, [0], [1002])[0] == OK
+    clock.now = 11.0
+    assert api.values(new, [0], [1002]) == [(OK, pytest.approx(SM))]
+    assert api("dcgmDisconnect", old) == CONNECTION_NOT_VALID  # freed all the same
+    assert api("dcgmDisconnect", old) == BADPARAM
+
+
+def test_profiling_module_missing(make: Make) -> None:
+    api, _ = make(scenario({"profiling_module": "missing"}))
+    _, handle = api.connect()
+    assert api.watch(handle, [0], [54, 1002])[0] == MODULE_NOT_LOADED
+    assert api.watch(handle, [0], [54, 57])[0] == OK  # the device fields need no module
+
+
+def test_embedded_requires_root(make: Make) -> None:
+    api, _ = make(scenario({"embedded": "requires_root"}))
+    embedded = api.embedded()
+    assert api.watch(embedded, [0], [1002])[0] == REQUIRES_ROOT
+    _, handle = api.connect()
+    assert api.watch(handle, [0], [1002])[0] == OK  # nv-hostengine runs as root
+    assert api("dcgmStartEmbedded", 1, ctypes.byref(H())) == INIT_ERROR  # one at a time
+    assert api("dcgmStopEmbedded", handle) == BADPARAM
+    assert api("dcgmStopEmbedded", embedded) == OK
+
+
+def test_a_missing_symbol_raises_attribute_error(make: Make) -> None:
+    missing = ["dcgmProfPause", "dcgmConnect_v2"]
+    api, fake = make(scenario({"missing_functions": missing}))
+    for name in missing:
+        with pytest.raises(AttributeError):
+            getattr(fake, name)  # the lookup a binding does, as on a CDLL
+    assert api.embedded()  # the rest is there
+
+
+# -- blank, paused, hang --------------------------------------------------------------------
+
+
+def test_a_blank_field(make: Make, clock: ManualClock) -> None:
+    fault = {"kind": "dcgm_blank", "device": 1, "field": 1002, "at": 2, "until": 4}
+    api, _ = make(scenario(faults=[fault]))
+    _, handle = api.connect()
+    assert api.watch(handle, [0, 1], [1002, 1004])[0] == OK
+    clock.now = 3.0
+    values = api.values(handle, [0, 1], [1002, 1004])
+    assert values == [(OK, 0.2), (OK, TENSOR), (OK, FP64_BLANK), (OK, 0.0)]
+    clock.now = 4.0
+    assert api.values(handle, [1], [1002]) == [(OK, 0.12)]
+
+
+def test_profiling_paused_by_a_fault_and_through_the_api(make: Make, clock: ManualClock) -> None:
+    api, fake = make(scenario(faults=[{"kind": "dcgm_paused", "at": 2, "until": 3}]))
+    _, handle = api.connect()
+    assert api.watch(handle, [0], [1002, 1009, 57])[0] == OK
+    clock.now = 2.0
+    bus = fake.scenario.devices[0].pci_bus_id
+    assert api.values(handle, [0], [1002, 1009, 57]) == [
+        (OK, FP64_BLANK),
+        (OK, INT64_BLANK),
+        (OK, bus),  # profiling fields only
+    ]
+    clock.now = 3.0
+    assert api.values(handle, [0], [1002]) == [(OK, 0.2)]
+    assert api("dcgmProfPause", handle) == OK
+    clock.now = 4.0
+    assert api.values(handle, [0], [1002]) == [(OK, FP64_BLANK)]
+    assert fake.paused
+    clock.now = 4.5
+    assert api("dcgmProfResume", handle) == OK
+    assert api.values(handle, [0], [1002]) == [(OK, FP64_BLANK)]  # the sample taken at 4
+    clock.now = 5.0
+    assert api.values(handle, [0], [1002]) == [(OK, SM)]
+    fake.pause()  # another tool on the node
+    clock.now = 6.0
+    assert api.values(handle, [0], [1002]) == [(OK, FP64_BLANK)]
+    fake.resume()
+    clock.now = 7.0
+    assert api.values(handle, [0], [1002]) == [(OK, SM)]
+
+
+def test_a_hang_blocks_that_function_without_holding_the_lock(make: Make) -> None:
+    hang = {"kind": "dcgm_hang", "function": "dcgmEntitiesGetLatestValues", "at": 0, "duration": 1}
+    api, _ = make(scenario(faults=[hang]))
+    _, handle = api.connect()
+    done: list[float] = []
+
+    def read() -> None:
+        started = time.monotonic()
+        api.read(handle, [0], [54], FV_FLAG_LIVE_DATA)
+        done.append(time.monotonic() - started)
+
+    worker = threading.Thread(target=read)
+    worker.start()
+    time.sleep(0.05)
+    assert api.watch(handle, [0], [1002])[0] == OK  # other calls answer meanwhile
+    still_blocked = worker.is_alive()
+    worker.join(timeout=10)
+    assert still_blocked and done and 1.0 <= done[0] < 10.0
+
+
+def test_a_short_hang_waits_its_duration(make: Make) -> None:
+    hang = {"kind": "dcgm_hang", "function": "dcgmInit", "at": 0, "duration": 0.2}
+    api, _ = make(scenario(faults=[hang]), init=False)
+    started = time.monotonic()
+    assert api("dcgmInit") == OK  # answers normally afterwards
+    assert 0.2 <= time.monotonic() - started < 5.0
+
+
+# -- scenario files -------------------------------------------------------------------------
+
+BAD_DCGM = {
+    "bad host_engine": (
+        """
+        name: t
+        devices: [{}]
+        dcgm:
+          host_engine: sleeping  # <-
+        """,
+        "dcgm.host_engine: unknown value 'sleeping' (known: absent, running)",
+    ),
+    "unknown dcgm key": (
+        """
+        name: t
+        devices: [{}]
+        dcgm:
+          host_engine: running
+          port: 5555  # <-
+        """,
+        "dcgm.port: unknown key 'port'",
+    ),
+    "dcgm_hang with an NVML function": (
+        """
+        name: t
+        devices: [{}]
+        dcgm: {}
+        faults:
+          - kind: dcgm_hang
+            function: nvmlDeviceGetPowerUsage  # <-
+            at: 1
+            duration: 2
+        """,
+        "faults[0].function: unknown value 'nvmlDeviceGetPowerUsage' (known: dcgmConnect_v2",
+    ),
+    "bad address": (
+        """
+        name: t
+        devices: [{}]
+        dcgm:
+          address: "host:port"  # <-
+        """,
+        "dcgm.address: expected host, host:port or a unix socket path",
+    ),
+    "unknown missing function": (
+        """
+        name: t
+        devices: [{}]
+        dcgm:
+          missing_functions: [dcgmFoo]  # <-
+        """,
+        "dcgm.missing_functions[0]: unknown value 'dcgmFoo'",
+    ),
+    "connect params version": (
+        """
+        name: t
+        devices: [{}]
+        dcgm:
+          connect_params_versions: [0]  # <-
+        """,
+        "dcgm.connect_params_versions[0]: must be >= 1, got 0",
+    ),
+    "blank of a field not served": (
+        """
+        name: t
+        devices: [{}]
+        dcgm: {}
+        faults:
+          - {kind: dcgm_blank, device: 0, at: 0, field: 1017}  # <-
+        """,
+        "faults[0].field: the fake libdcgm serves no field 1017 (served: 54, 57, 1001,",
+    ),
+    "blank needs a device": (
+        """
+        name: t
+        devices: [{}]
+        dcgm: {}
+        faults:
+          - {kind: dcgm_blank, at: 0, field: 1002}  # <-
+        """,
+        "faults[0]: missing required key 'device'",
+    ),
+    "down has no device": (
+        """
+        name: t
+        devices: [{}]
+        dcgm: {}
+        faults:
+          - {kind: dcgm_down, at: 0, device: 0}  # <-
+        """,
+        "faults[0].device: unknown key 'device'",
+    ),
+    "a dcgm fault without dcgm": (
+        """
+        name: t
+        devices: [{}]
+        faults:
+          - {kind: dcgm_paused, at: 0}  # <-
+        """,
+        "faults[0].kind: dcgm_paused needs a top-level `dcgm:` section",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DCGM))
+def test_dcgm_errors_name_file_line_and_field(tmp_path: Path, case: str) -> None:
+    text, expected = BAD_DCGM[case]
+    text = textwrap.dedent(text).lstrip("\n")
+    line = next(i for i, row in enumerate(text.splitlines(), start=1) if "# <-" in row)
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    assert expected in message, message
+
+
+def test_dcgm_section_defaults_and_values() -> None:
+    spec = load_scenario(scenario({})).dcgm
+    assert spec is not None and spec.host_engine_running and spec.profiling_module_loaded
+    assert spec.address is None and spec.connect_params_versions == {1, 2}
+    assert not spec.embedded_requires_root and not spec.missing_functions
+    assert load_scenario({"name": "t", "devices": [{}]}).dcgm is None
+    spec = load_scenario(scenario({"address": "db1", "embedded": "requires_root"})).dcgm
+    assert spec is not None and spec.address == "db1:5555" and spec.embedded_requires_root
+
+
+def test_install_plugs_the_fake_into_the_binding_or_none(
+    clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used: list[Any] = []
+    monkeypatch.setattr(dcgm_api, "use_library", used.append)
+    try:
+        fake = sim.install(scenario(), clock=clock)
+        dcgm = sim.installed_dcgm()
+        assert dcgm is not None and dcgm.clock is fake.clock  # one scenario time for both
+        assert used == [dcgm]
+        sim.install({"name": "t", "devices": [{}]}, clock=clock)
+        assert sim.installed_dcgm() is None
+        assert used[-1] is dcgm_api.NO_LIBRARY  # never a real libdcgm under a simulated node
+    finally:
+        sim.uninstall()
+    assert sim.installed_dcgm() is None and used[-1] is None  # the real one again
+
+
+def test_the_pre_hopper_dcgm_builtin_classifies_as_mixed_does(
+    make: Make, clock: ManualClock
+) -> None:
+    """Activity from the fake DCGM and the rest from the scenario, through the classifier's
+    checks: the classes the Hopper `mixed` scenario shows for the same behaviours."""
+    s = load_scenario("pre-hopper-dcgm")
+    fake = FakeDcgmLib(s, clock)
+    api = Api(fake)
+    assert api("dcgmInit") == OK
+    _, handle = api.connect()
+    gpus = [d.index for d in s.devices]
+    assert api.watch(handle, gpus, [1002, 1004, 1005])[0] == OK
+    clock.now = 10.0
+    values = api.values(handle, gpus, [1002, 1004, 1005])
+    classes = []
+    for dev in s.devices:
+        sm, tensor, dram = (v for _, v in values[3 * dev.index : 3 * dev.index + 3])
+        pcie = max(dev.value(f"pcie_{d}_bytes_per_second", 10.0) for d in ("tx", "rx"))
+        nvlink = max(dev.value(f"nvlink_{d}_bytes_per_second", 10.0) for d in ("tx", "rx"))
+        link = max(
+            pcie / (pcie_capacity(4, 16) or 1),
+            nvlink / (nvlink_capacity(dev.architecture, dev.nvlink_links) or 1),
+        )
+        stats = WindowStats(
+            samples=1,
+            utilization=dev.value("utilization", 10.0),
+            sm_active=sm,
+            tensor_active=tensor,
+            dram_active=dram,
+            sm_stuck=False,
+            throttle_fraction=0.0,
+            throttle_reasons=(),
+            pcie_bytes_per_second=pcie,
+            nvlink_bytes_per_second=nvlink,
+            pcie_utilization=None,
+            nvlink_utilization=None,
+            link_utilization=link,
+        )
+        classes.append(decide(stats, Thresholds())[0])
+    assert classes == ["compute_bound", "idle", "launch_bound", "memory_bound"]
+    assert {p.device_id for p in s.pods} == {d.uuid for d in s.devices}  # every GPU held
+    assert fake.internal_errors == []
+
+
+def test_doc_lists_exactly_the_fake_dcgm_symbols() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "scenarios.md").read_text()
+    block = text[
+        text.index("<!-- dcgm-symbols:begin -->") : text.index("<!-- dcgm-symbols:end -->")
+    ]
+    assert set(re.findall(r"`(\w+)`", block)) == implemented_functions()
