@@ -89,6 +89,9 @@ def assemble(
     """
     sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
     sampler.add_processor("classifier", classifier(config).process)
+    dcgm = getattr(source, "dcgm", None)  # the NVML source's DCGM supplement, if any
+    if dcgm is not None:
+        sampler.add_producer(dcgm.producer())
     attribution = _attribution(config, wall_clock)
     if attribution is not None:
         from gpu_exporter.k8s.labels import PodsOfTick

@@ -123,7 +123,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_sm_active_ratio",
         G,
-        "Fraction of cycles an SM had at least one warp, averaged over SMs (GPM SM_UTIL).",
+        "Fraction of cycles an SM had at least one warp, averaged over SMs (GPM SM_UTIL, or "
+        "DCGM field 1002 before Hopper).",
         unit="ratio",
         source="gpm",
         scope=BOTH,
@@ -131,7 +132,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_sm_occupancy_ratio",
         G,
-        "Resident warps as a fraction of the theoretical maximum (GPM SM_OCCUPANCY).",
+        "Resident warps as a fraction of the theoretical maximum (GPM SM_OCCUPANCY, or DCGM 1003).",
         unit="ratio",
         source="gpm",
         scope=BOTH,
@@ -139,7 +140,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_tensor_active_ratio",
         G,
-        "Fraction of cycles any tensor pipe was active (GPM ANY_TENSOR_UTIL).",
+        "Fraction of cycles any tensor pipe was active (GPM ANY_TENSOR_UTIL, or DCGM 1004).",
         unit="ratio",
         source="gpm",
         scope=BOTH,
@@ -147,7 +148,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_dram_active_ratio",
         G,
-        "Device memory bandwidth used as a fraction of the maximum (GPM DRAM_BW_UTIL).",
+        "Device memory bandwidth used as a fraction of the maximum (GPM DRAM_BW_UTIL, or DCGM "
+        "1005).",
         unit="ratio",
         source="gpm",
         scope=BOTH,
@@ -155,7 +157,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_graphics_engine_active_ratio",
         G,
-        "Fraction of time the graphics/compute engine was busy (GPM GRAPHICS_UTIL).",
+        "Fraction of time the graphics/compute engine was busy (GPM GRAPHICS_UTIL, or DCGM 1001).",
         unit="ratio",
         source="gpm",
         scope=BOTH,
@@ -163,7 +165,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_pipe_active_ratio",
         G,
-        "Fraction of cycles the non-tensor fp64/fp32/fp16/integer pipe was active (GPM).",
+        "Fraction of cycles the non-tensor fp64/fp32/fp16/integer pipe was active (GPM, or "
+        "DCGM 1006-1008 and 1016).",
         ("pipe",),
         unit="ratio",
         source="gpm",
@@ -173,11 +176,19 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_tensor_pipe_active_ratio",
         G,
         "Fraction of cycles a tensor pipe was active, by pipe: hmma (half precision, FP16/BF16),"
-        " imma (integer), dfma (FP64) (GPM HMMA/IMMA/DFMA_TENSOR_UTIL).",
+        " imma (integer), dfma (FP64) (GPM HMMA/IMMA/DFMA_TENSOR_UTIL, or DCGM 1013-1015).",
         ("pipe",),
         unit="ratio",
         source="gpm",
         scope=BOTH,
+    ),
+    Family(
+        "gpu_activity_source_info",
+        Kind.INFO,
+        "Which source measured the GPU's SM/Tensor/DRAM activity: gpm (NVML, Hopper and newer)"
+        " or dcgm (DCGM's profiling fields); only while DCGM is configured; value is always 1.",
+        ("source",),
+        source="dcgm",
     ),
     Family("gpu_memory_total_bytes", G, scope=BOTH, help="Total device memory.", unit="bytes"),
     Family(
@@ -620,6 +631,23 @@ FAMILIES: tuple[Family, ...] = (
         "Unix time of the last successful kubelet PodResources refresh.",
         unit="seconds",
         source="kubernetes",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_dcgm_up",
+        G,
+        "1 while the DCGM host engine answers and watches the profiling fields, by dcgm.mode;"
+        " only while DCGM is configured and libdcgm is installed.",
+        ("mode",),
+        source="dcgm",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_dcgm_blank_values",
+        G,
+        "DCGM profiling values read blank in the last tick (DCGM writes blanks while profiling "
+        "is paused for Nsight or CUPTI); absent from the activity families, not errors.",
+        source="dcgm",
         per_device=False,
     ),
     Family(

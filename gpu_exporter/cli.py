@@ -85,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="TLS and basic auth for every endpoint, in the exporter-toolkit web-config format",
     )
     serve.add_argument(
+        "--dcgm",
+        choices=("off", "auto", "standalone", "embedded"),
+        help="SM/Tensor/DRAM activity from DCGM for GPUs without GPM (docs/kubernetes.md); "
+        "default off, auto on a simulated node with a DCGM host engine",
+    )
+    serve.add_argument(
+        "--dcgm-address",
+        metavar="ADDRESS",
+        help="nv-hostengine address: host, host:port or unix:/path (default localhost:5555)",
+    )
+    serve.add_argument(
         "--dcgm-compat",
         action="store_true",
         default=None,
@@ -153,6 +164,8 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
         "alerting.alertmanagers": args.alertmanager_url,
         "alerting.external_labels": ",".join(args.external_label) if args.external_label else None,
         "web_config_file": args.web_config_file,
+        "dcgm.mode": args.dcgm,
+        "dcgm.address": args.dcgm_address,
         "dcgm_compat.enabled": args.dcgm_compat,
         "dcgm_compat.listen_address": args.dcgm_compat_listen_address,
     }
@@ -190,23 +203,44 @@ def serve(args: argparse.Namespace) -> int:
         simulator = sim.install(scenario)
         log.info("simulating scenario %r", config.simulate)
         kubelet, config = _simulated_kubelet(scenario, config, simulator.clock)
+        config = _simulated_dcgm(scenario, config)
     errors = ErrorLog()
+    from gpu_exporter.sources import dcgm
+    from gpu_exporter.sources.base import SourceUnavailableError
     from gpu_exporter.topology import read_topology
 
-    source = NvmlSource(
-        settings=config.nvml.settings(config.interval_seconds),
-        errors=errors,
-        topology_reader=read_topology,
-    )
-    source.begin()  # NVML starts while the rest loads
+    source = None
     try:
+        try:
+            dcgm_source = dcgm.configured(config.dcgm.settings(), errors, config.interval_seconds)
+        except SourceUnavailableError as exc:  # a DCGM mode that cannot work on this host
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        source = NvmlSource(
+            settings=config.nvml.settings(config.interval_seconds),
+            errors=errors,
+            topology_reader=read_topology,
+            dcgm=dcgm_source,
+        )
+        source.begin()  # NVML starts while the rest loads
         return _serve(config, source, errors, time.monotonic() + INIT_GRACE_SECONDS)
     finally:
-        source.close()
+        if source is not None:
+            source.close()
         if simulator is not None:
             sim.uninstall()
         if kubelet is not None:
             kubelet.close()
+
+
+def _simulated_dcgm(scenario: Any, config: Config) -> Config:
+    """A scenario with a DCGM host engine (`dcgm:`) is a node whose operator runs one for the
+    exporter: `dcgm.mode` is then `auto` unless it was set (elsewhere DCGM is opt-in)."""
+    if scenario.dcgm is None or "mode" in config.dcgm.model_fields_set:
+        return config
+    log.info("simulated DCGM host engine: dcgm.mode auto (set dcgm.mode to change it)")
+    dcgm = config.dcgm.model_copy(update={"mode": "auto"})
+    return config.model_copy(update={"dcgm": dcgm})
 
 
 def _simulated_kubelet(

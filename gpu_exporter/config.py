@@ -34,7 +34,12 @@ from gpu_exporter.promnames import label_name_problem
 from gpu_exporter.rules.manager import RuleSettings
 from gpu_exporter.rules.pack import default_rule_files
 from gpu_exporter.runbook import default_base_url as default_runbook_base_url
-from gpu_exporter.sources.settings import NvmlSettings, default_deadline
+from gpu_exporter.sources.settings import (
+    DCGM_FIELDS,
+    DcgmSettings,
+    NvmlSettings,
+    default_deadline,
+)
 from gpu_exporter.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
 
 ENV_PREFIX = "GPU_EXPORTER_"
@@ -46,6 +51,8 @@ FLAG_NAMES = {
     "rules.files": "rules",
     "alerting.alertmanagers": "alertmanager-url",
     "alerting.external_labels": "external-label",
+    "dcgm.mode": "dcgm",
+    "dcgm.address": "dcgm-address",
     "dcgm_compat.enabled": "dcgm-compat",
     "dcgm_compat.listen_address": "dcgm-compat-listen-address",
 }
@@ -62,6 +69,7 @@ class _Strict(BaseModel):
 # Every default below comes from the dataclass the setting ends up in; tests/test_config.py
 # fails if a literal creeps back in and drifts.
 _NVML = NvmlSettings()
+_DCGM = DcgmSettings()
 _THRESHOLDS = Thresholds()
 _WEB = WebSettings()
 # RuleSettings, AlertmanagerTarget and NotifierSettings defaults are read as class attributes:
@@ -101,6 +109,59 @@ class NvmlConfig(_Strict):
         if values["device_deadline_seconds"] is None:
             values["device_deadline_seconds"] = default_deadline(interval_seconds)
         return NvmlSettings(**values)
+
+
+class DcgmConfig(_Strict):
+    """DCGM's profiling fields for GPUs without GPM (sources/dcgm.py, docs/kubernetes.md)."""
+
+    mode: Literal["off", "auto", "standalone", "embedded"] = _DCGM.mode  # type: ignore[assignment]
+    address: str = Field(default=_DCGM.address, min_length=1, max_length=4096)
+    fields: tuple[int, ...] = Field(default=_DCGM.fields, min_length=1)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` as false (and `on` as true).
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError(
+                "a YAML boolean (on/yes/true): write off, auto, standalone or embedded"
+            )
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value.startswith("unix:"):
+            if not value.removeprefix("unix:").removeprefix("//").startswith("/"):
+                raise ValueError("a unix socket address is unix:/absolute/path")
+            return value
+        if value.startswith("["):  # [ipv6]:port
+            port = value.partition("]")[2].removeprefix(":")
+        else:  # host:port, or a bare host or IPv6 address
+            port = value.partition(":")[2] if value.count(":") == 1 else ""
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"port {port!r} is not a number from 1 to 65535")
+        if any(c.isspace() for c in value) or "/" in value:
+            raise ValueError("expected host, host:port, [ipv6]:port or unix:/path")
+        return value
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _fields(cls, value: Any) -> Any:
+        value = _split_commas(value)
+        if isinstance(value, list | tuple):
+            unknown = [v for v in value if isinstance(v, int) and v not in DCGM_FIELDS]
+            if unknown:
+                known = ", ".join(map(str, DCGM_FIELDS))
+                raise ValueError(f"unknown DCGM field id(s) {unknown} (known: {known})")
+            if len(set(value)) != len(value):
+                raise ValueError("a field id is given twice")
+        return value
+
+    def settings(self) -> DcgmSettings:
+        return DcgmSettings(mode=self.mode, address=self.address, fields=tuple(self.fields))
 
 
 def _split_commas(value: Any) -> Any:
@@ -321,6 +382,7 @@ class Config(_Strict):
     simulate: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     nvml: NvmlConfig = NvmlConfig()
+    dcgm: DcgmConfig = DcgmConfig()
     rules: RulesConfig = RulesConfig()
     alerting: AlertingConfig = AlertingConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()

@@ -64,6 +64,9 @@ SHIPPED_FIRING = {
     # GpuBusyButIdle on GPU 0's launch-bound GI 9 only; GpuActivityMetricsUnavailable on the
     # A100's instances that hold memory (no GPM: no activity).
     "mig": {"GpuActivityMetricsUnavailable", "GpuBusyButIdle"},
+    # The A100s' activity from the simulated DCGM host engine: GpuBusyButIdle on launch-bound
+    # GPU 2, GpuMemoryBandwidthBound on GPU 3, exactly as on Hopper with GPM.
+    "pre-hopper-dcgm": {"GpuBusyButIdle", "GpuMemoryBandwidthBound"},
 }
 # Alerts whose two copies differ by design, with the labels only the daemon's copy has: an
 # aggregation that drops `node` sums over every node in Prometheus, while the daemon's sum is
@@ -71,8 +74,8 @@ SHIPPED_FIRING = {
 SPLIT_BY_DESIGN = {"SplitSum_by_namespace": ("node",)}
 # Each run covers the whole scenario (mixed: GpuThermalSlowdown from about 20 s; faults: GPU 1
 # lost from 15 s to 25 s, then re-initialised), and ends by DEADLINE at the latest.
-MIN_RUN = {"mixed": 26.0, "faults": 34.0, "mig": 26.0}
-DEADLINE = {"mixed": 45.0, "faults": 55.0, "mig": 50.0}
+MIN_RUN = {"mixed": 26.0, "faults": 34.0, "mig": 26.0, "pre-hopper-dcgm": 20.0}
+DEADLINE = {"mixed": 45.0, "faults": 55.0, "mig": 50.0, "pre-hopper-dcgm": 40.0}
 # How long the paths may disagree about an alert before that counts: their scrape, sampling
 # and evaluation phases differ by a second or two when an alert starts or ends.
 GRACE = 10.0
@@ -390,7 +393,7 @@ class Tracker:
 # --- the test ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("scenario", ["mixed", "faults", "mig"])
+@pytest.mark.parametrize("scenario", ["mixed", "faults", "mig", "pre-hopper-dcgm"])
 @pytest.mark.parametrize("mode", ["labels", "info"])
 def test_daemon_and_prometheus_alerts_have_the_same_labels_with_pods(
     tmp_path: Path, mode: str, scenario: str

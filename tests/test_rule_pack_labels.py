@@ -309,6 +309,11 @@ SCENARIOS = [
         (('gpu_exporter_collector_success{collector="ecc"}', "1x2 0x20"),),
     ),
     Scenario(
+        "GpuExporterDcgmUnavailable",
+        "13m",
+        (('gpu_exporter_dcgm_up{mode="standalone"}', "1x2 0x12"),),
+    ),
+    Scenario(
         "GpuExporterDown",
         "6m",
         (('up{job="gpu-exporter",instance="10.0.0.7:9449"}', "1x3 0x10"),),

@@ -22,7 +22,7 @@ from gpu_exporter.diagnose.text import Text
 from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.series import SeriesBuilder
 from gpu_exporter.snapshot import DeviceSample, Snapshot, TickStats
-from gpu_exporter.sources.settings import NvmlSettings
+from gpu_exporter.sources.settings import DcgmSettings, NvmlSettings
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.topology import Topology, read_topology
 
@@ -82,6 +82,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rule files whose gpu-health group defines an unhealthy GPU (default: the "
         "shipped rule pack; repeat for several)",
     )
+    parser.add_argument(
+        "--dcgm",
+        choices=("off", "auto", "standalone", "embedded"),
+        help="SM/Tensor/DRAM activity from DCGM for GPUs without GPM, as the daemon's "
+        "dcgm.mode (default off; auto on a simulated node with a DCGM host engine)",
+    )
+    parser.add_argument(
+        "--dcgm-address",
+        default=DcgmSettings.address,
+        metavar="ADDRESS",
+        help=f"nv-hostengine address (default {DcgmSettings.address})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-color", action="store_true", help="never colour the output")
 
@@ -136,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         fake = sim.install(scenario)
         simulated = True
+        if args.dcgm is None and scenario.dcgm is not None:
+            args.dcgm = "auto"  # the simulated node runs a host engine for the exporter
         if args.kubelet_socket is None and scenario.pods:
             from gpu_exporter.sim.kubelet import start_for
 
@@ -192,7 +206,8 @@ def _load_health_rules(args: argparse.Namespace) -> HealthRules | str:
 
 
 def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
-    from gpu_exporter.sources.base import ErrorLog
+    from gpu_exporter.sources import dcgm
+    from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
     from gpu_exporter.sources.device_config import read_device_config
     from gpu_exporter.sources.nvml import NvmlSource
     from gpu_exporter.sources.settings import default_deadline
@@ -205,7 +220,17 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
         device_deadline_seconds=default_deadline(args.interval),
         slow_refresh_seconds=3600.0,  # the static data once is enough for a short profile
     )
-    source = NvmlSource(settings=settings, errors=ErrorLog(), topology_reader=read_topology)
+    errors = ErrorLog()
+    try:
+        dcgm_source = dcgm.configured(
+            DcgmSettings(mode=args.dcgm or "off", address=args.dcgm_address), errors, args.interval
+        )
+    except SourceUnavailableError as exc:
+        print(f"gpu-exporter diagnose: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    source = NvmlSource(
+        settings=settings, errors=errors, topology_reader=read_topology, dcgm=dcgm_source
+    )
     try:
         # Not `start()`: that waits for ever on a driver whose nvmlInit hangs.
         source.begin()

@@ -47,6 +47,7 @@ from gpu_exporter.guard import Guard
 from gpu_exporter.snapshot import CollectorStatus, DeviceSample
 from gpu_exporter.sources import collectors
 from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError, TooManyDevicesError
+from gpu_exporter.sources.dcgm import DcgmSource, with_dcgm_activity
 from gpu_exporter.sources.nvml_device import (
     DRIVER_GONE,
     DeviceLostError,
@@ -170,6 +171,8 @@ class NvmlSource:
     # Run at start and after a full re-init, never per tick; None: no topology collector.
     topology_reader: TopologyReader | None = None
     guard: Guard = field(default_factory=Guard)  # shared by every GPU's collectors
+    # DCGM's profiling fields, for the GPUs without GPM (None: no DCGM; sources/dcgm.py).
+    dcgm: DcgmSource | None = None
 
     def __post_init__(self) -> None:
         self._calls = NvmlCalls(self.errors, self.name)
@@ -400,6 +403,8 @@ class NvmlSource:
             device.worker.stop()
         self._devices.clear()
         self._recovery_worker.stop()
+        if self.dcgm is not None:
+            self.dcgm.close()
         if self._initialised:
             self._initialised = False
             self._calls.call("shutdown", N.nvmlShutdown)
@@ -410,14 +415,17 @@ class NvmlSource:
     def collector_names(self) -> tuple[str, ...]:
         """The enabled collectors, in order: the `collector` labels `collector_status()` uses
         (and the ones to report failed when `sample()` itself raises)."""
-        return tuple(collector.name for collector in self.collectors)
+        names = tuple(collector.name for collector in self.collectors)
+        return names if self.dcgm is None else (*names, self.dcgm.name)
 
     def collector_status(self) -> tuple[CollectorStatus, ...]:
         """One status per enabled collector for the last `sample()`, merged over the GPUs:
         failed if it failed on any GPU, durations summed. A collector that ran on no GPU
         (all down) did not fail: success, 0 s. `topology` fails while the latest topology
         read failed (see `_read_topology`)."""
-        return self._last_statuses
+        if self.dcgm is None:
+            return self._last_statuses
+        return (*self._last_statuses, *self.dcgm.collector_status())
 
     def unsupported_by_device(self) -> dict[str, list[str]]:
         """What each GPU was learned not to support (diagnostics and validation)."""
@@ -660,6 +668,10 @@ class NvmlSource:
             # NVML is being re-initialised: reading devices now would only collect errors.
             return self._all_down("NVML is being re-initialised")
         self._tick += 1
+        started = self.clock()
+        needing_dcgm = self._needing_dcgm()
+        if self.dcgm is not None:
+            self.dcgm.begin(needing_dcgm)  # in parallel with the NVML reads
         running: dict[str, futures.Future[Any]] = {}
         driver = self._node_info.get("driver_version", "")
         for uuid, device in self._devices.items():
@@ -675,7 +687,25 @@ class NvmlSource:
         samples = [
             self._collect(uuid, device, running.get(uuid)) for uuid, device in self._devices.items()
         ]
+        if self.dcgm is not None:
+            deadline = started + self.settings.device_deadline_seconds
+            samples = with_dcgm_activity(samples, needing_dcgm, self.dcgm.finish(deadline))
         return sorted(samples, key=lambda s: s.index)
+
+    def _needing_dcgm(self) -> frozenset[str]:
+        """The answering whole GPUs whose activity GPM cannot give: learned unsupported
+        (before Hopper) or the gpm collector turned off. MIG-enabled GPUs are left out (their
+        activity is per GPU instance)."""
+        if self.dcgm is None or not self.dcgm.available:
+            return frozenset()
+        return frozenset(
+            uuid
+            for uuid, device in self._devices.items()
+            if device.identified
+            and not device.lost
+            and not device.reader.mig_enabled
+            and (not self.settings.gpm or device.reader.is_unsupported("gpm"))
+        )
 
     def read_each_device(
         self, read: Callable[[DeviceReader], Any], timeout: float

@@ -31,3 +31,26 @@ class NvmlSettings:
 def default_deadline(interval_seconds: float) -> float:
     """The per-GPU deadline when none is configured: the default, or less for short intervals."""
     return min(NvmlSettings.device_deadline_seconds, DEADLINE_SHARE_OF_INTERVAL * interval_seconds)
+
+
+# DCGM profiling field ids the exporter can watch (DCGM dcgm_fields.h), and the default set:
+# 1001-1008 are the activity the classifier and the rules read; the tensor-pipe and integer
+# fields (1013-1016) are opt-in, because before Hopper DCGM multiplexes shared counters and
+# "some groups cannot be watched concurrently" (DCGM profiling docs).
+DCGM_FIELDS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1013, 1014, 1015, 1016)
+DCGM_DEFAULT_FIELDS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008)
+
+
+@dataclass(frozen=True)
+class DcgmSettings:
+    # off: never; auto: a host engine at `address` for GPUs without GPM, if libdcgm and the host
+    # engine are there; standalone: the same, libdcgm required; embedded: a host engine inside
+    # this process (root and CAP_SYS_ADMIN).
+    mode: str = "off"
+    # nv-hostengine's address: host, host:port (DCGM_HE_PORT_NUMBER 5555 by default) or
+    # unix:/path/to/socket.
+    address: str = "localhost:5555"
+    fields: tuple[int, ...] = DCGM_DEFAULT_FIELDS
+    connect_timeout_seconds: float = 1.0
+    reconnect_initial_backoff_seconds: float = 2.0
+    reconnect_max_backoff_seconds: float = 60.0

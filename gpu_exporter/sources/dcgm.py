@@ -1,0 +1,504 @@
+"""SM, Tensor and DRAM activity from DCGM's profiling fields, for GPUs without NVML GPM.
+
+NVML's GPM (the `gpm` collector) exists only on Hopper and newer; on the A100, A30, L4 and L40S
+the same activity exists only as DCGM's profiling fields 1001-1016 (DCGM dcgm_fields.h). This
+source keeps one session with a DCGM host engine, either a running `nv-hostengine` (standalone:
+`dcgmConnect_v2`, which keeps the exporter unprivileged) or one started inside this process
+(embedded: `dcgmStartEmbedded`, needs root and CAP_SYS_ADMIN), watches the configured fields at
+the sampling interval and reads their latest values once per tick. Its readings go into the
+very families GPM fills (`gpu_sm_active_ratio`, ...): one name per quantity, whichever source
+measured it; `gpu_activity_source_info` says which one did.
+
+Every DCGM call runs on this source's own worker thread. A tick starts the read (`begin`)
+before the NVML reads and collects it (`finish`) by the NVML deadline, so a slow or hung host
+engine costs the tick nothing but those values. A failed call (host engine gone, restarted,
+refusing) tears the session down; it is re-made with exponential back-off, and until then the
+values are absent and counted in gpu_exporter_errors_total{source="dcgm"}. Blank values (DCGM
+writes them while profiling is paused for Nsight or CUPTI: dcgmProfPause) are absent too; they
+are counted in gpu_exporter_dcgm_blank_values, not as errors.
+
+Tested against the simulator's fake libdcgm (gpu_exporter/sim/fake_dcgm.py) only, which follows
+DCGM's headers and API documentation; not yet run against a real DCGM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+
+from gpu_exporter.series import Producer, Series, series
+from gpu_exporter.snapshot import CollectorStatus, DeviceSample, Labels, Reading
+from gpu_exporter.sources import dcgm_api as api
+from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
+from gpu_exporter.sources.settings import DcgmSettings
+from gpu_exporter.sources.worker import Worker
+
+log = logging.getLogger(__name__)
+
+SOURCE = "dcgm"
+UP = "gpu_exporter_dcgm_up"
+BLANK_VALUES = "gpu_exporter_dcgm_blank_values"
+ACTIVITY_SOURCE = "gpu_activity_source_info"
+
+# A value whose DCGM timestamp has not moved for this many watch intervals is stale: the host
+# engine stopped sampling it, and an old number must not pass for a current one.
+STALE_AFTER_INTERVALS = 5
+# A read still running after this many intervals is abandoned with its session (a hung host
+# engine); at most this many such threads are left behind before the source stops trying.
+ABANDON_AFTER_INTERVALS = 10
+MAX_ABANDONED_THREADS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmField:
+    field_id: int
+    family: str
+    labels: Labels = ()
+
+
+# The profiling fields (DCGM dcgm_fields.h, DCGM_FI_PROF_*), as the GPM metrics' families.
+# All are ratios of 0..1 (DCGM divides its percentages by 100).
+FIELDS: tuple[DcgmField, ...] = (
+    DcgmField(1001, "gpu_graphics_engine_active_ratio"),  # GR_ENGINE_UTIL_RATIO
+    DcgmField(1002, "gpu_sm_active_ratio"),  # SM_UTIL_RATIO
+    DcgmField(1003, "gpu_sm_occupancy_ratio"),  # SM_OCCUPANCY_RATIO
+    DcgmField(1004, "gpu_tensor_active_ratio"),  # TENSOR_UTIL_RATIO
+    DcgmField(1005, "gpu_dram_active_ratio"),  # DRAM_UTIL_RATIO
+    DcgmField(1006, "gpu_pipe_active_ratio", (("pipe", "fp64"),)),
+    DcgmField(1007, "gpu_pipe_active_ratio", (("pipe", "fp32"),)),
+    DcgmField(1008, "gpu_pipe_active_ratio", (("pipe", "fp16"),)),
+    DcgmField(1013, "gpu_tensor_pipe_active_ratio", (("pipe", "imma"),)),
+    DcgmField(1014, "gpu_tensor_pipe_active_ratio", (("pipe", "hmma"),)),
+    DcgmField(1015, "gpu_tensor_pipe_active_ratio", (("pipe", "dfma"),)),
+    DcgmField(1016, "gpu_pipe_active_ratio", (("pipe", "int"),)),
+)
+BY_ID: Mapping[int, DcgmField] = {f.field_id: f for f in FIELDS}
+FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f.family for f in FIELDS))
+
+# Per-value problems that are not errors: no sample yet (the first update cycle), a field this
+# GPU lacks, and blank values (profiling paused; counted apart).
+_QUIET = frozenset({"NoData", "NotSupported", "Blank"})
+_names = itertools.count(1)
+
+
+def _problem_hint(exc: api.DcgmError, settings: DcgmSettings) -> str:
+    """What a person can do about a session failure."""
+    if exc.code == api.ST_CONNECTION_NOT_VALID:
+        return f"no nv-hostengine answers at {settings.address} (dcgm.address)"
+    if exc.code == api.ST_REQUIRES_ROOT:
+        return (
+            "the host engine runs without root: watching fields needs root and CAP_SYS_ADMIN "
+            "(embedded mode), or point dcgm.address at a privileged nv-hostengine"
+        )
+    if exc.code == api.ST_MODULE_NOT_LOADED:
+        return (
+            "the host engine has no profiling module (it ships in NVIDIA's proprietary DCGM "
+            "package): SM/Tensor/DRAM activity stays absent"
+        )
+    if exc.code in (api.ST_NO_PERMISSION, api.ST_PROFILING_NOT_SUPPORTED):
+        return "profiling counters are not available to DCGM here (admin-only profiling?)"
+    if exc.code == api.ST_PROFILING_MULTI_PASS:
+        return "these fields cannot be collected in one pass on this GPU: narrow dcgm.fields"
+    return "retrying with back-off"
+
+
+@dataclass
+class _Session:
+    handle: int
+    gpu_ids: dict[str, int]  # UUID -> DCGM GPU id, of the GPUs watched
+    covered: frozenset[str]  # the UUIDs asked for when it was made (watched or unknown)
+    group: int | None = None
+    field_group: int | None = None
+
+
+@dataclass
+class _Connection:
+    """What one worker thread owns: abandoning a hung thread abandons its connection too."""
+
+    worker: Worker
+    session: _Session | None = None
+    embedded_started: bool = False
+    initialised: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _ReadResult:
+    readings: dict[str, list[Reading]]
+    up: bool
+    blank: int = 0
+
+
+@dataclass
+class _Job:
+    future: Future[_ReadResult]
+    started: float
+    counted_late: bool = False
+
+
+@dataclass
+class _State:
+    up: bool = False
+    blank: int = 0
+    last_problem: str = ""
+    next_attempt: float = 0.0
+    backoff: float = 0.0
+    freshness: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
+
+
+class DcgmSource:
+    """One host-engine session for the GPUs that need DCGM; see the module docstring."""
+
+    name = SOURCE
+
+    def __init__(
+        self,
+        settings: DcgmSettings,
+        errors: ErrorLog,
+        interval_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.errors = errors
+        self.interval = interval_seconds
+        self._clock = clock
+        self._lib: api.Library | None = None
+        self._connection = _Connection(Worker("dcgm"))
+        self._abandoned: list[Future[_ReadResult]] = []
+        self._job: _Job | None = None
+        self._lock = threading.Lock()  # guards _state between the worker and the tick
+        self._state = _State(backoff=settings.reconnect_initial_backoff_seconds)
+        self._status = CollectorStatus(SOURCE, True, 0.0)
+
+    # -- Source protocol -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load libdcgm; SourceUnavailableError (one sentence) when it is not installed."""
+        try:
+            self._lib = api.load()
+        except api.DcgmLibraryMissingError as exc:
+            raise SourceUnavailableError(str(exc)) from None
+
+    def sample(self) -> list[DeviceSample]:
+        """Every GPU the host engine knows, with its activity only (standalone use)."""
+        self.begin(None)
+        readings = self.finish(self._clock() + self.interval)
+        return [
+            DeviceSample(i, uuid, {}, True, tuple(values))
+            for i, (uuid, values) in enumerate(sorted(readings.items()))
+        ]
+
+    def node_info(self) -> dict[str, str]:
+        return {}
+
+    def collector_names(self) -> tuple[str, ...]:
+        return (SOURCE,)
+
+    def collector_status(self) -> tuple[CollectorStatus, ...]:
+        return (self._status,)
+
+    def close(self) -> None:
+        """End the session (on its worker, briefly waited for) and stop the worker."""
+        connection = self._connection
+        done = connection.worker.submit(self._teardown, connection)
+        try:
+            done.result(timeout=max(1.0, self.interval))
+        except Exception:  # a hung host engine or a failing teardown: nothing left to save
+            log.debug("DCGM teardown did not finish", exc_info=True)
+        connection.worker.stop()
+
+    # -- per tick ------------------------------------------------------------------------------
+
+    @property
+    def available(self) -> bool:
+        """True once the library is loaded."""
+        return self._lib is not None
+
+    def begin(self, wanted: Collection[str] | None) -> None:
+        """Start reading the GPUs with these UUIDs (None: all) on the worker, unless the last
+        read is still running (then this tick has no DCGM values)."""
+        job = self._job
+        if job is not None and not job.future.done():
+            self._maybe_abandon(job)
+            return
+        wanted_set = None if wanted is None else frozenset(wanted)
+        if wanted_set is not None and not wanted_set:
+            self._job = None
+            return
+        connection = self._connection
+        future = connection.worker.submit(self._read, connection, wanted_set)
+        self._job = _Job(future, self._clock())
+
+    def finish(self, deadline: float) -> dict[str, list[Reading]]:
+        """The readings of the read `begin` started, waited for until `deadline` (the source's
+        clock); nothing when it is not done by then."""
+        job = self._job
+        if job is None:
+            self._status = CollectorStatus(SOURCE, True, 0.0)
+            return {}
+        try:
+            result = job.future.result(timeout=max(0.0, deadline - self._clock()))
+        except TimeoutError:  # DCGM not answering is an error count, not a failed collector
+            if not job.counted_late:
+                job.counted_late = True
+                self.errors.add(SOURCE, "read", "Timeout")
+            self._status = CollectorStatus(SOURCE, True, self._clock() - job.started)
+            return {}
+        except Exception:  # a bug in the read (a failed collector): this tick's values lost
+            log.exception("DCGM read failed")
+            self.errors.add(SOURCE, "read", "exception")
+            self._status = CollectorStatus(SOURCE, False, self._clock() - job.started)
+            return {}
+        self._status = CollectorStatus(SOURCE, True, self._clock() - job.started)
+        return result.readings
+
+    def producer(self) -> Producer:
+        """The source's own health: gpu_exporter_dcgm_up and the blank values of the tick."""
+        return Producer(SOURCE, self._series, frozenset({SOURCE}))
+
+    def _series(self) -> Iterator[Series]:
+        with self._lock:
+            up, blank = self._state.up, self._state.blank
+        yield series(UP, 1.0 if up else 0.0, (("mode", self.settings.mode),))
+        yield series(BLANK_VALUES, float(blank))
+
+    def _maybe_abandon(self, job: _Job) -> None:
+        """A read stuck far beyond its deadline: leave its thread, and its session, behind."""
+        if self._clock() - job.started < ABANDON_AFTER_INTERVALS * self.interval:
+            return
+        self._abandoned = [f for f in self._abandoned if not f.done()]
+        if len(self._abandoned) >= MAX_ABANDONED_THREADS:
+            return
+        log.warning(
+            "DCGM did not answer for %.0fs: starting a new session", self._clock() - job.started
+        )
+        self.errors.add(SOURCE, "read", "Hung")
+        self._abandoned.append(job.future)
+        self._connection.worker.stop()
+        self._connection = _Connection(Worker("dcgm"))
+        self._job = None
+        with self._lock:
+            self._state.up = False
+
+    # -- on the worker thread ------------------------------------------------------------------
+
+    def _read(self, connection: _Connection, wanted: frozenset[str] | None) -> _ReadResult:
+        lib = self._lib
+        if lib is None:
+            return _ReadResult({}, False)
+        session = connection.session
+        if session is not None and wanted is not None and not wanted <= session.covered:
+            self._teardown(connection)  # new GPUs need DCGM: watch them too
+            session = None
+        if session is None:
+            with self._lock:
+                if self._clock() < self._state.next_attempt:
+                    return _ReadResult({}, False)
+            try:
+                session = self._connect(lib, connection, wanted)
+            except api.DcgmError as exc:
+                self._failed(exc)
+                self._teardown(connection)
+                return _ReadResult({}, False)
+        if not session.gpu_ids:
+            self._set_up(True, 0)
+            return _ReadResult({}, True)
+        ids = list(session.gpu_ids.values())
+        try:
+            values = lib.latest_values(session.handle, ids, self.settings.fields)
+        except api.DcgmError as exc:
+            self._failed(exc, retry_now=True)
+            self._teardown(connection)
+            return _ReadResult({}, False)
+        by_id = {gpu: uuid for uuid, gpu in session.gpu_ids.items()}
+        readings, blank = self._readings(values, by_id)
+        self._set_up(True, blank)
+        return _ReadResult(readings, True, blank)
+
+    def _connect(
+        self, lib: api.Library, connection: _Connection, wanted: frozenset[str] | None
+    ) -> _Session:
+        settings = self.settings
+        lib.init()
+        connection.initialised = True
+        if settings.mode == "embedded":
+            handle = lib.start_embedded()
+            connection.embedded_started = True
+        else:
+            address, unix = _address(settings.address)
+            timeout_ms = round(settings.connect_timeout_seconds * 1000)
+            handle = lib.connect(address, unix, timeout_ms)
+        connection.session = session = _Session(handle, {}, frozenset(wanted or ()))
+        known = lib.supported_gpus(handle)
+        uuids = {}
+        if known:
+            for value in lib.latest_values(handle, known, [api.FI_DEV_GPU_UUID], live=True):
+                if isinstance(value.value, str):
+                    uuids[value.value] = value.gpu
+        session.gpu_ids = {
+            uuid: gpu for uuid, gpu in uuids.items() if wanted is None or uuid in wanted
+        }
+        missing = sorted((wanted or frozenset()) - set(uuids))
+        if missing:
+            log.warning(
+                "DCGM does not know GPU(s) %s: their activity stays absent", ", ".join(missing)
+            )
+        if session.gpu_ids:
+            name = f"gpu-exporter-{os.getpid()}-{next(_names)}"
+            session.group = lib.group_create(handle, name, sorted(session.gpu_ids.values()))
+            session.field_group = lib.field_group_create(handle, name, settings.fields)
+            keep = max(2 * self.interval, 1.0)
+            lib.watch(handle, session.group, session.field_group, self.interval, keep)
+        with self._lock:
+            recovered = bool(self._state.last_problem)
+            self._state.last_problem = ""
+            self._state.backoff = settings.reconnect_initial_backoff_seconds
+            self._state.freshness.clear()
+        where = "embedded host engine" if settings.mode == "embedded" else settings.address
+        log.log(
+            logging.WARNING if recovered else logging.INFO,
+            "DCGM: %s watching fields %s on %d GPU(s) at %s",
+            "again" if recovered else "now",
+            ",".join(map(str, settings.fields)),
+            len(session.gpu_ids),
+            where,
+        )
+        return session
+
+    def _failed(self, exc: api.DcgmError, retry_now: bool = False) -> None:
+        """Count the failure, say it once (again when it changes), and back off."""
+        self.errors.add(SOURCE, exc.function, exc.name)
+        message = f"{exc}: {_problem_hint(exc, self.settings)}"
+        with self._lock:
+            state = self._state
+            state.up = False
+            repeated = message == state.last_problem
+            state.last_problem = message
+            delay = 0.0 if retry_now else state.backoff
+            state.next_attempt = self._clock() + delay
+            if not retry_now:
+                state.backoff = min(state.backoff * 2, self.settings.reconnect_max_backoff_seconds)
+        if not repeated:
+            quiet = self.settings.mode == "auto" and exc.code == api.ST_CONNECTION_NOT_VALID
+            log.log(logging.INFO if quiet else logging.WARNING, "DCGM: %s", message)
+
+    def _teardown(self, connection: _Connection) -> None:
+        """Undo the session, best effort: after a host-engine restart its handles are gone."""
+        lib, session = self._lib, connection.session
+        connection.session = None
+        if lib is None:
+            return
+        steps: list[tuple[Callable[..., None], tuple[int, ...]]] = []
+        if session is not None:
+            if session.group is not None and session.field_group is not None:
+                steps.append((lib.unwatch, (session.handle, session.group, session.field_group)))
+            if session.field_group is not None:
+                steps.append((lib.field_group_destroy, (session.handle, session.field_group)))
+            if session.group is not None:
+                steps.append((lib.group_destroy, (session.handle, session.group)))
+            if not connection.embedded_started:
+                steps.append((lib.disconnect, (session.handle,)))
+        if connection.embedded_started and session is not None:
+            steps.append((lib.stop_embedded, (session.handle,)))
+        if connection.initialised:
+            steps.append((lib.shutdown, ()))
+        for step, args in steps:
+            try:
+                step(*args)
+            except api.DcgmError as exc:
+                log.debug("DCGM teardown: %s", exc)
+        connection.embedded_started = connection.initialised = False
+
+    def _readings(
+        self, values: list[api.FieldValue], uuid_of: Mapping[int, str]
+    ) -> tuple[dict[str, list[Reading]], int]:
+        now = self._clock()
+        stale_after = STALE_AFTER_INTERVALS * self.interval
+        readings: dict[str, list[Reading]] = {}
+        blank = 0
+        with self._lock:
+            freshness = self._state.freshness
+        for value in values:
+            uuid = uuid_of.get(value.gpu)
+            spec = BY_ID.get(value.field_id)
+            if uuid is None or spec is None:
+                continue
+            if value.value is None or isinstance(value.value, str):
+                if value.problem == "Blank":
+                    blank += 1
+                if value.problem not in _QUIET:
+                    self.errors.add(SOURCE, f"field_{value.field_id}", value.problem)
+                continue
+            key = (value.gpu, value.field_id)
+            seen = freshness.get(key)
+            if seen is None or seen[0] != value.timestamp_us:
+                freshness[key] = (value.timestamp_us, now)
+            elif now - seen[1] > stale_after:
+                self.errors.add(SOURCE, f"field_{value.field_id}", "StaleData")
+                continue
+            ratio = value.value
+            if ratio > 1.0:  # DCGM issue 152: SM activity above 1.0; kept, clamped, counted
+                self.errors.add(SOURCE, f"field_{value.field_id}", "AboveOne")
+            readings.setdefault(uuid, []).append(
+                Reading(spec.family, min(max(ratio, 0.0), 1.0), spec.labels)
+            )
+        return readings, blank
+
+    def _set_up(self, up: bool, blank: int) -> None:
+        with self._lock:
+            self._state.up = up
+            self._state.blank = blank
+
+
+def configured(
+    settings: DcgmSettings, errors: ErrorLog, interval_seconds: float
+) -> DcgmSource | None:
+    """The DCGM source `settings` ask for, its library loaded; None for `off`, and for `auto`
+    without libdcgm (exactly as without DCGM). SourceUnavailableError when `standalone` or
+    `embedded` is asked for and libdcgm is missing: that configuration cannot work."""
+    if settings.mode == "off":
+        return None
+    source = DcgmSource(settings, errors, interval_seconds)
+    try:
+        source.start()
+    except SourceUnavailableError as exc:
+        source.close()
+        if settings.mode == "auto":
+            log.info("DCGM: %s; activity before Hopper stays absent", exc)
+            return None
+        raise SourceUnavailableError(f"dcgm.mode is {settings.mode}, but {exc}") from None
+    return source
+
+
+def with_dcgm_activity(
+    samples: list[DeviceSample],
+    needing: Collection[str],
+    readings: Mapping[str, list[Reading]],
+) -> list[DeviceSample]:
+    """The tick's samples with DCGM's activity added to the GPUs that needed it, and
+    gpu_activity_source_info on every GPU whose activity one of the two sources measured."""
+    merged = []
+    for sample in samples:
+        extra: list[Reading] = []
+        if sample.up and sample.uuid in needing:
+            extra = [*readings.get(sample.uuid, ()), _source_info("dcgm")]
+        elif sample.up and sample.value("gpu_sm_active_ratio") is not None:
+            extra = [_source_info("gpm")]
+        merged.append(replace(sample, readings=(*sample.readings, *extra)) if extra else sample)
+    return merged
+
+
+def _source_info(source: str) -> Reading:
+    return Reading(ACTIVITY_SOURCE, 1.0, (("source", source),))
+
+
+def _address(address: str) -> tuple[str, bool]:
+    """dcgmConnect_v2's address and whether it is a unix socket (`unix:/path`)."""
+    if address.startswith("unix:"):
+        return address.removeprefix("unix:").removeprefix("//"), True
+    return address, False

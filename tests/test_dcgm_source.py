@@ -1,0 +1,378 @@
+"""The DCGM source: the production ctypes binding through the simulator's fake libdcgm.
+
+Every test drives `NvmlSource` with its DCGM supplement on a manual clock, over a small A100
+node (no GPM) whose host engine the scenario describes, and reads what a tick gives: values
+present, absent while DCGM cannot give them, back when it can, errors counted where they are
+errors, and the NVML values untouched throughout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpu_exporter import sim
+from gpu_exporter.sim.clock import ManualClock
+from gpu_exporter.snapshot import DeviceSample
+from gpu_exporter.sources import dcgm, dcgm_api
+from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
+from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.sources.settings import DcgmSettings, NvmlSettings
+
+INTERVAL = 1.0
+SM = {"training": 0.9, "launch": 0.12}
+
+
+def scenario(dcgm_section: dict[str, Any] | None = None, faults: list | None = None) -> dict:
+    spec: dict[str, Any] = {
+        "name": "dcgm-test",
+        "defaults": {"model": "NVIDIA A100-SXM4-80GB", "architecture": "ampere"},
+        "devices": [
+            {
+                "label": "training",
+                "values": {
+                    "utilization": 0.97,
+                    "sm_active": SM["training"],
+                    "sm_occupancy": 0.5,
+                    "tensor_active": 0.4,
+                    "dram_active": 0.3,
+                },
+            },
+            {
+                "label": "launch",
+                "values": {
+                    "utilization": 0.97,
+                    "sm_active": SM["launch"],
+                    "sm_occupancy": 0.05,
+                    "tensor_active": 0.01,
+                    "dram_active": 0.04,
+                },
+            },
+        ],
+        "faults": faults or [],
+    }
+    if dcgm_section is not None:
+        spec["dcgm"] = dcgm_section
+    return spec
+
+
+@pytest.fixture
+def node() -> Iterator[Callable[..., tuple[NvmlSource, ManualClock]]]:
+    """node(spec, mode="auto", **settings) -> a started NVML source with its DCGM supplement
+    (None for `off` or no libdcgm), on a manual clock; closed and uninstalled afterwards."""
+    made: list[NvmlSource] = []
+
+    def start(spec: dict, mode: str = "auto", **settings: Any) -> tuple[NvmlSource, ManualClock]:
+        clock = ManualClock()
+        sim.install(spec, clock=clock)
+        errors = ErrorLog()
+        supplement = dcgm.configured(DcgmSettings(mode=mode, **settings), errors, INTERVAL)
+        if supplement is not None:
+            supplement._clock = clock  # back-off and staleness on scenario time
+        source = NvmlSource(
+            settings=NvmlSettings(device_deadline_seconds=0.8),
+            errors=errors,
+            clock=clock,
+            dcgm=supplement,
+        )
+        source.start()
+        made.append(source)
+        return source, clock
+
+    try:
+        yield start
+    finally:
+        for source in made:
+            source.close()
+        sim.uninstall()
+
+
+def tick(source: NvmlSource, clock: ManualClock, seconds: float = INTERVAL) -> list[DeviceSample]:
+    clock.advance(seconds)
+    return source.sample()
+
+
+def ticks(source: NvmlSource, clock: ManualClock, n: int) -> list[DeviceSample]:
+    samples: list[DeviceSample] = []
+    for _ in range(n):
+        samples = tick(source, clock)
+    return samples
+
+
+def sm(samples: list[DeviceSample]) -> list[float | None]:
+    return [s.value("gpu_sm_active_ratio") for s in samples]
+
+
+def utilization(samples: list[DeviceSample]) -> list[float | None]:
+    return [s.value("gpu_utilization_ratio") for s in samples]
+
+
+def errors_of(source: NvmlSource, error: str | None = None) -> int:
+    return sum(
+        e.count for e in source.errors.snapshot() if e.source == "dcgm" and error in (None, e.error)
+    )
+
+
+def dcgm_series(source: NvmlSource) -> dict[str, float]:
+    assert source.dcgm is not None
+    return {s.name: s.value for s in source.dcgm.producer().produce()}
+
+
+# --- values where DCGM has them ----------------------------------------------------------------
+
+
+def test_activity_of_gpus_without_gpm_comes_from_dcgm(node: Any) -> None:
+    source, clock = node(scenario({"host_engine": "running"}))
+    samples = ticks(source, clock, 3)  # tick 1 learns "no GPM"; the watch's first cycle follows
+    assert sm(samples) == pytest.approx([SM["training"], SM["launch"]])
+    for sample in samples:
+        assert sample.value("gpu_activity_source_info", source="dcgm") == 1.0
+        assert sample.value("gpu_tensor_active_ratio") is not None
+        assert sample.value("gpu_dram_active_ratio") is not None
+        assert sample.value("gpu_graphics_engine_active_ratio") is not None
+    assert dcgm_series(source) == {"gpu_exporter_dcgm_up": 1.0, "gpu_exporter_dcgm_blank_values": 0}
+    assert errors_of(source) == 0
+    assert ("dcgm", True) in {(s.collector, s.success) for s in source.collector_status()}
+
+
+def test_hopper_gpus_keep_gpm_and_dcgm_is_not_asked(node: Any) -> None:
+    spec = scenario({"host_engine": "running"})
+    spec["defaults"] = {"model": "NVIDIA H100 80GB HBM3"}
+    source, clock = node(spec)
+    samples = ticks(source, clock, 3)
+    assert sm(samples) == pytest.approx([SM["training"], SM["launch"]], abs=0.05)
+    for sample in samples:
+        assert sample.value("gpu_activity_source_info", source="gpm") == 1.0
+        assert sample.value("gpu_activity_source_info", source="dcgm") is None
+    assert source.dcgm is not None and source.dcgm._connection.session is None
+
+
+def test_off_and_no_library_are_exactly_without_dcgm(node: Any) -> None:
+    """mode off, and auto on a node without libdcgm: no supplement at all, so the same samples
+    as a source that never heard of DCGM."""
+    off, off_clock = node(scenario({"host_engine": "running"}), mode="off")
+    assert off.dcgm is None
+    absent, absent_clock = node(scenario(None), mode="auto")
+    assert absent.dcgm is None
+    for source, clock in ((off, off_clock), (absent, absent_clock)):
+        samples = ticks(source, clock, 3)
+        assert sm(samples) == [None, None]
+        assert not any(s.value("gpu_activity_source_info", source="dcgm") for s in samples)
+        assert "dcgm" not in source.collector_names()
+
+
+@pytest.mark.parametrize("mode", ["standalone", "embedded"])
+def test_an_explicit_mode_without_libdcgm_is_refused_naming_it(mode: str) -> None:
+    sim.install(scenario(None))
+    try:
+        with pytest.raises(SourceUnavailableError, match=f"dcgm.mode is {mode}.*libdcgm.so.4"):
+            dcgm.configured(DcgmSettings(mode=mode), ErrorLog(), INTERVAL)
+    finally:
+        sim.uninstall()
+
+
+def test_embedded_mode_reads_without_a_host_engine(node: Any) -> None:
+    source, clock = node(scenario({"host_engine": "absent"}), mode="embedded")
+    assert sm(ticks(source, clock, 3)) == pytest.approx([SM["training"], SM["launch"]])
+
+
+# --- host engine down, restarted, refusing ------------------------------------------------------
+
+
+def test_host_engine_restart_mid_run_absent_then_back_and_nvml_unaffected(node: Any) -> None:
+    spec = scenario(
+        {"host_engine": "running"}, faults=[{"kind": "dcgm_down", "at": 5, "until": 12}]
+    )
+    source, clock = node(spec)
+    assert sm(ticks(source, clock, 4)) == pytest.approx([SM["training"], SM["launch"]])  # t=4
+    down = ticks(source, clock, 3)  # t=7: host engine stopped at 5
+    assert sm(down) == [None, None]
+    assert utilization(down) == pytest.approx([0.97, 0.97])  # NVML sampled as ever
+    assert all(s.up for s in down)
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0
+    assert errors_of(source, "ConnectionNotValid") >= 1
+    # DCGM refusing is counted, not a failed collector (that is for the exporter's own bugs).
+    assert ("dcgm", True) in {(s.collector, s.success) for s in source.collector_status()}
+    back: list[DeviceSample] = []
+    for _ in range(40):  # restarted at 12: reconnect within the back-off, rewatch, first cycle
+        back = tick(source, clock)
+        if all(v is not None for v in sm(back)):
+            break
+    assert sm(back) == pytest.approx([SM["training"], SM["launch"]])
+    assert clock.now <= 12 + DcgmSettings.reconnect_max_backoff_seconds + 3
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 1.0
+
+
+def test_host_engine_down_at_start_then_up(node: Any) -> None:
+    spec = scenario({"host_engine": "running"}, faults=[{"kind": "dcgm_down", "at": 0, "until": 6}])
+    source, clock = node(spec)
+    assert sm(ticks(source, clock, 4)) == [None, None]
+    assert errors_of(source, "ConnectionNotValid") >= 1
+    values: list[float | None] = []
+    for _ in range(30):
+        values = sm(tick(source, clock))
+        if None not in values:
+            break
+    assert values == pytest.approx([SM["training"], SM["launch"]])
+
+
+def test_back_off_doubles_between_failed_connects(node: Any) -> None:
+    source, clock = node(scenario({"host_engine": "absent"}))
+    ticks(source, clock, 40)  # 40 s without a host engine
+    attempts = errors_of(source, "ConnectionNotValid")
+    # 2 s, then 4, 8, 16: a handful of attempts in 40 s, not one per tick.
+    assert 2 <= attempts <= 6
+
+
+@pytest.mark.parametrize(
+    ("section", "mode", "error", "hint"),
+    [
+        ({"profiling_module": "missing"}, "auto", "ModuleNotLoaded", "no profiling module"),
+        ({"embedded": "requires_root"}, "embedded", "RequiresRoot", "CAP_SYS_ADMIN"),
+    ],
+)
+def test_a_refusing_host_engine_leaves_activity_absent_and_says_why(
+    node: Any,
+    caplog: pytest.LogCaptureFixture,
+    section: dict[str, str],
+    mode: str,
+    error: str,
+    hint: str,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_exporter.sources.dcgm")
+    source, clock = node(scenario({"host_engine": "running", **section}), mode=mode)
+    samples = ticks(source, clock, 5)
+    assert sm(samples) == [None, None]
+    assert utilization(samples) == pytest.approx([0.97, 0.97])
+    assert errors_of(source, error) >= 1
+    said = [r.getMessage() for r in caplog.records if hint in r.getMessage()]
+    assert len(said) == 1, caplog.text  # said once, not every retry
+
+
+def test_wrong_address_is_not_reached(node: Any) -> None:
+    spec = scenario({"host_engine": "running", "address": "10.0.0.7:5555"})
+    source, clock = node(spec, address="localhost:5555")
+    assert sm(ticks(source, clock, 4)) == [None, None]
+    right, right_clock = node(spec, address="10.0.0.7:5555")
+    assert sm(ticks(right, right_clock, 3)) == pytest.approx([SM["training"], SM["launch"]])
+
+
+# --- blank, not supported, paused ---------------------------------------------------------------
+
+
+def test_a_field_that_stays_blank_is_absent_and_not_an_error(node: Any) -> None:
+    fault = {"kind": "dcgm_blank", "device": 1, "field": 1002, "at": 0}
+    source, clock = node(scenario({"host_engine": "running"}, faults=[fault]))
+    samples = ticks(source, clock, 4)
+    assert sm(samples) == [pytest.approx(SM["training"]), None]
+    assert samples[1].value("gpu_tensor_active_ratio") is not None  # only that field is blank
+    assert dcgm_series(source)["gpu_exporter_dcgm_blank_values"] == 1.0
+    assert errors_of(source) == 0
+
+
+def test_profiling_paused_is_reported_as_blank_not_as_errors(node: Any) -> None:
+    fault = {"kind": "dcgm_paused", "at": 4, "until": 8}
+    source, clock = node(scenario({"host_engine": "running"}, faults=[fault]))
+    ticks(source, clock, 3)
+    paused = ticks(source, clock, 2)  # t=5
+    assert sm(paused) == [None, None]
+    assert dcgm_series(source)["gpu_exporter_dcgm_blank_values"] == 2 * len(DcgmSettings.fields)
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 1.0
+    assert errors_of(source) == 0
+    assert sm(ticks(source, clock, 4)) == pytest.approx([SM["training"], SM["launch"]])
+
+
+def test_fields_a_gpu_lacks_are_absent_and_not_errors(node: Any) -> None:
+    spec = scenario({"host_engine": "running"})
+    spec["defaults"] = {"model": "Tesla P100-SXM2-16GB", "architecture": "pascal"}
+    source, clock = node(spec)
+    assert sm(ticks(source, clock, 4)) == [None, None]
+    assert errors_of(source) == 0
+
+
+def test_configured_fields_are_the_ones_watched(node: Any) -> None:
+    source, clock = node(scenario({"host_engine": "running"}), fields=(1002,))
+    samples = ticks(source, clock, 3)
+    assert sm(samples) == pytest.approx([SM["training"], SM["launch"]])
+    assert [s.value("gpu_tensor_active_ratio") for s in samples] == [None, None]
+
+
+# --- versions, missing symbols, hangs -----------------------------------------------------------
+
+
+def test_a_library_that_only_takes_version1_connect_params_still_connects(node: Any) -> None:
+    spec = scenario({"host_engine": "running", "connect_params_versions": [1]})
+    source, clock = node(spec)
+    assert sm(ticks(source, clock, 3)) == pytest.approx([SM["training"], SM["launch"]])
+
+
+def test_a_library_refusing_every_connect_params_version_counts_a_version_mismatch(
+    node: Any,
+) -> None:
+    spec = scenario({"host_engine": "running", "connect_params_versions": [3]})
+    source, clock = node(spec)
+    assert sm(ticks(source, clock, 3)) == [None, None]
+    assert errors_of(source, "VersionMismatch") >= 1
+
+
+def test_values_written_in_another_layout_are_refused() -> None:
+    raw = dcgm_api.FieldValueV2()
+    raw.version = dcgm_api.make_version(dcgm_api.FieldValueV2, 1)  # a v1 library's value
+    raw.fieldType, raw.value.dbl = dcgm_api.FT_DOUBLE, 0.5
+    assert dcgm_api.decode(raw).value is None
+    assert dcgm_api.decode(raw).problem == "VersionMismatch"
+    raw.version = dcgm_api.FIELD_VALUE_VERSION2
+    assert dcgm_api.decode(raw).value == 0.5
+
+
+@pytest.mark.parametrize(
+    ("offset", "problem"),
+    [(0, "Blank"), (1, "NotFound"), (2, "NotSupported"), (3, "NotPermissioned")],
+)
+def test_blank_sentinels_decode_to_no_value(offset: int, problem: str) -> None:
+    raw = dcgm_api.FieldValueV2(version=dcgm_api.FIELD_VALUE_VERSION2)
+    raw.fieldType, raw.value.dbl = dcgm_api.FT_DOUBLE, dcgm_api.FP64_BLANK + offset
+    assert (dcgm_api.decode(raw).value, dcgm_api.decode(raw).problem) == (None, problem)
+    raw.fieldType, raw.value.i64 = dcgm_api.FT_INT64, dcgm_api.INT64_BLANK + offset
+    assert (dcgm_api.decode(raw).value, dcgm_api.decode(raw).problem) == (None, problem)
+
+
+def test_struct_sizes_are_the_headers() -> None:
+    # dcgm_structs.h: 6 four-byte fields, an 8-byte timestamp, the 4096-byte blob union.
+    assert dcgm_api.ctypes.sizeof(dcgm_api.FieldValueV2) == 4 * 6 + 8 + 4096
+    assert dcgm_api.CONNECT_V2_PARAMS_VERSION2 == 16 | 2 << 24
+    assert dcgm_api.ctypes.sizeof(dcgm_api.GroupEntityPair) == 8
+
+
+def test_a_library_without_a_symbol_counts_and_keeps_running(node: Any) -> None:
+    spec = scenario(
+        {"host_engine": "running", "missing_functions": ["dcgmEntitiesGetLatestValues"]}
+    )
+    source, clock = node(spec)
+    samples = ticks(source, clock, 4)
+    assert sm(samples) == [None, None]
+    assert utilization(samples) == pytest.approx([0.97, 0.97])
+    assert errors_of(source) >= 1
+
+
+def test_a_hung_host_engine_costs_the_tick_only_its_values(node: Any) -> None:
+    hang = {"kind": "dcgm_hang", "function": "dcgmEntitiesGetLatestValues", "at": 4, "duration": 3}
+    source, clock = node(scenario({"host_engine": "running"}, faults=[hang]))
+    ticks(source, clock, 3)
+    started = time.monotonic()
+    hung = tick(source, clock, 1.5)  # t=4.5: the read sleeps 3 s in the library
+    took = time.monotonic() - started
+    assert sm(hung) == [None, None]
+    assert utilization(hung) == pytest.approx([0.97, 0.97])
+    assert took < 2.5  # the deadline (0.8 s), not the hang (3 s)
+    assert errors_of(source, "Timeout") == 1
+    still = tick(source, clock)  # the read is still in the library: no second one started
+    assert sm(still) == [None, None]
+    assert errors_of(source, "Timeout") == 1
+    time.sleep(3.2)  # the read comes back; past the hang's window (4 s to 7 s) the next works
+    tick(source, clock, 2.0)
+    assert sm(tick(source, clock)) == pytest.approx([SM["training"], SM["launch"]])
