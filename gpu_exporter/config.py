@@ -139,8 +139,10 @@ class DcgmConfig(_Strict):
             return value
         if value.startswith("["):  # [ipv6]:port
             port = value.partition("]")[2].removeprefix(":")
-        else:  # host:port, or a bare host or IPv6 address
-            port = value.partition(":")[2] if value.count(":") == 1 else ""
+        elif value.count(":") > 1:  # DCGM's own parser refuses a bare IPv6 address
+            raise ValueError(f"write an IPv6 address in brackets: [{value}]:5555")
+        else:  # host:port or host
+            port = value.partition(":")[2]
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise ValueError(f"port {port!r} is not a number from 1 to 65535")
         if any(c.isspace() for c in value) or "/" in value:
@@ -149,15 +151,18 @@ class DcgmConfig(_Strict):
 
     @field_validator("fields", mode="before")
     @classmethod
-    def _fields(cls, value: Any) -> Any:
-        value = _split_commas(value)
-        if isinstance(value, list | tuple):
-            unknown = [v for v in value if isinstance(v, int) and v not in DCGM_FIELDS]
-            if unknown:
-                known = ", ".join(map(str, DCGM_FIELDS))
-                raise ValueError(f"unknown DCGM field id(s) {unknown} (known: {known})")
-            if len(set(value)) != len(value):
-                raise ValueError("a field id is given twice")
+    def _split_fields(cls, value: Any) -> Any:
+        return _split_commas(value)
+
+    @field_validator("fields")
+    @classmethod
+    def _known_fields(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        unknown = [v for v in value if v not in DCGM_FIELDS]
+        if unknown:
+            known = ", ".join(map(str, DCGM_FIELDS))
+            raise ValueError(f"unknown DCGM field id(s) {unknown} (known: {known})")
+        if len(set(value)) != len(value):
+            raise ValueError("a field id is given twice")
         return value
 
     def settings(self) -> DcgmSettings:

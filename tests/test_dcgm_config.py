@@ -25,6 +25,12 @@ def test_every_watchable_field_has_one_family_and_the_defaults_are_watchable() -
     assert all(BY_NAME[f.family].source == "gpm" for f in dcgm.FIELDS)  # GPM's own families
 
 
+def test_field_ids_from_the_environment_are_checked_too() -> None:
+    with pytest.raises(ConfigError, match="9999"):
+        load_config(environ={"GPU_EXPORTER_DCGM__FIELDS": "1001,9999"})
+    assert load_config(environ={"GPU_EXPORTER_DCGM__ADDRESS": "[::1]:5555"}).dcgm.address
+
+
 def test_unquoted_off_is_off_although_yaml_reads_it_as_false(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("dcgm:\n  mode: off\n")
@@ -54,6 +60,7 @@ def test_file_environment_and_flags(tmp_path: Path) -> None:
         ("dcgm:\n  fields: [1002, 1002]\n", "twice"),
         ("dcgm:\n  fields: []\n", "dcgm.fields"),
         ("dcgm:\n  feilds: [1002]\n", "dcgm.feilds"),
+        ("dcgm:\n  address: '::1'\n", "brackets"),
     ],
 )
 def test_bad_settings_name_file_line_and_field(tmp_path: Path, text: str, named: str) -> None:

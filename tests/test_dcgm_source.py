@@ -70,9 +70,8 @@ def node() -> Iterator[Callable[..., tuple[NvmlSource, ManualClock]]]:
         clock = ManualClock()
         sim.install(spec, clock=clock)
         errors = ErrorLog()
-        supplement = dcgm.configured(DcgmSettings(mode=mode, **settings), errors, INTERVAL)
-        if supplement is not None:
-            supplement._clock = clock  # back-off and staleness on scenario time
+        # Back-off, staleness and abandonment on scenario time.
+        supplement = dcgm.configured(DcgmSettings(mode=mode, **settings), errors, INTERVAL, clock)
         source = NvmlSource(
             settings=NvmlSettings(device_deadline_seconds=0.8),
             errors=errors,
@@ -152,17 +151,25 @@ def test_hopper_gpus_keep_gpm_and_dcgm_is_not_asked(node: Any) -> None:
 
 
 def test_off_and_no_library_are_exactly_without_dcgm(node: Any) -> None:
-    """mode off, and auto on a node without libdcgm: no supplement at all, so the same samples
-    as a source that never heard of DCGM."""
-    off, off_clock = node(scenario({"host_engine": "running"}), mode="off")
-    assert off.dcgm is None
-    absent, absent_clock = node(scenario(None), mode="auto")
-    assert absent.dcgm is None
-    for source, clock in ((off, off_clock), (absent, absent_clock)):
-        samples = ticks(source, clock, 3)
-        assert sm(samples) == [None, None]
-        assert not any(s.value("gpu_activity_source_info", source="dcgm") for s in samples)
+    """mode off, and auto on a node without libdcgm: no supplement at all, and tick by tick the
+    very readings of a source built without any DCGM."""
+    runs = []
+    for spec, mode in ((scenario({"host_engine": "running"}), "off"), (scenario(None), "auto")):
+        source, clock = node(spec, mode=mode)
+        assert source.dcgm is None
         assert "dcgm" not in source.collector_names()
+        runs.append([tuple(s.readings for s in tick(source, clock)) for _ in range(4)])
+        source.close()
+        sim.uninstall()
+    sim.install(scenario(None), clock=(plain_clock := ManualClock()))
+    plain = NvmlSource(settings=NvmlSettings(device_deadline_seconds=0.8), clock=plain_clock)
+    plain.start()
+    try:
+        baseline = [tuple(s.readings for s in tick(plain, plain_clock)) for _ in range(4)]
+    finally:
+        plain.close()
+    assert runs[0] == baseline
+    assert runs[1] == baseline
 
 
 @pytest.mark.parametrize("mode", ["standalone", "embedded"])
@@ -194,7 +201,8 @@ def test_host_engine_restart_mid_run_absent_then_back_and_nvml_unaffected(node: 
     assert utilization(down) == pytest.approx([0.97, 0.97])  # NVML sampled as ever
     assert all(s.up for s in down)
     assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0
-    assert errors_of(source, "ConnectionNotValid") >= 1
+    assert errors_of(source, "ConnectionNotValid") == 1  # the read that found it gone
+    assert all(s.value("gpu_activity_source_info", source="dcgm") is None for s in down)
     # DCGM refusing is counted, not a failed collector (that is for the exporter's own bugs).
     assert ("dcgm", True) in {(s.collector, s.success) for s in source.collector_status()}
     back: list[DeviceSample] = []
@@ -211,7 +219,8 @@ def test_host_engine_down_at_start_then_up(node: Any) -> None:
     spec = scenario({"host_engine": "running"}, faults=[{"kind": "dcgm_down", "at": 0, "until": 6}])
     source, clock = node(spec)
     assert sm(ticks(source, clock, 4)) == [None, None]
-    assert errors_of(source, "ConnectionNotValid") >= 1
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0
+    assert errors_of(source) == 0  # auto: no host engine answering is no error
     values: list[float | None] = []
     for _ in range(30):
         values = sm(tick(source, clock))
@@ -221,11 +230,24 @@ def test_host_engine_down_at_start_then_up(node: Any) -> None:
 
 
 def test_back_off_doubles_between_failed_connects(node: Any) -> None:
-    source, clock = node(scenario({"host_engine": "absent"}))
+    source, clock = node(scenario({"host_engine": "absent"}), mode="standalone")
     ticks(source, clock, 40)  # 40 s without a host engine
-    attempts = errors_of(source, "ConnectionNotValid")
-    # 2 s, then 4, 8, 16: a handful of attempts in 40 s, not one per tick.
-    assert 2 <= attempts <= 6
+    # Tick 1 learns which GPUs lack GPM; then attempts at 2 s, 4 (+2), 8 (+4), 16 (+8), 32 (+16).
+    assert errors_of(source, "ConnectionNotValid") == 5
+    assert errors_of(source) == 5
+
+
+def test_a_session_that_fails_on_its_first_read_backs_off_too(node: Any) -> None:
+    spec = scenario(
+        {"host_engine": "running", "missing_functions": ["dcgmEntitiesGetLatestValues"]}
+    )
+    source, clock = node(spec, mode="standalone")
+    ticks(source, clock, 40)
+    fake = sim.installed_dcgm()
+    assert fake is not None
+    # Each connect reads the UUIDs with dcgmEntitiesGetLatestValues, which this library lacks:
+    # five attempts in 40 s, as without a host engine, not one per tick.
+    assert fake.call_counts["dcgmConnect_v2"] == 5
 
 
 @pytest.mark.parametrize(
@@ -376,3 +398,68 @@ def test_a_hung_host_engine_costs_the_tick_only_its_values(node: Any) -> None:
     time.sleep(3.2)  # the read comes back; past the hang's window (4 s to 7 s) the next works
     tick(source, clock, 2.0)
     assert sm(tick(source, clock)) == pytest.approx([SM["training"], SM["launch"]])
+
+
+def test_a_node_whose_gpus_all_have_gpm_has_no_dcgm_up_series(node: Any) -> None:
+    """Nothing needs DCGM there, so nothing is down: a cluster-wide `standalone` setting must
+    not raise GpuExporterDcgmUnavailable on every Hopper node."""
+    spec = scenario({"host_engine": "absent"})
+    spec["defaults"] = {"model": "NVIDIA H100 80GB HBM3"}
+    source, clock = node(spec, mode="standalone")
+    ticks(source, clock, 5)
+    assert dcgm_series(source) == {}
+    assert errors_of(source) == 0
+
+
+def test_a_read_hung_for_ten_intervals_is_abandoned_for_a_new_session(node: Any) -> None:
+    hang = {"kind": "dcgm_hang", "function": "dcgmEntitiesGetLatestValues", "at": 4, "duration": 2}
+    source, clock = node(scenario({"host_engine": "running"}, faults=[hang]))
+    ticks(source, clock, 3)
+    tick(source, clock, 1.5)  # t=4.5: the read sleeps 2 s (real) in the library
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0  # late: not up
+    tick(source, clock, 11)  # 11 s of scenario time later it is still there: abandoned
+    assert errors_of(source, "Hung") == 1
+    back = [sm(tick(source, clock)) for _ in range(3)]  # a new session, its first cycle
+    assert back[-1] == pytest.approx([SM["training"], SM["launch"]])
+    time.sleep(2.2)  # the abandoned read returns now: it must not touch the new session's state
+    assert sm(tick(source, clock)) == pytest.approx([SM["training"], SM["launch"]])
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 1.0
+    fake = sim.installed_dcgm()
+    assert fake is not None and fake.call_counts["dcgmDisconnect"] == 1  # the old one, after
+
+
+def test_an_embedded_engine_that_hangs_is_given_up_not_started_twice(
+    node: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    hang = {"kind": "dcgm_hang", "function": "dcgmEntitiesGetLatestValues", "at": 4, "duration": 1}
+    source, clock = node(scenario({"host_engine": "absent"}, faults=[hang]), mode="embedded")
+    ticks(source, clock, 3)
+    tick(source, clock, 1.5)
+    tick(source, clock, 11)
+    time.sleep(1.2)
+    assert sm(ticks(source, clock, 3)) == [None, None]
+    assert "restart the exporter" in caplog.text
+    fake = sim.installed_dcgm()
+    assert fake is not None and fake.call_counts["dcgmStartEmbedded"] == 1
+
+
+def test_embedded_failures_keep_the_one_engine(node: Any) -> None:
+    source, clock = node(scenario({"embedded": "requires_root"}), mode="embedded")
+    ticks(source, clock, 40)
+    fake = sim.installed_dcgm()
+    assert fake is not None and fake.call_counts["dcgmStartEmbedded"] == 1
+    assert errors_of(source, "RequiresRoot") == 5  # backing off, as connects do
+    assert errors_of(source) == 5  # never a handle-less session (BadParam)
+
+
+def test_close_while_a_read_hangs_returns_and_twice_is_fine(node: Any) -> None:
+    hang = {"kind": "dcgm_hang", "function": "dcgmEntitiesGetLatestValues", "at": 4, "duration": 3}
+    source, clock = node(scenario({"host_engine": "running"}, faults=[hang]))
+    ticks(source, clock, 3)
+    tick(source, clock, 1.5)
+    started = time.monotonic()
+    source.close()
+    source.close()
+    assert time.monotonic() - started < 2.5  # not the 3 s hang
+    fake = sim.installed_dcgm()
+    assert fake is not None and fake.call_counts["dcgmShutdown"] == 0  # not under that call

@@ -11,9 +11,11 @@ not set: looking it up raises AttributeError, as with CDLL.
 One fake is one simulated node: this process's libdcgm, the node's nv-hostengine (standalone
 connections) and at most one embedded host engine. It follows DCGM's documented semantics
 (DCGM 4.6.0 dcgm_structs.h, dcgm_agent.h, dcgm_fields.h): return codes, struct versions
-(`MAKE_DCGM_VERSION`), blank sentinels, `dcgmInit`/`dcgmShutdown` pairs, groups and field
-groups, "the first update of the field will not occur until the next field update cycle" and
-"DCGM will save BLANK values while profiling is paused".
+(`MAKE_DCGM_VERSION`), blank sentinels, groups and field groups, and, from DCGM 4.6.0's own
+dcgmlib/src/DcgmApi.cpp, the process-wide `dcgmInit` flag, a `dcgmShutdown` that frees every
+connection and the embedded host engine, and a second `dcgmStartEmbedded` that answers OK
+without writing a handle; "the first update of the field will not occur until the next field
+update cycle" and "DCGM will save BLANK values while profiling is paused".
 
 Assumptions, not verified against a real DCGM:
 - a watched field read before its first update cycle has status DCGM_ST_NO_DATA; a field no
@@ -25,9 +27,8 @@ Assumptions, not verified against a real DCGM:
 - a connection's groups, field groups and watches go with it (persistAfterDisconnect is not
   modelled); watches are the host engine's, so every connection to it reads them;
 - `embedded: requires_root` refuses watches of profiling fields only (DCGM_ST_REQUIRES_ROOT);
-- dcgmDisconnect of a dead connection answers DCGM_ST_CONNECTION_NOT_VALID and frees it; a
-  second dcgmStartEmbedded while one runs answers DCGM_ST_INIT_ERROR; DCGM_OPERATION_MODE_MANUAL
-  samples as AUTO (there is no dcgmUpdateAllFields here);
+- dcgmDisconnect of a dead connection answers DCGM_ST_CONNECTION_NOT_VALID and frees it;
+  DCGM_OPERATION_MODE_MANUAL samples as AUTO (there is no dcgmUpdateAllFields here);
 - profiling is paused node-wide (a `dcgm_paused` fault, or dcgmProfPause through any handle);
 - group types other than DEFAULT / DEFAULT_EVERYTHING make empty groups (no NVSwitches, no MIG
   entities); entities other than whole GPUs are refused (DCGM_ST_NOT_SUPPORTED).
@@ -354,7 +355,7 @@ class FakeDcgmLib:
         self.internal_errors: list[str] = []
         self._epoch_us = round(time.time() * 1e6)  # ts = this + scenario time
         self._lock = threading.Lock()
-        self._refcount = 0
+        self._initialised = False
         self._connections: dict[int, _Connection] = {}
         self._tokens = itertools.count(1)
         self._pauses: list[list[int | None]] = []  # [from_us, until_us or None], node-wide
@@ -436,7 +437,7 @@ class FakeDcgmLib:
 
     def _connection(self, handle: int, t: float) -> tuple[int, _Connection | None]:
         """(OK, its state) or the return code for a call on `handle` (caller holds the lock)."""
-        if self._refcount == 0:
+        if not self._initialised:
             return UNINITIALIZED, None
         conn = self._connections.get(handle)
         if conn is None:
@@ -474,20 +475,20 @@ class FakeDcgmLib:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    # DCGM 4.6.0 dcgmlib/src/DcgmApi.cpp: dcgmInit only sets a process-wide flag (a second call
+    # is a no-op, not counted), and dcgmShutdown, called uninitialised, answers OK; otherwise it
+    # frees every remote connection and cleans up the embedded host engine.
     @_c("dcgmInit")
     def _init(self) -> int:
         with self._lock:
-            self._refcount += 1
+            self._initialised = True
         return OK
 
     @_c("dcgmShutdown")
     def _shutdown(self) -> int:
         with self._lock:
-            if self._refcount == 0:
-                return UNINITIALIZED
-            self._refcount -= 1
-            if self._refcount == 0:
-                # dcgm_agent.h: embedded host engines and remote connections are shut down too.
+            if self._initialised:
+                self._initialised = False
                 self._connections.clear()
         return OK
 
@@ -501,10 +502,11 @@ class FakeDcgmLib:
         if out is None or mode not in _OPERATION_MODES:
             return BADPARAM
         with self._lock:
-            if self._refcount == 0:
+            if not self._initialised:
                 return UNINITIALIZED
             if any(conn.embedded for conn in self._connections.values()):
-                return INIT_ERROR
+                # DcgmApi.cpp: "host engine was already running": OK, and no handle written.
+                return OK
             handle = self._new_token(_HANDLE_BASE)
             self._connections[handle] = _Connection(embedded=True)
         _store(out, _H, handle)
@@ -513,7 +515,7 @@ class FakeDcgmLib:
     @_c("dcgmStopEmbedded")
     def _stop_embedded(self, handle: int) -> int:
         with self._lock:
-            if self._refcount == 0:
+            if not self._initialised:
                 return UNINITIALIZED
             conn = self._connections.get(handle)
             if conn is None or not conn.embedded:
@@ -533,7 +535,7 @@ class FakeDcgmLib:
             return BADPARAM
         t = self.clock()
         with self._lock:
-            if self._refcount == 0:
+            if not self._initialised:
                 return UNINITIALIZED
             wanted = self.spec.address
             if not self._host_engine_up(t) or (wanted is not None and address != wanted):

@@ -10,10 +10,13 @@ very families GPM fills (`gpu_sm_active_ratio`, ...): one name per quantity, whi
 measured it; `gpu_activity_source_info` says which one did.
 
 Every DCGM call runs on this source's own worker thread. A tick starts the read (`begin`)
-before the NVML reads and collects it (`finish`) by the NVML deadline, so a slow or hung host
-engine costs the tick nothing but those values. A failed call (host engine gone, restarted,
-refusing) tears the session down; it is re-made with exponential back-off, and until then the
-values are absent and counted in gpu_exporter_errors_total{source="dcgm"}. Blank values (DCGM
+before the NVML reads and collects it (`finish`) by the NVML deadline; a read already late is
+not waited for again, so a slow or hung host engine costs the tick only those values. A read
+stuck for ten intervals is abandoned with its session and a new one is made (in embedded mode
+the source stops instead: its engine cannot be started twice). A failed call (host engine gone,
+restarted, refusing) tears the session down; it is re-made with exponential back-off (at once
+after a session that worked), and until then the values are absent and counted in
+gpu_exporter_errors_total{source="dcgm"}. Blank values (DCGM
 writes them while profiling is paused for Nsight or CUPTI: dcgmProfPause) are absent too; they
 are counted in gpu_exporter_dcgm_blank_values, not as errors.
 
@@ -25,12 +28,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from uuid import uuid4
 
 from gpu_exporter.series import Producer, Series, series
 from gpu_exporter.snapshot import CollectorStatus, DeviceSample, Labels, Reading
@@ -84,7 +87,6 @@ FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f.family for f in FIELDS))
 # Per-value problems that are not errors: no sample yet (the first update cycle), a field this
 # GPU lacks, and blank values (profiling paused; counted apart).
 _QUIET = frozenset({"NoData", "NotSupported", "Blank"})
-_names = itertools.count(1)
 
 
 def _problem_hint(exc: api.DcgmError, settings: DcgmSettings) -> str:
@@ -113,46 +115,55 @@ class _Session:
     handle: int
     gpu_ids: dict[str, int]  # UUID -> DCGM GPU id, of the GPUs watched
     covered: frozenset[str]  # the UUIDs asked for when it was made (watched or unknown)
+    embedded: bool = False
     group: int | None = None
     field_group: int | None = None
+    good_reads: int = 0
 
 
 @dataclass
 class _Connection:
-    """What one worker thread owns: abandoning a hung thread abandons its connection too."""
+    """What one worker thread owns. Abandoning a hung thread abandons its connection: from then
+    on that thread may still finish its call, but it no longer changes the source's state."""
 
     worker: Worker
+    generation: int
     session: _Session | None = None
-    embedded_started: bool = False
-    initialised: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class _ReadResult:
     readings: dict[str, list[Reading]]
-    up: bool
-    blank: int = 0
 
 
 @dataclass
 class _Job:
     future: Future[_ReadResult]
     started: float
-    counted_late: bool = False
+    connecting: bool  # no session when it started: a connect may outlast the deadline
+    late: bool = False
 
 
 @dataclass
 class _State:
     up: bool = False
+    idle: bool = True  # no GPU needs DCGM (all have GPM, or none answered yet): no up series
     blank: int = 0
     last_problem: str = ""
     next_attempt: float = 0.0
     backoff: float = 0.0
+    given_up: str = ""  # why the source stopped trying for good (an embedded engine that hung)
     freshness: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
 
 
 class DcgmSource:
-    """One host-engine session for the GPUs that need DCGM; see the module docstring."""
+    """One host-engine session for the GPUs that need DCGM; see the module docstring.
+
+    libdcgm's state is process-wide (DCGM 4.6.0 dcgmlib/src/DcgmApi.cpp: `dcgmInit` sets a
+    flag, `dcgmShutdown` frees every connection and the embedded host engine, a second
+    `dcgmStartEmbedded` answers OK without a handle). So `dcgmInit` runs once, the embedded
+    engine is started once and kept across sessions, and both end only in `close`.
+    """
 
     name = SOURCE
 
@@ -168,12 +179,19 @@ class DcgmSource:
         self.interval = interval_seconds
         self._clock = clock
         self._lib: api.Library | None = None
-        self._connection = _Connection(Worker("dcgm"))
+        self._generations = itertools.count()
+        self._connection = self._new_connection()
         self._abandoned: list[Future[_ReadResult]] = []
         self._job: _Job | None = None
-        self._lock = threading.Lock()  # guards _state between the worker and the tick
+        self._closed = False
+        self._lock = threading.Lock()  # guards _state and the two below
         self._state = _State(backoff=settings.reconnect_initial_backoff_seconds)
+        self._initialised = False  # dcgmInit done
+        self._embedded_handle: int | None = None
         self._status = CollectorStatus(SOURCE, True, 0.0)
+
+    def _new_connection(self) -> _Connection:
+        return _Connection(Worker("dcgm"), next(self._generations))
 
     # -- Source protocol -----------------------------------------------------------------------
 
@@ -187,7 +205,7 @@ class DcgmSource:
     def sample(self) -> list[DeviceSample]:
         """Every GPU the host engine knows, with its activity only (standalone use)."""
         self.begin(None)
-        readings = self.finish(self._clock() + self.interval)
+        readings = self.finish(self.interval)
         return [
             DeviceSample(i, uuid, {}, True, tuple(values))
             for i, (uuid, values) in enumerate(sorted(readings.items()))
@@ -203,13 +221,22 @@ class DcgmSource:
         return (self._status,)
 
     def close(self) -> None:
-        """End the session (on its worker, briefly waited for) and stop the worker."""
+        """End the session and libdcgm (on the worker, waited for briefly); safe twice. While a
+        thread is still inside libdcgm, libdcgm is left alone: shutting it down under that
+        call would free what the call uses, and the process is ending anyway."""
+        if self._closed:
+            return
+        self._closed = True
         connection = self._connection
-        done = connection.worker.submit(self._teardown, connection)
+        stuck = [f for f in self._abandoned if not f.done()]
+        job = self._job
+        if job is not None and not job.future.done():
+            stuck.append(job.future)
+        done = connection.worker.submit(self._close_all, connection, bool(stuck))
         try:
             done.result(timeout=max(1.0, self.interval))
         except Exception:  # a hung host engine or a failing teardown: nothing left to save
-            log.debug("DCGM teardown did not finish", exc_info=True)
+            log.warning("DCGM: the session did not close in time; left to the process exit")
         connection.worker.stop()
 
     # -- per tick ------------------------------------------------------------------------------
@@ -222,31 +249,36 @@ class DcgmSource:
     def begin(self, wanted: Collection[str] | None) -> None:
         """Start reading the GPUs with these UUIDs (None: all) on the worker, unless the last
         read is still running (then this tick has no DCGM values)."""
+        with self._lock:
+            self._state.idle = wanted is not None and not wanted
+            given_up = bool(self._state.given_up)
         job = self._job
         if job is not None and not job.future.done():
             self._maybe_abandon(job)
             return
-        wanted_set = None if wanted is None else frozenset(wanted)
-        if wanted_set is not None and not wanted_set:
+        if given_up or self._state.idle:
             self._job = None
             return
         connection = self._connection
+        wanted_set = None if wanted is None else frozenset(wanted)
         future = connection.worker.submit(self._read, connection, wanted_set)
-        self._job = _Job(future, self._clock())
+        self._job = _Job(future, self._clock(), connecting=connection.session is None)
 
-    def finish(self, deadline: float) -> dict[str, list[Reading]]:
-        """The readings of the read `begin` started, waited for until `deadline` (the source's
-        clock); nothing when it is not done by then."""
+    def finish(self, timeout: float) -> dict[str, list[Reading]]:
+        """The readings of the read `begin` started, waited for up to `timeout` seconds (not at
+        all for a read already known to be late); nothing when it is not done by then."""
         job = self._job
         if job is None:
             self._status = CollectorStatus(SOURCE, True, 0.0)
             return {}
         try:
-            result = job.future.result(timeout=max(0.0, deadline - self._clock()))
+            result = job.future.result(timeout=0.0 if job.late else max(0.0, timeout))
         except TimeoutError:  # DCGM not answering is an error count, not a failed collector
-            if not job.counted_late:
-                job.counted_late = True
-                self.errors.add(SOURCE, "read", "Timeout")
+            if not job.late:
+                job.late = True
+                if not job.connecting:  # a connect may take longer; its failure is counted
+                    self.errors.add(SOURCE, "read", "Timeout")
+                self._set_state(self._connection, up=False, blank=0)
             self._status = CollectorStatus(SOURCE, True, self._clock() - job.started)
             return {}
         except Exception:  # a bug in the read (a failed collector): this tick's values lost
@@ -263,13 +295,20 @@ class DcgmSource:
 
     def _series(self) -> Iterator[Series]:
         with self._lock:
-            up, blank = self._state.up, self._state.blank
+            state = self._state
+            if state.idle:  # no GPU needs DCGM here: nothing to be up or down for
+                return
+            up, blank = state.up, state.blank
         yield series(UP, 1.0 if up else 0.0, (("mode", self.settings.mode),))
         yield series(BLANK_VALUES, float(blank))
 
     def _maybe_abandon(self, job: _Job) -> None:
         """A read stuck far beyond its deadline: leave its thread, and its session, behind."""
         if self._clock() - job.started < ABANDON_AFTER_INTERVALS * self.interval:
+            return
+        if self.settings.mode == "embedded":
+            # The engine is this process's own and cannot be started twice: stop here.
+            self._give_up("the embedded host engine did not answer; restart the exporter")
             return
         self._abandoned = [f for f in self._abandoned if not f.done()]
         if len(self._abandoned) >= MAX_ABANDONED_THREADS:
@@ -279,18 +318,30 @@ class DcgmSource:
         )
         self.errors.add(SOURCE, "read", "Hung")
         self._abandoned.append(job.future)
-        self._connection.worker.stop()
-        self._connection = _Connection(Worker("dcgm"))
+        old = self._connection
+        self._connection = self._new_connection()
+        old.worker.submit(self._teardown, old)  # once its call returns: disconnect, no more
+        old.worker.stop()
         self._job = None
+
+    def _give_up(self, why: str) -> None:
         with self._lock:
+            first = not self._state.given_up
+            self._state.given_up = why
             self._state.up = False
+        if first:
+            log.error("DCGM: %s", why)
+            self.errors.add(SOURCE, "read", "Hung")
 
     # -- on the worker thread ------------------------------------------------------------------
 
+    def _current(self, connection: _Connection) -> bool:
+        return connection is self._connection and not self._closed
+
     def _read(self, connection: _Connection, wanted: frozenset[str] | None) -> _ReadResult:
         lib = self._lib
-        if lib is None:
-            return _ReadResult({}, False)
+        if lib is None or not self._current(connection):
+            return _ReadResult({})
         session = connection.session
         if session is not None and wanted is not None and not wanted <= session.covered:
             self._teardown(connection)  # new GPUs need DCGM: watch them too
@@ -298,42 +349,54 @@ class DcgmSource:
         if session is None:
             with self._lock:
                 if self._clock() < self._state.next_attempt:
-                    return _ReadResult({}, False)
+                    return _ReadResult({})
             try:
                 session = self._connect(lib, connection, wanted)
             except api.DcgmError as exc:
-                self._failed(exc)
+                self._failed(connection, exc, connecting=True)
                 self._teardown(connection)
-                return _ReadResult({}, False)
+                return _ReadResult({})
         if not session.gpu_ids:
-            self._set_up(True, 0)
-            return _ReadResult({}, True)
+            self._succeeded(connection, session, 0)
+            return _ReadResult({})
         ids = list(session.gpu_ids.values())
         try:
             values = lib.latest_values(session.handle, ids, self.settings.fields)
         except api.DcgmError as exc:
-            self._failed(exc, retry_now=True)
+            # A session that worked and broke (a host engine restart): reconnect at once. One
+            # that fails on its first read backs off like a failed connect.
+            self._failed(connection, exc, connecting=session.good_reads == 0)
             self._teardown(connection)
-            return _ReadResult({}, False)
+            return _ReadResult({})
         by_id = {gpu: uuid for uuid, gpu in session.gpu_ids.items()}
         readings, blank = self._readings(values, by_id)
-        self._set_up(True, blank)
-        return _ReadResult(readings, True, blank)
+        self._succeeded(connection, session, blank)
+        return _ReadResult(readings)
 
     def _connect(
         self, lib: api.Library, connection: _Connection, wanted: frozenset[str] | None
     ) -> _Session:
         settings = self.settings
-        lib.init()
-        connection.initialised = True
+        with self._lock:
+            initialised, embedded = self._initialised, self._embedded_handle
+        if not initialised:
+            lib.init()
+            with self._lock:
+                self._initialised = True
         if settings.mode == "embedded":
-            handle = lib.start_embedded()
-            connection.embedded_started = True
+            if embedded is None:
+                embedded = lib.start_embedded()
+                with self._lock:
+                    self._embedded_handle = embedded
+            handle = embedded
         else:
             address, unix = _address(settings.address)
             timeout_ms = round(settings.connect_timeout_seconds * 1000)
             handle = lib.connect(address, unix, timeout_ms)
-        connection.session = session = _Session(handle, {}, frozenset(wanted or ()))
+        is_embedded = settings.mode == "embedded"
+        connection.session = session = _Session(
+            handle, {}, frozenset(wanted or ()), embedded=is_embedded
+        )
         known = lib.supported_gpus(handle)
         uuids = {}
         if known:
@@ -349,70 +412,98 @@ class DcgmSource:
                 "DCGM does not know GPU(s) %s: their activity stays absent", ", ".join(missing)
             )
         if session.gpu_ids:
-            name = f"gpu-exporter-{os.getpid()}-{next(_names)}"
+            # Unique per host engine: every exporter pod is PID 1, and two may share one
+            # host engine during a rolling update.
+            name = f"gpu-exporter-{uuid4().hex[:16]}"
             session.group = lib.group_create(handle, name, sorted(session.gpu_ids.values()))
             session.field_group = lib.field_group_create(handle, name, settings.fields)
             keep = max(2 * self.interval, 1.0)
             lib.watch(handle, session.group, session.field_group, self.interval, keep)
         with self._lock:
-            recovered = bool(self._state.last_problem)
-            self._state.last_problem = ""
-            self._state.backoff = settings.reconnect_initial_backoff_seconds
             self._state.freshness.clear()
-        where = "embedded host engine" if settings.mode == "embedded" else settings.address
-        log.log(
-            logging.WARNING if recovered else logging.INFO,
-            "DCGM: %s watching fields %s on %d GPU(s) at %s",
-            "again" if recovered else "now",
+        where = "the embedded host engine" if is_embedded else settings.address
+        log.info(
+            "DCGM: watching fields %s on %d GPU(s) at %s",
             ",".join(map(str, settings.fields)),
             len(session.gpu_ids),
             where,
         )
         return session
 
-    def _failed(self, exc: api.DcgmError, retry_now: bool = False) -> None:
+    def _succeeded(self, connection: _Connection, session: _Session, blank: int) -> None:
+        """A good read: up, and the back-off starts over (only now, not at connect: a
+        session that connects and then fails must keep backing off)."""
+        session.good_reads += 1
+        if not self._current(connection):
+            return
+        with self._lock:
+            state = self._state
+            recovered, state.last_problem = state.last_problem, ""
+            state.backoff = self.settings.reconnect_initial_backoff_seconds
+            state.up, state.blank = True, blank
+        if recovered:
+            log.info("DCGM: reading again (after: %s)", recovered)
+
+    def _failed(self, connection: _Connection, exc: api.DcgmError, connecting: bool) -> None:
         """Count the failure, say it once (again when it changes), and back off."""
-        self.errors.add(SOURCE, exc.function, exc.name)
+        if not self._current(connection):
+            return
+        # `auto` asks for a host engine only where one runs: none answering is not an error.
+        absent = exc.code == api.ST_CONNECTION_NOT_VALID and exc.function == "dcgmConnect_v2"
+        quiet = self.settings.mode == "auto" and absent
+        if not quiet:
+            self.errors.add(SOURCE, exc.function, exc.name)
         message = f"{exc}: {_problem_hint(exc, self.settings)}"
         with self._lock:
             state = self._state
-            state.up = False
+            state.up, state.blank = False, 0
             repeated = message == state.last_problem
             state.last_problem = message
-            delay = 0.0 if retry_now else state.backoff
+            delay = state.backoff if connecting else 0.0
             state.next_attempt = self._clock() + delay
-            if not retry_now:
+            if connecting:
                 state.backoff = min(state.backoff * 2, self.settings.reconnect_max_backoff_seconds)
         if not repeated:
-            quiet = self.settings.mode == "auto" and exc.code == api.ST_CONNECTION_NOT_VALID
             log.log(logging.INFO if quiet else logging.WARNING, "DCGM: %s", message)
 
     def _teardown(self, connection: _Connection) -> None:
-        """Undo the session, best effort: after a host-engine restart its handles are gone."""
+        """Undo the session, best effort (after a host-engine restart its handles are gone):
+        its watch and groups, and a standalone connection; the embedded engine stays."""
         lib, session = self._lib, connection.session
         connection.session = None
-        if lib is None:
+        if lib is None or session is None:
             return
+        handle = session.handle
         steps: list[tuple[Callable[..., None], tuple[int, ...]]] = []
-        if session is not None:
-            if session.group is not None and session.field_group is not None:
-                steps.append((lib.unwatch, (session.handle, session.group, session.field_group)))
-            if session.field_group is not None:
-                steps.append((lib.field_group_destroy, (session.handle, session.field_group)))
-            if session.group is not None:
-                steps.append((lib.group_destroy, (session.handle, session.group)))
-            if not connection.embedded_started:
-                steps.append((lib.disconnect, (session.handle,)))
-        if connection.embedded_started and session is not None:
-            steps.append((lib.stop_embedded, (session.handle,)))
-        if connection.initialised:
-            steps.append((lib.shutdown, ()))
+        if session.group is not None and session.field_group is not None:
+            steps.append((lib.unwatch, (handle, session.group, session.field_group)))
+        if session.field_group is not None:
+            steps.append((lib.field_group_destroy, (handle, session.field_group)))
+        if session.group is not None:
+            steps.append((lib.group_destroy, (handle, session.group)))
+        if not session.embedded:
+            steps.append((lib.disconnect, (handle,)))
         for step, args in steps:
             try:
                 step(*args)
             except api.DcgmError as exc:
                 log.debug("DCGM teardown: %s", exc)
-        connection.embedded_started = connection.initialised = False
+
+    def _close_all(self, connection: _Connection, others_in_libdcgm: bool) -> None:
+        self._teardown(connection)
+        lib = self._lib
+        if lib is None or others_in_libdcgm:
+            return
+        with self._lock:
+            embedded, initialised = self._embedded_handle, self._initialised
+            self._embedded_handle, self._initialised = None, False
+        try:
+            if embedded is not None:
+                lib.stop_embedded(embedded)
+            if initialised:
+                lib.shutdown()
+        except api.DcgmError as exc:
+            log.debug("DCGM shutdown: %s", exc)
 
     def _readings(
         self, values: list[api.FieldValue], uuid_of: Mapping[int, str]
@@ -449,21 +540,25 @@ class DcgmSource:
             )
         return readings, blank
 
-    def _set_up(self, up: bool, blank: int) -> None:
+    def _set_state(self, connection: _Connection, up: bool, blank: int) -> None:
+        if not self._current(connection):
+            return
         with self._lock:
-            self._state.up = up
-            self._state.blank = blank
+            self._state.up, self._state.blank = up, blank
 
 
 def configured(
-    settings: DcgmSettings, errors: ErrorLog, interval_seconds: float
+    settings: DcgmSettings,
+    errors: ErrorLog,
+    interval_seconds: float,
+    clock: Callable[[], float] = time.monotonic,
 ) -> DcgmSource | None:
     """The DCGM source `settings` ask for, its library loaded; None for `off`, and for `auto`
     without libdcgm (exactly as without DCGM). SourceUnavailableError when `standalone` or
     `embedded` is asked for and libdcgm is missing: that configuration cannot work."""
     if settings.mode == "off":
         return None
-    source = DcgmSource(settings, errors, interval_seconds)
+    source = DcgmSource(settings, errors, interval_seconds, clock)
     try:
         source.start()
     except SourceUnavailableError as exc:
@@ -485,8 +580,8 @@ def with_dcgm_activity(
     merged = []
     for sample in samples:
         extra: list[Reading] = []
-        if sample.up and sample.uuid in needing:
-            extra = [*readings.get(sample.uuid, ()), _source_info("dcgm")]
+        if sample.up and readings.get(sample.uuid) and sample.uuid in needing:
+            extra = [*readings[sample.uuid], _source_info("dcgm")]
         elif sample.up and sample.value("gpu_sm_active_ratio") is not None:
             extra = [_source_info("gpm")]
         merged.append(replace(sample, readings=(*sample.readings, *extra)) if extra else sample)

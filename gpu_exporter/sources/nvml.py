@@ -688,8 +688,8 @@ class NvmlSource:
             self._collect(uuid, device, running.get(uuid)) for uuid, device in self._devices.items()
         ]
         if self.dcgm is not None:
-            deadline = started + self.settings.device_deadline_seconds
-            samples = with_dcgm_activity(samples, needing_dcgm, self.dcgm.finish(deadline))
+            left = started + self.settings.device_deadline_seconds - self.clock()
+            samples = with_dcgm_activity(samples, needing_dcgm, self.dcgm.finish(left))
         return sorted(samples, key=lambda s: s.index)
 
     def _needing_dcgm(self) -> frozenset[str]:
