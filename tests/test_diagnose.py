@@ -92,9 +92,48 @@ def test_pre_hopper_activity_is_unknown_not_guessed(capsys) -> None:
     for device in report["devices"]:
         assert device["profile"]["sm_active"] is None
         assert device["profile"]["tensor_active"] is None
-    assert any("DCGM" in step for step in report["devices"][0]["next_steps"])
+    assert any("--dcgm auto" in step for step in report["devices"][0]["next_steps"])
     assert status == diagnose.EXIT_OK and report["needs_attention"] is False
     assert report["versions"]["cuda_driver"] == "12.2"
+    assert {d["activity_source"] for d in report["devices"]} == {None}
+
+
+def test_pre_hopper_with_dcgm_gives_the_answers_hopper_gives(capsys) -> None:
+    """The same node with a DCGM host engine: activity from DCGM's profiling fields, and the
+    classes, problems and exit status `mixed` gives for the same kinds on Hopper with GPM."""
+    status, report = run_json(
+        capsys, "--simulate", "pre-hopper-dcgm", "--duration", "3", "--interval", "0.5"
+    )
+    devices = report["devices"]
+    classes = {d["index"]: d["class"] for d in devices}
+    assert classes == {0: "compute_bound", 1: "idle", 2: "launch_bound", 3: "memory_bound"}
+    assert {d["activity_source"] for d in devices} == {"dcgm"}
+    launch = devices[2]
+    assert launch["profile"]["utilization"] > 0.9 > 0.2 > launch["profile"]["sm_active"]
+    assert launch["problems"][0].startswith("launch_bound")
+    assert any("Nsight Systems" in step for step in launch["next_steps"])
+    assert status == report["exit_status"] == diagnose.EXIT_ATTENTION
+
+
+def test_dcgm_off_on_that_node_is_the_pre_hopper_answer(capsys) -> None:
+    _, report = run_json(
+        capsys, "--simulate", "pre-hopper-dcgm", "--dcgm", "off", "--duration", "1.5"
+    )
+    assert {d["index"]: d["class"] for d in report["devices"]}[2] == "unknown"
+    assert {d["activity_source"] for d in report["devices"]} == {None}
+
+
+def test_dcgm_asked_for_without_libdcgm_is_bad_input(capsys) -> None:
+    status = diagnose.run(parse("--simulate", "pre-hopper", "--dcgm", "standalone"))
+    assert status == 2
+    assert "dcgm.mode is standalone" in capsys.readouterr().err
+
+
+def test_the_text_report_says_where_activity_came_from(capsys) -> None:
+    diagnose.run(parse("--simulate", "pre-hopper-dcgm", "--duration", "3", "--interval", "0.5"))
+    assert "SM, tensor and DRAM of GPU 0, 1, 2, 3: DCGM's profiling fields" in (
+        capsys.readouterr().out
+    )
 
 
 def test_health_problems_need_attention(capsys, tmp_path: Path) -> None:

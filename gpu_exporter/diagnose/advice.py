@@ -54,8 +54,9 @@ NEXT_STEPS: Mapping[str, tuple[str, ...]] = {
     ),
     "unknown": (
         "Without SM/Tensor/DRAM activity the class would be a guess, so none is given.",
-        "NVML GPM gives these on Hopper and newer; on older GPUs run DCGM (dcgm-exporter's "
-        "profiling fields 1002-1005) or profile with Nsight Systems / PyTorch Profiler.",
+        "NVML GPM gives these on Hopper and newer; on older GPUs DCGM's profiling fields do: "
+        "run with a DCGM host engine (`--dcgm auto`, the daemon's dcgm.mode: "
+        "docs/kubernetes.md), or profile with Nsight Systems / PyTorch Profiler.",
     ),
 }
 # A MIG instance whose activity NVML cannot read: what it is instead of "unknown"'s steps.

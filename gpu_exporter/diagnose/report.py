@@ -170,6 +170,7 @@ def _device_report(
         "profile": numbers,
         "class": cls,
         "class_reason": reason,
+        "activity_source": _activity_source(last.readings),
         "next_steps_for": steps_for if steps else None,
         "next_steps": steps,
         "instances": instances,
@@ -177,6 +178,15 @@ def _device_report(
     report["problems"] = _problems(last, verdict, state, topology, findings, config_findings)
     report["notes"] = _notes(state, findings, config_findings)
     return report
+
+
+def _activity_source(readings: Iterable[Any]) -> str | None:
+    """`gpm` or `dcgm`: which source measured the GPU's activity in the last tick (None: neither
+    did, or DCGM is not in use, which is when the series is absent)."""
+    for reading in readings:
+        if reading.family == "gpu_activity_source_info":
+            return str(dict(reading.labels).get("source"))
+    return None
 
 
 def _problems(

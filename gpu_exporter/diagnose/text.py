@@ -108,6 +108,12 @@ class Text:
                 )
         self.section(f"4. Activity profile ({report['profile']['samples']} samples)")
         self.table(*_profile_table(devices, report["pods"]["kubelet_socket"] is not None))
+        from_dcgm = [str(d["index"]) for d in devices if d.get("activity_source") == "dcgm"]
+        if from_dcgm:
+            self.line(
+                f"  SM, tensor and DRAM of GPU {', '.join(from_dcgm)}: DCGM's profiling fields "
+                "(NVML has no GPM before Hopper)."
+            )
         if any(d["instances"] for d in devices):
             self.line(
                 "  MIG instances: util is graphics-engine activity (NVML has no utilization "
