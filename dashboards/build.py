@@ -789,8 +789,10 @@ def dashboard(
 # --- GPU efficiency --------------------------------------------------------------------------
 
 ACTIVITY_NOTE = (
-    "SM, Tensor and DRAM activity come from NVML GPM (Hopper and newer) or DCGM; on older GPUs "
-    "they are absent, which means unknown, not idle, and their lines and cells stay empty."
+    "SM, Tensor and DRAM activity come from NVML GPM (Hopper and newer) or, before Hopper, "
+    "from DCGM's profiling fields where the exporter has a DCGM host engine (dcgm.mode; "
+    "gpu_activity_source_info says which). Without either they are absent, which means "
+    "unknown, not idle, and their lines and cells stay empty."
 )
 CLASS_NOTE = (
     "Classes come from the exporter's classifier (ordered checks over a few seconds: idle, "
