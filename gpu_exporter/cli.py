@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
 from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+from gpu_exporter.sources.settings import add_dcgm_arguments
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
     from gpu_exporter.config import Config
@@ -84,17 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="TLS and basic auth for every endpoint, in the exporter-toolkit web-config format",
     )
-    serve.add_argument(
-        "--dcgm",
-        choices=("off", "auto", "standalone", "embedded"),
-        help="SM/Tensor/DRAM activity from DCGM for GPUs without GPM (docs/kubernetes.md); "
-        "default off, auto on a simulated node with a DCGM host engine",
-    )
-    serve.add_argument(
-        "--dcgm-address",
-        metavar="ADDRESS",
-        help="nv-hostengine address: host, host:port or unix:/path (default localhost:5555)",
-    )
+    add_dcgm_arguments(serve, None)
     serve.add_argument(
         "--dcgm-compat",
         action="store_true",

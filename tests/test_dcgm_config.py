@@ -17,6 +17,15 @@ def test_defaults_are_off_and_the_settings_dataclass() -> None:
     assert DcgmSettings().mode == "off"  # opt-in: DCGM profiling holds the GPU's counters
 
 
+def test_the_modes_are_spelled_once() -> None:
+    from typing import get_args
+
+    from gpu_exporter.config import DcgmConfig
+    from gpu_exporter.sources.settings import DCGM_MODES
+
+    assert get_args(DcgmConfig.model_fields["mode"].annotation) == DCGM_MODES
+
+
 def test_every_watchable_field_has_one_family_and_the_defaults_are_watchable() -> None:
     assert tuple(f.field_id for f in dcgm.FIELDS) == DCGM_FIELDS
     assert set(DCGM_DEFAULT_FIELDS) <= set(DCGM_FIELDS)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,8 +22,9 @@ from gpu_exporter import sim
 from gpu_exporter.classify import Thresholds, WindowStats, decide, nvlink_capacity, pcie_capacity
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_dcgm import FakeDcgmLib, implemented_functions
-from gpu_exporter.sim.scenario import ScenarioError, load_scenario
+from gpu_exporter.sim.scenario import load_scenario
 from gpu_exporter.sources import dcgm_api
+from tests.test_scenario import assert_names_line
 
 # -- dcgm_structs.h / dcgm_fields.h, this test's copies ---------------------------------------
 
@@ -679,16 +679,7 @@ BAD_DCGM = {
 
 @pytest.mark.parametrize("case", sorted(BAD_DCGM))
 def test_dcgm_errors_name_file_line_and_field(tmp_path: Path, case: str) -> None:
-    text, expected = BAD_DCGM[case]
-    text = textwrap.dedent(text).lstrip("\n")
-    line = next(i for i, row in enumerate(text.splitlines(), start=1) if "# <-" in row)
-    path = tmp_path / "bad.yaml"
-    path.write_text(text)
-    with pytest.raises(ScenarioError) as err:
-        load_scenario(path)
-    message = str(err.value)
-    assert message.startswith(f"{path}:{line}: "), message
-    assert expected in message, message
+    assert_names_line(tmp_path, *BAD_DCGM[case])
 
 
 def test_dcgm_section_defaults_and_values() -> None:

@@ -300,7 +300,11 @@ BAD_FILES = {
 
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
 def test_errors_name_file_field_and_line(tmp_path: Path, case: str) -> None:
-    text, expected = BAD_FILES[case]
+    assert_names_line(tmp_path, *BAD_FILES[case])
+
+
+def assert_names_line(tmp_path: Path, text: str, expected: str) -> None:
+    """Loading `text` (one line marked `# <-`) fails naming the file, that line and `expected`."""
     text = textwrap.dedent(text).lstrip("\n")
     line = next(i for i, row in enumerate(text.splitlines(), start=1) if "# <-" in row)
     path = tmp_path / "bad.yaml"
@@ -309,7 +313,7 @@ def test_errors_name_file_field_and_line(tmp_path: Path, case: str) -> None:
         load_scenario(path)
     message = str(err.value)
     assert message.startswith(f"{path}:{line}: "), message
-    assert expected in message
+    assert expected in message, message
 
 
 def test_errors_from_a_mapping_name_the_field() -> None:

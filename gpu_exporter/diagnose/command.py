@@ -22,7 +22,7 @@ from gpu_exporter.diagnose.text import Text
 from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.series import SeriesBuilder
 from gpu_exporter.snapshot import DeviceSample, Snapshot, TickStats
-from gpu_exporter.sources.settings import DcgmSettings, NvmlSettings
+from gpu_exporter.sources.settings import DcgmSettings, NvmlSettings, add_dcgm_arguments
 from gpu_exporter.sources.startup import StartupProgress
 from gpu_exporter.topology import Topology, read_topology
 
@@ -82,18 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rule files whose gpu-health group defines an unhealthy GPU (default: the "
         "shipped rule pack; repeat for several)",
     )
-    parser.add_argument(
-        "--dcgm",
-        choices=("off", "auto", "standalone", "embedded"),
-        help="SM/Tensor/DRAM activity from DCGM for GPUs without GPM, as the daemon's "
-        "dcgm.mode (default off; auto on a simulated node with a DCGM host engine)",
-    )
-    parser.add_argument(
-        "--dcgm-address",
-        default=DcgmSettings.address,
-        metavar="ADDRESS",
-        help=f"nv-hostengine address (default {DcgmSettings.address})",
-    )
+    add_dcgm_arguments(parser, DcgmSettings.address)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-color", action="store_true", help="never colour the output")
 

@@ -6,6 +6,7 @@ defaults from this dataclass, and tests/test_config.py fails if the two ever dis
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 # The default deadline is also capped at this share of the sampling interval, so a tick's reads
@@ -39,6 +40,7 @@ def default_deadline(interval_seconds: float) -> float:
 # "some groups cannot be watched concurrently" (DCGM profiling docs).
 DCGM_FIELDS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1013, 1014, 1015, 1016)
 DCGM_DEFAULT_FIELDS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008)
+DCGM_MODES = ("off", "auto", "standalone", "embedded")  # config.DcgmConfig.mode spells them too
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,21 @@ class DcgmSettings:
     connect_timeout_seconds: float = 1.0
     reconnect_initial_backoff_seconds: float = 2.0
     reconnect_max_backoff_seconds: float = 60.0
+
+
+def add_dcgm_arguments(parser: argparse.ArgumentParser, address_default: str | None) -> None:
+    """`--dcgm MODE` and `--dcgm-address`, for serve (None: the configuration's address) and
+    diagnose."""
+    parser.add_argument(
+        "--dcgm",
+        choices=DCGM_MODES,
+        help="SM/Tensor/DRAM activity from DCGM for GPUs without GPM (dcgm.mode, "
+        "docs/kubernetes.md); default off, auto on a simulated node with a DCGM host engine",
+    )
+    parser.add_argument(
+        "--dcgm-address",
+        default=address_default,
+        metavar="ADDRESS",
+        help=f"nv-hostengine address: host, host:port or unix:/path (default "
+        f"{DcgmSettings.address})",
+    )
