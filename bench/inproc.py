@@ -29,6 +29,7 @@ from gpu_exporter.sampler import Sampler
 from gpu_exporter.series import SeriesSet
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib, implemented_functions
+from gpu_exporter.sources import dcgm
 from gpu_exporter.sources.base import ErrorLog
 from gpu_exporter.sources.nvml import NvmlSource
 from gpu_exporter.store import SeriesStore
@@ -96,11 +97,13 @@ def build(
     xid_events: bool = False,
     start: float = 0.0,
     dcgm_compat: bool = False,
+    dcgm_mode: str = "off",
 ) -> Pipeline:
     """The daemon's tick pipeline, wired by the CLI's own helpers from a configuration built
     as `serve`'s flags would build it. `rules=None`: the shipped pack; `rules=[]`: none.
     The XID thread is off by default (it waits in real time; see `overhead.xid_polling_cpu`).
     `dcgm_compat`: serve's --dcgm-compat (the listener that keeps the ticks' series).
+    `dcgm_mode`: serve's --dcgm (the DCGM source, on the scenario's fake libdcgm if it has one).
     """
     clock = ManualClock(start)
     fake = sim.install(scenario, clock=clock)
@@ -113,6 +116,7 @@ def build(
         flags["alerting.alertmanagers"] = [alertmanager_url]
     if dcgm_compat:
         flags["dcgm_compat.enabled"] = True
+    flags["dcgm.mode"] = dcgm_mode
     config = load_config(None, flags, environ={})
     errors = ErrorLog()
     source = NvmlSource(
@@ -120,6 +124,7 @@ def build(
         errors=errors,
         clock=clock,
         topology_reader=read_topology,
+        dcgm=dcgm.configured(config.dcgm.settings(), errors, interval, clock),
     )
     source.start()
     epoch = time.time() - start

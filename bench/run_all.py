@@ -35,10 +35,19 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import compat, detection, overhead, peer, report, scaling, soak  # noqa: E402
+from bench import (  # noqa: E402
+    compat,
+    dcgm_activity,
+    detection,
+    overhead,
+    peer,
+    report,
+    scaling,
+    soak,
+)
 from bench.procs import OURS, PEER  # noqa: E402
 
-BENCHMARKS = ("peer", "scaling", "overhead", "soak", "detection", "compat")
+BENCHMARKS = ("peer", "scaling", "overhead", "soak", "detection", "compat", "dcgm")
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -142,6 +151,7 @@ def runners(args: argparse.Namespace, workdir: Path) -> dict[str, Callable[[], d
         detection.DetectionSettings.quick() if quick else detection.DetectionSettings()
     )
     compat_settings = compat.CompatSettings.quick() if quick else compat.CompatSettings()
+    dcgm_settings = dcgm_activity.DcgmSettings.quick() if quick else dcgm_activity.DcgmSettings()
     return {
         "peer": lambda: peer.run(peer_settings, workdir / "peer"),
         "scaling": lambda: scaling.run(scaling_settings, workdir / "scaling"),
@@ -149,6 +159,7 @@ def runners(args: argparse.Namespace, workdir: Path) -> dict[str, Callable[[], d
         "soak": lambda: soak.run(soak_settings, workdir / "soak"),
         "detection": lambda: detection.run(detection_settings, workdir / "detection"),
         "compat": lambda: compat.run(compat_settings, workdir / "compat"),
+        "dcgm": lambda: dcgm_activity.run(dcgm_settings, workdir / "dcgm"),
     }
 
 

@@ -557,3 +557,26 @@ def test_compat_target_verdicts() -> None:
         return report._verdict(target[3])
 
     assert verdict(1.01) == "met" and verdict(1.2) == "**missed**"
+
+
+# -- the DCGM source benchmark ------------------------------------------------------------------
+
+
+def test_dcgm_benchmark_measures_both_modes_with_activity_from_dcgm() -> None:
+    from bench import dcgm_activity
+
+    data = dcgm_activity.run(dcgm_activity.DcgmSettings(rounds=1, ticks_per_round=1), Path("/x"))
+    assert len(data["tick_cpu_off"]) == len(data["tick_cpu_on"]) == 1
+    assert data["on_vs_off"] == data["tick_cpu_on_mean"] / data["tick_cpu_off_mean"]
+    assert data["activity_from_dcgm"] is True
+    assert report.dcgm_section(data).splitlines()[2].startswith("| pre-hopper-dcgm ")
+
+
+def test_dcgm_target_needs_activity_from_dcgm() -> None:
+    def verdict(on_vs_off: float, measured: bool = True) -> str:
+        results = {"dcgm": {"on_vs_off": on_vs_off, "activity_from_dcgm": measured}}
+        (target,) = [t for t in report.evaluate_targets(results) if "DCGM source" in t[0]]
+        return report._verdict(target[3])
+
+    assert verdict(1.2) == "met" and verdict(1.7) == "**missed**"
+    assert verdict(1.0, measured=False) != "met"
