@@ -439,6 +439,8 @@ def test_an_embedded_engine_that_hangs_is_given_up_not_started_twice(
     time.sleep(1.2)
     assert sm(ticks(source, clock, 3)) == [None, None]
     assert "restart the exporter" in caplog.text
+    # The hung read has returned (with values): it must not make DCGM look up again.
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0
     fake = sim.installed_dcgm()
     assert fake is not None and fake.call_counts["dcgmStartEmbedded"] == 1
 
@@ -463,3 +465,106 @@ def test_close_while_a_read_hangs_returns_and_twice_is_fine(node: Any) -> None:
     assert time.monotonic() - started < 2.5  # not the 3 s hang
     fake = sim.installed_dcgm()
     assert fake is not None and fake.call_counts["dcgmShutdown"] == 0  # not under that call
+
+
+def test_close_leaves_libdcgm_alone_while_an_abandoned_teardown_is_inside_it(node: Any) -> None:
+    """The abandoned session's disconnect runs when its hung read returns; if that teardown
+    hangs in turn, dcgmShutdown must still wait (it would free what the call uses)."""
+    read_hang = {
+        "kind": "dcgm_hang",
+        "function": "dcgmEntitiesGetLatestValues",
+        "at": 4,
+        "duration": 1,
+    }
+    unwatch_hang = {"kind": "dcgm_hang", "function": "dcgmUnwatchFields", "at": 15, "duration": 3}
+    source, clock = node(scenario({"host_engine": "running"}, faults=[read_hang, unwatch_hang]))
+    ticks(source, clock, 3)
+    tick(source, clock, 1.5)  # t=4.5: the read hangs for 1 s
+    tick(source, clock, 11)  # t=15.5: abandoned; its teardown will hang in dcgmUnwatchFields
+    time.sleep(1.3)  # the read is back, the teardown is now inside libdcgm
+    fake = sim.installed_dcgm()
+    assert fake is not None and fake.call_counts["dcgmUnwatchFields"] == 1
+    source.close()
+    assert fake.call_counts["dcgmShutdown"] == 0
+    time.sleep(3.2)  # let the teardown finish before the fake goes
+
+
+def test_an_unexpected_exception_backs_off_like_a_failure(
+    node: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any) -> int:
+        raise ValueError("not what the headers say")
+
+    monkeypatch.setattr(dcgm_api.Library, "field_group_create", broken)
+    source, clock = node(scenario({"host_engine": "running"}), mode="standalone")
+    ticks(source, clock, 40)
+    fake = sim.installed_dcgm()
+    assert fake is not None and fake.call_counts["dcgmConnect_v2"] == 5  # backing off
+    assert fake.call_counts["dcgmDisconnect"] == 5  # each half-made session undone
+    assert errors_of(source, "exception") == 5
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0
+    logged = [r for r in caplog.records if "not what the headers say" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info  # once, with its traceback
+
+
+def test_a_value_whose_timestamp_stops_moving_goes_stale(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = dcgm_api.Library.latest_values
+
+    def frozen(self: Any, *args: Any, live: bool = False) -> list[dcgm_api.FieldValue]:
+        values = real(self, *args, live=live)
+        if live:
+            return values
+        return [
+            dcgm_api.FieldValue(v.gpu, v.field_id, v.value, v.problem, 42)
+            if v.field_id == 1002
+            else v
+            for v in values
+        ]
+
+    monkeypatch.setattr(dcgm_api.Library, "latest_values", frozen)
+    source, clock = node(scenario({"host_engine": "running"}))
+    assert sm(ticks(source, clock, 4)) == pytest.approx([SM["training"], SM["launch"]])
+    later = ticks(source, clock, dcgm.STALE_AFTER_INTERVALS + 1)
+    assert sm(later) == [None, None]  # the host engine stopped updating it: not a current value
+    assert later[0].value("gpu_tensor_active_ratio") is not None  # the others still move
+    assert errors_of(source, "StaleData") >= 2
+
+
+def test_gpus_dcgm_does_not_know_leave_it_not_up(
+    node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = dcgm_api.Library.latest_values
+
+    def other_uuids(self: Any, *args: Any, live: bool = False) -> list[dcgm_api.FieldValue]:
+        values = real(self, *args, live=live)
+        if not live:
+            return values
+        return [dcgm_api.FieldValue(v.gpu, v.field_id, f"GPU-other-{v.gpu}") for v in values]
+
+    monkeypatch.setattr(dcgm_api.Library, "latest_values", other_uuids)
+    source, clock = node(scenario({"host_engine": "running"}), mode="standalone")
+    assert sm(ticks(source, clock, 5)) == [None, None]
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0
+    assert errors_of(source, "UnknownGpu") == 1  # said at connect, not every tick
+    fake = sim.installed_dcgm()
+    assert fake is not None and fake.call_counts["dcgmConnect_v2"] == 1
+
+
+def test_non_finite_values_are_dropped_not_crashing() -> None:
+    raw = dcgm_api.FieldValueV2(version=dcgm_api.FIELD_VALUE_VERSION2)
+    raw.fieldType, raw.value.dbl = dcgm_api.FT_DOUBLE, float("inf")
+    assert (dcgm_api.decode(raw).value, dcgm_api.decode(raw).problem) == (None, "Blank")
+
+
+def test_an_abandoned_read_that_returns_changes_nothing(node: Any) -> None:
+    hang = {"kind": "dcgm_hang", "function": "dcgmEntitiesGetLatestValues", "at": 4, "duration": 2}
+    source, clock = node(scenario({"host_engine": "running"}, faults=[hang]))
+    ticks(source, clock, 3)
+    tick(source, clock, 1.5)  # the read hangs for 2 s
+    tick(source, clock, 11)  # abandoned: no session now, so DCGM is not up
+    before = source.errors.snapshot()
+    time.sleep(2.3)  # the abandoned read returns with good values
+    assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0  # still not up: not ours
+    assert source.errors.snapshot() == before

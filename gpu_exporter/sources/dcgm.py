@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -87,6 +88,10 @@ FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f.family for f in FIELDS))
 # Per-value problems that are not errors: no sample yet (the first update cycle), a field this
 # GPU lacks, and blank values (profiling paused; counted apart).
 _QUIET = frozenset({"NoData", "NotSupported", "Blank"})
+
+
+class _Abandoned(Exception):
+    """A read or connect that returned after its connection was abandoned or given up."""
 
 
 def _problem_hint(exc: api.DcgmError, settings: DcgmSettings) -> str:
@@ -261,8 +266,10 @@ class DcgmSource:
             return
         connection = self._connection
         wanted_set = None if wanted is None else frozenset(wanted)
+        session = connection.session
+        connecting = session is None or (wanted_set is not None and wanted_set != session.covered)
         future = connection.worker.submit(self._read, connection, wanted_set)
-        self._job = _Job(future, self._clock(), connecting=connection.session is None)
+        self._job = _Job(future, self._clock(), connecting)
 
     def finish(self, timeout: float) -> dict[str, list[Reading]]:
         """The readings of the read `begin` started, waited for up to `timeout` seconds (not at
@@ -298,7 +305,7 @@ class DcgmSource:
             state = self._state
             if state.idle:  # no GPU needs DCGM here: nothing to be up or down for
                 return
-            up, blank = state.up, state.blank
+            up, blank = state.up and not state.given_up, state.blank
         yield series(UP, 1.0 if up else 0.0, (("mode", self.settings.mode),))
         yield series(BLANK_VALUES, float(blank))
 
@@ -317,10 +324,12 @@ class DcgmSource:
             "DCGM did not answer for %.0fs: starting a new session", self._clock() - job.started
         )
         self.errors.add(SOURCE, "read", "Hung")
-        self._abandoned.append(job.future)
-        old = self._connection
-        self._connection = self._new_connection()
-        old.worker.submit(self._teardown, old)  # once its call returns: disconnect, no more
+        with self._lock:
+            old = self._connection
+            self._connection = self._new_connection()
+        # Once its call returns: disconnect, nothing more. The worker runs in order, so this
+        # job being done means the thread has left libdcgm (close() waits for that).
+        self._abandoned.append(old.worker.submit(self._teardown, old))
         old.worker.stop()
         self._job = None
 
@@ -336,15 +345,21 @@ class DcgmSource:
     # -- on the worker thread ------------------------------------------------------------------
 
     def _current(self, connection: _Connection) -> bool:
-        return connection is self._connection and not self._closed
+        with self._lock:
+            return self._current_locked(connection)
+
+    def _current_locked(self, connection: _Connection) -> bool:
+        """Whether `connection` may still change the source's state: not abandoned, not
+        closed, not given up (a hung embedded engine's read that returns changes nothing)."""
+        return connection is self._connection and not self._closed and not self._state.given_up
 
     def _read(self, connection: _Connection, wanted: frozenset[str] | None) -> _ReadResult:
         lib = self._lib
         if lib is None or not self._current(connection):
             return _ReadResult({})
         session = connection.session
-        if session is not None and wanted is not None and not wanted <= session.covered:
-            self._teardown(connection)  # new GPUs need DCGM: watch them too
+        if session is not None and wanted is not None and wanted != session.covered:
+            self._teardown(connection)  # GPUs came or went: watch exactly those that need it
             session = None
         if session is None:
             with self._lock:
@@ -352,24 +367,24 @@ class DcgmSource:
                     return _ReadResult({})
             try:
                 session = self._connect(lib, connection, wanted)
-            except api.DcgmError as exc:
+            except Exception as exc:  # DcgmError, and anything a bug or a library may raise
                 self._failed(connection, exc, connecting=True)
                 self._teardown(connection)
                 return _ReadResult({})
         if not session.gpu_ids:
-            self._succeeded(connection, session, 0)
+            # DCGM knows none of the GPUs asked for: nothing is measured, so DCGM is not up.
+            self._set_state(connection, up=wanted is None, blank=0)
             return _ReadResult({})
-        ids = list(session.gpu_ids.values())
         try:
+            ids = list(session.gpu_ids.values())
             values = lib.latest_values(session.handle, ids, self.settings.fields)
-        except api.DcgmError as exc:
+            readings, blank = self._readings(connection, values, session.gpu_ids)
+        except Exception as exc:
             # A session that worked and broke (a host engine restart): reconnect at once. One
             # that fails on its first read backs off like a failed connect.
             self._failed(connection, exc, connecting=session.good_reads == 0)
             self._teardown(connection)
             return _ReadResult({})
-        by_id = {gpu: uuid for uuid, gpu in session.gpu_ids.items()}
-        readings, blank = self._readings(values, by_id)
         self._succeeded(connection, session, blank)
         return _ReadResult(readings)
 
@@ -406,8 +421,11 @@ class DcgmSource:
         session.gpu_ids = {
             uuid: gpu for uuid, gpu in uuids.items() if wanted is None or uuid in wanted
         }
+        if not self._current(connection):
+            raise _Abandoned  # a hung call returned after its session was given up
         missing = sorted((wanted or frozenset()) - set(uuids))
         if missing:
+            self.errors.add(SOURCE, "gpus", "UnknownGpu")
             log.warning(
                 "DCGM does not know GPU(s) %s: their activity stays absent", ", ".join(missing)
             )
@@ -420,6 +438,8 @@ class DcgmSource:
             keep = max(2 * self.interval, 1.0)
             lib.watch(handle, session.group, session.field_group, self.interval, keep)
         with self._lock:
+            if not self._current_locked(connection):
+                raise _Abandoned
             self._state.freshness.clear()
         where = "the embedded host engine" if is_embedded else settings.address
         log.info(
@@ -434,9 +454,9 @@ class DcgmSource:
         """A good read: up, and the back-off starts over (only now, not at connect: a
         session that connects and then fails must keep backing off)."""
         session.good_reads += 1
-        if not self._current(connection):
-            return
         with self._lock:
+            if not self._current_locked(connection):
+                return
             state = self._state
             recovered, state.last_problem = state.last_problem, ""
             state.backoff = self.settings.reconnect_initial_backoff_seconds
@@ -444,17 +464,26 @@ class DcgmSource:
         if recovered:
             log.info("DCGM: reading again (after: %s)", recovered)
 
-    def _failed(self, connection: _Connection, exc: api.DcgmError, connecting: bool) -> None:
-        """Count the failure, say it once (again when it changes), and back off."""
-        if not self._current(connection):
+    def _failed(self, connection: _Connection, exc: Exception, connecting: bool) -> None:
+        """Count the failure, say it once (again when it changes), and back off. An exception
+        that is no DcgmError (a bug, or a library answering what the headers do not say) is
+        handled alike, with its traceback logged once."""
+        if isinstance(exc, _Abandoned) or not self._current(connection):
             return
-        # `auto` asks for a host engine only where one runs: none answering is not an error.
-        absent = exc.code == api.ST_CONNECTION_NOT_VALID and exc.function == "dcgmConnect_v2"
-        quiet = self.settings.mode == "auto" and absent
-        if not quiet:
-            self.errors.add(SOURCE, exc.function, exc.name)
-        message = f"{exc}: {_problem_hint(exc, self.settings)}"
+        if isinstance(exc, api.DcgmError):
+            # `auto` asks for a host engine only where one runs: none answering is no error.
+            absent = exc.code == api.ST_CONNECTION_NOT_VALID and exc.function == "dcgmConnect_v2"
+            quiet = self.settings.mode == "auto" and absent
+            if not quiet:
+                self.errors.add(SOURCE, exc.function, exc.name)
+            message = f"{exc}: {_problem_hint(exc, self.settings)}"
+        else:
+            quiet = False
+            self.errors.add(SOURCE, "read", "exception")
+            message = f"unexpected {type(exc).__name__}: {exc}"
         with self._lock:
+            if not self._current_locked(connection):
+                return
             state = self._state
             state.up, state.blank = False, 0
             repeated = message == state.last_problem
@@ -463,8 +492,12 @@ class DcgmSource:
             state.next_attempt = self._clock() + delay
             if connecting:
                 state.backoff = min(state.backoff * 2, self.settings.reconnect_max_backoff_seconds)
-        if not repeated:
+        if repeated:
+            return
+        if isinstance(exc, api.DcgmError):
             log.log(logging.INFO if quiet else logging.WARNING, "DCGM: %s", message)
+        else:
+            log.error("DCGM: %s", message, exc_info=exc)
 
     def _teardown(self, connection: _Connection) -> None:
         """Undo the session, best effort (after a host-engine restart its handles are gone):
@@ -497,21 +530,27 @@ class DcgmSource:
         with self._lock:
             embedded, initialised = self._embedded_handle, self._initialised
             self._embedded_handle, self._initialised = None, False
-        try:
-            if embedded is not None:
-                lib.stop_embedded(embedded)
-            if initialised:
-                lib.shutdown()
-        except api.DcgmError as exc:
-            log.debug("DCGM shutdown: %s", exc)
+        steps: list[tuple[Callable[..., None], tuple[int, ...]]] = []
+        if embedded is not None:
+            steps.append((lib.stop_embedded, (embedded,)))
+        if initialised:
+            steps.append((lib.shutdown, ()))
+        for step, args in steps:
+            try:
+                step(*args)
+            except api.DcgmError as exc:
+                log.debug("DCGM shutdown: %s", exc)
 
     def _readings(
-        self, values: list[api.FieldValue], uuid_of: Mapping[int, str]
+        self, connection: _Connection, values: list[api.FieldValue], gpu_ids: Mapping[str, int]
     ) -> tuple[dict[str, list[Reading]], int]:
         now = self._clock()
         stale_after = STALE_AFTER_INTERVALS * self.interval
         readings: dict[str, list[Reading]] = {}
         blank = 0
+        uuid_of = {gpu: uuid for uuid, gpu in gpu_ids.items()}
+        if not self._current(connection):
+            return readings, blank  # an abandoned read: its values and errors are not ours
         with self._lock:
             freshness = self._state.freshness
         for value in values:
@@ -533,6 +572,9 @@ class DcgmSource:
                 self.errors.add(SOURCE, f"field_{value.field_id}", "StaleData")
                 continue
             ratio = value.value
+            if not math.isfinite(ratio):
+                self.errors.add(SOURCE, f"field_{value.field_id}", "NaN")
+                continue
             if ratio > 1.0:  # DCGM issue 152: SM activity above 1.0; kept, clamped, counted
                 self.errors.add(SOURCE, f"field_{value.field_id}", "AboveOne")
             readings.setdefault(uuid, []).append(

@@ -14,6 +14,7 @@ run against this binding yet (no machine with DCGM is at hand in CI).
 from __future__ import annotations
 
 import ctypes
+import math
 import platform
 import threading
 from collections.abc import Callable, Sequence
@@ -416,5 +417,7 @@ def decode(raw: FieldValueV2) -> FieldValue:
 
 
 def _blank_name(offset: float) -> str:
+    if not math.isfinite(offset):  # +inf is at or above the base: blank, of no named kind
+        return "Blank"
     index = int(offset)
     return BLANK_NAMES[index] if 0 <= index < len(BLANK_NAMES) else "Blank"
