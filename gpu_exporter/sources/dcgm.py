@@ -26,7 +26,6 @@ DCGM's headers and API documentation; not yet run against a real DCGM.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
@@ -36,10 +35,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from uuid import uuid4
 
+import pynvml as N
+
 from gpu_exporter.series import Producer, Series, series
 from gpu_exporter.snapshot import CollectorStatus, DeviceSample, Labels, Reading
 from gpu_exporter.sources import dcgm_api as api
 from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
+from gpu_exporter.sources.collectors import gpm as gpm_collector
 from gpu_exporter.sources.settings import DcgmSettings
 from gpu_exporter.sources.worker import Worker
 
@@ -66,24 +68,30 @@ class DcgmField:
     labels: Labels = ()
 
 
-# The profiling fields (DCGM dcgm_fields.h, DCGM_FI_PROF_*), as the GPM metrics' families.
-# All are ratios of 0..1 (DCGM divides its percentages by 100).
-FIELDS: tuple[DcgmField, ...] = (
-    DcgmField(1001, "gpu_graphics_engine_active_ratio"),  # GR_ENGINE_UTIL_RATIO
-    DcgmField(1002, "gpu_sm_active_ratio"),  # SM_UTIL_RATIO
-    DcgmField(1003, "gpu_sm_occupancy_ratio"),  # SM_OCCUPANCY_RATIO
-    DcgmField(1004, "gpu_tensor_active_ratio"),  # TENSOR_UTIL_RATIO
-    DcgmField(1005, "gpu_dram_active_ratio"),  # DRAM_UTIL_RATIO
-    DcgmField(1006, "gpu_pipe_active_ratio", (("pipe", "fp64"),)),
-    DcgmField(1007, "gpu_pipe_active_ratio", (("pipe", "fp32"),)),
-    DcgmField(1008, "gpu_pipe_active_ratio", (("pipe", "fp16"),)),
-    DcgmField(1013, "gpu_tensor_pipe_active_ratio", (("pipe", "imma"),)),
-    DcgmField(1014, "gpu_tensor_pipe_active_ratio", (("pipe", "hmma"),)),
-    DcgmField(1015, "gpu_tensor_pipe_active_ratio", (("pipe", "dfma"),)),
-    DcgmField(1016, "gpu_pipe_active_ratio", (("pipe", "int"),)),
+# The profiling fields (DCGM dcgm_fields.h, DCGM_FI_PROF_*) and the GPM metric each one is on
+# Hopper, as DCGM itself maps them (dcgmlib/src/dcgm_fields.cpp DcgmFieldIdToNvmlGpmMetricId):
+# the same quantity, so the gpm collector's family and labels (collectors/gpm.py METRICS). All
+# are ratios of 0..1 (DCGM divides the percentages by 100).
+GPM_METRIC_OF_FIELD: Mapping[int, int] = {
+    1001: N.NVML_GPM_METRIC_GRAPHICS_UTIL,  # GR_ENGINE_UTIL_RATIO
+    1002: N.NVML_GPM_METRIC_SM_UTIL,  # SM_UTIL_RATIO
+    1003: N.NVML_GPM_METRIC_SM_OCCUPANCY,  # SM_OCCUPANCY_RATIO
+    1004: N.NVML_GPM_METRIC_ANY_TENSOR_UTIL,  # TENSOR_UTIL_RATIO
+    1005: N.NVML_GPM_METRIC_DRAM_BW_UTIL,  # DRAM_UTIL_RATIO
+    1006: N.NVML_GPM_METRIC_FP64_UTIL,
+    1007: N.NVML_GPM_METRIC_FP32_UTIL,
+    1008: N.NVML_GPM_METRIC_FP16_UTIL,
+    1013: N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL,
+    1014: N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
+    1015: N.NVML_GPM_METRIC_DFMA_TENSOR_UTIL,
+    1016: N.NVML_GPM_METRIC_INTEGER_UTIL,
+}
+_GPM_METRICS = {metric.metric_id: metric for metric in gpm_collector.METRICS}
+FIELDS: tuple[DcgmField, ...] = tuple(
+    DcgmField(field_id, _GPM_METRICS[metric].family, _GPM_METRICS[metric].labels)
+    for field_id, metric in GPM_METRIC_OF_FIELD.items()
 )
 BY_ID: Mapping[int, DcgmField] = {f.field_id: f for f in FIELDS}
-FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(f.family for f in FIELDS))
 
 # Per-value problems that are not errors: no sample yet (the first update cycle), a field this
 # GPU lacks, and blank values (profiling paused; counted apart).
@@ -132,18 +140,15 @@ class _Connection:
     on that thread may still finish its call, but it no longer changes the source's state."""
 
     worker: Worker
-    generation: int
     session: _Session | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _ReadResult:
-    readings: dict[str, list[Reading]]
+_Readings = dict[str, list[Reading]]  # by GPU UUID
 
 
 @dataclass
 class _Job:
-    future: Future[_ReadResult]
+    future: Future[_Readings]
     started: float
     connecting: bool  # no session when it started: a connect may outlast the deadline
     late: bool = False
@@ -184,9 +189,8 @@ class DcgmSource:
         self.interval = interval_seconds
         self._clock = clock
         self._lib: api.Library | None = None
-        self._generations = itertools.count()
-        self._connection = self._new_connection()
-        self._abandoned: list[Future[_ReadResult]] = []
+        self._connection = _Connection(Worker("dcgm"))
+        self._abandoned: list[Future[_Readings]] = []
         self._job: _Job | None = None
         self._closed = False
         self._lock = threading.Lock()  # guards _state and the two below
@@ -194,9 +198,6 @@ class DcgmSource:
         self._initialised = False  # dcgmInit done
         self._embedded_handle: int | None = None
         self._status = CollectorStatus(SOURCE, True, 0.0)
-
-    def _new_connection(self) -> _Connection:
-        return _Connection(Worker("dcgm"), next(self._generations))
 
     # -- Source protocol -----------------------------------------------------------------------
 
@@ -294,7 +295,7 @@ class DcgmSource:
             self._status = CollectorStatus(SOURCE, False, self._clock() - job.started)
             return {}
         self._status = CollectorStatus(SOURCE, True, self._clock() - job.started)
-        return result.readings
+        return result
 
     def producer(self) -> Producer:
         """The source's own health: gpu_exporter_dcgm_up and the blank values of the tick."""
@@ -305,7 +306,7 @@ class DcgmSource:
             state = self._state
             if state.idle:  # no GPU needs DCGM here: nothing to be up or down for
                 return
-            up, blank = state.up and not state.given_up, state.blank
+            up, blank = state.up, state.blank
         yield series(UP, 1.0 if up else 0.0, (("mode", self.settings.mode),))
         yield series(BLANK_VALUES, float(blank))
 
@@ -326,7 +327,7 @@ class DcgmSource:
         self.errors.add(SOURCE, "read", "Hung")
         with self._lock:
             old = self._connection
-            self._connection = self._new_connection()
+            self._connection = _Connection(Worker("dcgm"))
         # Once its call returns: disconnect, nothing more. The worker runs in order, so this
         # job being done means the thread has left libdcgm (close() waits for that).
         self._abandoned.append(old.worker.submit(self._teardown, old))
@@ -353,10 +354,10 @@ class DcgmSource:
         closed, not given up (a hung embedded engine's read that returns changes nothing)."""
         return connection is self._connection and not self._closed and not self._state.given_up
 
-    def _read(self, connection: _Connection, wanted: frozenset[str] | None) -> _ReadResult:
+    def _read(self, connection: _Connection, wanted: frozenset[str] | None) -> _Readings:
         lib = self._lib
         if lib is None or not self._current(connection):
-            return _ReadResult({})
+            return {}
         session = connection.session
         if session is not None and wanted is not None and wanted != session.covered:
             self._teardown(connection)  # GPUs came or went: watch exactly those that need it
@@ -364,17 +365,17 @@ class DcgmSource:
         if session is None:
             with self._lock:
                 if self._clock() < self._state.next_attempt:
-                    return _ReadResult({})
+                    return {}
             try:
                 session = self._connect(lib, connection, wanted)
             except Exception as exc:  # DcgmError, and anything a bug or a library may raise
                 self._failed(connection, exc, connecting=True)
                 self._teardown(connection)
-                return _ReadResult({})
+                return {}
         if not session.gpu_ids:
             # DCGM knows none of the GPUs asked for: nothing is measured, so DCGM is not up.
             self._set_state(connection, up=wanted is None, blank=0)
-            return _ReadResult({})
+            return {}
         try:
             ids = list(session.gpu_ids.values())
             values = lib.latest_values(session.handle, ids, self.settings.fields)
@@ -384,9 +385,9 @@ class DcgmSource:
             # that fails on its first read backs off like a failed connect.
             self._failed(connection, exc, connecting=session.good_reads == 0)
             self._teardown(connection)
-            return _ReadResult({})
+            return {}
         self._succeeded(connection, session, blank)
-        return _ReadResult(readings)
+        return readings
 
     def _connect(
         self, lib: api.Library, connection: _Connection, wanted: frozenset[str] | None
@@ -543,10 +544,10 @@ class DcgmSource:
 
     def _readings(
         self, connection: _Connection, values: list[api.FieldValue], gpu_ids: Mapping[str, int]
-    ) -> tuple[dict[str, list[Reading]], int]:
+    ) -> tuple[_Readings, int]:
         now = self._clock()
         stale_after = STALE_AFTER_INTERVALS * self.interval
-        readings: dict[str, list[Reading]] = {}
+        readings: _Readings = {}
         blank = 0
         uuid_of = {gpu: uuid for uuid, gpu in gpu_ids.items()}
         if not self._current(connection):
