@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,6 +180,62 @@ def _class_end(pattern: str, i: int) -> int:
         else:
             j += 1
     return j + 1
+
+
+def expand(
+    add: Callable[[bytes], None],
+    template: str,
+    src: bytes,
+    spans: Sequence[tuple[int, int]],
+    names: Sequence[str],
+) -> None:
+    """Go's Regexp.Expand of `template` for one match of `src` (its `spans`, from
+    GoRegexp.search), passed piecewise to `add`: $1, ${1}, $name, ${name}, $$; a group that
+    took no part adds nothing; a malformed `$` stays as text."""
+    i = 0
+    while (j := template.find("$", i)) >= 0:
+        add(_utf8(template[i:j]))
+        if template.startswith("$", j + 1):
+            add(b"$")
+            i = j + 2
+            continue
+        ref = _extract(template, j + 1)
+        if ref is None:
+            add(b"$")
+            i = j + 1
+            continue
+        name, num, i = ref
+        if num < 0:  # the first group of that name that took part (names may repeat in Go)
+            num = next((k for k, n in enumerate(names) if n == name and spans[k][0] >= 0), -1)
+        if 0 <= num < len(spans) and spans[num][0] >= 0:
+            add(src[spans[num][0] : spans[num][1]])
+    add(_utf8(template[i:]))
+
+
+def _extract(template: str, i: int) -> tuple[str, int, int] | None:
+    """regexp's extract after a '$' at i-1: (name, number or -1, end), None if malformed."""
+    brace = template.startswith("{", i)
+    start = end = i + brace
+    while end < len(template) and (
+        template[end].isalpha() or template[end].isdecimal() or template[end] == "_"
+    ):
+        end += 1  # unicode.IsLetter, unicode.IsDigit (Nd) or '_'
+    if end == start:
+        return None
+    name = template[start:end]
+    if brace:
+        if not template.startswith("}", end):
+            return None
+        end += 1
+    # A number: ASCII digits only, at most 9 of them, no leading zero.
+    is_num = name.isascii() and name.isdigit() and len(name) <= 9
+    num = int(name) if is_num and (name[0] != "0" or name == "0") else -1
+    return name, num, end
+
+
+def _utf8(s: str) -> bytes:
+    # A lone surrogate (not UTF-8) passes as the invalid bytes that Go would carry along.
+    return s.encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)

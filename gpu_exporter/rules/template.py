@@ -792,25 +792,6 @@ def _go_can_backquote(s: str) -> bool:
     return True
 
 
-def _go_extract(repl: str, i: int) -> tuple[str, int, int] | None:
-    """regexp's extract after a '$' at i-1: (name, number or -1, end), None if malformed."""
-    brace = repl.startswith("{", i)
-    start = end = i + brace
-    while end < len(repl) and (repl[end].isalpha() or repl[end].isdecimal() or repl[end] == "_"):
-        end += 1  # unicode.IsLetter, unicode.IsDigit (Nd) or '_'
-    if end == start:
-        return None
-    name = repl[start:end]
-    if brace:
-        if not repl.startswith("}", end):
-            return None
-        end += 1
-    # A number: ASCII digits only, at most 9 of them, no leading zero.
-    is_num = name.isascii() and name.isdigit() and len(name) <= 9
-    num = int(name) if is_num and (name[0] != "0" or name == "0") else -1
-    return name, num, end
-
-
 def _re_replace_all(budget: _Budget, pattern: str, repl: str, text: str) -> str:
     """Regexp.ReplaceAllString (regexp.go replaceAll and expand), Go's empty matches included."""
     try:
@@ -832,7 +813,7 @@ def _re_replace_all(budget: _Budget, pattern: str, repl: str, text: str) -> str:
         # Go skips an empty match right after the previous match.
         if end > last_end or start == 0:
             budget.work(len(repl))  # a replacement of "$9$9..." costs its length, adding nothing
-            _go_expand(out, repl, src, spans, rx.names)
+            regex.expand(out.add, repl, src, spans, rx.names)
         last_end = end
         width = _rune_width(src, search)
         if search + width > end:
@@ -853,30 +834,6 @@ def _rune_width(src: bytes, i: int) -> int:
     width = 1 if lead < 0xC0 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
     tail = src[i + 1 : i + width]
     return width if len(tail) == width - 1 and all(0x80 <= b < 0xC0 for b in tail) else 1
-
-
-def _go_expand(
-    out: _Builder, repl: str, src: bytes, spans: Sequence[tuple[int, int]], names: Sequence[str]
-) -> None:
-    """regexp's expand: $1, ${1}, $name, ${name}, $$; a group that did not match adds nothing."""
-    i = 0
-    while (j := repl.find("$", i)) >= 0:
-        out.add(_utf8(repl[i:j]))
-        if repl.startswith("$", j + 1):
-            out.add(b"$")
-            i = j + 2
-            continue
-        ref = _go_extract(repl, j + 1)
-        if ref is None:  # malformed: Go keeps the "$"
-            out.add(b"$")
-            i = j + 1
-            continue
-        name, num, i = ref
-        if num < 0:  # the first group of that name that took part (names may repeat in Go)
-            num = next((k for k, n in enumerate(names) if n == name and spans[k][0] >= 0), -1)
-        if 0 <= num < len(spans) and spans[num][0] >= 0:
-            out.add(src[spans[num][0] : spans[num][1]])
-    out.add(_utf8(repl[i:]))
 
 
 def _match_string(budget: _Budget, pattern: str, text: str) -> bool:
