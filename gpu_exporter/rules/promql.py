@@ -1,36 +1,38 @@
-"""A PromQL subset evaluated over the daemon's own sample history, with Prometheus 2.42 semantics.
+"""PromQL over the daemon's own sample history: Prometheus' float PromQL, with the
+semantics of Prometheus 2.42 (default) or 3.x.
 
-Parsing is done by `promql_parser`; this module rejects everything outside the subset below at
-parse time (`UnsupportedConstruct`, naming the first offending construct in pre-order) and
-evaluates instant queries the way Prometheus 2.42's engine does, so rule results match what the
-same rule file gives under `promtool test rules`.
+Parsing is done by `promql_parser`; this module compiles its AST into a plan, refusing at
+parse time what the daemon cannot evaluate (`UnsupportedConstruct`, naming the first such
+construct in pre-order: only the native-histogram functions remain, as the daemon stores no
+native histograms), and evaluates instant queries the way Prometheus' engine does, so rule
+results match what the same rule file gives under `promtool test rules`.
 
-Supported subset:
+Covered: number and string literals; unary minus and plus; parentheses; instant and range
+selectors with every matcher, `offset` and `@` (`start()`, `end()`, a timestamp); subqueries
+(with step, offset and `@`; the default step is the test file's `evaluation_interval` in
+`rules test`, one minute in `serve`, Prometheus' default global evaluation interval); every
+arithmetic, comparison and set operator (`atan2` included) with vector matching and
+`bool`; every aggregation (`sum avg min max count group stddev stdvar topk bottomk quantile
+count_values`) with `by`/`without`; and every function of Prometheus 2.42 over floats
+(`holt_winters` under that name), `histogram_quantile` over classic `le` buckets.
 
-- number literals; unary minus; parentheses
-- instant vector selectors with `=`, `!=`, `=~`, `!~` matchers (also on `__name__`) and `offset`
-- range vector selectors (with `offset`), only as the argument of a range function below
-- binary `+ - * / % ^` and `== != > < >= <=` (with or without `bool`) between scalars and/or
-  vectors; vector matching with `on`/`ignoring` and `group_left`/`group_right` (extra labels too)
-- set operators `and`, `or`, `unless` (with `on`/`ignoring`)
-- aggregations `sum avg min max count` with `by`/`without`
-- range functions `rate increase delta avg_over_time min_over_time max_over_time sum_over_time
-  count_over_time last_over_time absent_over_time`
-- functions `absent time clamp_min clamp_max clamp abs vector scalar`
-
-Not supported: `@`, subqueries, string literals, `atan2`, every other function and aggregation,
-and a range selector anywhere but as a range function's argument.
+Semantics (`Semantics`): Prometheus 2.42 selects ranges [t - range, t] and keeps a sample
+exactly the lookback old; 3.x excludes the left end of both, aligns subquery steps
+accordingly, matches `.` in label-matcher regexes against newlines too, and knows
+`holt_winters` no more.
 
 Known limits of the parity:
 
-- `^` follows Go's `math.Pow` algorithm, exact for integer exponents; for fractional ones it
-  uses the C library's exp/log where Go has its own, so the last bit can differ.
-- Regular expressions run on RE2 (`rules/regex.py`), anchored as Prometheus anchors them;
-  a pattern RE2 refuses is UnsupportedConstruct, as Prometheus refuses it at load.
+- `^`, `exp`, the logarithms and trigonometry use the C library where Go has its own
+  implementations, so the last bit of a fractional result can differ.
+- Float `sum`/`avg`/`stddev` add in the store's label order; Prometheus adds in the order its
+  TSDB returns series (creation order). Each ordering's rounding error is bounded by
+  (n - 1) * 2**-53 * sum(|x|) for n samples, so the two can differ by twice that.
 - promql_parser (2.45+ grammar) accepts a few spellings 2.42 rejects: unit-less durations
   (`x[90]`) and quoted names (`{"x"}`).
-- Float sums (`sum`, `avg`) depend on input order; Prometheus' order is the TSDB's series order
-  (creation order in promtool), ours is label order.
+- A selector with `@ <timestamp>` reads only what the store still holds: in `serve` it keeps a
+  series as far back as rules read relative to now, so a fixed timestamp further back reads
+  nothing (`rules test` keeps everything).
 """
 
 from __future__ import annotations
@@ -44,16 +46,38 @@ from operator import itemgetter
 
 import promql_parser as P
 
+from gpu_exporter.rules import promql_functions as F
+from gpu_exporter.rules.gofloat import go_div, go_max, go_min, go_mod, go_pow
+from gpu_exporter.rules.promql_aggregate import (
+    AGGREGATIONS,
+    PARAMETER_AGGREGATIONS,
+    Grouping,
+    aggregate,
+)
+from gpu_exporter.rules.promql_values import (
+    NAME,
+    Element,
+    PromQLError,
+    UnsupportedConstruct,
+    Vector,
+    drop_name,
+    unique,
+)
 from gpu_exporter.rules.regex import RegexError, check_label_matcher
 from gpu_exporter.store import CHECK_EVERY, Labels, Matcher, SeriesStore, Window, is_stale
 
 __all__ = [
+    "NATIVE_HISTOGRAM_FUNCTIONS",
+    "PROMETHEUS_2",
+    "PROMETHEUS_3",
+    "SEMANTICS",
     "Deadline",
     "Element",
     "EvaluationStopped",
     "History",
     "PromQLError",
     "RangeCache",
+    "Semantics",
     "UnsupportedConstruct",
     "check_supported",
     "evaluate",
@@ -64,20 +88,6 @@ __all__ = [
     "reach_seconds",
     "referenced_metrics",
 ]
-
-NAME = "__name__"
-
-
-class PromQLError(ValueError):
-    """A query that cannot be parsed, or whose evaluation fails as it would in Prometheus."""
-
-
-class UnsupportedConstruct(PromQLError):
-    """Valid PromQL that the in-process evaluator does not implement."""
-
-    def __init__(self, construct: str):
-        super().__init__(f"unsupported PromQL construct: {construct}")
-        self.construct = construct
 
 
 class EvaluationStopped(Exception):
@@ -109,40 +119,69 @@ class Deadline:
 NO_DEADLINE = Deadline()
 _MASK = Deadline.CHECK_EVERY - 1
 
+Value = Vector | float | str
+
+
+# --- semantics ----------------------------------------------------------------------------------
+
+# Prometheus 2.42's functions (promql/parser/functions.go at v2.42.0).
+_FUNCTIONS_2_42 = frozenset(
+    {
+        "abs", "absent", "absent_over_time", "acos", "acosh", "asin", "asinh", "atan", "atanh",
+        "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min", "cos", "cosh",
+        "count_over_time", "days_in_month", "day_of_month", "day_of_week", "day_of_year", "deg",
+        "delta", "deriv", "exp", "floor", "histogram_count", "histogram_sum",
+        "histogram_fraction", "histogram_quantile", "holt_winters", "hour", "idelta",
+        "increase", "irate", "label_replace", "label_join", "last_over_time", "ln", "log10",
+        "log2", "max_over_time", "min_over_time", "minute", "month", "pi", "predict_linear",
+        "present_over_time", "quantile_over_time", "rad", "rate", "resets", "round", "scalar",
+        "sgn", "sin", "sinh", "sort", "sort_desc", "sqrt", "stddev_over_time",
+        "stdvar_over_time", "sum_over_time", "tan", "tanh", "time", "timestamp", "vector",
+        "year",
+    }
+)  # fmt: skip
+# Functions over native histograms: they read nothing from float samples, and the daemon
+# stores no native histograms, so a rule using them is left to Prometheus.
+NATIVE_HISTOGRAM_FUNCTIONS = frozenset(
+    {"histogram_count", "histogram_sum", "histogram_fraction", "histogram_avg",
+     "histogram_stddev", "histogram_stdvar"}
+)  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
-class Element:
-    """One sample of an instant vector result."""
+class Semantics:
+    """Which Prometheus' PromQL a query is evaluated as."""
 
-    labels: Labels
-    value: float
+    name: str
+    # 3.x: range selectors select (t - range, t], the lookback (t - lookback, t].
+    left_open: bool
+    # 3.x: `.` in label-matcher regexes matches a newline too (they compile as (?s:...)).
+    dot_matches_newline: bool
+    # Functions known without feature flags.
+    functions: frozenset[str]
 
 
-Vector = list[Element]
-Value = Vector | float
-
-
-# --- parsing and the supported subset --------------------------------------------------------
-
-RANGE_FUNCTIONS = frozenset(
-    {
-        "rate",
-        "increase",
-        "delta",
-        "avg_over_time",
-        "min_over_time",
-        "max_over_time",
-        "sum_over_time",
-        "count_over_time",
-        "last_over_time",
-        "absent_over_time",
-    }
+PROMETHEUS_2 = Semantics("prometheus2", False, False, _FUNCTIONS_2_42)
+PROMETHEUS_3 = Semantics(
+    "prometheus3", True, True, (_FUNCTIONS_2_42 - {"holt_winters"}) | NATIVE_HISTOGRAM_FUNCTIONS
 )
-INSTANT_FUNCTIONS = frozenset(
-    {"absent", "time", "clamp_min", "clamp_max", "clamp", "abs", "vector", "scalar"}
+SEMANTICS = {s.name: s for s in (PROMETHEUS_2, PROMETHEUS_3)}
+
+# promql_parser follows the 3.x grammar, which calls 2.42's holt_winters
+# double_exponential_smoothing (behind a feature flag): teach it the 2.42 name.
+P.register_extra_functions(
+    [
+        P.Function(
+            "holt_winters",
+            [P.ValueType.Matrix, P.ValueType.Scalar, P.ValueType.Scalar],
+            P.ValueType.Vector,
+        )
+    ]
 )
-AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
-ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "^"})
+
+ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
+# atan2 keeps the metric name in 2.42 (shouldDropMetricName lists the six others only).
+DROPS_NAME = frozenset({"+", "-", "*", "/", "%", "^"})
 COMPARISONS = frozenset({"==", "!=", ">", "<", ">=", "<="})
 SET_OPERATORS = frozenset({"and", "or", "unless"})
 
@@ -158,18 +197,44 @@ _CARDINALITY = {
     str(P.VectorMatchCardinality.OneToMany): "one-to-many",
     str(P.VectorMatchCardinality.ManyToMany): "many-to-many",
 }
+_AT_START = str(P.AtModifierType.Start)
+_AT_END = str(P.AtModifierType.End)
 
 
-def parse(text: str) -> P.Expr:
-    """Parse `text` and check it stays within the supported subset."""
+# --- parsing and the plan -----------------------------------------------------------------------
+
+
+def parse(text: str, semantics: Semantics = PROMETHEUS_2) -> P.Expr:
+    """Parse `text` and check the evaluator can run it under `semantics`."""
+    if _negative_at(text):
+        # promql_parser cannot represent a timestamp before 1970 (reading it panics).
+        raise UnsupportedConstruct("@ with a negative timestamp")
     try:
         expr = P.parse(text)
     except (KeyboardInterrupt, SystemExit, MemoryError):
         raise
     except BaseException as exc:  # pyo3 panics (PanicException) are BaseExceptions
         raise PromQLError(_clean_message(str(exc))) from None
-    check_supported(expr)
+    check_supported(expr, semantics)
     return expr
+
+
+def _negative_at(text: str) -> bool:
+    """Whether `text` has `@ -...` outside string literals and comments."""
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"'`":
+            i += 1
+            while i < n and text[i] != c:
+                i += 2 if text[i] == "\\" and c != "`" else 1
+        elif c == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif c == "@" and text[i + 1 :].lstrip().startswith("-"):
+            return True
+        i += 1
+    return False
 
 
 def _clean_message(message: str) -> str:
@@ -177,9 +242,10 @@ def _clean_message(message: str) -> str:
     return text or "invalid PromQL expression"
 
 
-def check_supported(expr: P.Expr) -> None:
-    """Raise UnsupportedConstruct for the first (pre-order) construct outside the subset."""
-    _compile(expr)
+def check_supported(expr: P.Expr, semantics: Semantics = PROMETHEUS_2) -> None:
+    """Raise UnsupportedConstruct for the first (pre-order) construct outside what the
+    evaluator runs, PromQLError for what `semantics`' Prometheus refuses."""
+    _compile(expr, semantics)
 
 
 def referenced_metrics(expr: P.Expr) -> frozenset[str] | None:
@@ -194,13 +260,11 @@ def referenced_metrics(expr: P.Expr) -> frozenset[str] | None:
 
 
 def max_range_seconds(expr: P.Expr) -> float:
-    """Longest history (range plus offset) any selector of `expr` reads, 0 if none."""
+    """Longest history (ranges, offsets and subqueries) any selector of `expr` reads before
+    the evaluation time, 0 if none."""
     longest = 0
-    for node in _walk(_compile(expr)):
-        if isinstance(node, _Range):
-            longest = max(longest, node.range_ms + node.selector.offset_ms)
-        elif isinstance(node, _Selector):
-            longest = max(longest, node.offset_ms)
+    for read in _reads(_compile(expr)):
+        longest = max(longest, read.range_ms + read.before_ms)
     return longest / 1000
 
 
@@ -216,10 +280,12 @@ class History:
     """How far before the evaluation time the selectors of one metric read."""
 
     # Every sample this far back: a range selector's range plus offset, an instant selector's
-    # offset plus the lookback (its newest sample at or before t - offset may be anywhere there).
+    # offset plus the lookback (its newest sample at or before t - offset may be anywhere there),
+    # each plus the subqueries around it.
     window_ms: int = 0
-    # An instant selector without (or with a negative) offset: only the newest sample, and only
-    # while it is no older than this (the lookback).
+    # An instant selector read at the evaluation time (no offset, or a negative one, outside
+    # subqueries): only the newest sample, and only while it is no older than this (the
+    # lookback).
     newest_ms: int = 0
 
     def merge(self, other: History) -> History:
@@ -231,24 +297,61 @@ def history_by_metric(expr: P.Expr, lookback_ms: int) -> dict[str | None, Histor
     without a fixed metric name). The store keeps each metric only that long, so a `[1h]` on
     one gauge does not make every series keep an hour at 1 s resolution."""
     needs: dict[str | None, History] = {}
-    for node in _walk(_compile(expr)):
-        if isinstance(node, _Range):
-            # [t - offset - range, t - offset]; a negative offset reads less of the past.
-            selector = node.selector
-            need = History(window_ms=max(0, node.range_ms + selector.offset_ms))
-        elif isinstance(node, _Selector):
-            selector = node
-            if node.offset_ms > 0:
-                need = History(window_ms=node.offset_ms + lookback_ms)
-            else:  # the newest sample at or before t (or later): the newest there is
-                need = History(newest_ms=lookback_ms)
-        else:
-            continue
-        needs[selector.metric] = needs.get(selector.metric, History()).merge(need)
+    for read in _reads(_compile(expr)):
+        if read.is_range:
+            # [t - before - range, t - before]; a negative offset reads less of the past.
+            need = History(window_ms=max(0, read.range_ms + read.before_ms))
+        elif read.before_ms > 0:
+            need = History(window_ms=read.before_ms + lookback_ms)
+        else:  # the newest sample at or before t (or later): the newest there is
+            need = History(newest_ms=lookback_ms)
+        metric = read.selector.metric
+        needs[metric] = needs.get(metric, History()).merge(need)
     return needs
 
 
-# --- compiled plan: the checked AST in plain Python objects -----------------------------------
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One selector as evaluation reads it: `before_ms` before the evaluation time (offsets
+    and the subqueries around it), over `range_ms` (0 for an instant selector)."""
+
+    selector: _Selector
+    range_ms: int
+    before_ms: int
+    is_range: bool
+
+
+def _reads(node: _Node, before_ms: int = 0) -> Iterator[_Read]:
+    """Every selector of the plan with how far back it reads. Selectors pinned by `@` to a
+    timestamp are left out: they read a fixed time, not a window before now."""
+    if isinstance(node, _Selector | _Range):
+        selector = node.selector if isinstance(node, _Range) else node
+        before = _before(selector.at, selector.offset_ms, before_ms)
+        if before is not None:
+            range_ms = node.range_ms if isinstance(node, _Range) else 0
+            yield _Read(selector, range_ms, before, isinstance(node, _Range))
+        return
+    if isinstance(node, _Subquery):
+        before = _before(node.at, node.offset_ms, before_ms)
+        if before is not None:
+            yield from _reads(node.expr, before + node.range_ms)
+        return
+    for child in _children(node):
+        yield from _reads(child, before_ms)
+
+
+def _before(at: _At | None, offset_ms: int, outer_ms: int) -> int | None:
+    if at is None:
+        return outer_ms + offset_ms
+    if at.kind != "time":  # start() and end(): the query's own time, whatever the subquery
+        return offset_ms
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _At:
+    kind: str  # "time", "start" or "end"
+    ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,17 +360,36 @@ class _Number:
 
 
 @dataclass(frozen=True, slots=True)
+class _String:
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
 class _Selector:
     metric: str | None  # fixed metric name, if an equality matcher pins it
     matchers: tuple[Matcher, ...]
     offset_ms: int
+    at: _At | None
     absent_labels: Labels  # what absent()/absent_over_time() report for this selector
+
+    @property
+    def selector(self) -> _Selector:
+        return self
 
 
 @dataclass(frozen=True, slots=True)
 class _Range:
     selector: _Selector
     range_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Subquery:
+    expr: _Node
+    range_ms: int
+    step_ms: int  # 0: the default step
+    offset_ms: int
+    at: _At | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,8 +406,8 @@ class _Call:
 @dataclass(frozen=True, slots=True)
 class _Aggregate:
     op: str
-    without: bool
-    grouping: frozenset[str]
+    grouping: Grouping
+    param: _Node | None
     expr: _Node
 
 
@@ -301,52 +423,70 @@ class _Binary:
     include: tuple[str, ...]
 
 
-_Node = _Number | _Selector | _Range | _Negate | _Call | _Aggregate | _Binary
+_Node = _Number | _String | _Selector | _Range | _Subquery | _Negate | _Call | _Aggregate | _Binary
 
 
-def _compile(expr: P.Expr, range_allowed: bool = False) -> _Node:
-    """Translate a promql_parser AST into a plan, rejecting unsupported constructs in pre-order."""
+def _compile(expr: P.Expr, semantics: Semantics = PROMETHEUS_2) -> _Node:
+    """Translate a promql_parser AST into a plan, rejecting unsupported constructs in pre-order.
+    promql_parser has type-checked it: ranges appear only where a function takes one."""
     if isinstance(expr, P.ParenExpr):
         # Prometheus unwraps parentheses around function arguments, ranges included.
-        return _compile(expr.expr, range_allowed)
+        return _compile(expr.expr, semantics)
     if isinstance(expr, P.NumberLiteral):
         return _Number(float(expr.val))
-    if isinstance(expr, P.VectorSelector):
-        return _compile_selector(expr)
-    if isinstance(expr, P.MatrixSelector):
-        if not range_allowed:
-            raise UnsupportedConstruct("range selector outside a range function")
-        selector = _compile_selector(expr.vector_selector)
-        return _Range(selector, _millis(expr.range))
-    if isinstance(expr, P.UnaryExpr):
-        return _Negate(_compile(expr.expr))
-    if isinstance(expr, P.Call):
-        return _compile_call(expr)
-    if isinstance(expr, P.AggregateExpr):
-        return _compile_aggregate(expr)
-    if isinstance(expr, P.BinaryExpr):
-        return _compile_binary(expr)
-    if isinstance(expr, P.SubqueryExpr):
-        raise UnsupportedConstruct("subquery")
     if isinstance(expr, P.StringLiteral):
-        raise UnsupportedConstruct("string literal")
+        return _String(expr.val)
+    if isinstance(expr, P.VectorSelector):
+        return _compile_selector(expr, semantics)
+    if isinstance(expr, P.MatrixSelector):
+        selector = _compile_selector(expr.vector_selector, semantics)
+        return _Range(selector, _millis(expr.range))
+    if isinstance(expr, P.SubqueryExpr):
+        inner = _compile(expr.expr, semantics)
+        step = _millis(expr.step) if expr.step is not None else 0
+        offset = _millis(expr.offset) if expr.offset is not None else 0
+        assert expr.range is not None  # a subquery always has a range
+        return _Subquery(inner, _millis(expr.range), step, offset, _compile_at(expr.at))
+    if isinstance(expr, P.UnaryExpr):
+        return _Negate(_compile(expr.expr, semantics))
+    if isinstance(expr, P.Call):
+        return _compile_call(expr, semantics)
+    if isinstance(expr, P.AggregateExpr):
+        return _compile_aggregate(expr, semantics)
+    if isinstance(expr, P.BinaryExpr):
+        return _compile_binary(expr, semantics)
     raise UnsupportedConstruct(f"expression {type(expr).__name__}")
 
 
-def _compile_selector(vs: P.VectorSelector) -> _Selector:
-    if vs.at is not None:
-        raise UnsupportedConstruct("@ modifier")
+def _compile_at(at: P.AtModifier | None) -> _At | None:
+    if at is None:
+        return None
+    kind = str(at.type)
+    if kind == _AT_START:
+        return _At("start")
+    if kind == _AT_END:
+        return _At("end")
+    assert at.at is not None  # an @ with neither start() nor end() has its time
+    return _At("time", round(at.at.timestamp() * 1000))
+
+
+def _compile_selector(vs: P.VectorSelector, semantics: Semantics) -> _Selector:
     if vs.matchers.or_matchers:
         raise UnsupportedConstruct("'or' inside label matchers")
     matchers = []
     for m in vs.matchers.matchers:
         op = _MATCH_OPS[str(m.op)]
-        matchers.append(Matcher(m.name, op, _checked_regex(m.value) if "~" in op else m.value))
+        value = m.value
+        if "~" in op:
+            value = _checked_regex(value)
+            if semantics.dot_matches_newline:
+                value = f"(?s:{value})"
+        matchers.append(Matcher(m.name, op, value))
     if vs.name:
         matchers.append(Matcher(NAME, "=", vs.name))
     metric = next((m.value for m in matchers if m.name == NAME and m.op == "="), None)
     offset = _millis(vs.offset) if vs.offset is not None else 0
-    return _Selector(metric, tuple(matchers), offset, _absent_labels(matchers))
+    return _Selector(metric, tuple(matchers), offset, _compile_at(vs.at), _absent_labels(matchers))
 
 
 def _checked_regex(pattern: str) -> str:
@@ -377,25 +517,31 @@ def _absent_labels(matchers: Sequence[Matcher]) -> Labels:
     return tuple(sorted(labels.items()))
 
 
-def _compile_call(call: P.Call) -> _Call:
+def _compile_call(call: P.Call, semantics: Semantics) -> _Call:
     name = call.func.name
-    if name not in RANGE_FUNCTIONS and name not in INSTANT_FUNCTIONS:
+    if name in NATIVE_HISTOGRAM_FUNCTIONS and name in semantics.functions:
         raise UnsupportedConstruct(f"function {name}")
-    args = tuple(_compile(arg, range_allowed=name in RANGE_FUNCTIONS) for arg in call.args)
-    return _Call(name, args)
+    if name not in semantics.functions:
+        # What promql_parser knows beyond this Prometheus (newer or experimental functions).
+        raise PromQLError(f'unknown function with name "{name}"')
+    return _Call(name, tuple(_compile(arg, semantics) for arg in call.args))
 
 
-def _compile_aggregate(agg: P.AggregateExpr) -> _Aggregate:
+def _compile_aggregate(agg: P.AggregateExpr, semantics: Semantics) -> _Aggregate:
     op = str(agg.op)
     if op not in AGGREGATIONS:
-        raise UnsupportedConstruct(f"aggregation {op}")
+        raise PromQLError(f"unknown aggregation {op!r} in {semantics.name} PromQL")
     modifier = agg.modifier
     without = modifier is not None and modifier.type == P.AggModifierType.Without
-    grouping = frozenset(modifier.labels) if modifier is not None else frozenset()
-    return _Aggregate(op, without, grouping, _compile(agg.expr))
+    labels = frozenset(modifier.labels) if modifier is not None else frozenset()
+    param = None
+    if op in PARAMETER_AGGREGATIONS:
+        assert agg.param is not None  # promql_parser requires it
+        param = _compile(agg.param, semantics)
+    return _Aggregate(op, Grouping(without, labels), param, _compile(agg.expr, semantics))
 
 
-def _compile_binary(binary: P.BinaryExpr) -> _Binary:
+def _compile_binary(binary: P.BinaryExpr, semantics: Semantics) -> _Binary:
     op = str(binary.op)
     if op not in ARITHMETIC and op not in COMPARISONS and op not in SET_OPERATORS:
         raise UnsupportedConstruct(f"operator {op}")
@@ -407,14 +553,14 @@ def _compile_binary(binary: P.BinaryExpr) -> _Binary:
     if modifier is not None:
         fill = modifier.fill_values
         if fill is not None and (fill.lhs is not None or fill.rhs is not None):
-            raise UnsupportedConstruct("fill modifier")
+            raise PromQLError("fill modifiers need Prometheus 3.x's experimental feature flag")
         card = _CARDINALITY[str(modifier.card)]
         return_bool = modifier.return_bool
         if modifier.matching is not None:
             on = modifier.matching.type == P.LabelModifierType.Include
             matching = frozenset(modifier.matching.labels)
         include = tuple(modifier.group_labels or ())
-    lhs, rhs = _compile(binary.lhs), _compile(binary.rhs)
+    lhs, rhs = _compile(binary.lhs, semantics), _compile(binary.rhs, semantics)
     return _Binary(op, lhs, rhs, return_bool, card, on, matching, include)
 
 
@@ -422,18 +568,24 @@ def _millis(duration: timedelta) -> int:
     return (duration.days * 86_400 + duration.seconds) * 1000 + duration.microseconds // 1000
 
 
+def _children(node: _Node) -> tuple[_Node, ...]:
+    if isinstance(node, _Range):
+        return (node.selector,)
+    if isinstance(node, _Negate | _Subquery):
+        return (node.expr,)
+    if isinstance(node, _Call):
+        return node.args
+    if isinstance(node, _Aggregate):
+        return (node.expr,) if node.param is None else (node.param, node.expr)
+    if isinstance(node, _Binary):
+        return (node.lhs, node.rhs)
+    return ()
+
+
 def _walk(node: _Node) -> Iterator[_Node]:
     yield node
-    if isinstance(node, _Range):
-        yield from _walk(node.selector)
-    elif isinstance(node, _Negate | _Aggregate):
-        yield from _walk(node.expr)
-    elif isinstance(node, _Call):
-        for arg in node.args:
-            yield from _walk(arg)
-    elif isinstance(node, _Binary):
-        yield from _walk(node.lhs)
-        yield from _walk(node.rhs)
+    for child in _children(node):
+        yield from _walk(child)
 
 
 def _selectors(node: _Node) -> Iterator[_Selector]:
@@ -441,6 +593,8 @@ def _selectors(node: _Node) -> Iterator[_Selector]:
 
 
 # --- evaluation ---------------------------------------------------------------------------------
+
+DEFAULT_SUBQUERY_STEP_SECONDS = 60.0  # Prometheus' default global evaluation_interval
 
 
 def evaluate(
@@ -450,54 +604,74 @@ def evaluate(
     lookback: float = 300.0,
     cache: RangeCache | None = None,
     deadline: Deadline = NO_DEADLINE,
+    semantics: Semantics = PROMETHEUS_2,
+    subquery_step: float = DEFAULT_SUBQUERY_STEP_SECONDS,
 ) -> list[Element] | float:
     """Instant query at unix time `t`; a scalar expression gives a float.
 
     Raises PromQLError where Prometheus fails the query (ambiguous vector matching, duplicate
-    label sets in a result), EvaluationStopped once `deadline` has passed. `cache` shares
-    range-function results between queries.
+    label sets in a result, a result that is neither an instant vector nor a scalar),
+    EvaluationStopped once `deadline` has passed. `cache` shares range-function results
+    between queries; `subquery_step` is the step of subqueries that give none.
     """
-    plan = _compile(expr)
-    evaluator = _Evaluator(storage, round(t * 1000), round(lookback * 1000), cache, deadline)
-    return evaluator.eval(plan)
+    plan = _compile(expr, semantics)
+    if isinstance(plan, _Range | _Subquery | _String):
+        raise PromQLError("rule result is not a vector or scalar")
+    context = _Context(
+        storage, round(lookback * 1000), cache, deadline, semantics, round(subquery_step * 1000)
+    )
+    result = _Evaluator(context, round(t * 1000)).eval(plan)
+    assert not isinstance(result, str)  # only function arguments are strings
+    return result
 
 
 class RangeCache:
-    """Range-function results at one instant over one state of one store, for the queries
-    after it that compute the same function of the same range (the shipped rules average
+    """Range-function results over one state of one store, for the queries after it that
+    compute the same function of the same range at the same time (the shipped rules average
     gpu_utilization_ratio over 5m in four rules). A write to the store starts it afresh."""
 
     def __init__(self) -> None:
-        self._key: tuple[SeriesStore, int, int] | None = None
-        self._results: dict[_Call, tuple[Element, ...]] = {}
+        self._key: tuple[SeriesStore, int] | None = None
+        self._results: dict[tuple[_Call, int], tuple[Element, ...]] = {}
 
-    def lookup(self, key: tuple[SeriesStore, int, int], node: _Call) -> Vector | None:
+    def lookup(self, key: tuple[SeriesStore, int], node: _Call, t_ms: int) -> Vector | None:
         if key != self._key:
             self._key, self._results = key, {}
             return None
-        found = self._results.get(node)
+        found = self._results.get((node, t_ms))
         return None if found is None else list(found)
 
-    def remember(self, key: tuple[SeriesStore, int, int], node: _Call, result: Vector) -> None:
+    def remember(
+        self, key: tuple[SeriesStore, int], node: _Call, t_ms: int, result: Vector
+    ) -> None:
         if key == self._key:  # else the store changed meanwhile: the key is stale
-            self._results[node] = tuple(result)
+            self._results[node, t_ms] = tuple(result)
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What stays the same through one query, subquery steps included."""
+
+    storage: SeriesStore
+    lookback_ms: int
+    cache: RangeCache | None
+    deadline: Deadline
+    semantics: Semantics
+    subquery_step_ms: int
 
 
 class _Evaluator:
-    def __init__(
-        self,
-        storage: SeriesStore,
-        t_ms: int,
-        lookback_ms: int,
-        cache: RangeCache | None = None,
-        deadline: Deadline = NO_DEADLINE,
-    ):
-        self.storage = storage
+    """Evaluates a plan at one instant `t_ms`; a subquery evaluates its expression with one
+    of these per step, `query_ms` (what `start()` and `end()` mean) staying the query's time."""
+
+    def __init__(self, context: _Context, t_ms: int, query_ms: int | None = None):
+        self.context = context
+        self.storage = context.storage
         self.t_ms = t_ms
-        self.lookback_ms = lookback_ms
-        self.cache = cache
-        self.check = deadline.check
-        self.store_check = None if deadline is NO_DEADLINE else deadline.check
+        self.query_ms = t_ms if query_ms is None else query_ms
+        self.check = context.deadline.check
+        self.store_check = None if context.deadline is NO_DEADLINE else context.deadline.check
+        self.left_open = context.semantics.left_open
 
     def eval(self, node: _Node) -> Value:
         self.check()
@@ -513,37 +687,82 @@ class _Evaluator:
             return self.aggregate(node)
         if isinstance(node, _Binary):
             return self.binary(node)
-        # _compile admits a _Range only as a range function's argument, read by range_call.
-        raise UnsupportedConstruct("range selector outside a range function")
+        if isinstance(node, _String):
+            return node.value
+        # promql_parser admits a range or subquery only as a function's matrix argument.
+        raise PromQLError("rule result is not a vector or scalar")
 
     def vector(self, node: _Node) -> Vector:
         value = self.eval(node)
-        if isinstance(value, float):
-            raise PromQLError("expected an instant vector, got a scalar")
+        if not isinstance(value, list):
+            raise PromQLError("expected an instant vector")
         return value
+
+    def scalar(self, node: _Node) -> float:
+        value = self.eval(node)
+        if not isinstance(value, float):
+            raise PromQLError("expected a scalar")
+        return value
+
+    def string(self, node: _Node) -> str:
+        value = self.eval(node)
+        if not isinstance(value, str):
+            raise PromQLError("expected a string")
+        return value
+
+    def reference_ms(self, offset_ms: int, at: _At | None) -> int:
+        """The time a selector or subquery reads at: `@`'s time (or now), minus the offset."""
+        if at is None:
+            return self.t_ms - offset_ms
+        if at.kind == "time":
+            return at.ms - offset_ms
+        return self.query_ms - offset_ms
 
     # selectors: the store keeps times in the milliseconds evaluation works in (round(t * 1000)
     # once at ingest); rows are sorted by labels, the TSDB's series order.
 
-    def instant_selector(self, node: _Selector) -> Vector:
+    def selected(self, node: _Selector) -> list[tuple[Labels, int, float]]:
         # The newest sample at or before t - offset, if it is no older than the lookback delta
-        # (2.42 keeps a sample exactly lookback old) and is not a staleness marker.
-        ref = self.t_ms - node.offset_ms
-        lo = ref - self.lookback_ms
+        # (2.42 keeps a sample exactly lookback old, 3.x does not) and is not a staleness marker.
+        ref = self.reference_ms(node.offset_ms, node.at)
+        lo = ref - self.context.lookback_ms + (1 if self.left_open else 0)
         rows = self.storage.latest_ms(node.matchers, ref, self.store_check)
         rows.sort(key=itemgetter(0))
-        return [
-            Element(labels, value) for labels, ms, value in rows if ms >= lo and not is_stale(value)
-        ]
+        return [row for row in rows if row[1] >= lo and not is_stale(row[2])]
 
-    def range_points(self, node: _Range) -> tuple[int, int, list[Window]]:
-        # 2.42 selects [t - offset - range, t - offset], both ends inclusive, minus markers
-        # (the store leaves them out).
-        hi = self.t_ms - node.selector.offset_ms
+    def instant_selector(self, node: _Selector) -> Vector:
+        return [Element(labels, value) for labels, _, value in self.selected(node)]
+
+    def range_points(self, node: _Range | _Subquery) -> tuple[int, int, list[Window]]:
+        """(range start, range end, the selected series), the ends in ms. 2.42 selects
+        [t - offset - range, t - offset], 3.x leaves out its start; markers are left out."""
+        if isinstance(node, _Subquery):
+            return self.subquery_points(node)
+        hi = self.reference_ms(node.selector.offset_ms, node.selector.at)
         lo = hi - node.range_ms
-        rows = self.storage.range_ms(node.selector.matchers, lo, hi, self.store_check)
+        rows = self.storage.range_ms(
+            node.selector.matchers, lo + (1 if self.left_open else 0), hi, self.store_check
+        )
         rows.sort(key=itemgetter(0))
         return lo, hi, rows
+
+    def subquery_points(self, node: _Subquery) -> tuple[int, int, list[Window]]:
+        """The subquery's expression at every step in its range, as series. Steps are the
+        multiples of the step (from the epoch) from the first one in the range to its end."""
+        end = self.reference_ms(node.offset_ms, node.at)
+        start_bound = end - node.range_ms
+        step = node.step_ms or self.context.subquery_step_ms
+        start = step * _go_quotient(start_bound, step)
+        if start < start_bound or (self.left_open and start == start_bound):
+            start += step
+        series: dict[Labels, tuple[list[int], list[float]]] = {}
+        for ts in range(start, end + 1, step):
+            for element in _Evaluator(self.context, ts, self.query_ms).vector(node.expr):
+                times, values = series.setdefault(element.labels, ([], []))
+                times.append(ts)
+                values.append(element.value)
+        rows = [(labels, times, values) for labels, (times, values) in sorted(series.items())]
+        return start_bound, end, rows  # type: ignore[return-value]  # lists serve as arrays
 
     # operators
 
@@ -551,92 +770,110 @@ class _Evaluator:
         value = self.eval(node.expr)
         if isinstance(value, float):
             return -value
-        return _unique([Element(_drop_name(e.labels), -e.value) for e in value])
+        assert isinstance(value, list)
+        return unique([Element(drop_name(e.labels), -e.value) for e in value])
 
     def aggregate(self, node: _Aggregate) -> Vector:
-        return _unique(_aggregate(node, self.vector(node.expr), self.check))
+        param: float | str | None = None
+        if node.param is not None:
+            value = self.eval(node.param)
+            assert not isinstance(value, list)  # promql_parser type-checks it
+            param = value
+        vector = self.vector(node.expr)
+        return unique(aggregate(node.op, node.grouping, param, vector, self.check))
 
     def binary(self, node: _Binary) -> Value:
         lhs, rhs = self.eval(node.lhs), self.eval(node.rhs)
+        assert not isinstance(lhs, str) and not isinstance(rhs, str)
         if isinstance(lhs, float):
             if isinstance(rhs, float):
                 value, keep = _elem_binop(node.op, lhs, rhs)
                 return float(keep) if node.op in COMPARISONS else value
-            return _unique(_vector_scalar(node, rhs, lhs, True, self.check))
+            return unique(_vector_scalar(node, rhs, lhs, True, self.check))
         if isinstance(rhs, float):
-            return _unique(_vector_scalar(node, lhs, rhs, False, self.check))
+            return unique(_vector_scalar(node, lhs, rhs, False, self.check))
         self.check()
         if node.op in SET_OPERATORS:
-            return _unique(_set_operation(node, lhs, rhs))
-        return _unique(_vector_binop(node, lhs, rhs, self.check))
+            return unique(_set_operation(node, lhs, rhs))
+        return unique(_vector_binop(node, lhs, rhs, self.check))
 
     # functions
 
     def call(self, node: _Call) -> Value:
-        if node.name in RANGE_FUNCTIONS:
+        name = node.name
+        if any(isinstance(arg, _Range | _Subquery) for arg in node.args):
             return self.range_call(node)
-        args = [self.eval(arg) for arg in node.args]
-        if node.name == "time":
+        if name == "time":
             return self.t_ms / 1000
-        if node.name == "scalar":
-            vec = _vector_arg(args[0])
-            return vec[0].value if len(vec) == 1 else math.nan
-        if node.name == "vector":
-            return [Element((), _scalar_arg(args[0]))]
-        if node.name == "absent":
-            if args[0]:
+        if name == "pi":
+            return math.pi
+        if name == "timestamp":
+            return unique(self.timestamp(node.args[0]))
+        if name == "absent":
+            if self.vector(node.args[0]):
                 return []
             arg = node.args[0]
             return [Element(arg.absent_labels if isinstance(arg, _Selector) else (), 1.0)]
-        return _unique(_instant_function(node.name, args))
+        if name in F.DATE_FUNCTIONS and not node.args:
+            return [Element((), _date_part(name, self.t_ms / 1000))]
+        args = [self.eval(arg) for arg in node.args]
+        if name == "scalar":
+            vector = _vector_arg(args[0])
+            return vector[0].value if len(vector) == 1 else math.nan
+        if name == "vector":
+            return [Element((), _scalar_arg(args[0]))]
+        return unique(_instant_function(name, args))
+
+    def timestamp(self, arg: _Node) -> Vector:
+        # A selector's samples keep their own times; any other vector is computed at t.
+        if isinstance(arg, _Selector):
+            return [Element(drop_name(labels), ms / 1000) for labels, ms, _ in self.selected(arg)]
+        return [Element(drop_name(e.labels), self.t_ms / 1000) for e in self.vector(arg)]
 
     def range_call(self, node: _Call) -> Vector:
-        if self.cache is None:
-            return self._range_call(node)
+        cache = self.context.cache
+        if cache is None or self.t_ms != self.query_ms:
+            return self._range_call(node)  # subquery steps are not shared between rules
         # The generation is read before the store is: a write during the read stales the key.
-        key = (self.storage, self.storage.generation, self.t_ms)
-        result = self.cache.lookup(key, node)
+        key = (self.storage, self.storage.generation)
+        result = cache.lookup(key, node, self.t_ms)
         if result is None:
             result = self._range_call(node)
-            self.cache.remember(key, node, result)
+            cache.remember(key, node, self.t_ms, result)
         return result
 
     def _range_call(self, node: _Call) -> Vector:
-        arg = node.args[0]
-        assert isinstance(arg, _Range)
+        index = next(i for i, a in enumerate(node.args) if isinstance(a, _Range | _Subquery))
+        arg = node.args[index]
+        assert isinstance(arg, _Range | _Subquery)
+        params = [self.scalar(a) for i, a in enumerate(node.args) if i != index]
         lo, hi, series = self.range_points(arg)
         if node.name == "absent_over_time":
-            return [] if series else [Element(arg.selector.absent_labels, 1.0)]
-        function = _RANGE_IMPLS[node.name]
+            if series:
+                return []
+            return [Element(arg.selector.absent_labels if isinstance(arg, _Range) else (), 1.0)]
+        function = F.RANGE_IMPLS[node.name]
         check = self.check
+        keeps_name = node.name == "last_over_time"  # it acts like an offset
+        range_ms = arg.range_ms
         out: Vector = []
         for i, (labels, times, values) in enumerate(series):
             if not i & _MASK:
                 check()
-            value = function(times, values, lo, hi, arg.range_ms)
+            value = function(times, values, lo, hi, range_ms, self.t_ms, params)
             if value is None:
                 continue
-            # last_over_time acts like an offset and keeps the name; the others drop it.
-            out.append(
-                Element(labels if node.name == "last_over_time" else _drop_name(labels), value)
-            )
-        return _unique(out)
+            out.append(Element(labels if keeps_name else drop_name(labels), value))
+        return unique(out)
+
+
+def _go_quotient(a: int, b: int) -> int:
+    """a / b for Go integers: truncated towards zero."""
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b > 0) else -quotient
 
 
 # --- label helpers ------------------------------------------------------------------------------
-
-
-def _drop_name(labels: Labels) -> Labels:
-    if labels and any(name == NAME for name, _ in labels):
-        return tuple(pair for pair in labels if pair[0] != NAME)
-    return labels
-
-
-def _unique(vector: Vector) -> Vector:
-    # Prometheus checks every computed instant vector for this after dropping metric names.
-    if len(vector) > 1 and len({e.labels for e in vector}) != len(vector):
-        raise PromQLError("vector cannot contain metrics with the same labelset")
-    return vector
 
 
 def format_labels(labels: Labels) -> str:
@@ -669,61 +906,6 @@ def _signature(labels: Labels, on: bool, names: frozenset[str]) -> Labels:
     return tuple(pair for pair in labels if pair[0] not in names and pair[0] != NAME)
 
 
-# --- aggregation --------------------------------------------------------------------------------
-
-
-def _aggregate(node: _Aggregate, vector: Vector, check: Callable[[], None]) -> Vector:
-    # group labels -> [value, mean, count]; groups come out in order of first appearance.
-    groups: dict[Labels, list] = {}
-    for i, element in enumerate(vector):
-        if not i & _MASK:
-            check()
-        key = _group_labels(element.labels, node)
-        group = groups.get(key)
-        value = element.value
-        if group is None:
-            groups[key] = [value, value, 1]
-            continue
-        if node.op == "sum":
-            group[0] += value
-        elif node.op == "avg":
-            group[2] += 1
-            group[1] = _mean_step(group[1], value, group[2])
-        elif node.op == "max":
-            if group[0] < value or math.isnan(group[0]):
-                group[0] = value
-        elif node.op == "min":
-            if group[0] > value or math.isnan(group[0]):
-                group[0] = value
-        else:  # count
-            group[2] += 1
-    out: Vector = []
-    for labels, (value, mean, count) in groups.items():
-        if node.op == "avg":
-            value = mean
-        elif node.op == "count":
-            value = float(count)
-        out.append(Element(labels, value))
-    return out
-
-
-def _group_labels(labels: Labels, node: _Aggregate) -> Labels:
-    if node.without:
-        return tuple(p for p in labels if p[0] not in node.grouping and p[0] != NAME)
-    return tuple(p for p in labels if p[0] in node.grouping)
-
-
-def _mean_step(mean: float, value: float, count: int) -> float:
-    """One step of Prometheus' incremental mean (avg and avg_over_time)."""
-    if math.isinf(mean):
-        # Inf plus a finite value, or the same Inf again, stays; "Inf - Inf" would give NaN.
-        if math.isinf(value) and (mean > 0) == (value > 0):
-            return mean
-        if not math.isinf(value) and not math.isnan(value):
-            return mean
-    return mean + (value / count - mean / count)
-
-
 # --- binary operators ---------------------------------------------------------------------------
 
 
@@ -736,11 +918,13 @@ def _elem_binop(op: str, lhs: float, rhs: float) -> tuple[float, bool]:
     if op == "*":
         return lhs * rhs, True
     if op == "/":
-        return _go_div(lhs, rhs), True
+        return go_div(lhs, rhs), True
     if op == "%":
-        return _go_mod(lhs, rhs), True
+        return go_mod(lhs, rhs), True
     if op == "^":
-        return _go_pow(lhs, rhs), True
+        return go_pow(lhs, rhs), True
+    if op == "atan2":
+        return math.atan2(lhs, rhs), True
     if op == "==":
         return lhs, lhs == rhs
     if op == "!=":
@@ -759,7 +943,7 @@ def _elem_binop(op: str, lhs: float, rhs: float) -> tuple[float, bool]:
 def _vector_scalar(
     node: _Binary, vector: Vector, scalar: float, swapped: bool, check: Callable[[], None]
 ) -> Vector:
-    drop = node.op in ARITHMETIC or node.return_bool
+    drop = node.op in DROPS_NAME or node.return_bool
     out: Vector = []
     for i, element in enumerate(vector):
         if not i & _MASK:
@@ -771,7 +955,7 @@ def _vector_scalar(
         if node.return_bool:
             value, keep = float(keep), True
         if keep:
-            out.append(Element(_drop_name(element.labels) if drop else element.labels, value))
+            out.append(Element(drop_name(element.labels) if drop else element.labels, value))
     return out
 
 
@@ -855,7 +1039,7 @@ def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector, check: Callable[[], N
 def _result_labels(many: Labels, one: Labels, node: _Binary) -> Labels:
     """Result labels of a vector/vector operation (Prometheus' resultMetric)."""
     labels = dict(many)
-    if node.op in ARITHMETIC:
+    if node.op in DROPS_NAME:
         labels.pop(NAME, None)
     if node.card == "one-to-one":
         if node.on:
@@ -875,119 +1059,6 @@ def _result_labels(many: Labels, one: Labels, node: _Binary) -> Labels:
     return tuple(sorted(labels.items()))
 
 
-# --- Go float semantics -------------------------------------------------------------------------
-
-
-def _go_div(a: float, b: float) -> float:
-    if b == 0:
-        if a == 0 or math.isnan(a):
-            return math.nan
-        return math.copysign(math.inf, a) * math.copysign(1.0, b)
-    return a / b
-
-
-def _go_mod(a: float, b: float) -> float:
-    # Go's math.Mod: NaN for x = ±Inf, y = 0 or a NaN operand; x for y = ±Inf.
-    if b == 0 or math.isinf(a) or math.isnan(a) or math.isnan(b):
-        return math.nan
-    return math.fmod(a, b)
-
-
-def _is_odd_int(x: float) -> bool:
-    if abs(x) >= 1 << 53 or math.isinf(x) or math.isnan(x):
-        return False
-    return x == int(x) and int(x) % 2 == 1
-
-
-def _go_pow(x: float, y: float) -> float:
-    """Go's math.Pow: its special cases, then x**yf * x**yi by repeated squaring."""
-    special = _go_pow_special(x, y)
-    if special is not None:
-        return special
-    yf, yi = math.modf(abs(y))
-    if yf != 0 and x < 0:
-        return math.nan
-    if yi >= 1 << 63:  # overflows or underflows for every x but -1 (1 was handled)
-        if x == -1:
-            return 1.0
-        return 0.0 if (abs(x) < 1) == (y > 0) else math.inf
-    a1, ae = 1.0, 0
-    if yf != 0:
-        if yf > 0.5:
-            yf -= 1
-            yi += 1
-        a1 = math.exp(yf * math.log(x))  # libm here, Go's own Exp/Log there: may differ by 1ulp
-    x1, xe = math.frexp(x)
-    i = int(yi)
-    while i != 0:
-        if not -(1 << 12) <= xe <= 1 << 12:
-            ae += xe  # catastrophic over/underflow: leave it to ldexp
-            break
-        if i & 1:
-            a1 *= x1
-            ae += xe
-        x1 *= x1
-        xe <<= 1
-        if x1 < 0.5:
-            x1 += x1
-            xe -= 1
-        i >>= 1
-    if y < 0:
-        a1 = 1 / a1
-        ae = -ae
-    try:
-        return math.ldexp(a1, ae)
-    except OverflowError:
-        return math.copysign(math.inf, a1)
-
-
-def _go_pow_special(x: float, y: float) -> float | None:
-    if y == 0 or x == 1:
-        return 1.0
-    if y == 1:
-        return x
-    if math.isnan(x) or math.isnan(y):
-        return math.nan
-    if x == 0:
-        odd_negative_zero = math.copysign(1.0, x) < 0 and _is_odd_int(y)
-        if y < 0:
-            return -math.inf if odd_negative_zero else math.inf
-        return x if odd_negative_zero else 0.0
-    if math.isinf(y):
-        if x == -1:
-            return 1.0
-        return 0.0 if (abs(x) < 1) == (y > 0) else math.inf
-    if math.isinf(x):
-        if x < 0:
-            return _go_pow(-0.0, -y)
-        return 0.0 if y < 0 else math.inf
-    if y == 0.5:
-        return math.sqrt(x) if x >= 0 else math.nan
-    if y == -0.5:
-        return 1 / math.sqrt(x) if x >= 0 else math.nan
-    return None
-
-
-def _go_max(a: float, b: float) -> float:
-    if (math.isinf(a) and a > 0) or (math.isinf(b) and b > 0):
-        return math.inf
-    if math.isnan(a) or math.isnan(b):
-        return math.nan
-    if a == 0 and b == 0:
-        return b if math.copysign(1.0, a) < 0 else a  # +0 wins over -0
-    return a if a > b else b
-
-
-def _go_min(a: float, b: float) -> float:
-    if (math.isinf(a) and a < 0) or (math.isinf(b) and b < 0):
-        return -math.inf
-    if math.isnan(a) or math.isnan(b):
-        return math.nan
-    if a == 0 and b == 0:
-        return a if math.copysign(1.0, a) < 0 else b  # -0 wins over +0
-    return a if a < b else b
-
-
 # --- functions ----------------------------------------------------------------------------------
 
 
@@ -999,149 +1070,49 @@ def _vector_arg(value: Value) -> Vector:
 
 def _scalar_arg(value: Value) -> float:
     # promql_parser type-checks function arguments: a scalar parameter never gets a vector.
-    assert not isinstance(value, list), "function argument should be a scalar"
+    assert isinstance(value, float), "function argument should be a scalar"
     return value
+
+
+def _string_arg(value: Value) -> str:
+    assert isinstance(value, str), "function argument should be a string"
+    return value
+
+
+def _date_part(name: str, seconds: float) -> float:
+    parts = F.date_parts(seconds)
+    # Go converts NaN, ±Inf and out-of-range floats to int64 as the CPU does (undefined in
+    # Go's spec); no date is the honest answer.
+    return math.nan if parts is None else parts[name]
 
 
 def _instant_function(name: str, args: list[Value]) -> Vector:
     vector = _vector_arg(args[0])
-    if name == "abs":
-        return [Element(_drop_name(e.labels), abs(e.value)) for e in vector]
+    if name in F.MATH_FUNCTIONS:
+        return F.drop_names(vector, F.MATH_FUNCTIONS[name])
+    if name in F.DATE_FUNCTIONS:
+        return F.drop_names(vector, lambda v: _date_part(name, v))
+    if name == "round":
+        to_nearest = _scalar_arg(args[1]) if len(args) > 1 else 1.0
+        return F.drop_names(vector, lambda v: F.round_to(v, to_nearest))
     if name == "clamp_min":
         floor = _scalar_arg(args[1])
-        return [Element(_drop_name(e.labels), _go_max(floor, e.value)) for e in vector]
+        return F.drop_names(vector, lambda v: go_max(floor, v))
     if name == "clamp_max":
         ceiling = _scalar_arg(args[1])
-        return [Element(_drop_name(e.labels), _go_min(ceiling, e.value)) for e in vector]
+        return F.drop_names(vector, lambda v: go_min(ceiling, v))
     if name == "clamp":
         lo, hi = _scalar_arg(args[1]), _scalar_arg(args[2])
-        if hi < lo:
-            return []
-        return [Element(_drop_name(e.labels), _go_max(lo, _go_min(hi, e.value))) for e in vector]
+        return [] if hi < lo else F.drop_names(vector, lambda v: F.clamp(v, lo, hi))
+    if name == "histogram_quantile":
+        q, buckets = _scalar_arg(args[0]), _vector_arg(args[1])
+        return F.histogram_quantile(q, buckets)
+    if name == "label_replace":
+        dst, replacement, src, pattern = (_string_arg(a) for a in args[1:5])
+        return F.label_replace(vector, dst, replacement, src, pattern)
+    if name == "label_join":
+        dst, separator, *sources = (_string_arg(a) for a in args[1:])
+        return F.label_join(vector, dst, separator, sources)
+    if name in ("sort", "sort_desc"):
+        return F.sort_vector(vector, descending=name == "sort_desc")
     raise UnsupportedConstruct(f"function {name}")
-
-
-# (times in ms, values, range start ms, range end ms, range ms) -> value, None for no sample.
-RangeImpl = Callable[[Sequence[int], Sequence[float], int, int, int], float | None]
-
-
-def _extrapolated_rate(is_counter: bool, is_rate: bool) -> RangeImpl:
-    """rate/increase/delta: Prometheus 2.42's extrapolatedRate."""
-
-    def compute(
-        times: Sequence[int],
-        values: Sequence[float],
-        range_start: int,
-        range_end: int,
-        range_ms: int,
-    ) -> float | None:
-        count = len(values)
-        if count < 2:
-            return None
-        first_t, first_v = times[0], values[0]
-        last_t, last_v = times[-1], values[-1]
-        result = last_v - first_v
-        if is_counter:
-            previous = first_v
-            for value in values[1:]:
-                if value < previous:  # a counter reset: the counter restarted from zero
-                    result += previous
-                previous = value
-        duration_to_start = (first_t - range_start) / 1000
-        duration_to_end = (range_end - last_t) / 1000
-        sampled = (last_t - first_t) / 1000
-        # The store keeps one sample per millisecond (as Prometheus' TSDB), so `sampled` is
-        # positive here; Go's float division keeps any other input from raising.
-        average_step = _go_div(sampled, count - 1)
-        if is_counter and result > 0 and first_v >= 0:
-            # Do not extrapolate the counter below zero.
-            duration_to_zero = sampled * (first_v / result)
-            if duration_to_zero < duration_to_start:
-                duration_to_start = duration_to_zero
-        # Extrapolate to a range boundary only when it is within 1.1 average steps of the data;
-        # otherwise extend by half a step.
-        threshold = average_step * 1.1
-        interval = sampled
-        interval += duration_to_start if duration_to_start < threshold else average_step / 2
-        interval += duration_to_end if duration_to_end < threshold else average_step / 2
-        factor = _go_div(interval, sampled)
-        if is_rate:
-            factor = _go_div(factor, _duration_seconds(range_ms))
-        return result * factor
-
-    return compute
-
-
-def _duration_seconds(ms: int) -> float:
-    # Go's Duration.Seconds(): whole seconds plus the nanosecond remainder / 1e9.
-    return float(ms // 1000) + float((ms % 1000) * 1_000_000) / 1e9
-
-
-# The loops below inline Prometheus' kahanSumInc (Kahan-Neumaier summation):
-#     t = total + inc
-#     c += (total - t) + inc  if |total| >= |inc|  else  (inc - t) + total
-#     total = t
-# a call per sample was most of their cost. Keep the operations in this order.
-
-
-def _avg_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
-    isinf = math.isinf  # a local: this loop runs once per sample
-    mean = c = 0.0
-    count = 0.0  # a float counts exactly (< 2**53) and divides as the int did
-    for value in values:
-        count += 1.0
-        if isinf(mean):
-            # Inf plus a finite value, or the same Inf again, stays; "Inf - Inf" would give NaN.
-            if isinf(value) and (mean > 0) == (value > 0):
-                continue
-            if not isinf(value) and value == value:
-                continue
-        inc = value / count - mean / count
-        t = mean + inc
-        if abs(mean) >= abs(inc):
-            c += (mean - t) + inc
-        else:
-            c += (inc - t) + mean
-        mean = t
-    return mean if math.isinf(mean) else mean + c
-
-
-def _sum_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
-    total = c = 0.0
-    for value in values:
-        t = total + value
-        if abs(total) >= abs(value):
-            c += (total - t) + value
-        else:
-            c += (value - t) + total
-        total = t
-    return total if math.isinf(total) else total + c
-
-
-def _max_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
-    best = values[0]
-    for value in values:
-        if value > best or math.isnan(best):
-            best = value
-    return best
-
-
-def _min_over_time(times: Sequence[int], values: Sequence[float], *_bounds: int) -> float:
-    best = values[0]
-    for value in values:
-        if value < best or math.isnan(best):
-            best = value
-    return best
-
-
-_RANGE_IMPLS: dict[str, RangeImpl] = {
-    "rate": _extrapolated_rate(is_counter=True, is_rate=True),
-    "increase": _extrapolated_rate(is_counter=True, is_rate=False),
-    "delta": _extrapolated_rate(is_counter=False, is_rate=False),
-    "avg_over_time": _avg_over_time,
-    "sum_over_time": _sum_over_time,
-    "min_over_time": _min_over_time,
-    "max_over_time": _max_over_time,
-    "count_over_time": lambda times, values, *_: float(len(values)),
-    "last_over_time": lambda times, values, *_: values[-1],
-}

@@ -1,0 +1,197 @@
+"""PromQL's aggregation operators over float samples, as Prometheus 2.42's
+`evaluator.aggregation` (promql/engine.go at v2.42.0) computes them: the same accumulation
+order, and for topk/bottomk the same heap operations, so ties pick the same series."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpu_exporter.rules.gofloat import format_float, format_g
+from gpu_exporter.rules.promql_functions import is_label_name, quantile
+from gpu_exporter.rules.promql_values import NAME, Element, PromQLError, Vector, with_label
+from gpu_exporter.store import CHECK_EVERY, Labels
+
+__all__ = ["AGGREGATIONS", "PARAMETER_AGGREGATIONS", "aggregate"]
+
+AGGREGATIONS = frozenset(
+    {"sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk",
+     "quantile", "count_values"}
+)  # fmt: skip
+PARAMETER_AGGREGATIONS = frozenset({"topk", "bottomk", "quantile", "count_values"})
+_MASK = CHECK_EVERY - 1
+_INT64 = 2.0**63
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    without: bool
+    labels: frozenset[str]
+
+
+def aggregate(
+    op: str,
+    grouping: Grouping,
+    param: float | str | None,
+    vector: Vector,
+    check: Callable[[], None],
+) -> Vector:
+    """`op` over `vector`, groups in order of first appearance."""
+    if op in ("topk", "bottomk"):
+        assert isinstance(param, float)
+        if not -_INT64 <= param <= _INT64:  # convertibleToInt64 (compared as floats)
+            raise PromQLError(f"Scalar value {format_g(param)} overflows int64")
+        k = int(param) if not math.isnan(param) else -(1 << 63)
+        return [] if k < 1 else _top(vector, grouping, k, op == "topk", check)
+    if op == "count_values":
+        assert isinstance(param, str)
+        if not is_label_name(param):
+            raise PromQLError(f"invalid label name {_go_quote(param)}")
+        vector = [
+            Element(with_label(e.labels, param, format_float(e.value)), e.value) for e in vector
+        ]
+        if not grouping.without:
+            grouping = Grouping(False, grouping.labels | {param})
+        op = "count"
+    groups: dict[Labels, list] = {}
+    for i, element in enumerate(vector):
+        if not i & _MASK:
+            check()
+        key = group_labels(element.labels, grouping)
+        group = groups.get(key)
+        value = element.value
+        if group is None:
+            # [value, mean, count, values]; stddev and stdvar start their sum of squares at 0.
+            first = 0.0 if op in ("stddev", "stdvar") else 1.0 if op == "group" else value
+            groups[key] = [first, value, 1, [value] if op == "quantile" else None]
+            continue
+        _accumulate(op, group, value)
+    out: Vector = []
+    for labels, (value, mean, count, values) in groups.items():
+        if op == "avg":
+            value = mean
+        elif op == "count":
+            value = float(count)
+        elif op == "stdvar":
+            value = value / count
+        elif op == "stddev":
+            value = math.sqrt(value / count) if value >= 0 else math.nan
+        elif op == "quantile":
+            assert isinstance(param, float)
+            value = quantile(param, values)
+        out.append(Element(labels, value))
+    return out
+
+
+def _accumulate(op: str, group: list, value: float) -> None:
+    if op == "sum":
+        group[0] += value
+    elif op == "avg":
+        group[2] += 1
+        group[1] = mean_step(group[1], value, group[2])
+    elif op == "max":
+        if group[0] < value or math.isnan(group[0]):
+            group[0] = value
+    elif op == "min":
+        if group[0] > value or math.isnan(group[0]):
+            group[0] = value
+    elif op == "count":
+        group[2] += 1
+    elif op in ("stddev", "stdvar"):
+        group[2] += 1
+        delta = value - group[1]
+        group[1] += delta / group[2]
+        group[0] += delta * (value - group[1])
+    elif op == "quantile":
+        group[3].append(value)
+    # group: nothing to add
+
+
+def group_labels(labels: Labels, grouping: Grouping) -> Labels:
+    if grouping.without:
+        return tuple(p for p in labels if p[0] not in grouping.labels and p[0] != NAME)
+    return tuple(p for p in labels if p[0] in grouping.labels)
+
+
+def mean_step(mean: float, value: float, count: int) -> float:
+    """One step of Prometheus' incremental mean (avg and avg_over_time)."""
+    if math.isinf(mean):
+        # Inf plus a finite value, or the same Inf again, stays; "Inf - Inf" would give NaN.
+        if math.isinf(value) and (mean > 0) == (value > 0):
+            return mean
+        if not math.isinf(value) and not math.isnan(value):
+            return mean
+    return mean + (value / count - mean / count)
+
+
+# --- topk / bottomk: Go's container/heap over vectorByValueHeap ---------------------------------
+
+
+def _top(
+    vector: Vector, grouping: Grouping, k: int, largest: bool, check: Callable[[], None]
+) -> Vector:
+    # topk keeps a min-heap of the k largest (its Less: NaN first, then <); bottomk a
+    # max-heap of the k smallest (NaN first, then >). A new element enters when the heap has
+    # room, beats the root, or the root is NaN.
+    def less(a: float, b: float) -> bool:
+        if math.isnan(a):
+            return True
+        return a < b if largest else a > b
+
+    heaps: dict[Labels, list[Element]] = {}
+    for i, element in enumerate(vector):
+        if not i & _MASK:
+            check()
+        key = group_labels(element.labels, grouping)
+        heap = heaps.get(key)
+        if heap is None:
+            heaps[key] = [element]
+            continue
+        root = heap[0].value
+        if len(heap) < k or less(root, element.value) or math.isnan(root):
+            if len(heap) == k:
+                if k == 1:  # replaced in place, as Prometheus does for k == 1
+                    heap[0] = element
+                    continue
+                _pop(heap, less)
+            _push(heap, element, less)
+    out: Vector = []
+    for heap in heaps.values():
+        # The result order (the heap sorted in reverse) only matters to `rules test` output.
+        out.extend(sorted(heap, key=lambda e: e.value, reverse=largest))
+    return out
+
+
+def _push(heap: list[Element], element: Element, less: Callable[[float, float], bool]) -> None:
+    heap.append(element)
+    j = len(heap) - 1
+    while j > 0:  # heap.up
+        parent = (j - 1) // 2
+        if not less(heap[j].value, heap[parent].value):
+            break
+        heap[parent], heap[j] = heap[j], heap[parent]
+        j = parent
+
+
+def _pop(heap: list[Element], less: Callable[[float, float], bool]) -> None:
+    n = len(heap) - 1
+    heap[0], heap[n] = heap[n], heap[0]
+    i = 0
+    while True:  # heap.down over the first n
+        child = 2 * i + 1
+        if child >= n:
+            break
+        right = child + 1
+        if right < n and less(heap[right].value, heap[child].value):
+            child = right
+        if not less(heap[child].value, heap[i].value):
+            break
+        heap[i], heap[child] = heap[child], heap[i]
+        i = child
+    heap.pop()
+
+
+def _go_quote(value: str) -> str:
+    # %q of a label name that is not one: letters, digits and ASCII punctuation suffice here.
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
