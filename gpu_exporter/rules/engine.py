@@ -85,9 +85,13 @@ class GroupEvaluator:
         lookback: float = 300.0,
         previous: GroupEvaluator | None = None,
         write_alert_series: bool = False,
+        semantics: promql.Semantics = promql.PROMETHEUS_2,
+        subquery_step: float = promql.DEFAULT_SUBQUERY_STEP_SECONDS,
     ) -> None:
         self.store = store
         self.lookback = lookback
+        self.semantics = semantics
+        self.subquery_step = subquery_step
         self.external_labels = dict(external_labels or {})
         # promtool (and Prometheus) write ALERTS/ALERTS_FOR_STATE; the daemon has no use for them.
         self.write_alert_series = write_alert_series
@@ -143,7 +147,14 @@ class GroupEvaluator:
             rule_started = time.perf_counter()
             try:
                 result = promql.evaluate(
-                    state.rule.expr, self.store, now, self.lookback, self._range_cache, deadline
+                    state.rule.expr,
+                    self.store,
+                    now,
+                    self.lookback,
+                    self._range_cache,
+                    deadline,
+                    self.semantics,
+                    self.subquery_step,
                 )
                 elements = [((), result)] if isinstance(result, float) else [
                     (element.labels, element.value) for element in result
