@@ -1087,6 +1087,8 @@ def _date_part(name: str, seconds: float) -> float:
 
 
 def _instant_function(name: str, args: list[Value]) -> Vector:
+    if name == "histogram_quantile":
+        return F.histogram_quantile(_scalar_arg(args[0]), _vector_arg(args[1]))
     vector = _vector_arg(args[0])
     if name in F.MATH_FUNCTIONS:
         return F.drop_names(vector, F.MATH_FUNCTIONS[name])
@@ -1104,9 +1106,6 @@ def _instant_function(name: str, args: list[Value]) -> Vector:
     if name == "clamp":
         lo, hi = _scalar_arg(args[1]), _scalar_arg(args[2])
         return [] if hi < lo else F.drop_names(vector, lambda v: F.clamp(v, lo, hi))
-    if name == "histogram_quantile":
-        q, buckets = _scalar_arg(args[0]), _vector_arg(args[1])
-        return F.histogram_quantile(q, buckets)
     if name == "label_replace":
         dst, replacement, src, pattern = (_string_arg(a) for a in args[1:5])
         return F.label_replace(vector, dst, replacement, src, pattern)
