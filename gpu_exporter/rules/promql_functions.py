@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from gpu_exporter.rules import regex
+from gpu_exporter.rules import gomath, regex
 from gpu_exporter.rules.gofloat import go_div, go_max, go_min, parse_float
 from gpu_exporter.rules.promql_values import (
     NAME,
@@ -362,32 +362,6 @@ def _exp(x: float) -> float:
         return math.inf
 
 
-def _log(function: Callable[[float], float]) -> Callable[[float], float]:
-    """Go's logarithms: -Inf at zero, NaN below, where Python raises."""
-
-    def compute(x: float) -> float:
-        if x == 0:
-            return -math.inf
-        if x < 0 or math.isnan(x):
-            return math.nan
-        return function(x)
-
-    return compute
-
-
-# Go computes Log2 and Log10 from Log with exact constants (math/log10.go), not as libm's
-# log2/log10: Log10(1000) is 2.9999999999999996 there.
-_INV_LN2 = 1.4426950408889634073599246810018921374266459541529859341354494069
-_INV_LN10 = 0.43429448190325182765112891891660508229439700580366656611445378316586
-
-
-def _log2(x: float) -> float:
-    fraction, exponent = math.frexp(x)
-    if fraction == 0.5:  # exact powers of two are exact
-        return float(exponent - 1)
-    return math.log(fraction) * _INV_LN2 + exponent
-
-
 def _domain(function: Callable[[float], float], overflow: float = math.nan) -> Callable[..., float]:
     """A libm function with Go's answers where Python raises: NaN outside the domain (or
     `overflow`'s sign of infinity where the result overflows)."""
@@ -430,15 +404,15 @@ MATH_FUNCTIONS: dict[str, Callable[[float], float]] = {
     "floor": _floor,
     "exp": _exp,
     "sqrt": lambda x: math.nan if x < 0 else math.sqrt(x),
-    "ln": _log(math.log),
-    "log2": _log(_log2),
-    "log10": _log(lambda x: math.log(x) * _INV_LN10),
-    "sin": _domain(math.sin),
-    "cos": _domain(math.cos),
-    "tan": _domain(math.tan),
-    "asin": _domain(math.asin),
-    "acos": _domain(math.acos),
-    "atan": math.atan,
+    "ln": gomath.log,
+    "log2": gomath.log2,
+    "log10": gomath.log10,
+    "sin": gomath.sin,
+    "cos": gomath.cos,
+    "tan": gomath.tan,
+    "asin": gomath.asin,
+    "acos": gomath.acos,
+    "atan": gomath.atan,
     "sinh": _domain(math.sinh, overflow=math.inf),
     "cosh": _cosh,
     "tanh": math.tanh,
