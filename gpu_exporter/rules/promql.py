@@ -58,6 +58,7 @@ from gpu_exporter.rules.promql_values import (
     NAME,
     Element,
     PromQLError,
+    Semantics,
     UnsupportedConstruct,
     Vector,
     drop_name,
@@ -148,22 +149,11 @@ NATIVE_HISTOGRAM_FUNCTIONS = frozenset(
 )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class Semantics:
-    """Which Prometheus' PromQL a query is evaluated as."""
-
-    name: str
-    # 3.x: range selectors select (t - range, t], the lookback (t - lookback, t].
-    left_open: bool
-    # 3.x: `.` in label-matcher regexes matches a newline too (they compile as (?s:...)).
-    dot_matches_newline: bool
-    # Functions known without feature flags.
-    functions: frozenset[str]
-
-
-PROMETHEUS_2 = Semantics("prometheus2", False, False, _FUNCTIONS_2_42)
+PROMETHEUS_2 = Semantics("prometheus2", 2, _FUNCTIONS_2_42)
+# 3.14 without feature flags: holt_winters is gone (its successor needs a flag), the
+# native-histogram functions of 3.x are known (and histogram_fraction reads classic buckets).
 PROMETHEUS_3 = Semantics(
-    "prometheus3", True, True, (_FUNCTIONS_2_42 - {"holt_winters"}) | NATIVE_HISTOGRAM_FUNCTIONS
+    "prometheus3", 3, (_FUNCTIONS_2_42 - {"holt_winters"}) | NATIVE_HISTOGRAM_FUNCTIONS
 )
 SEMANTICS = {s.name: s for s in (PROMETHEUS_2, PROMETHEUS_3)}
 
@@ -180,7 +170,8 @@ P.register_extra_functions(
 )
 
 ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
-# atan2 keeps the metric name in 2.42 (shouldDropMetricName lists the six others only).
+# atan2 keeps the metric name in 2.42 (shouldDropMetricName lists the six others only),
+# drops it in 3.x (2.47+).
 DROPS_NAME = frozenset({"+", "-", "*", "/", "%", "^"})
 COMPARISONS = frozenset({"==", "!=", ">", "<", ">=", "<="})
 SET_OPERATORS = frozenset({"and", "or", "unless"})
@@ -421,6 +412,9 @@ class _Binary:
     on: bool
     matching: frozenset[str]
     include: tuple[str, ...]
+    drops_name: bool  # arithmetic drops the metric name (atan2 too in 3.x)
+    # 3.x (3.9+) checks vector matching's cardinality before a comparison filters a pair out.
+    match_before_filter: bool
 
 
 _Node = _Number | _String | _Selector | _Range | _Subquery | _Negate | _Call | _Aggregate | _Binary
@@ -519,7 +513,8 @@ def _absent_labels(matchers: Sequence[Matcher]) -> Labels:
 
 def _compile_call(call: P.Call, semantics: Semantics) -> _Call:
     name = call.func.name
-    if name in NATIVE_HISTOGRAM_FUNCTIONS and name in semantics.functions:
+    classic = name == "histogram_fraction" and semantics.major >= 3  # 3.4+ reads `le` buckets
+    if name in NATIVE_HISTOGRAM_FUNCTIONS and name in semantics.functions and not classic:
         raise UnsupportedConstruct(f"function {name}")
     if name not in semantics.functions:
         # What promql_parser knows beyond this Prometheus (newer or experimental functions).
@@ -561,7 +556,10 @@ def _compile_binary(binary: P.BinaryExpr, semantics: Semantics) -> _Binary:
             matching = frozenset(modifier.matching.labels)
         include = tuple(modifier.group_labels or ())
     lhs, rhs = _compile(binary.lhs, semantics), _compile(binary.rhs, semantics)
-    return _Binary(op, lhs, rhs, return_bool, card, on, matching, include)
+    drops_name = op in DROPS_NAME or (op == "atan2" and semantics.major >= 3)
+    return _Binary(
+        op, lhs, rhs, return_bool, card, on, matching, include, drops_name, semantics.major >= 3
+    )
 
 
 def _millis(duration: timedelta) -> int:
@@ -780,7 +778,8 @@ class _Evaluator:
             assert not isinstance(value, list)  # promql_parser type-checks it
             param = value
         vector = self.vector(node.expr)
-        return unique(aggregate(node.op, node.grouping, param, vector, self.check))
+        semantics = self.context.semantics
+        return unique(aggregate(node.op, node.grouping, param, vector, self.check, semantics))
 
     def binary(self, node: _Binary) -> Value:
         lhs, rhs = self.eval(node.lhs), self.eval(node.rhs)
@@ -822,7 +821,7 @@ class _Evaluator:
             return vector[0].value if len(vector) == 1 else math.nan
         if name == "vector":
             return [Element((), _scalar_arg(args[0]))]
-        return unique(_instant_function(name, args))
+        return unique(_instant_function(name, args, self.context.semantics))
 
     def timestamp(self, arg: _Node) -> Vector:
         # A selector's samples keep their own times; any other vector is computed at t.
@@ -852,7 +851,7 @@ class _Evaluator:
             if series:
                 return []
             return [Element(arg.selector.absent_labels if isinstance(arg, _Range) else (), 1.0)]
-        function = F.RANGE_IMPLS[node.name]
+        function = F.range_impls(self.context.semantics)[node.name]
         check = self.check
         keeps_name = node.name == "last_over_time"  # it acts like an offset
         range_ms = arg.range_ms
@@ -943,7 +942,7 @@ def _elem_binop(op: str, lhs: float, rhs: float) -> tuple[float, bool]:
 def _vector_scalar(
     node: _Binary, vector: Vector, scalar: float, swapped: bool, check: Callable[[], None]
 ) -> Vector:
-    drop = node.op in DROPS_NAME or node.return_bool
+    drop = node.drops_name or node.return_bool
     out: Vector = []
     for i, element in enumerate(vector):
         if not i & _MASK:
@@ -1013,8 +1012,8 @@ def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector, check: Callable[[], N
         value, keep = _elem_binop(node.op, vl, vr)
         if node.return_bool:
             value = float(keep)
-        elif not keep:
-            continue  # filtered out before the uniqueness checks below, as in Prometheus
+        elif not keep and not node.match_before_filter:
+            continue  # 2.42 filters before the uniqueness checks below
         labels = _result_labels(element.labels, other.labels, node)
         seen = matched.get(sig)
         if node.card == "one-to-one":
@@ -1032,14 +1031,15 @@ def _vector_binop(node: _Binary, lhs: Vector, rhs: Vector, check: Callable[[], N
                     "multiple matches for labels: grouping labels must ensure unique matches"
                 )
             seen.add(labels)
-        out.append(Element(labels, value))
+        if keep or node.return_bool:
+            out.append(Element(labels, value))
     return out
 
 
 def _result_labels(many: Labels, one: Labels, node: _Binary) -> Labels:
     """Result labels of a vector/vector operation (Prometheus' resultMetric)."""
     labels = dict(many)
-    if node.op in DROPS_NAME:
+    if node.drops_name:
         labels.pop(NAME, None)
     if node.card == "one-to-one":
         if node.on:
@@ -1086,9 +1086,12 @@ def _date_part(name: str, seconds: float) -> float:
     return math.nan if parts is None else parts[name]
 
 
-def _instant_function(name: str, args: list[Value]) -> Vector:
+def _instant_function(name: str, args: list[Value], semantics: Semantics) -> Vector:
     if name == "histogram_quantile":
-        return F.histogram_quantile(_scalar_arg(args[0]), _vector_arg(args[1]))
+        return F.histogram_quantile(_scalar_arg(args[0]), _vector_arg(args[1]), semantics)
+    if name == "histogram_fraction":  # 3.x only: 2.42's compiles as unsupported
+        lower, upper = _scalar_arg(args[0]), _scalar_arg(args[1])
+        return F.histogram_fraction(lower, upper, _vector_arg(args[2]))
     vector = _vector_arg(args[0])
     if name in F.MATH_FUNCTIONS:
         return F.drop_names(vector, F.MATH_FUNCTIONS[name])
@@ -1108,10 +1111,10 @@ def _instant_function(name: str, args: list[Value]) -> Vector:
         return [] if hi < lo else F.drop_names(vector, lambda v: F.clamp(v, lo, hi))
     if name == "label_replace":
         dst, replacement, src, pattern = (_string_arg(a) for a in args[1:5])
-        return F.label_replace(vector, dst, replacement, src, pattern)
+        return F.label_replace(vector, dst, replacement, src, pattern, semantics)
     if name == "label_join":
         dst, separator, *sources = (_string_arg(a) for a in args[1:])
-        return F.label_join(vector, dst, separator, sources)
+        return F.label_join(vector, dst, separator, sources, semantics)
     if name in ("sort", "sort_desc"):
         return F.sort_vector(vector, descending=name == "sort_desc")
     raise UnsupportedConstruct(f"function {name}")

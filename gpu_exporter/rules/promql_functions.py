@@ -18,8 +18,10 @@ from gpu_exporter.rules.promql_values import (
     NAME,
     Element,
     PromQLError,
+    Semantics,
     Vector,
     drop_name,
+    is_label_name,
     label_value,
     with_label,
 )
@@ -28,15 +30,15 @@ from gpu_exporter.store import Labels
 __all__ = [
     "DATE_FUNCTIONS",
     "MATH_FUNCTIONS",
-    "RANGE_IMPLS",
     "RangeImpl",
     "clamp",
     "date_parts",
+    "histogram_fraction",
     "histogram_quantile",
-    "is_label_name",
     "label_join",
     "label_replace",
     "quantile",
+    "range_impls",
     "round_to",
     "sort_vector",
 ]
@@ -51,8 +53,10 @@ RangeImpl = Callable[
 ]
 
 
-def _extrapolated_rate(is_counter: bool, is_rate: bool) -> RangeImpl:
-    """rate/increase/delta: Prometheus 2.42's extrapolatedRate."""
+def _extrapolated_rate(is_counter: bool, is_rate: bool, major: int = 2) -> RangeImpl:
+    """rate/increase/delta: Prometheus' extrapolatedRate. 2.42 limits the extrapolation to
+    the counter's zero point before deciding between the gap and half a step; 3.x (since
+    2.51) decides first, then limits."""
 
     def compute(
         times: Sequence[int],
@@ -80,16 +84,20 @@ def _extrapolated_rate(is_counter: bool, is_rate: bool) -> RangeImpl:
         # The store keeps one sample per millisecond (as Prometheus' TSDB), so `sampled` is
         # positive here; Go's float division keeps any other input from raising.
         average_step = go_div(sampled, count - 1)
+        # Extrapolate to a range boundary only when it is within 1.1 average steps of the data;
+        # otherwise extend by half a step. Never extrapolate a counter below zero.
+        threshold = average_step * 1.1
+        if major >= 3 and duration_to_start >= threshold:
+            duration_to_start = average_step / 2
         if is_counter and result > 0 and first_v >= 0:
-            # Do not extrapolate the counter below zero.
             duration_to_zero = sampled * (first_v / result)
             if duration_to_zero < duration_to_start:
                 duration_to_start = duration_to_zero
-        # Extrapolate to a range boundary only when it is within 1.1 average steps of the data;
-        # otherwise extend by half a step.
-        threshold = average_step * 1.1
         interval = sampled
-        interval += duration_to_start if duration_to_start < threshold else average_step / 2
+        if major >= 3 or duration_to_start < threshold:
+            interval += duration_to_start
+        else:
+            interval += average_step / 2
         interval += duration_to_end if duration_to_end < threshold else average_step / 2
         factor = go_div(interval, sampled)
         if is_rate:
@@ -149,6 +157,35 @@ def _avg_over_time(times: Sequence[int], values: Sequence[float], *_: object) ->
     return mean if math.isinf(mean) else mean + c
 
 
+def _avg_over_time_3(times: Sequence[int], values: Sequence[float], *_: object) -> float:
+    """3.x's avg_over_time (3.5+): a Kahan sum divided by the count while the sum stays
+    finite; from the sample that would overflow it on, an incremental mean."""
+    return kahan_mean(values)
+
+
+def kahan_mean(values: Sequence[float]) -> float:
+    """The mean as Prometheus 3.x computes avg and avg_over_time."""
+    total, c = values[0], 0.0
+    mean = 0.0
+    incremental = False
+    count = 1.0
+    for value in values[1:]:
+        count += 1.0
+        if not incremental:
+            new_total, new_c = kahan_inc(value, total, c)
+            if not math.isinf(new_total):
+                total, c = new_total, new_c
+                continue
+            incremental = True  # the sum would overflow: continue as an incremental mean
+            mean = total / (count - 1)
+            c /= count - 1
+        q = (count - 1) / count
+        mean, c = kahan_inc(value / count, q * mean, q * c)
+    if incremental:
+        return mean + c
+    return total / count + c / count
+
+
 def _sum_over_time(times: Sequence[int], values: Sequence[float], *_: object) -> float:
     total = c = 0.0
     for value in values:
@@ -178,7 +215,20 @@ def _min_over_time(times: Sequence[int], values: Sequence[float], *_: object) ->
 
 
 def _kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
+    """2.42's kahanSumInc (Neumaier)."""
     t = total + inc
+    if abs(total) >= abs(inc):
+        c += (total - t) + inc
+    else:
+        c += (inc - t) + total
+    return t, c
+
+
+def kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
+    """3.x's kahansum.Inc: as 2.42's, but the compensation restarts at 0 on an infinite sum."""
+    t = total + inc
+    if math.isinf(t):
+        return t, 0.0
     if abs(total) >= abs(inc):
         c += (total - t) + inc
     else:
@@ -319,7 +369,7 @@ def _quantile_over_time(
     return quantile(params[0], list(values))
 
 
-RANGE_IMPLS: dict[str, RangeImpl] = {
+_RANGE_IMPLS_2: dict[str, RangeImpl] = {
     "rate": _extrapolated_rate(is_counter=True, is_rate=True),
     "increase": _extrapolated_rate(is_counter=True, is_rate=False),
     "delta": _extrapolated_rate(is_counter=False, is_rate=False),
@@ -341,6 +391,17 @@ RANGE_IMPLS: dict[str, RangeImpl] = {
     "predict_linear": _predict_linear,
     "holt_winters": _holt_winters,
 }
+_RANGE_IMPLS_3: dict[str, RangeImpl] = {
+    **{name: impl for name, impl in _RANGE_IMPLS_2.items() if name != "holt_winters"},
+    "rate": _extrapolated_rate(is_counter=True, is_rate=True, major=3),
+    "increase": _extrapolated_rate(is_counter=True, is_rate=False, major=3),
+    "avg_over_time": _avg_over_time_3,
+}
+
+
+def range_impls(semantics: Semantics) -> dict[str, RangeImpl]:
+    """The range functions as `semantics`' Prometheus computes them."""
+    return _RANGE_IMPLS_3 if semantics.major >= 3 else _RANGE_IMPLS_2
 
 
 # --- element-wise functions ---------------------------------------------------------------------
@@ -506,13 +567,14 @@ def _nan_first(value: float) -> tuple[int, float]:
     return (0, 0.0) if math.isnan(value) else (1, value)
 
 
-def histogram_quantile(q: float, vector: Vector) -> Vector:
-    """histogram_quantile over classic `le` buckets: one result per series ignoring `le`
-    (metric name included), labelled without `__name__` and `le`."""
+def _bucket_groups(vector: Vector) -> list[tuple[Labels, list[tuple[float, float]]]]:
+    """Classic buckets per histogram: one group per series ignoring `le` (metric name
+    included), labelled without `__name__` and `le`; a bucket without a number in `le` is
+    skipped, as Prometheus skips it."""
     groups: dict[Labels, tuple[Labels, list[tuple[float, float]]]] = {}
     for element in vector:
         bound = parse_float(label_value(element.labels, "le"))
-        if bound is None:  # no or malformed bucket label: skipped, as Prometheus skips it
+        if bound is None:
             continue
         key = tuple(pair for pair in element.labels if pair[0] != "le")
         group = groups.get(key)
@@ -520,11 +582,74 @@ def histogram_quantile(q: float, vector: Vector) -> Vector:
             labels = tuple(pair for pair in key if pair[0] != NAME)
             group = groups[key] = (labels, [])
         group[1].append((bound, element.value))
-    return [Element(labels, _bucket_quantile(q, buckets)) for labels, buckets in groups.values()]
+    return list(groups.values())
 
 
-def _bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
-    """quantile.go bucketQuantile."""
+def histogram_quantile(q: float, vector: Vector, semantics: Semantics) -> Vector:
+    """histogram_quantile over classic `le` buckets."""
+    return [
+        Element(labels, _bucket_quantile(q, buckets, semantics.major))
+        for labels, buckets in _bucket_groups(vector)
+    ]
+
+
+def histogram_fraction(lower: float, upper: float, vector: Vector) -> Vector:
+    """3.x's histogram_fraction over classic buckets (quantile.go BucketFraction, 3.4+)."""
+    return [
+        Element(labels, _bucket_fraction(lower, upper, buckets))
+        for labels, buckets in _bucket_groups(vector)
+    ]
+
+
+def _bucket_fraction(lower: float, upper: float, buckets: list[tuple[float, float]]) -> float:
+    buckets.sort(key=lambda bucket: bucket[0])
+    if not (math.isinf(buckets[-1][0]) and buckets[-1][0] > 0):
+        return math.nan
+    merged = _coalesce(buckets)
+    count = merged[-1][1]
+    if count == 0 or math.isnan(lower) or math.isnan(upper):
+        return math.nan
+    if lower >= upper:
+        return 0.0
+    rank = lower_rank = upper_rank = 0.0
+    lower_set = upper_set = False
+    # Positive buckets only when the first bound is above 0: the first starts at 0.
+    lower_bound = 0.0 if merged[0][0] > 0 else -math.inf
+    for i, (upper_bound, bucket_count) in enumerate(merged):
+        if i > 0:
+            lower_bound = merged[i - 1][0]
+
+        if not lower_set and lower_bound >= lower:
+            lower_rank, lower_set = rank, True
+        if not upper_set and lower_bound >= upper:
+            upper_rank, upper_set = rank, True
+        if lower_set and upper_set:
+            break
+        bucket = (lower_bound, upper_bound, rank, bucket_count)
+        if not lower_set and lower_bound < lower < upper_bound:
+            lower_rank, lower_set = _interpolate(lower, *bucket), True
+        if not upper_set and lower_bound < upper < upper_bound:
+            upper_rank, upper_set = _interpolate(upper, *bucket), True
+        if lower_set and upper_set:
+            break
+        rank = bucket_count
+    if not lower_set or lower_rank > count:
+        lower_rank = count
+    if not upper_set or upper_rank > count:
+        upper_rank = count
+    return (upper_rank - lower_rank) / count
+
+
+def _interpolate(v: float, lower: float, upper: float, rank: float, count: float) -> float:
+    """The cumulative count at v inside the bucket (lower, upper]; none is interpolated in a
+    bucket reaching to -Inf (+Inf adds nothing: the second term is 0)."""
+    if lower == -math.inf:
+        return count
+    return rank + (count - rank) * (v - lower) / (upper - lower)
+
+
+def _bucket_quantile(q: float, buckets: list[tuple[float, float]], major: int) -> float:
+    """quantile.go bucketQuantile (BucketQuantile in 3.x)."""
     if math.isnan(q):
         return math.nan
     if q < 0:
@@ -535,7 +660,10 @@ def _bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
     if not (math.isinf(buckets[-1][0]) and buckets[-1][0] > 0):
         return math.nan
     merged = _coalesce(buckets)
-    _ensure_monotonic(merged)
+    if major >= 3:
+        _ensure_monotonic_ignoring_small_deltas(merged)
+    else:
+        _ensure_monotonic(merged)
     if len(merged) < 2:
         return math.nan
     observations = merged[-1][1]
@@ -577,6 +705,37 @@ def _ensure_monotonic(buckets: list[list[float]]) -> None:
             bucket[1] = highest
 
 
+def _ensure_monotonic_ignoring_small_deltas(buckets: list[list[float]]) -> None:
+    """3.x (2.49+): counts within a relative 1e-12 of the previous one are made equal to it
+    in either direction (float noise), smaller ones raised to it."""
+    previous = buckets[0][1]
+    for bucket in buckets[1:]:
+        current = bucket[1]
+        if current == previous:
+            continue
+        if almost_equal(previous, current, 1e-12) or current < previous:
+            bucket[1] = previous
+            continue
+        previous = current
+
+
+_MIN_NORMAL = 2.2250738585072014e-308
+
+
+def almost_equal(a: float, b: float, epsilon: float) -> bool:
+    """Prometheus' util/almost.Equal (3.x): NaN equals NaN; relative to the magnitudes, or
+    absolute (epsilon x the smallest normal) next to zero."""
+    if math.isnan(a) and math.isnan(b):
+        return True
+    if a == b:
+        return True
+    abs_sum = abs(a) + abs(b)
+    diff = abs(a - b)
+    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
+        return diff < epsilon * _MIN_NORMAL
+    return diff / min(abs_sum, 1.7976931348623157e308) < epsilon
+
+
 def _go_search(n: int, predicate: Callable[[int], bool]) -> int:
     """sort.Search: the binary search itself, so a predicate NaN makes non-monotonic
     answers as Go answers."""
@@ -593,20 +752,16 @@ def _go_search(n: int, predicate: Callable[[int], bool]) -> int:
 # --- labels -------------------------------------------------------------------------------------
 
 
-def is_label_name(name: str) -> bool:
-    """model.LabelName.IsValid: [a-zA-Z_][a-zA-Z0-9_]*."""
-    if not name or not (name[0].isascii() and (name[0].isalpha() or name[0] == "_")):
-        return False
-    return all(ch.isascii() and (ch.isalnum() or ch == "_") for ch in name)
-
-
-def label_replace(vector: Vector, dst: str, replacement: str, src: str, pattern: str) -> Vector:
+def label_replace(
+    vector: Vector, dst: str, replacement: str, src: str, pattern: str, semantics: Semantics
+) -> Vector:
     """funcLabelReplace: set `dst` from the anchored `pattern`'s match on `src`'s value."""
+    group = "(?s:" if semantics.dot_matches_newline else "(?:"
     try:
-        program = regex.compile_go(f"^(?:{pattern})$")
+        program = regex.compile_go(f"^{group}{pattern})$")
     except regex.RegexError:
         raise PromQLError(f"invalid regular expression in label_replace(): {pattern}") from None
-    if not is_label_name(dst):
+    if not is_label_name(dst, semantics):
         raise PromQLError(f"invalid destination label name in label_replace(): {dst}")
     out: Vector = []
     for element in vector:
@@ -622,12 +777,14 @@ def label_replace(vector: Vector, dst: str, replacement: str, src: str, pattern:
     return out
 
 
-def label_join(vector: Vector, dst: str, separator: str, sources: Sequence[str]) -> Vector:
+def label_join(
+    vector: Vector, dst: str, separator: str, sources: Sequence[str], semantics: Semantics
+) -> Vector:
     """funcLabelJoin: `dst` set to the `sources`' values joined, removed when that is empty."""
     for src in sources:
-        if not is_label_name(src):
+        if not is_label_name(src, semantics):
             raise PromQLError(f"invalid source label name in label_join(): {src}")
-    if not is_label_name(dst):
+    if not is_label_name(dst, semantics):
         raise PromQLError(f"invalid destination label name in label_join(): {dst}")
     return [
         Element(

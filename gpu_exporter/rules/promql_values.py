@@ -10,6 +10,27 @@ from gpu_exporter.store import Labels
 NAME = "__name__"
 
 
+@dataclass(frozen=True, slots=True)
+class Semantics:
+    """Which Prometheus' PromQL a query is evaluated as."""
+
+    name: str
+    major: int  # 2: Prometheus 2.42; 3: Prometheus 3.x (3.14)
+    # Functions known without feature flags.
+    functions: frozenset[str]
+
+    @property
+    def left_open(self) -> bool:
+        """3.x: range selectors select (t - range, t], the lookback (t - lookback, t], and
+        subquery steps start after t - offset - range."""
+        return self.major >= 3
+
+    @property
+    def dot_matches_newline(self) -> bool:
+        """3.x: `.` in label-matcher and label_replace regexes matches a newline too."""
+        return self.major >= 3
+
+
 class PromQLError(ValueError):
     """A query that cannot be parsed, or whose evaluation fails as it would in Prometheus."""
 
@@ -53,6 +74,15 @@ def with_label(labels: Labels, name: str, value: str) -> Labels:
         kept.append((name, value))
         kept.sort()
     return tuple(kept)
+
+
+def is_label_name(name: str, semantics: Semantics) -> bool:
+    """model.LabelName.IsValid: [a-zA-Z_][a-zA-Z0-9_]* in 2.42; 3.x takes any UTF-8 text."""
+    if semantics.major >= 3:
+        return bool(name)  # a Python str is valid Unicode: UTF-8 once encoded
+    if not name or not (name[0].isascii() and (name[0].isalpha() or name[0] == "_")):
+        return False
+    return all(ch.isascii() and (ch.isalnum() or ch == "_") for ch in name)
 
 
 def label_value(labels: Labels, name: str) -> str:
