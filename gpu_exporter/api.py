@@ -33,6 +33,7 @@ from gpu_exporter.exposition import (
     wants_openmetrics,
 )
 from gpu_exporter.health import HealthView
+from gpu_exporter.rules.loader import NOT_EVALUATED
 from gpu_exporter.rules.pack import HEALTH_GROUP
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.series import ACTIVITY_FAMILIES, DeviceView, InstanceView
@@ -226,8 +227,13 @@ class _Rule(_Body):
     name: str
     query: str
     labels: dict[str, str]
-    health: Literal["ok", "err", "unknown"]
-    lastError: str
+    health: Literal["ok", "err", "unknown"] = Field(
+        description="err: the last evaluation failed, or the daemon does not evaluate the rule"
+    )
+    lastError: str = Field(
+        description='why health is err ("" otherwise); for a rule the daemon loaded but never '
+        f'evaluates (Prometheus does), "{NOT_EVALUATED}: unsupported PromQL construct: ..."'
+    )
     evaluationTime: float
     lastEvaluation: str = Field(description="RFC 3339; 0001-01-01T00:00:00Z before the first")
 

@@ -521,6 +521,15 @@ FAMILIES: tuple[Family, ...] = (
         per_device=False,
     ),
     Family(
+        "gpu_exporter_rule_group_skipped_rules",
+        G,
+        "Rules of each rule group loaded but not evaluated in the daemon (valid PromQL it does "
+        "not implement, e.g. native-histogram functions; Prometheus evaluates them).",
+        ("group",),
+        source="rules",
+        per_device=False,
+    ),
+    Family(
         "gpu_exporter_rule_reload_success",
         G,
         "1 when the last rule (re)load succeeded; 0 while the previous rules stay active.",

@@ -116,6 +116,12 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="how far back a rule may read (default: the daemon's rules.max_range_seconds, 1h)",
     )
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="also fail on rules the daemon would load but not evaluate (valid PromQL it does "
+        "not implement, such as native-histogram functions; a warning otherwise), for CI",
+    )
     check.add_argument("files", nargs="+", metavar="FILE")
     test = verbs.add_parser("test", help="run promtool-format rule unit tests on our evaluator")
     test.add_argument("files", nargs="+", metavar="FILE")

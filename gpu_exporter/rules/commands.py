@@ -17,10 +17,14 @@ from gpu_exporter.rules.loader import (
     expand_paths,
     format_duration,
     load_rule_files,
+    skipped_rules,
 )
 from gpu_exporter.rules.pack import all_pack_files
 from gpu_exporter.rules.unit_tests import run_test_files
 from gpu_exporter.yamlfile import YamlFileError, load_yaml_file
+
+# `rules check`'s word for the loader's skipped rules.
+_NOT_EVALUATED = "rules the daemon loads but does not evaluate"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
 def check(args: argparse.Namespace) -> int:
     """Like `promtool check rules`: one verdict per file; exit 1 if any failed. Rules are held
-    to what the daemon loads with its default settings (or `--max-range-seconds`, if given)."""
+    to what the daemon loads with its default settings (or `--max-range-seconds`, if given).
+    A rule the daemon would load but not evaluate is a warning, or with `--strict` a failure."""
     max_range = args.max_range_seconds or DEFAULT_MAX_RANGE_SECONDS
     limits = LoadLimits(max_range_seconds=max_range)
     print(
@@ -44,11 +49,23 @@ def check(args: argparse.Namespace) -> int:
             groups = load_rule_files([path], limits)
         except RuleFileError as exc:
             failed = True
-            print("  FAILED:\n" + "\n".join(f"    {p}" for p in exc.problems) + "\n")
+            print(f"  FAILED:\n{_listed(exc.problems)}\n")
             continue
-        count = sum(len(group.rules) for group in groups)
+        skipped = [s.message for s in skipped_rules(groups)]
+        if skipped and args.strict:
+            failed = True
+            print(f"  FAILED: --strict refuses {_NOT_EVALUATED}:\n{_listed(skipped)}\n")
+            continue
+        if skipped:
+            print(f"  WARNING: {_NOT_EVALUATED} (Prometheus does; --strict refuses them):")
+            print(_listed(skipped))
+        count = sum(len(group.rules) + len(group.skipped) for group in groups)
         print(f"  SUCCESS: {count} rules found\n")
     return 1 if failed else 0
+
+
+def _listed(lines: list[str]) -> str:
+    return "\n".join(f"    {line}" for line in lines)
 
 
 def test(args: argparse.Namespace) -> int:

@@ -4,6 +4,9 @@ The format is Prometheus' own, so the same file goes to `promtool check rules`, 
 PrometheusRule, and into the daemon. On top of promtool's checks, every expression must stay
 within the daemon's PromQL subset (`rules/promql.py`), and every template within the template
 subset (`rules/template.py`); anything else is refused with the file, line, rule and construct.
+One exception: a rule using Prometheus 2.42's native-histogram functions, which the daemon has
+no data for, is valid for Prometheus, so its file loads; the rule is kept in its group's
+`skipped` (listed, reported, never evaluated) instead of refusing the file.
 
 What Prometheus' rulefmt (model/rulefmt/rulefmt.go, 2.42) or Alertmanager's API (an alert
 whose label or annotation names are not label names, or whose values are not UTF-8) would
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import promql_parser as P
+
 from gpu_exporter.promnames import is_label_name, is_metric_name, label_name_problem
 from gpu_exporter.rules import promql, template
 from gpu_exporter.store import DEFAULT_LOOKBACK_SECONDS
@@ -38,6 +43,13 @@ _RECORD_KEYS = {"record", "expr", "labels"}
 # the rule store keeps each metric's history that long, at the sampling interval.
 DEFAULT_MAX_RANGE_SECONDS = 3600.0
 MAX_RANGE_SETTING = "rules.max_range_seconds"
+# Prometheus 2.42's functions of native histograms, which the daemon has none of (each takes an
+# instant vector last and returns one). Only these make a rule skipped rather than refused:
+# promql_parser also accepts PromQL newer than 2.42 (limitk, mad_over_time, `or` inside
+# matchers...), which promql.parse reports as unsupported too and Prometheus 2.42 refuses.
+NATIVE_HISTOGRAM_FUNCTIONS = frozenset({"histogram_count", "histogram_sum", "histogram_fraction"})
+# How /api/v1/rules, the log and `rules check` say that a skipped rule is not evaluated.
+NOT_EVALUATED = "not evaluated in the daemon"
 
 
 class RuleFileError(ValueError):
@@ -76,12 +88,39 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class SkippedRule:
+    """A valid rule the daemon loads but never evaluates: Prometheus evaluates it."""
+
+    rule: Rule  # its `expr` is None
+    group: str
+    position: int  # its index among the group's rules, as written
+    construct: str  # what the daemon does not evaluate, e.g. "function histogram_count"
+    where: str  # `file:line: groups[0].rules[3].expr`
+
+    @property
+    def reason(self) -> str:
+        """Its `lastError` in /api/v1/rules."""
+        return f"{NOT_EVALUATED}: unsupported PromQL construct: {self.construct}"
+
+    @property
+    def message(self) -> str:
+        """The line the log and `rules check` give."""
+        rule = self.rule
+        return f"{self.where}: {rule.kind} {rule.name} in group {self.group!r}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class Group:
     name: str
     file: str
-    rules: tuple[Rule, ...]
+    rules: tuple[Rule, ...]  # the rules the daemon evaluates, in order
     interval_seconds: float | None = None  # None: the evaluator's default interval
     limit: int = 0
+    skipped: tuple[SkippedRule, ...] = ()
+
+
+def skipped_rules(groups: Iterable[Group]) -> list[SkippedRule]:
+    return [skipped for group in groups for skipped in group.skipped]
 
 
 def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
@@ -170,20 +209,28 @@ def _parse_file(located: LocatedYaml, limits: LoadLimits) -> tuple[list[Group], 
             interval = _duration(raw["interval"], (*path, "interval"), problem)
             if interval == 0:
                 problem((*path, "interval"), "must be greater than 0")
-        rules = []
+        rules: list[Rule] = []
+        skipped: list[SkippedRule] = []
         raw_rules = raw.get("rules") or []
         if not isinstance(raw_rules, list):
             problem((*path, "rules"), "must be a list")
             raw_rules = []
         for ri, raw_rule in enumerate(raw_rules):
-            rule = _parse_rule(raw_rule, (*path, "rules", ri), located, problem, limits)
-            if rule is not None:
+            rule_path = (*path, "rules", ri)
+            parsed = _parse_rule(raw_rule, rule_path, located, problem, limits)
+            if parsed is None:
+                continue
+            rule, construct = parsed
+            if construct is None:
                 rules.append(rule)
+            else:
+                where = located.where((*rule_path, "expr"))
+                skipped.append(SkippedRule(rule, name, ri, construct, where))
         limit = raw.get("limit", 0)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             problem((*path, "limit"), "must be a non-negative integer")
             limit = 0
-        groups.append(Group(name, located.filename, tuple(rules), interval, limit))
+        groups.append(Group(name, located.filename, tuple(rules), interval, limit, tuple(skipped)))
     return groups, problems
 
 
@@ -197,7 +244,9 @@ def _duration(value: Any, path: tuple, problem) -> float:
 
 def _parse_rule(
     raw: Any, path: tuple, located: LocatedYaml, problem, limits: LoadLimits
-) -> Rule | None:
+) -> tuple[Rule, str | None] | None:
+    """The rule, with the construct that makes the daemon skip it (None: it is evaluated); None
+    when it is refused (its problems reported)."""
     if not isinstance(raw, dict):
         problem(path, "a rule is a mapping")
         return None
@@ -224,16 +273,11 @@ def _parse_rule(
     # A number is an expression too (YAML reads `expr: 1` as one; rulefmt takes its text).
     is_number = isinstance(raw_expr, int | float) and not isinstance(raw_expr, bool)
     expr_text = raw_expr if isinstance(raw_expr, str) else str(raw_expr) if is_number else ""
-    expr = None
+    expr, skipped_for = None, None
     if not expr_text.strip():
         problem((*path, "expr"), f"{label}: `expr` is required")
     else:
-        try:
-            expr = promql.parse(expr_text)
-        except promql.UnsupportedConstruct as exc:
-            problem((*path, "expr"), f"{label}: unsupported construct: {exc.construct}")
-        except promql.PromQLError as exc:
-            problem((*path, "expr"), f"{label}: invalid PromQL: {exc}")
+        expr, skipped_for = _parse_expr(expr_text, (*path, "expr"), label, problem)
     if expr is not None and limits.max_range_seconds is not None:
         reach = _reach_problem(expr, limits)
         if reach:
@@ -248,12 +292,53 @@ def _parse_rule(
             problem((*path, where, key), f"{label}: template: {exc}")
     for_seconds = _duration(raw.get("for", "0s"), (*path, "for"), problem)
     keep = _duration(raw.get("keep_firing_for", "0s"), (*path, "keep_firing_for"), problem)
-    if expr is None:
+    if expr is None and skipped_for is None:
         return None
     return Rule(
         kind, name, expr_text, expr, for_seconds, keep, labels, annotations,
         f"{located.filename}:{located.line_of(path) or '?'}",
-    )  # fmt: skip
+    ), skipped_for  # fmt: skip
+
+
+def _parse_expr(text: str, path: tuple, label: str, problem) -> tuple[Any, str | None]:
+    """The parsed expression and None; or None and the construct the daemon skips the rule for;
+    or None, None once the reason it is refused has been reported."""
+    try:
+        return promql.parse(text), None
+    except promql.UnsupportedConstruct as exc:
+        refused = _beyond_native_histograms(text)
+        if refused is None:  # the native-histogram calls are all it has outside the subset
+            return None, exc.construct
+    except promql.PromQLError as exc:
+        refused = exc
+    if isinstance(refused, promql.UnsupportedConstruct):
+        problem(path, f"{label}: unsupported construct: {refused.construct}")
+    else:
+        problem(path, f"{label}: invalid PromQL: {refused}")
+    return None, None
+
+
+def _beyond_native_histograms(text: str) -> promql.PromQLError | None:
+    """What promql.parse refuses in `text` (parsed before) besides its native-histogram calls,
+    or None. promql.parse stops at the first unsupported construct, so a bad regex or newer
+    PromQL inside such a call would go unnoticed: the calls are replaced by their vector
+    arguments, and those and their other arguments checked."""
+    others: list[P.Expr] = []
+
+    def unwrap(node: P.Expr) -> P.Expr | None:
+        if isinstance(node, P.Call) and node.func.name in NATIVE_HISTOGRAM_FUNCTIONS:
+            *scalars, vector = node.args  # its children are unwrapped already
+            others.extend(scalars)
+            return vector
+        return None
+
+    stripped = P.transform(P.parse(text), post_visit=unwrap)
+    for expr in (stripped, *others):
+        try:
+            promql.check_supported(expr)
+        except promql.PromQLError as exc:
+            return exc
+    return None
 
 
 def _reach_problem(expr: Any, limits: LoadLimits) -> str | None:

@@ -5,6 +5,10 @@ Reloads (SIGHUP, or a rule file changing on disk) replace the rules only when ev
 loads; otherwise the error is logged, counted, shown in /api/v1/rules, and the last good rules
 stay active.
 
+A rule the loader skips (valid PromQL the daemon does not evaluate, `loader.SkippedRule`) is
+logged once per load, listed in /api/v1/rules with health "err" and the reason, counted by
+group (gpu_exporter_rule_group_skipped_rules), and never evaluated.
+
 Budgets: a rule reading further back than `max_range_seconds` is refused at load; a group's
 evaluation running past its time budget is stopped (its rules keep their state and show the
 error), counted and logged at most once a minute, and the tick goes on; the rule history is
@@ -27,13 +31,16 @@ from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.ratelimit import RateLimit
 from gpu_exporter.rules import promql
 from gpu_exporter.rules.alerts import Alert, AlertingRule, State, ends_at
-from gpu_exporter.rules.engine import GroupEvaluator, GroupState
+from gpu_exporter.rules.engine import GroupEvaluator, GroupState, RuleState
 from gpu_exporter.rules.loader import (
     DEFAULT_MAX_RANGE_SECONDS,
     LoadLimits,
+    Rule,
     RuleFileError,
+    SkippedRule,
     expand_paths,
     load_rule_files,
+    skipped_rules,
 )
 from gpu_exporter.rules.pack import default_rule_files
 from gpu_exporter.runbook import with_runbook_base
@@ -222,6 +229,8 @@ class RuleManager:
             self._mtimes = self._current_mtimes()
             self.last_reload_success, self.last_reload_error = True, ""
             self.last_reload_time = time.time()
+        for skipped in skipped_rules(g.group for g in evaluator.groups):
+            log.warning("rule loaded but skipped: %s", skipped.message)
 
     def _current_mtimes(self) -> dict[Path, float]:
         try:
@@ -357,7 +366,7 @@ class RuleManager:
                 "limit": g.group.limit,
                 "evaluationTime": g.last_duration,
                 "lastEvaluation": _rfc3339(g.last_evaluation),
-                "rules": [_rule_json(rule) for rule in g.rules],
+                "rules": _rules_json(g),
             }
             for g in groups
         ]
@@ -372,6 +381,9 @@ class RuleManager:
                 for alert in rule.alerts():
                     counts[(rule.name, alert.state.value)] += 1
             durations = [(g.group.name, g.last_duration) for g in self.evaluator.groups]
+            skipped: dict[str, int] = {}  # by name: two files may have a group of one name
+            for g in self.evaluator.groups:
+                skipped[g.group.name] = skipped.get(g.group.name, 0) + len(g.group.skipped)
             over_budget = sorted(self.budget_exceeded_total.items())
         for (name, state_name), count in sorted(counts.items()):
             labels = (("alertname", name), ("state", state_name))
@@ -382,6 +394,8 @@ class RuleManager:
         yield series("gpu_exporter_rule_reload_success", 1.0 if self.last_reload_success else 0.0)
         for group, seconds in durations:
             yield series("gpu_exporter_rule_group_duration_seconds", seconds, (("group", group),))
+        for group, count in skipped.items():
+            yield series("gpu_exporter_rule_group_skipped_rules", count, (("group", group),))
         for group, count in over_budget:
             yield series(
                 "gpu_exporter_rule_group_budget_exceeded_total", count, (("group", group),)
@@ -416,28 +430,50 @@ def _alert_json(alert: Alert) -> dict[str, Any]:
     }
 
 
-def _rule_json(rule) -> dict[str, Any]:
+def _rules_json(group: GroupState) -> list[dict[str, Any]]:
+    """The group's rules as written: the skipped ones in their places among the evaluated."""
+    skipped = {s.position: s for s in group.group.skipped}
+    evaluated = iter(group.rules)
+    return [
+        _skipped_json(skipped[i]) if i in skipped else _rule_json(next(evaluated))
+        for i in range(len(group.rules) + len(skipped))
+    ]
+
+
+def _rule_json(rule: RuleState) -> dict[str, Any]:
     health = "err" if rule.last_error else ("ok" if rule.last_evaluation else "unknown")
+    alerts = rule.alerts() if isinstance(rule, AlertingRule) else []
+    return _rule_fields(
+        rule.rule, health, rule.last_error, rule.last_duration, rule.last_evaluation, alerts
+    )
+
+
+def _skipped_json(skipped: SkippedRule) -> dict[str, Any]:
+    return _rule_fields(skipped.rule, "err", skipped.reason, 0.0, 0.0, [])
+
+
+def _rule_fields(
+    rule: Rule, health: str, error: str, duration: float, evaluated: float, alerts: list[Alert]
+) -> dict[str, Any]:
     base = {
-        "name": rule.rule.name,
-        "query": rule.rule.expr_text,
-        "labels": dict(rule.rule.labels),
+        "name": rule.name,
+        "query": rule.expr_text,
+        "labels": dict(rule.labels),
         "health": health,
-        "lastError": rule.last_error,
-        "evaluationTime": rule.last_duration,
-        "lastEvaluation": _rfc3339(rule.last_evaluation),
+        "lastError": error,
+        "evaluationTime": duration,
+        "lastEvaluation": _rfc3339(evaluated),
     }
-    if not isinstance(rule, AlertingRule):
+    if not rule.is_alert:
         return {**base, "type": "recording"}
-    alerts = rule.alerts()
     states = {a.state for a in alerts}
     state = "firing" if State.FIRING in states else "pending" if states else "inactive"
     return {
         **base,
         "type": "alerting",
         "state": state,
-        "duration": rule.rule.for_seconds,
-        "keepFiringFor": rule.rule.keep_firing_for_seconds,
-        "annotations": dict(rule.rule.annotations),
+        "duration": rule.for_seconds,
+        "keepFiringFor": rule.keep_firing_for_seconds,
+        "annotations": dict(rule.annotations),
         "alerts": [_alert_json(a) for a in alerts],
     }
