@@ -1,12 +1,17 @@
-"""Scaling: tick and scrape cost at 1, 8 and 64 devices and with 1, 100 and 1,000 rule series.
+"""Scaling: tick and scrape cost at 1, 8 and 64 devices, with 1, 100 and 1,000 rule series and
+with 100 subquery-heavy rules.
 
 A device is a series-producing unit: a whole GPU, a MIG parent or a MIG instance. "64gpu" is
 64 full GPUs (the device mix of `mixed`, repeated); "8gpu-mig-7x1g" is 8 H200s each
 partitioned as 7 x 1g.18gb, so 64 devices too (8 parents + 56 instances; see
 `scenarios.generate_mig`). A "rule series" is one alerting rule selecting one series of one GPU
-(see `scenarios.rule_file`). Two more configurations check two claims: scrape cost does not
-depend on NVML latency (0.36 ms per call), and a tick stays well inside the interval when
-the driver lacks PCIe byte counters and each PCIe throughput call takes its 20 ms.
+(see `scenarios.rule_file`). "8gpu-subquery-rules" is 100 alerting rules as users write them
+with subqueries and the functions past plain selectors and `rate` (`*_over_time` of
+subqueries, `predict_linear`, `quantile_over_time`, `deriv`, `label_replace`, `topk`, ...;
+see `scenarios.subquery_rule_file`): as many rules as the 100-rule-series file. Two more
+configurations check two claims: scrape cost does not depend on NVML latency (0.36 ms per
+call), and a tick stays well inside the interval when the driver lacks PCIe byte counters
+and each PCIe throughput call takes its 20 ms.
 
 Tick cost is measured in this process (`bench.inproc`, manual clock): "young" over the first
 ticks, and "steady" after the rule engine's store was given a full history (`prefill`), since
@@ -32,7 +37,9 @@ from bench.stats import summarize
 class Config:
     name: str
     devices: int = 8
-    rules: str = "shipped"  # "shipped", "none", or a number of generated rule series
+    # "shipped", "none", "subquery" (scenarios.subquery_rule_file) or a number of generated
+    # rule series (scenarios.rule_file)
+    rules: str = "shipped"
     latency: str = "mixed"  # "mixed" (scenario's own) or "nvml-like"
     pcie_byte_fields: bool = True
     mig_instances: int = 0  # per GPU, each a 1g.18gb; 0: MIG off
@@ -66,7 +73,11 @@ class Config:
         if self.rules == "none":
             return []
         path = workdir / f"rules-{self.rules}.yaml"
-        scenarios.write_yaml(scenarios.rule_file(int(self.rules), self.devices), path)
+        if self.rules == "subquery":
+            rules = scenarios.subquery_rule_file(self.devices)
+        else:
+            rules = scenarios.rule_file(int(self.rules), self.devices)
+        scenarios.write_yaml(rules, path)
         return [str(path)]
 
 
@@ -78,6 +89,7 @@ CONFIGS = (
     Config("8gpu-1-rule-series", rules="1"),
     Config("8gpu-100-rule-series", rules="100"),
     Config("8gpu-1000-rule-series", rules="1000"),
+    Config("8gpu-subquery-rules", rules="subquery"),
     Config("8gpu-nvml-latency", latency="nvml-like"),
     Config("8gpu-pcie-20ms-call", pcie_byte_fields=False),
     Config("8gpu-mig-7x1g", mig_instances=7),
@@ -104,7 +116,7 @@ class ScalingSettings:
             history_seconds=60.0,
             single_requests=10,
             concurrent_requests_each=1,
-            configs=("1gpu", "8gpu", "8gpu-1-rule-series", MIG_CONFIG),
+            configs=("1gpu", "8gpu", "8gpu-1-rule-series", "8gpu-subquery-rules", MIG_CONFIG),
         )
 
 

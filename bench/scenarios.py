@@ -212,7 +212,61 @@ def rule_expressions(series: int, devices: int = 8) -> list[str]:
 
 def rule_file(series: int, devices: int = 8, group_size: int = 100) -> dict[str, Any]:
     """A rule file of `series` alerting rules (see `rule_expressions`) in groups."""
-    expressions = rule_expressions(series, devices)
+    return alert_rule_file(rule_expressions(series, devices), group_size)
+
+
+# Rules as users write them with subqueries and the functions beyond the first subset, over
+# the daemon's own families: `{gpu}` is filled once per GPU. Each selects one GPU's series.
+SUBQUERY_SHAPES_PER_GPU = (
+    # idle for 10 minutes: no 1-minute average above 10 % in that time
+    'max_over_time(avg_over_time(gpu_utilization_ratio{{gpu="{gpu}"}}[1m])[10m:1m]) < 0.1',
+    # heading for 90 degrees within 10 minutes
+    'predict_linear(gpu_temperature_celsius{{gpu="{gpu}",sensor="gpu"}}[10m], 600) > 90',
+    'quantile_over_time(0.9, gpu_power_watts{{gpu="{gpu}"}}[5m]) > 650',
+    # sustained draw: the lowest 1-minute power (from the energy counter) of 5 minutes
+    'min_over_time(rate(gpu_energy_joules_total{{gpu="{gpu}"}}[1m])[5m:30s]) > 600',
+    'label_replace(avg_over_time(gpu_sm_active_ratio{{gpu="{gpu}"}}[5m]),'
+    ' "device", "GPU $1", "gpu", "(.+)") < 0.2',
+    # an SM clock that will not settle
+    'stddev_over_time(gpu_clock_hertz{{gpu="{gpu}",clock="sm"}}[5m]) > 1e8',
+    # memory that keeps growing (a leak), bytes per second over 10 minutes
+    'deriv(gpu_memory_used_bytes{{gpu="{gpu}"}}[10m]) > 1e7',
+    # busy but the SMs are not: launch-bound over 5 minutes
+    'avg_over_time(gpu_sm_active_ratio{{gpu="{gpu}"}}[5m:15s])'
+    ' / clamp_min(avg_over_time(gpu_utilization_ratio{{gpu="{gpu}"}}[5m:15s]), 0.01) < 0.3',
+    # in HW thermal slowdown a quarter of the last 10 minutes
+    'avg_over_time((gpu_clock_event_active{{gpu="{gpu}",reason="hw_thermal_slowdown"}}'
+    " == bool 1)[10m:30s]) > 0.25",
+    'max_over_time(deriv(gpu_temperature_celsius{{gpu="{gpu}",sensor="memory"}}[2m])[10m:1m])'
+    " > 0.5",
+    'max_over_time(irate(gpu_pcie_bytes_total{{gpu="{gpu}",direction="rx"}}[1m])[5m:10s]) > 2e10',
+    'changes(gpu_performance_state{{gpu="{gpu}"}}[15m]) > 4',
+)
+# ... and over the whole node, once each.
+SUBQUERY_SHAPES_NODE = (
+    "topk(3, avg_over_time(gpu_power_watts[5m])) > 600",
+    "bottomk(2, quantile_over_time(0.5, gpu_utilization_ratio[10m:1m])) < 0.05",
+    'sum by (reason) (max_over_time(rate(gpu_clock_event_seconds_total{reason=~"hw_.*"}[1m])'
+    "[10m:1m])) > 0",
+    'count(max_over_time(gpu_temperature_celsius{sensor="gpu"}[5m]) > 85) > 2',
+)
+
+
+def subquery_rule_expressions(devices: int = 8) -> list[str]:
+    """Each of `SUBQUERY_SHAPES_PER_GPU` for every GPU, then `SUBQUERY_SHAPES_NODE`: 100
+    rules at 8 GPUs, as many as the 100-rule-series file."""
+    per_gpu = [shape.format(gpu=gpu) for shape in SUBQUERY_SHAPES_PER_GPU for gpu in range(devices)]
+    return [*per_gpu, *SUBQUERY_SHAPES_NODE]
+
+
+def subquery_rule_file(devices: int = 8, group_size: int = 100) -> dict[str, Any]:
+    """A rule file of `subquery_rule_expressions` in groups."""
+    return alert_rule_file(subquery_rule_expressions(devices), group_size)
+
+
+def alert_rule_file(expressions: Sequence[str], group_size: int = 100) -> dict[str, Any]:
+    """Alerting rules for `expressions` (`for: 1m`, one severity label and annotation), in
+    groups of `group_size`, evaluated at the daemon's default interval."""
     groups = []
     for start in range(0, len(expressions), group_size):
         chunk = expressions[start : start + group_size]

@@ -232,6 +232,39 @@ def test_generated_rule_files_load_with_one_rule_per_series(series: int, tmp_pat
     assert len({rule.name for rule in rules}) == series
 
 
+def test_subquery_rules_load_and_evaluate_over_the_daemons_families(tmp_path: Path) -> None:
+    """The scaling benchmark's subquery-heavy set: 100 rules at 8 GPUs, none skipped, valid
+    in both PromQL dialects, reading only catalog families, and none failing on a tick."""
+    from bench import scaling
+    from bench.inproc import build
+    from gpu_exporter import catalog
+    from gpu_exporter.rules import promql
+
+    expressions = scenarios.subquery_rule_expressions(8)
+    assert len(expressions) == len(set(expressions)) == 100
+    for text in expressions:
+        promql.parse(text, promql.PROMETHEUS_3)
+        names = promql.referenced_metrics(promql.parse(text))
+        assert names and names <= catalog.BY_NAME.keys(), text
+    config = next(c for c in scaling.CONFIGS if c.rules == "subquery")
+    files = config.rule_files(tmp_path)
+    assert files is not None
+    groups = load_rule_files(files)
+    assert sum(len(group.rules) for group in groups) == 100
+    assert not any(group.skipped for group in groups)
+    pipeline = build(config.scenario(), rules=files)
+    try:
+        for _ in range(3):
+            pipeline.tick()
+        manager = pipeline.manager
+        assert manager is not None
+        rules = [rule for group in manager.rules_json() for rule in group["rules"]]
+    finally:
+        pipeline.close()
+    assert len(rules) == 100
+    assert {rule["health"] for rule in rules} == {"ok"}, [r["lastError"] for r in rules]
+
+
 def test_detection_rules_load(tmp_path: Path) -> None:
     shipped = scenarios.shipped_rule("GpuThermalSlowdown")
     path = tmp_path / "detection.yaml"
