@@ -274,10 +274,16 @@ def load_input_series(
     interval_ms = round(interval_seconds * 1000)
     start_ms = round(start * 1000)
     until_ms = None if until is None else round(until * 1000)
+    # A series given twice keeps its last values only: promtool (promql/test.go's load)
+    # replaces the whole sample list, checked against promtool 2.42.
+    values_by_series: dict[Labels, list[float | None]] = {}
     for entry in input_series:
         labels = parse_series(str(entry["series"]))
         raw = entry.get("values", "")
-        for i, value in enumerate(parse_values("" if raw is None else str(raw))):
+        values_by_series.pop(labels, None)  # a redefinition takes the later position too
+        values_by_series[labels] = parse_values("" if raw is None else str(raw))
+    for labels, values in values_by_series.items():
+        for i, value in enumerate(values):
             t_ms = start_ms + i * interval_ms
             if until_ms is not None and t_ms > until_ms:
                 break
