@@ -151,9 +151,12 @@ NATIVE_HISTOGRAM_FUNCTIONS = frozenset(
 
 PROMETHEUS_2 = Semantics("prometheus2", 2, _FUNCTIONS_2_42)
 # 3.14 without feature flags: holt_winters is gone (its successor needs a flag), the
-# native-histogram functions of 3.x are known (and histogram_fraction reads classic buckets).
+# native-histogram functions of 3.x are known (and histogram_fraction reads classic buckets),
+# first_over_time is stable (promql/parser/functions.go at v3.14.0).
 PROMETHEUS_3 = Semantics(
-    "prometheus3", 3, (_FUNCTIONS_2_42 - {"holt_winters"}) | NATIVE_HISTOGRAM_FUNCTIONS
+    "prometheus3",
+    3,
+    (_FUNCTIONS_2_42 - {"holt_winters"}) | NATIVE_HISTOGRAM_FUNCTIONS | {"first_over_time"},
 )
 SEMANTICS = {s.name: s for s in (PROMETHEUS_2, PROMETHEUS_3)}
 
@@ -853,7 +856,7 @@ class _Evaluator:
             return [Element(arg.selector.absent_labels if isinstance(arg, _Range) else (), 1.0)]
         function = F.range_impls(self.context.semantics)[node.name]
         check = self.check
-        keeps_name = node.name == "last_over_time"  # it acts like an offset
+        keeps_name = node.name in ("last_over_time", "first_over_time")  # they act as offsets
         range_ms = arg.range_ms
         out: Vector = []
         for i, (labels, times, values) in enumerate(series):

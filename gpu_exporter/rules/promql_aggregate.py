@@ -11,7 +11,7 @@ may be any UTF-8 text."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpu_exporter.rules.gofloat import format_float, format_g
@@ -219,11 +219,7 @@ def _top(
                     continue
                 _pop(heap, less)
             _push(heap, element, less)
-    out: Vector = []
-    for heap in heaps.values():
-        # The result order (the heap sorted in reverse) only matters to `rules test` output.
-        out.extend(sorted(heap, key=lambda e: e.value, reverse=largest))
-    return out
+    return _in_result_order(heaps.values(), largest)
 
 
 def _top_3(
@@ -246,9 +242,17 @@ def _top_3(
             heap[0] = element
             if k > 1:
                 _fix_root(heap, less)
+    return _in_result_order(heaps.values(), largest)
+
+
+def _in_result_order(heaps: Iterable[list[Element]], largest: bool) -> Vector:
+    """Each group's heap sorted in reverse (largest first for topk), NaN last, as Prometheus
+    returns them; only `rules test` output shows the order."""
     out: Vector = []
-    for heap in heaps.values():
-        out.extend(sorted(heap, key=lambda e: e.value, reverse=largest))
+    for heap in heaps:
+        numbers = [e for e in heap if not math.isnan(e.value)]
+        out.extend(sorted(numbers, key=lambda e: e.value, reverse=largest))
+        out.extend(e for e in heap if math.isnan(e.value))
     return out
 
 

@@ -396,6 +396,7 @@ _RANGE_IMPLS_3: dict[str, RangeImpl] = {
     "rate": _extrapolated_rate(is_counter=True, is_rate=True, major=3),
     "increase": _extrapolated_rate(is_counter=True, is_rate=False, major=3),
     "avg_over_time": _avg_over_time_3,
+    "first_over_time": lambda times, values, *_: values[0],  # stable since 3.9 or so
 }
 
 
