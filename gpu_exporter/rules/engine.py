@@ -85,7 +85,7 @@ class GroupEvaluator:
         lookback: float = 300.0,
         previous: GroupEvaluator | None = None,
         write_alert_series: bool = False,
-        semantics: promql.Semantics = promql.PROMETHEUS_2,
+        semantics: promql.Semantics = promql.DEFAULT_SEMANTICS,
         subquery_step: float = promql.DEFAULT_SUBQUERY_STEP_SECONDS,
     ) -> None:
         self.store = store

@@ -68,6 +68,8 @@ from gpu_exporter.rules.regex import RegexError, check_label_matcher
 from gpu_exporter.store import CHECK_EVERY, Labels, Matcher, SeriesStore, Window, is_stale
 
 __all__ = [
+    "DEFAULT_SEMANTICS",
+    "DEFAULT_SUBQUERY_STEP_SECONDS",
     "NATIVE_HISTOGRAM_FUNCTIONS",
     "PROMETHEUS_2",
     "PROMETHEUS_3",
@@ -159,6 +161,8 @@ PROMETHEUS_3 = Semantics(
     (_FUNCTIONS_2_42 - {"holt_winters"}) | NATIVE_HISTOGRAM_FUNCTIONS | {"first_over_time"},
 )
 SEMANTICS = {s.name: s for s in (PROMETHEUS_2, PROMETHEUS_3)}
+# 2.42: what promtool in CI (Debian's) checks the shipped rules and their tests against.
+DEFAULT_SEMANTICS = PROMETHEUS_2
 
 # promql_parser follows the 3.x grammar, which calls 2.42's holt_winters
 # double_exponential_smoothing (behind a feature flag): teach it the 2.42 name.
@@ -198,7 +202,7 @@ _AT_END = str(P.AtModifierType.End)
 # --- parsing and the plan -----------------------------------------------------------------------
 
 
-def parse(text: str, semantics: Semantics = PROMETHEUS_2) -> P.Expr:
+def parse(text: str, semantics: Semantics = DEFAULT_SEMANTICS) -> P.Expr:
     """Parse `text` and check the evaluator can run it under `semantics`."""
     if _negative_at(text):
         # promql_parser cannot represent a timestamp before 1970 (reading it panics).
@@ -236,7 +240,7 @@ def _clean_message(message: str) -> str:
     return text or "invalid PromQL expression"
 
 
-def check_supported(expr: P.Expr, semantics: Semantics = PROMETHEUS_2) -> None:
+def check_supported(expr: P.Expr, semantics: Semantics = DEFAULT_SEMANTICS) -> None:
     """Raise UnsupportedConstruct for the first (pre-order) construct outside what the
     evaluator runs, PromQLError for what `semantics`' Prometheus refuses."""
     _compile(expr, semantics)
@@ -395,6 +399,7 @@ class _Negate:
 class _Call:
     name: str
     args: tuple[_Node, ...]
+    range_index: int  # the argument that is a range or subquery, -1 if none
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +428,7 @@ class _Binary:
 _Node = _Number | _String | _Selector | _Range | _Subquery | _Negate | _Call | _Aggregate | _Binary
 
 
-def _compile(expr: P.Expr, semantics: Semantics = PROMETHEUS_2) -> _Node:
+def _compile(expr: P.Expr, semantics: Semantics = DEFAULT_SEMANTICS) -> _Node:
     """Translate a promql_parser AST into a plan, rejecting unsupported constructs in pre-order.
     promql_parser has type-checked it: ranges appear only where a function takes one."""
     if isinstance(expr, P.ParenExpr):
@@ -522,7 +527,9 @@ def _compile_call(call: P.Call, semantics: Semantics) -> _Call:
     if name not in semantics.functions:
         # What promql_parser knows beyond this Prometheus (newer or experimental functions).
         raise PromQLError(f'unknown function with name "{name}"')
-    return _Call(name, tuple(_compile(arg, semantics) for arg in call.args))
+    args = tuple(_compile(arg, semantics) for arg in call.args)
+    ranges = [i for i, arg in enumerate(args) if isinstance(arg, _Range | _Subquery)]
+    return _Call(name, args, ranges[0] if ranges else -1)
 
 
 def _compile_aggregate(agg: P.AggregateExpr, semantics: Semantics) -> _Aggregate:
@@ -605,7 +612,7 @@ def evaluate(
     lookback: float = 300.0,
     cache: RangeCache | None = None,
     deadline: Deadline = NO_DEADLINE,
-    semantics: Semantics = PROMETHEUS_2,
+    semantics: Semantics = DEFAULT_SEMANTICS,
     subquery_step: float = DEFAULT_SUBQUERY_STEP_SECONDS,
 ) -> list[Element] | float:
     """Instant query at unix time `t`; a scalar expression gives a float.
@@ -615,7 +622,7 @@ def evaluate(
     EvaluationStopped once `deadline` has passed. `cache` shares range-function results
     between queries; `subquery_step` is the step of subqueries that give none.
     """
-    plan = _compile(expr, semantics)
+    plan = _plan(expr, semantics)
     if isinstance(plan, _Range | _Subquery | _String):
         raise PromQLError("rule result is not a vector or scalar")
     context = _Context(
@@ -624,6 +631,25 @@ def evaluate(
     result = _Evaluator(context, round(t * 1000)).eval(plan)
     assert not isinstance(result, str)  # only function arguments are strings
     return result
+
+
+# Compiled plans of the expressions evaluated lately: a rule's expression is parsed once at
+# load and evaluated every tick, and compiling it was half the cost of evaluating it. Keyed
+# by identity (the cache holds the expression, so its id is not reused meanwhile).
+_PLANS: dict[tuple[int, str], tuple[P.Expr, _Node]] = {}
+_PLANS_MAX = 4096
+
+
+def _plan(expr: P.Expr, semantics: Semantics) -> _Node:
+    key = (id(expr), semantics.name)
+    found = _PLANS.get(key)
+    if found is not None and found[0] is expr:
+        return found[1]
+    plan = _compile(expr, semantics)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()  # rule files were reloaded many times: start afresh
+    _PLANS[key] = (expr, plan)
+    return plan
 
 
 class RangeCache:
@@ -803,7 +829,7 @@ class _Evaluator:
 
     def call(self, node: _Call) -> Value:
         name = node.name
-        if any(isinstance(arg, _Range | _Subquery) for arg in node.args):
+        if node.range_index >= 0:
             return self.range_call(node)
         if name == "time":
             return self.t_ms / 1000
@@ -845,7 +871,7 @@ class _Evaluator:
         return result
 
     def _range_call(self, node: _Call) -> Vector:
-        index = next(i for i, a in enumerate(node.args) if isinstance(a, _Range | _Subquery))
+        index = node.range_index
         arg = node.args[index]
         assert isinstance(arg, _Range | _Subquery)
         params = [self.scalar(a) for i, a in enumerate(node.args) if i != index]

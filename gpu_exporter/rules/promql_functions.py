@@ -279,19 +279,30 @@ def _resets(times: Sequence[int], values: Sequence[float], *_: object) -> float:
 def _linear_regression(
     times: Sequence[int], values: Sequence[float], intercept_ms: int
 ) -> tuple[float, float]:
-    """(slope, intercept at intercept_ms): linearRegression's Kahan-summed least squares."""
+    """(slope, intercept at intercept_ms): linearRegression's Kahan-summed least squares
+    (kahanSumInc inlined for each of the four sums, in Go's order)."""
     n = sum_x = c_x = sum_y = c_y = sum_xy = c_xy = sum_x2 = c_x2 = 0.0
     first = values[0]
     constant = True
-    for i, (t, value) in enumerate(zip(times, values, strict=True)):
-        if constant and i > 0 and value != first:
+    for t, value in zip(times, values, strict=True):
+        if constant and value != first:
             constant = False
         n += 1.0
         x = (t - intercept_ms) / 1e3
-        sum_x, c_x = _kahan_inc(x, sum_x, c_x)
-        sum_y, c_y = _kahan_inc(value, sum_y, c_y)
-        sum_xy, c_xy = _kahan_inc(x * value, sum_xy, c_xy)
-        sum_x2, c_x2 = _kahan_inc(x * x, sum_x2, c_x2)
+        s = sum_x + x
+        c_x += (sum_x - s) + x if abs(sum_x) >= abs(x) else (x - s) + sum_x
+        sum_x = s
+        s = sum_y + value
+        c_y += (sum_y - s) + value if abs(sum_y) >= abs(value) else (value - s) + sum_y
+        sum_y = s
+        xy = x * value
+        s = sum_xy + xy
+        c_xy += (sum_xy - s) + xy if abs(sum_xy) >= abs(xy) else (xy - s) + sum_xy
+        sum_xy = s
+        x2 = x * x
+        s = sum_x2 + x2
+        c_x2 += (sum_x2 - s) + x2 if abs(sum_x2) >= abs(x2) else (x2 - s) + sum_x2
+        sum_x2 = s
     if constant:
         if math.isinf(first):
             return math.nan, math.nan

@@ -3,7 +3,7 @@ the evaluator (operators, functions, aggregations) shares."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpu_exporter.store import Labels
 
@@ -18,17 +18,15 @@ class Semantics:
     major: int  # 2: Prometheus 2.42; 3: Prometheus 3.x (3.14)
     # Functions known without feature flags.
     functions: frozenset[str]
+    # 3.x: range selectors select (t - range, t], the lookback (t - lookback, t], and
+    # subquery steps start after t - offset - range.
+    left_open: bool = field(init=False)
+    # 3.x: `.` in label-matcher and label_replace regexes matches a newline too.
+    dot_matches_newline: bool = field(init=False)
 
-    @property
-    def left_open(self) -> bool:
-        """3.x: range selectors select (t - range, t], the lookback (t - lookback, t], and
-        subquery steps start after t - offset - range."""
-        return self.major >= 3
-
-    @property
-    def dot_matches_newline(self) -> bool:
-        """3.x: `.` in label-matcher and label_replace regexes matches a newline too."""
-        return self.major >= 3
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "left_open", self.major >= 3)
+        object.__setattr__(self, "dot_matches_newline", self.major >= 3)
 
 
 class PromQLError(ValueError):

@@ -44,7 +44,7 @@ class FileOutcome:
 
 
 def run_test_files(
-    paths: Iterable[str | Path], out: TextIO, semantics: promql.Semantics = promql.PROMETHEUS_2
+    paths: Iterable[str | Path], out: TextIO, semantics: promql.Semantics = promql.DEFAULT_SEMANTICS
 ) -> bool:
     """Run every file; print promtool-style results; True when all passed."""
     all_passed = True
@@ -62,7 +62,9 @@ def run_test_files(
     return all_passed
 
 
-def run_test_file(path: Path, semantics: promql.Semantics = promql.PROMETHEUS_2) -> FileOutcome:
+def run_test_file(
+    path: Path, semantics: promql.Semantics = promql.DEFAULT_SEMANTICS
+) -> FileOutcome:
     outcome = FileOutcome(str(path))
     try:
         located = load_yaml_file(path)
