@@ -19,6 +19,7 @@ from gpu_exporter import http_server
 from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.notify import Notifier, NotifierSettings
 from gpu_exporter.notify.dedup import warn_label_mismatches
+from gpu_exporter.rules import promql
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.sources.base import ErrorLog, Source
@@ -154,6 +155,7 @@ def rule_settings(config: Any) -> RuleSettings:
         max_range_seconds=config.rules.max_range_seconds,
         group_time_budget_seconds=config.rules.group_time_budget_seconds,
         history_max_bytes=config.rules.history_max_bytes,
+        semantics=promql.SEMANTICS[config.rules.semantics],
     )
 
 

@@ -16,7 +16,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
-from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+from gpu_exporter.defaults import (
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_LISTEN_ADDRESS,
+    DEFAULT_RULE_SEMANTICS,
+    RULE_SEMANTICS,
+)
 from gpu_exporter.sources.settings import add_dcgm_arguments
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
@@ -106,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_semantics_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--semantics",
+        choices=RULE_SEMANTICS,
+        default=DEFAULT_RULE_SEMANTICS,
+        help="which Prometheus' PromQL to follow, as rules.semantics does "
+        f"(default {DEFAULT_RULE_SEMANTICS}: promtool 2.42's)",
+    )
+
+
 def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
     rules = commands.add_parser("rules", help="check, test and export rule files")
     verbs = rules.add_subparsers(dest="rules_command", metavar="VERB", required=True)
@@ -122,8 +137,10 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
         help="also fail on rules the daemon would load but not evaluate (valid PromQL it does "
         "not implement, such as native-histogram functions; a warning otherwise), for CI",
     )
+    _add_semantics_argument(check)
     check.add_argument("files", nargs="+", metavar="FILE")
     test = verbs.add_parser("test", help="run promtool-format rule unit tests on our evaluator")
+    _add_semantics_argument(test)
     test.add_argument("files", nargs="+", metavar="FILE")
     export = verbs.add_parser("export", help="render rule files as a Kubernetes manifest")
     export.add_argument("--format", choices=["prometheusrule"], default="prometheusrule")

@@ -26,7 +26,11 @@ from pydantic import (
 
 from gpu_exporter.classify import Thresholds
 from gpu_exporter.dcgm_compat.render import CompatSettings
-from gpu_exporter.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+from gpu_exporter.defaults import (
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_LISTEN_ADDRESS,
+    DEFAULT_RULE_SEMANTICS,
+)
 from gpu_exporter.http_server import WebSettings
 from gpu_exporter.k8s import defaults as k8s_defaults
 from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSettings
@@ -214,6 +218,8 @@ class RulesConfig(_Strict):
     # Default: half the evaluation interval.
     group_time_budget_seconds: float | None = Field(default=None, gt=0, le=3600)
     history_max_bytes: int = Field(default=RuleSettings.history_max_bytes, ge=1 << 20, le=1 << 34)
+    # Which Prometheus' PromQL the rules follow: match the cluster's Prometheus.
+    semantics: Literal["prometheus2", "prometheus3"] = DEFAULT_RULE_SEMANTICS  # type: ignore[assignment]
 
     _lists = field_validator("files", mode="before")(_split_commas)
 

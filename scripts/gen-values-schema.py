@@ -50,6 +50,7 @@ GENERATED_LEAVES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("podAttribution", "refreshSeconds"): ("kubernetes", "refresh_seconds"),
     ("podAttribution", "timeoutSeconds"): ("kubernetes", "timeout_seconds"),
     ("rules", "evaluationIntervalSeconds"): ("rules", "evaluation_interval_seconds"),
+    ("rules", "semantics"): ("rules", "semantics"),
     ("alerting", "alertmanagers", "[]", "timeoutSeconds"): (
         "alerting",
         "alertmanagers",

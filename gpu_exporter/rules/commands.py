@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from gpu_exporter import runbook
+from gpu_exporter.rules import promql
 from gpu_exporter.rules.loader import (
     DEFAULT_MAX_RANGE_SECONDS,
     MAX_RANGE_SETTING,
@@ -36,7 +37,7 @@ def check(args: argparse.Namespace) -> int:
     to what the daemon loads with its default settings (or `--max-range-seconds`, if given).
     A rule the daemon would load but not evaluate is a warning, or with `--strict` a failure."""
     max_range = args.max_range_seconds or DEFAULT_MAX_RANGE_SECONDS
-    limits = LoadLimits(max_range_seconds=max_range)
+    limits = LoadLimits(max_range_seconds=max_range, semantics=promql.SEMANTICS[args.semantics])
     print(
         f"Rules may read at most {format_duration(max_range)} of history"
         f" ({MAX_RANGE_SETTING} = {max_range:g}, the daemon's "
@@ -69,7 +70,8 @@ def _listed(lines: list[str]) -> str:
 
 
 def test(args: argparse.Namespace) -> int:
-    return 0 if run_test_files(args.files, sys.stdout) else 1
+    semantics = promql.SEMANTICS[args.semantics]
+    return 0 if run_test_files(args.files, sys.stdout, semantics) else 1
 
 
 def export(args: argparse.Namespace) -> int:

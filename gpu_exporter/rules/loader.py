@@ -43,11 +43,9 @@ _RECORD_KEYS = {"record", "expr", "labels"}
 # the rule store keeps each metric's history that long, at the sampling interval.
 DEFAULT_MAX_RANGE_SECONDS = 3600.0
 MAX_RANGE_SETTING = "rules.max_range_seconds"
-# Prometheus 2.42's functions of native histograms, which the daemon has none of (each takes an
-# instant vector last and returns one). Only these make a rule skipped rather than refused:
-# promql_parser also accepts PromQL newer than 2.42 (limitk, mad_over_time, `or` inside
-# matchers...), which promql.parse reports as unsupported too and Prometheus 2.42 refuses.
-NATIVE_HISTOGRAM_FUNCTIONS = frozenset({"histogram_count", "histogram_sum", "histogram_fraction"})
+# Only the functions of native histograms (promql.NATIVE_HISTOGRAM_FUNCTIONS: the daemon has
+# none; each takes an instant vector last and returns one) make a rule skipped rather than
+# refused.
 # How /api/v1/rules, the log and `rules check` say that a skipped rule is not evaluated.
 NOT_EVALUATED = "not evaluated in the daemon"
 
@@ -150,6 +148,7 @@ class LoadLimits:
 
     max_range_seconds: float | None = None
     lookback_seconds: float = DEFAULT_LOOKBACK_SECONDS
+    semantics: promql.Semantics = promql.DEFAULT_SEMANTICS  # which Prometheus' PromQL
 
 
 def load_rule_files(
@@ -277,7 +276,9 @@ def _parse_rule(
     if not expr_text.strip():
         problem((*path, "expr"), f"{label}: `expr` is required")
     else:
-        expr, skipped_for = _parse_expr(expr_text, (*path, "expr"), label, problem)
+        expr, skipped_for = _parse_expr(
+            expr_text, (*path, "expr"), label, problem, limits.semantics
+        )
     if expr is not None and limits.max_range_seconds is not None:
         reach = _reach_problem(expr, limits)
         if reach:
@@ -300,13 +301,15 @@ def _parse_rule(
     ), skipped_for  # fmt: skip
 
 
-def _parse_expr(text: str, path: tuple, label: str, problem) -> tuple[Any, str | None]:
+def _parse_expr(
+    text: str, path: tuple, label: str, problem, semantics: promql.Semantics
+) -> tuple[Any, str | None]:
     """The parsed expression and None; or None and the construct the daemon skips the rule for;
     or None, None once the reason it is refused has been reported."""
     try:
-        return promql.parse(text), None
+        return promql.parse(text, semantics), None
     except promql.UnsupportedConstruct as exc:
-        refused = _beyond_native_histograms(text)
+        refused = _beyond_native_histograms(text, semantics)
         if refused is None:  # the native-histogram calls are all it has outside the subset
             return None, exc.construct
     except promql.PromQLError as exc:
@@ -318,7 +321,7 @@ def _parse_expr(text: str, path: tuple, label: str, problem) -> tuple[Any, str |
     return None, None
 
 
-def _beyond_native_histograms(text: str) -> promql.PromQLError | None:
+def _beyond_native_histograms(text: str, semantics: promql.Semantics) -> promql.PromQLError | None:
     """What promql.parse refuses in `text` (parsed before) besides its native-histogram calls,
     or None. promql.parse stops at the first unsupported construct, so a bad regex or newer
     PromQL inside such a call would go unnoticed: the calls are replaced by their vector
@@ -326,7 +329,7 @@ def _beyond_native_histograms(text: str) -> promql.PromQLError | None:
     others: list[P.Expr] = []
 
     def unwrap(node: P.Expr) -> P.Expr | None:
-        if isinstance(node, P.Call) and node.func.name in NATIVE_HISTOGRAM_FUNCTIONS:
+        if isinstance(node, P.Call) and node.func.name in promql.NATIVE_HISTOGRAM_FUNCTIONS:
             *scalars, vector = node.args  # its children are unwrapped already
             others.extend(scalars)
             return vector
@@ -335,7 +338,7 @@ def _beyond_native_histograms(text: str) -> promql.PromQLError | None:
     stripped = P.transform(P.parse(text), post_visit=unwrap)
     for expr in (stripped, *others):
         try:
-            promql.check_supported(expr)
+            promql.check_supported(expr, semantics)
         except promql.PromQLError as exc:
             return exc
     return None

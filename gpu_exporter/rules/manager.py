@@ -70,6 +70,8 @@ class RuleSettings:
     max_range_seconds: float = DEFAULT_MAX_RANGE_SECONDS
     group_time_budget_seconds: float | None = None
     history_max_bytes: int = 64 * 1024 * 1024
+    # Which Prometheus' PromQL the rules are evaluated as (`rules.semantics`).
+    semantics: promql.Semantics = promql.DEFAULT_SEMANTICS
 
     @property
     def group_budget(self) -> float:
@@ -163,6 +165,7 @@ class RuleManager:
             external_labels=self.settings.external_labels,
             external_url=self.settings.external_url,
             previous=self.evaluator,
+            semantics=self.settings.semantics,
         )
         problem = self._history_problem(evaluator)
         if problem:
@@ -206,7 +209,9 @@ class RuleManager:
         )
 
     def _limits(self) -> LoadLimits:
-        return LoadLimits(max_range_seconds=self.settings.max_range_seconds)
+        return LoadLimits(
+            max_range_seconds=self.settings.max_range_seconds, semantics=self.settings.semantics
+        )
 
     def reload(self) -> bool:
         try:

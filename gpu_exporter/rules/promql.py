@@ -46,6 +46,7 @@ from operator import itemgetter
 
 import promql_parser as P
 
+from gpu_exporter.defaults import DEFAULT_RULE_SEMANTICS, RULE_SEMANTICS
 from gpu_exporter.rules import promql_functions as F
 from gpu_exporter.rules.gofloat import go_div, go_max, go_min, go_mod, go_pow
 from gpu_exporter.rules.promql_aggregate import (
@@ -161,8 +162,8 @@ PROMETHEUS_3 = Semantics(
     (_FUNCTIONS_2_42 - {"holt_winters"}) | NATIVE_HISTOGRAM_FUNCTIONS | {"first_over_time"},
 )
 SEMANTICS = {s.name: s for s in (PROMETHEUS_2, PROMETHEUS_3)}
-# 2.42: what promtool in CI (Debian's) checks the shipped rules and their tests against.
-DEFAULT_SEMANTICS = PROMETHEUS_2
+assert tuple(SEMANTICS) == RULE_SEMANTICS
+DEFAULT_SEMANTICS = SEMANTICS[DEFAULT_RULE_SEMANTICS]
 
 # promql_parser follows the 3.x grammar, which calls 2.42's holt_winters
 # double_exponential_smoothing (behind a feature flag): teach it the 2.42 name.

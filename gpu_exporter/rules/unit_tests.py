@@ -17,7 +17,12 @@ from typing import Any, TextIO
 from gpu_exporter.rules import promql
 from gpu_exporter.rules.alerts import State
 from gpu_exporter.rules.engine import GroupEvaluator
-from gpu_exporter.rules.loader import RuleFileError, load_rule_files, parse_duration
+from gpu_exporter.rules.loader import (
+    LoadLimits,
+    RuleFileError,
+    load_rule_files,
+    parse_duration,
+)
 from gpu_exporter.rules.series_notation import load_input_series, parse_series
 from gpu_exporter.store import Labels, SeriesStore
 from gpu_exporter.yamlfile import YamlFileError, load_yaml_file
@@ -79,7 +84,7 @@ def run_test_file(
             str(p if Path(p).is_absolute() else path.parent / p)
             for p in spec.get("rule_files") or []
         ]
-        groups = load_rule_files(rule_files)
+        groups = load_rule_files(rule_files, LoadLimits(semantics=semantics))
         order = spec.get("group_eval_order") or []
         if order:
             rank = {name: i for i, name in enumerate(order)}

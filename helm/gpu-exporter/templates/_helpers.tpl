@@ -216,6 +216,7 @@ defaults the file is what it was before the chart knew DCGM.
 {{- if not (kindIs "invalid" $v.rules.evaluationIntervalSeconds) }}
 {{- $_ := set $rules "evaluation_interval_seconds" (float64 $v.rules.evaluationIntervalSeconds) }}
 {{- end }}
+{{- $_ := set $rules "semantics" $v.rules.semantics }}
 {{- end }}
 {{- $_ := set $config "rules" $rules }}
 {{- $ams := list }}
