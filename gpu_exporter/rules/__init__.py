@@ -1,1 +1,1 @@
-"""Prometheus rule files evaluated inside the daemon: loading, PromQL subset, alert states."""
+"""Prometheus rule files evaluated inside the daemon: loading, PromQL, alert states."""

@@ -1,12 +1,12 @@
 """Prometheus rule files (`groups:` / `rules:`), validated for what the daemon can evaluate.
 
 The format is Prometheus' own, so the same file goes to `promtool check rules`, into a
-PrometheusRule, and into the daemon. On top of promtool's checks, every expression must stay
-within the daemon's PromQL subset (`rules/promql.py`), and every template within the template
-subset (`rules/template.py`); anything else is refused with the file, line, rule and construct.
-One exception: a rule using Prometheus 2.42's native-histogram functions, which the daemon has
-no data for, is valid for Prometheus, so its file loads; the rule is kept in its group's
-`skipped` (listed, reported, never evaluated) instead of refusing the file.
+PrometheusRule, and into the daemon. On top of promtool's checks, every expression must be
+PromQL the chosen Prometheus (`rules.semantics`) accepts (`rules/promql.py`), and every
+template within the template subset (`rules/template.py`); anything else is refused with the
+file, line, rule and reason. One exception: a rule using native-histogram functions, which the
+daemon has no data for, is valid for Prometheus, so its file loads; the rule is kept in its
+group's `skipped` (listed, reported, never evaluated) instead of refusing the file.
 
 What Prometheus' rulefmt (model/rulefmt/rulefmt.go, 2.42) or Alertmanager's API (an alert
 whose label or annotation names are not label names, or whose values are not UTF-8) would
