@@ -164,10 +164,8 @@ def parse_float(text: str) -> float | None:
 def format_float(value: float) -> str:
     """strconv.FormatFloat(value, 'f', -1, 64): the shortest digits that read back exactly,
     never in exponent form; NaN, +Inf and -Inf as Go writes them."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
+    if not math.isfinite(value):
+        return _non_finite(value)
     sign = "-" if math.copysign(1.0, value) < 0 else ""
     digits, point = _shortest_digits(abs(value))
     if point <= 0:
@@ -180,10 +178,8 @@ def format_float(value: float) -> str:
 def format_g(value: float) -> str:
     """fmt's %v of a float64, strconv.FormatFloat(value, 'g', -1, 64): the shortest digits,
     in exponent form when the exponent is below -4 or at least 6 (1e+06, 1.5e-05)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
+    if not math.isfinite(value):
+        return _non_finite(value)
     sign = "-" if math.copysign(1.0, value) < 0 else ""
     digits, point = _shortest_digits(abs(value))
     exponent = point - 1
@@ -191,6 +187,12 @@ def format_g(value: float) -> str:
         mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
         return f"{sign}{mantissa}e{'-' if exponent < 0 else '+'}{abs(exponent):02d}"
     return format_float(value)
+
+
+def _non_finite(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return "+Inf" if value > 0 else "-Inf"
 
 
 def _shortest_digits(value: float) -> tuple[str, int]:

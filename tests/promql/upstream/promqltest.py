@@ -51,7 +51,7 @@ from typing import TextIO
 
 import yaml
 
-from gpu_exporter.rules import promql
+from gpu_exporter.rules import promql, promql_functions
 from gpu_exporter.rules.series_notation import parse_series, parse_values
 from gpu_exporter.store import Labels, SeriesStore, is_stale
 
@@ -762,22 +762,13 @@ def _evaluate(case: Case, store: SeriesStore, semantics: promql.Semantics) -> Re
 
 # --- comparing ---------------------------------------------------------------------------------
 
-_MIN_NORMAL = 2.2250738585072014e-308
-
 
 def almost_equal(a: float, b: float, epsilon: float = EPSILON) -> bool:
-    """util/almost.Equal."""
+    """util/almost.Equal: the evaluator's (promql_functions), plus its staleness rule: a
+    staleness marker equals only another."""
     if is_stale(a) or is_stale(b):
         return is_stale(a) and is_stale(b)
-    if math.isnan(a) and math.isnan(b):
-        return True
-    if a == b:
-        return True
-    abs_sum = abs(a) + abs(b)
-    diff = abs(a - b)
-    if a == 0 or b == 0 or abs_sum < _MIN_NORMAL:
-        return diff < epsilon * _MIN_NORMAL
-    return diff / min(abs_sum, sys.float_info.max) < epsilon
+    return promql_functions.almost_equal(a, b, epsilon)
 
 
 def compare(case: Case, result: Result) -> str | None:
