@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_exporter import __version__, page_security
-from gpu_exporter.rules.loader import Group
+from gpu_exporter.rules.loader import Group, Rule
 
 if TYPE_CHECKING:
     from markdown_it import MarkdownIt
@@ -67,15 +67,20 @@ def with_runbook_base(groups: Iterable[Group], base_url: str) -> list[Group]:
     """The groups with every alert's runbook_url made absolute under `base_url` ("": as is)."""
     out = []
     for group in groups:
-        rules = []
-        for rule in group.rules:
-            url = rule.annotations.get("runbook_url")
-            if url is not None and resolve_url(url, base_url) != url:
-                annotations = {**rule.annotations, "runbook_url": resolve_url(url, base_url)}
-                rule = replace(rule, annotations=annotations)
-            rules.append(rule)
-        out.append(replace(group, rules=tuple(rules)))
+        rules = tuple(_with_base(rule, base_url) for rule in group.rules)
+        # A rule the daemon skips is listed in /api/v1/rules with its annotations too.
+        skipped = tuple(replace(s, rule=_with_base(s.rule, base_url)) for s in group.skipped)
+        out.append(replace(group, rules=rules, skipped=skipped))
     return out
+
+
+def _with_base(rule: Rule, base_url: str) -> Rule:
+    url = rule.annotations.get("runbook_url")
+    if url is None or resolve_url(url, base_url) == url:
+        return rule
+    return replace(
+        rule, annotations={**rule.annotations, "runbook_url": resolve_url(url, base_url)}
+    )
 
 
 def default_base_url(

@@ -15,6 +15,7 @@ import yaml
 
 from gpu_exporter.rules.loader import RuleFileError, load_rule_files, skipped_rules
 from gpu_exporter.rules.manager import NEVER_EVALUATED, RuleManager, RuleSettings
+from gpu_exporter.runbook import with_runbook_base
 from tests.daemon import parse_samples, serve_with_live_rules
 from tests.support import promtool, wait_for
 from tests.test_rule_manager import Sink, series_of, snapshot
@@ -319,3 +320,12 @@ def test_export_keeps_the_skipped_rule_for_prometheus(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS: 3 rules found" in checked.stdout
     assert len(skipped_rules(load_rule_files([exported]))) == 1
+
+
+def test_a_skipped_rules_runbook_link_is_made_absolute_as_the_others(tmp_path: Path) -> None:
+    # /api/v1/rules lists a skipped rule's annotations: its relative link must resolve too.
+    text = one_rule(NATIVE) + "    annotations: {runbook_url: docs/runbook.md#Bad}\n"
+    base = "http://node:9449/runbook"
+    groups = with_runbook_base(load_rule_files([write(tmp_path, text)]), base)
+    (skipped,) = skipped_rules(groups)
+    assert skipped.rule.annotations["runbook_url"] == f"{base}#Bad"
