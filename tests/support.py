@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,6 +42,17 @@ def promtool(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     """promtool with these arguments; its exit status and output, text."""
     return subprocess.run(
         [require_tool("promtool"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def gpu_exporter(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The CLI (`python -m gpu_exporter ARGS`) in a fresh interpreter; exit status and text."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

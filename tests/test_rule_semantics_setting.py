@@ -5,8 +5,6 @@ the setting. (What each semantics computes: tests/test_promql_semantics.py.)"""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from gpu_exporter.rules import promql
 from gpu_exporter.rules.loader import LoadLimits, RuleFileError, load_rule_files
 from gpu_exporter.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.store import SeriesStore
+from tests.support import gpu_exporter
 from tests.test_values_schema import rendered_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,17 +34,6 @@ groups:
       - record: samples_in_5m
         expr: count_over_time(x[5m])
 """
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpu_exporter", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
 
 
 def test_the_default_is_prometheus_2_42_everywhere(tmp_path: Path) -> None:
@@ -102,14 +90,14 @@ def test_the_manager_evaluates_with_the_semantics(
 def test_rules_check_and_test_take_the_semantics(tmp_path: Path) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(HOLT_WINTERS)
-    assert cli("rules", "check", str(path)).returncode == 0
-    refused = cli("rules", "check", "--semantics", "prometheus3", str(path))
+    assert gpu_exporter("rules", "check", str(path)).returncode == 0
+    refused = gpu_exporter("rules", "check", "--semantics", "prometheus3", str(path))
     assert refused.returncode == 1 and "holt_winters" in refused.stdout
     # The promtool-checked expectations are 2.42's: 3.x's windows give other numbers.
-    functions = "tests/promql/functions.test.yaml"
-    assert cli("rules", "test", functions).returncode == 0
-    assert cli("rules", "test", "--semantics", "prometheus3", functions).returncode == 1
-    wrong = cli("rules", "test", "--semantics", "prometheus4", functions)
+    functions = str(ROOT / "tests/promql/functions.test.yaml")
+    assert gpu_exporter("rules", "test", functions).returncode == 0
+    assert gpu_exporter("rules", "test", "--semantics", "prometheus3", functions).returncode == 1
+    wrong = gpu_exporter("rules", "test", "--semantics", "prometheus4", functions)
     assert wrong.returncode == 2 and "prometheus3" in wrong.stderr
 
 

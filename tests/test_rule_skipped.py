@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from gpu_exporter.rules.loader import RuleFileError, load_rule_files, skipped_ru
 from gpu_exporter.rules.manager import NEVER_EVALUATED, RuleManager, RuleSettings
 from gpu_exporter.runbook import with_runbook_base
 from tests.daemon import parse_samples, serve_with_live_rules
-from tests.support import promtool, wait_for
+from tests.support import gpu_exporter, promtool, wait_for
 from tests.test_rule_manager import Sink, series_of, snapshot
 
 NATIVE = "histogram_count(rate(gpu_x[5m])) > 0"
@@ -58,13 +57,7 @@ def one_rule(expr: str, kind: str = "alert", name: str = "Bad") -> str:
 
 
 def rules_check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpu_exporter", "rules", "check", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return gpu_exporter("rules", "check", *args, timeout=60)
 
 
 # -- the loader --------------------------------------------------------------------------------
@@ -306,13 +299,8 @@ def test_rules_check_strict_refuses_the_skipped_rule(tmp_path: Path) -> None:
 
 def test_export_keeps_the_skipped_rule_for_prometheus(tmp_path: Path) -> None:
     path = write(tmp_path, MIXED)
-    result = subprocess.run(
-        [sys.executable, "-m", "gpu_exporter", "rules", "export", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    result = gpu_exporter("rules", "export", str(path), timeout=60)
+    assert result.returncode == 0, result.stderr
     spec = yaml.safe_load(result.stdout)["spec"]
     assert spec == yaml.safe_load(MIXED)  # unchanged, the skipped rule in its place
     exported = write(tmp_path, yaml.safe_dump(spec), "spec.yaml")
