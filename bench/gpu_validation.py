@@ -38,12 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pynvml as N
 
-from gpu_exporter.classify import Classifier, default_window_seconds
-from gpu_exporter.series import DeviceView, SeriesBuilder
-from gpu_exporter.snapshot import Snapshot
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
-from gpu_exporter.sources.settings import default_deadline
+from gpu_exporter.collect.classify import Classifier, default_window_seconds
+from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.settings import default_deadline
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.model.series import DeviceView, SeriesBuilder
+from gpu_exporter.model.snapshot import Snapshot
 
 WORKLOADS = ("idle", "matmul_bf16", "copy_d2d", "copy_h2d", "tiny_kernels_sync", "tiny_kernels")
 TIME_BUDGET_SECONDS = 330.0  # the issue allows 6 minutes; keep a margin
@@ -287,7 +287,7 @@ def probe_fields(handle: Any) -> dict[str, dict[str, Any]]:
             "value_type": int(value.valueType),  # 1 = 32-bit: would PCIe byte counters wrap?
         }
         if value.nvmlReturn == N.NVML_SUCCESS:
-            from gpu_exporter.sources.nvml_device import field_value
+            from gpu_exporter.collect.nvml.device import field_value
 
             entry["value"] = field_value(value)
             entry["latency_usec"] = int(value.latencyUsec)
@@ -407,7 +407,7 @@ def probe_calls(handle: Any) -> dict[str, Any]:
 def probe_compat(source: NvmlSource) -> dict[str, Any]:
     """/metrics/dcgm of two ticks a second apart, as the daemon would write it: which
     dcgm-exporter families this GPU gives, and GPU 0's line of each."""
-    from gpu_exporter.dcgm_compat.render import CompatSettings, Counters, render
+    from gpu_exporter.web.dcgm_compat.render import CompatSettings, Counters, render
 
     builder = SeriesBuilder()
     first = builder.build(Snapshot(time.time(), tuple(source.sample())))

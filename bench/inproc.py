@@ -1,8 +1,8 @@
 """The daemon's tick pipeline in this process, on a manual clock (no HTTP server).
 
 `build` wires the production classes as `gpu_exporter.cli.serve` does, through
-`gpu_exporter.assembly` (NvmlSource with topology -> Sampler with the classifier -> the rule
-manager as listener and producer -> Notifier), but the fake NVML, the source, the sampler's
+`gpu_exporter.pipeline.assembly` (NvmlSource with topology -> Sampler with the classifier ->
+the rule manager as listener and producer -> Notifier), but the fake NVML, the source, the sampler's
 timestamps and the rule engine all
 read one manual clock that `Pipeline.tick` advances by the interval before each tick. Ticks
 then run back to back: the scenario and the rule engine see a 1 s cadence while the
@@ -21,19 +21,19 @@ from typing import Any
 import pynvml
 
 from gpu_exporter import sim
-from gpu_exporter.assembly import assemble
-from gpu_exporter.config import load_config
-from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
-from gpu_exporter.rules.manager import RuleManager, store_samples
-from gpu_exporter.sampler import Sampler
-from gpu_exporter.series import SeriesSet
+from gpu_exporter.alerting.rules.manager import RuleManager, store_samples
+from gpu_exporter.alerting.store import SeriesStore
+from gpu_exporter.collect import dcgm
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.collect.topology import read_topology
+from gpu_exporter.config.load import load_config
+from gpu_exporter.model.series import SeriesSet
+from gpu_exporter.pipeline.assembly import assemble
+from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib, implemented_functions
-from gpu_exporter.sources import dcgm
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.nvml import NvmlSource
-from gpu_exporter.store import SeriesStore
-from gpu_exporter.topology import read_topology
+from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Both run in this process on the same fake NVML, scenario, latency model and manual clock
 (1 s of scenario time per tick, ticks back to back). The bare loop runs the daemon's own
-collectors (`gpu_exporter/sources/collectors/`, as `collectors.enabled` picks them for the
+collectors (`gpu_exporter/collect/nvml/collectors/`, as `collectors.enabled` picks them for the
 daemon's settings) on the same schedule (identity on the first tick, the slow-changing reads
 every `slow_refresh_seconds`, GPM from the second tick), so it makes exactly the calls a
 daemon tick makes without mirroring them: a collector's new call is in both. What it leaves out
@@ -34,14 +34,14 @@ from bench import scenarios
 from bench.inproc import FakeCpuMeter, ManualClock, build
 from bench.stats import ratio, summarize
 from gpu_exporter import sim
-from gpu_exporter.config import load_config
-from gpu_exporter.snapshot import CollectorStatus, Reading
-from gpu_exporter.sources import collectors
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.collectors import Collector
-from gpu_exporter.sources.nvml_device import DeviceReader, Phase
-from gpu_exporter.sources.settings import NvmlSettings
-from gpu_exporter.sources.xid import XidCounts
+from gpu_exporter.collect.nvml import collectors
+from gpu_exporter.collect.nvml.collectors import Collector
+from gpu_exporter.collect.nvml.device import DeviceReader, Phase
+from gpu_exporter.collect.nvml.xid import XidCounts
+from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.config.load import load_config
+from gpu_exporter.model.snapshot import CollectorStatus, Reading
 
 # The daemon's settings, as `inproc.build` makes them: the XID thread is off there (it waits in
 # real time), so its collector is too.
@@ -240,7 +240,7 @@ def same_calls(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, Any]:
 def xid_polling_cpu(scenario: Mapping[str, Any], seconds: float) -> float:
     """CPU seconds per second the fake spends polling in `nvmlEventSetWait` (real NVML
     blocks in the kernel instead) while the daemon's XID thread waits for events."""
-    from gpu_exporter.sources.xid import XidWatcher
+    from gpu_exporter.collect.nvml.xid import XidWatcher
 
     fake = sim.install(scenario)
     meter = FakeCpuMeter(fake)

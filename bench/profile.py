@@ -50,14 +50,15 @@ IMPORTS = (
     ("uvicorn", "import uvicorn"),
     ("starlette", "import starlette.applications"),
     ("fastapi", "import fastapi"),
-    ("gpu_exporter.config", "import gpu_exporter.config"),
-    ("gpu_exporter.rules.manager", "import gpu_exporter.rules.manager"),
-    ("gpu_exporter.api", "import gpu_exporter.api"),
+    ("gpu_exporter.config.load", "import gpu_exporter.config.load"),
+    ("gpu_exporter.alerting.rules.manager", "import gpu_exporter.alerting.rules.manager"),
+    ("gpu_exporter.web.api", "import gpu_exporter.web.api"),
     (
         "everything serve imports",
-        "import uvicorn, gpu_exporter.api, gpu_exporter.config, gpu_exporter.sampler, "
-        "gpu_exporter.sources.nvml, gpu_exporter.rules.manager, gpu_exporter.notify, "
-        "gpu_exporter.sim, gpu_exporter.topology, gpu_exporter.classify",
+        "import uvicorn, gpu_exporter.web.api, gpu_exporter.config.load, "
+        "gpu_exporter.pipeline.sampler, gpu_exporter.collect.nvml.source, "
+        "gpu_exporter.alerting.rules.manager, gpu_exporter.alerting.notify, "
+        "gpu_exporter.sim, gpu_exporter.collect.topology, gpu_exporter.collect.classify",
     ),
 )
 
@@ -150,7 +151,8 @@ rows = [("python alone", rss())]
 rows.append(("+ FastAPI, uvicorn, prometheus-client, APScheduler", rss()))
 import pynvml, yaml, promql_parser
 rows.append(("+ pynvml, PyYAML, promql-parser", rss()))
-import gpu_exporter.cli, gpu_exporter.api, gpu_exporter.assembly, gpu_exporter.sources.nvml
+import gpu_exporter.cli, gpu_exporter.web.api, gpu_exporter.pipeline.assembly
+import gpu_exporter.collect.nvml.source
 rows.append(("+ the daemon's own modules", rss()))
 from bench import scenarios
 from bench.inproc import build
@@ -205,8 +207,8 @@ def profile_memory() -> str:
             "-X",
             "importtime",
             "-c",
-            "import gpu_exporter.cli, gpu_exporter.api, "
-            "gpu_exporter.assembly, gpu_exporter.sources.nvml",
+            "import gpu_exporter.cli, gpu_exporter.web.api, "
+            "gpu_exporter.pipeline.assembly, gpu_exporter.collect.nvml.source",
         ],
         capture_output=True,
         text=True,

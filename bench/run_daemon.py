@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
 
 from bench.inproc import backfill  # noqa: E402
 from gpu_exporter import cli, sim  # noqa: E402
-from gpu_exporter.rules.manager import RuleManager  # noqa: E402
+from gpu_exporter.alerting.rules.manager import RuleManager  # noqa: E402
 
 
 def prefill_at_second_tick(seconds: float) -> None:

@@ -305,7 +305,9 @@ def detection_rule_file(shipped_rule: Mapping[str, Any] | None = None) -> dict[s
 
 def shipped_rule(name: str) -> dict[str, Any]:
     """One alerting rule of the shipped pack, by alert name."""
-    text = (resources.files("gpu_exporter") / "rulepack" / "gpu-exporter.rules.yaml").read_text()
+    text = (
+        resources.files("gpu_exporter.alerting") / "rulepack" / "gpu-exporter.rules.yaml"
+    ).read_text()
     for group in yaml.safe_load(text)["groups"]:
         for rule in group["rules"]:
             if rule.get("alert") == name:

@@ -3,7 +3,7 @@
     python dashboards/build.py           # (re)write dashboards/*.json
     python dashboards/build.py --check   # exit 1 when a committed file differs from the output
 
-Standard library only (plus `gpu_exporter.nvml_facts`, which is too: the clock-event reason
+Standard library only (plus `gpu_exporter.model.nvml_facts`, which is too: the clock-event reason
 names come from there): a dashboard is a plain dict, and the helpers below are the small part of
 Grafana's model we use. grafana-foundation-sdk would add builders but no validation (it accepts
 `{"gridPos": {"h": "x"}}` silently, tried with its PyPI release); tests/test_dashboards.py
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script from a source tree
     sys.path.insert(0, str(HERE.parent))
 
-from gpu_exporter.nvml_facts import (  # noqa: E402 - after the path it may need
+from gpu_exporter.model.nvml_facts import (  # noqa: E402 - after the path it may need
     APPLICATIONS_CLOCKS_SETTING,
     DISPLAY_CLOCK_SETTING,
     GPU_IDLE,
@@ -49,7 +49,7 @@ from gpu_exporter.nvml_facts import (  # noqa: E402 - after the path it may need
     SW_THERMAL_SLOWDOWN,
     SYNC_BOOST,
 )
-from gpu_exporter.xids import CRITICAL_XIDS, WARNING_XIDS  # noqa: E402
+from gpu_exporter.model.xids import CRITICAL_XIDS, WARNING_XIDS  # noqa: E402
 
 SCHEMA_VERSION = 39  # Grafana 11; newer versions migrate it on load
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -99,7 +99,7 @@ UNLABELLED_OWNER = (
     f" or on (uuid) max by (cluster, uuid) (gpu_up{{{POD_MATCHERS}}}) * 0 + 1)"
 )
 
-# Bottleneck classes (gpu_exporter/classify.py), with the code the
+# Bottleneck classes (gpu_exporter/collect/classify.py), with the code the
 # state-timeline panels encode each class as, and its colour.
 CLASSES: tuple[tuple[str, str, str], ...] = (
     ("idle", "idle", "#808080"),

@@ -16,18 +16,18 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
-from gpu_exporter.defaults import (
+from gpu_exporter.collect.settings import add_dcgm_arguments
+from gpu_exporter.model.defaults import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_LISTEN_ADDRESS,
     DEFAULT_RULE_SEMANTICS,
     RULE_SEMANTICS,
 )
-from gpu_exporter.sources.settings import add_dcgm_arguments
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
-    from gpu_exporter.config import Config
-    from gpu_exporter.sources.base import ErrorLog
-    from gpu_exporter.sources.nvml import NvmlSource
+    from gpu_exporter.collect.nvml.source import NvmlSource
+    from gpu_exporter.collect.source import ErrorLog
+    from gpu_exporter.config.load import Config
 
 EXIT_UNAVAILABLE = 1
 EXIT_USAGE = 2
@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="also serve that output at /metrics here (dcgm-exporter: 0.0.0.0:9400)",
     )
     _add_rules_commands(commands)
-    from gpu_exporter import config_check, diagnose
+    from gpu_exporter import diagnose
+    from gpu_exporter.config import check as config_check
 
     config_check.add_parser(commands)
 
@@ -189,10 +190,10 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
 def serve(args: argparse.Namespace) -> int:
     # Every module serving needs, imported before anything starts (so that what follows,
     # from NVML's start to the open port, is quick).
-    from gpu_exporter import api, assembly, http_server  # noqa: F401
-    from gpu_exporter.config import ConfigError, load_config
-    from gpu_exporter.sources.base import ErrorLog
-    from gpu_exporter.sources.nvml import NvmlSource
+    from gpu_exporter.collect.nvml.source import NvmlSource
+    from gpu_exporter.collect.source import ErrorLog
+    from gpu_exporter.config.load import ConfigError, load_config
+    from gpu_exporter.web import api, http_server  # noqa: F401
 
     try:
         config = load_config(args.config, _given_flags(args))
@@ -219,9 +220,9 @@ def serve(args: argparse.Namespace) -> int:
         kubelet, config = _simulated_kubelet(scenario, config, simulator.clock)
         config = _simulated_dcgm(scenario, config)
     errors = ErrorLog()
-    from gpu_exporter.sources import dcgm
-    from gpu_exporter.sources.base import SourceUnavailableError
-    from gpu_exporter.topology import read_topology
+    from gpu_exporter.collect import dcgm
+    from gpu_exporter.collect.source import SourceUnavailableError
+    from gpu_exporter.collect.topology import read_topology
 
     source = None
     try:
@@ -283,12 +284,12 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
     (`NvmlSource.begin`) while the rules load; an init that fails at once is the exit status
     (1, or 2 for more GPUs than nvml.max_devices), one still running after
     `INIT_GRACE_SECONDS` is waited for (and later failures retried) while /readyz says why."""
-    from gpu_exporter import http_server
-    from gpu_exporter.api import create_app, create_compat_app
-    from gpu_exporter.assembly import assemble
-    from gpu_exporter.config import split_host_port
-    from gpu_exporter.sources.base import TooManyDevicesError
-    from gpu_exporter.web_config import WebConfigError
+    from gpu_exporter.collect.source import TooManyDevicesError
+    from gpu_exporter.config.load import split_host_port
+    from gpu_exporter.pipeline.assembly import assemble
+    from gpu_exporter.web import http_server
+    from gpu_exporter.web.api import create_app, create_compat_app
+    from gpu_exporter.web.web_config import WebConfigError
 
     host, port = split_host_port(config.listen_address)
     for address in (config.listen_address, config.dcgm_compat.listen_address):
@@ -342,11 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         return serve(args)
     if args.command == "rules":
-        from gpu_exporter.rules import commands
+        from gpu_exporter.alerting.rules import commands
 
         return commands.run(args)
     if args.command == "config":
-        from gpu_exporter import config_check
+        from gpu_exporter.config import check as config_check
 
         return config_check.run(args)
     if args.command == "diagnose":

@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
-PROTO=gpu_exporter/k8s/podresources/v1/api.proto
+PROTO=gpu_exporter/collect/k8s/podresources/v1/api.proto
 
 if ! "$PYTHON" -c 'import grpc_tools.protoc' 2>/dev/null; then
   echo "$PYTHON lacks grpcio-tools: $PYTHON -m pip install 'grpcio-tools==1.85.1'" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write the parts of helm/gpu-exporter/values.schema.json that describe the daemon's settings,
-generated from its configuration model (gpu_exporter/config.py), so that the chart refuses what
+generated from its configuration model (gpu_exporter/config/load.py), so that the chart refuses what
 the daemon would refuse (an unknown setting, a wrong type, a value out of range) at `helm
 template` / `helm install` time instead of every pod exiting 2. The rest of the schema is
 written by hand and left as it is.
@@ -31,10 +31,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_exporter.config import Config, NvmlConfig  # noqa: E402
+from gpu_exporter.config.load import Config, NvmlConfig  # noqa: E402
 
 SCHEMA_FILE = ROOT / "helm" / "gpu-exporter" / "values.schema.json"
-COMMENT = "Generated from gpu_exporter/config.py by scripts/gen-values-schema.py; edit the model."
+COMMENT = (
+    "Generated from gpu_exporter/config/load.py by scripts/gen-values-schema.py; edit the model."
+)
 
 # Strings helm's template functions turn into the same number the daemon reads: float64 uses
 # Go's strconv.ParseFloat; int parses base 0, where a leading 0 would mean octal.

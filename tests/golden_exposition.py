@@ -1,7 +1,7 @@
 """Golden expositions: `/metrics` of the `mixed` scenario at fixed times, pinned in files (and
 `/metrics/dcgm`, the dcgm-exporter compatible output, with pods in labels mode).
 
-The daemon is assembled as `serve` assembles it (`gpu_exporter.assembly`), on the fake NVML
+The daemon is assembled as `serve` assembles it (`gpu_exporter.pipeline.assembly`), on the fake NVML
 driven by a manual clock, with the shipped rule pack, ticked `TICKS` times one second apart;
 pod attribution is off, in `labels` mode or in `info` mode (a real gRPC fake kubelet serving
 pods on six of the eight GPUs, one of them shared by two pods). What cannot be the same from
@@ -22,15 +22,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpu_exporter import sim
-from gpu_exporter.assembly import Assembly, assemble
-from gpu_exporter.config import load_config
-from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
-from gpu_exporter.dcgm_compat.render import CompatSettings
-from gpu_exporter.series import SeriesSet
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.collect.topology import read_topology
+from gpu_exporter.config.load import load_config
+from gpu_exporter.model.series import SeriesSet
+from gpu_exporter.pipeline.assembly import Assembly, assemble
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.nvml import NvmlSource
-from gpu_exporter.topology import read_topology
+from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
+from gpu_exporter.web.dcgm_compat.render import CompatSettings
 from tests.conftest import ManualClock
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -25,8 +25,8 @@ import httpx
 import pytest
 import yaml
 
-from gpu_exporter.catalog import BY_NAME
-from gpu_exporter.rules.loader import Rule, load_rule_files
+from gpu_exporter.alerting.rules.loader import Rule, load_rule_files
+from gpu_exporter.model.catalog import BY_NAME
 from tests.servers import Recorder, alertmanager
 from tests.support import require_tool, wait_for
 

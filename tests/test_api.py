@@ -8,11 +8,11 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from gpu_exporter.api import DevicesAnswer, create_app
-from gpu_exporter.sampler import Sampler
-from gpu_exporter.sources.base import ErrorLog, TooManyDevicesError
-from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
-from gpu_exporter.sources.startup import StartupProgress
+from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.source import ErrorLog, TooManyDevicesError
+from gpu_exporter.collect.startup import StartupProgress
+from gpu_exporter.pipeline.sampler import Sampler
+from gpu_exporter.web.api import DevicesAnswer, create_app
 from tests.daemon import serve
 from tests.support import wait_for
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpu_exporter.k8s.attribution import (
+from gpu_exporter.collect.k8s.attribution import (
     AttributionSettings,
     PodAttribution,
     PodRef,
     normalize_device_id,
 )
-from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
 
 GPU0 = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"
@@ -35,7 +35,7 @@ MIG_OLD = f"MIG-{GPU3}/3/0"  # the pre-R470 MIG id form the NVIDIA plugin also a
 
 GPU = "nvidia.com/gpu"
 REPO = Path(__file__).resolve().parent.parent
-PROTO_DIR = REPO / "gpu_exporter" / "k8s" / "podresources" / "v1"
+PROTO_DIR = REPO / "gpu_exporter" / "collect" / "k8s" / "podresources" / "v1"
 
 
 @pytest.fixture
@@ -331,7 +331,7 @@ def test_unexpected_errors_also_keep_the_labels_within_the_grace(kubelet, clock,
 
 
 def test_failing_longer_than_the_grace_drops_the_labels(kubelet, clock, caplog):
-    caplog.set_level(logging.WARNING, logger="gpu_exporter.k8s.attribution")
+    caplog.set_level(logging.WARNING, logger="gpu_exporter.collect.k8s.attribution")
     kubelet.set_pods([pod("a", "p", {"c": [(GPU, [GPU0])]})])
     attribution = make(kubelet, monotonic=clock, refresh_seconds=10)
     assert attribution.settings.grace_seconds == 30  # 3 refresh intervals by default
@@ -397,7 +397,7 @@ def test_kubelet_without_the_v1_api_is_an_error(caplog):
 
 
 def test_logs_once_per_state_change_not_per_refresh(kubelet, caplog):
-    caplog.set_level(logging.INFO, logger="gpu_exporter.k8s.attribution")
+    caplog.set_level(logging.INFO, logger="gpu_exporter.collect.k8s.attribution")
     kubelet.stop()
     attribution = make(kubelet, timeout_seconds=0.2)
 
@@ -540,7 +540,7 @@ def test_committed_stubs_match_the_proto(tmp_path):
     assert committed is not None, "api_pb2_grpc.py no longer looks generated"
     if committed[1] != version("grpcio-tools"):
         pytest.skip(f"stubs come from grpcio-tools {committed[1]}, not the one installed")
-    proto = "gpu_exporter/k8s/podresources/v1/api.proto"
+    proto = "gpu_exporter/collect/k8s/podresources/v1/api.proto"
     args = ["protoc", f"-I{REPO}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}"]
     args += [f"--grpc_python_out={tmp_path}", str(REPO / proto)]
     assert protoc.main(args) == 0

@@ -16,7 +16,7 @@ from bench import loadgen, overhead, peer, promtext, report, run_all, scenarios,
 from bench.procfs import Probe, parse_stat, parse_status
 from bench.stats import percentile, ratio, slope, summarize
 from gpu_exporter import sim
-from gpu_exporter.rules.loader import load_rule_files
+from gpu_exporter.alerting.rules.loader import load_rule_files
 from tests.localserver import LocalServer
 
 # -- statistics ------------------------------------------------------------------------------
@@ -237,8 +237,8 @@ def test_subquery_rules_load_and_evaluate_over_the_daemons_families(tmp_path: Pa
     in both PromQL dialects, reading only catalog families, and none failing on a tick."""
     from bench import scaling
     from bench.inproc import build
-    from gpu_exporter import catalog
-    from gpu_exporter.rules import promql
+    from gpu_exporter.alerting.rules import promql
+    from gpu_exporter.model import catalog
 
     expressions = scenarios.subquery_rule_expressions(8)
     assert len(expressions) == len(set(expressions)) == 100

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.classify import (
+from gpu_exporter.collect.classify import (
     CLASSES,
     Classifier,
     Thresholds,
     nvlink_capacity,
     pcie_capacity,
 )
-from gpu_exporter.snapshot import DeviceSample, Reading
+from gpu_exporter.model.snapshot import DeviceSample, Reading
 
 GEN5_X16 = 32e9 * 128 / 130 / 8 * 16  # 63 GB/s per direction
 H200_NVLINK = 18 * 25e9  # 450 GB/s per direction
@@ -284,8 +284,8 @@ def test_link_capacities() -> None:
 
 
 def test_a_mig_instance_missing_for_a_tick_keeps_its_seconds_until_long_gone() -> None:
-    from gpu_exporter.classify import INSTANCE_RETENTION_SECONDS
-    from gpu_exporter.snapshot import InstanceSample
+    from gpu_exporter.collect.classify import INSTANCE_RETENTION_SECONDS
+    from gpu_exporter.model.snapshot import InstanceSample
 
     busy = (
         Reading("gpu_graphics_engine_active_ratio", 0.95),

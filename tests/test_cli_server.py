@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gpu_exporter import http_server
+from gpu_exporter.web import http_server
 from tests.daemon import serve
 from tests.support import wait_for
 

@@ -19,15 +19,15 @@ from typing import Any
 import pynvml as N
 import pytest
 
-from gpu_exporter.catalog import BY_NAME, FAMILIES
-from gpu_exporter.snapshot import Reading
-from gpu_exporter.sources import collectors
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.collectors import COLLECTORS, SOURCE_FAMILIES, Collector
-from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
-from gpu_exporter.sources.nvml_device import DeviceLostError
-from gpu_exporter.sources.xid import XidCounts, XidWatcher
-from gpu_exporter.topology import read_topology
+from gpu_exporter.collect.nvml import collectors
+from gpu_exporter.collect.nvml.collectors import COLLECTORS, SOURCE_FAMILIES, Collector
+from gpu_exporter.collect.nvml.device import DeviceLostError
+from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.collect.topology import read_topology
+from gpu_exporter.model.catalog import BY_NAME, FAMILIES
+from gpu_exporter.model.snapshot import Reading
 from tests.conftest import ManualClock
 
 H200 = {"model": "NVIDIA H200", "architecture": "hopper", "nvlink_links": 18}
@@ -235,7 +235,7 @@ def test_a_raising_collector_loses_only_its_families_on_that_gpu(
     power = collector_of(source, 1, "power")
     power.read = broken  # type: ignore[method-assign]
     power_families = set(power.families)
-    caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
+    caplog.set_level(logging.ERROR, logger="gpu_exporter.model.guard")
     for _ in range(3):
         devices = tick(source, clock)
         assert devices[0].up and devices[1].up
@@ -317,7 +317,7 @@ def test_a_reading_the_catalog_refuses_fails_only_that_collector_on_that_gpu(
     real = collector.read
     collector.read = lambda nvml: [*real(nvml), bad]  # type: ignore[method-assign]
     families = set(collector.families)
-    caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
+    caplog.set_level(logging.ERROR, logger="gpu_exporter.model.guard")
     for _ in range(3):
         devices = tick(source, clock)
         assert devices[0].up and devices[1].up, "gpu_up stays 1 on both GPUs"

@@ -9,8 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.classify import Classifier, Thresholds, default_window_seconds
-from gpu_exporter.config import (
+from gpu_exporter.alerting.notify.alertmanager import AlertmanagerTarget, NotifierSettings
+from gpu_exporter.alerting.rules.manager import RuleSettings
+from gpu_exporter.collect.classify import Classifier, Thresholds, default_window_seconds
+from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.config.load import (
     AlertingConfig,
     AlertmanagerConfig,
     ClassifierConfig,
@@ -22,9 +25,6 @@ from gpu_exporter.config import (
     load_config,
     split_host_port,
 )
-from gpu_exporter.notify.alertmanager import AlertmanagerTarget, NotifierSettings
-from gpu_exporter.rules.manager import RuleSettings
-from gpu_exporter.sources.settings import NvmlSettings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -168,7 +168,7 @@ def test_classifier_defaults_are_the_thresholds_own() -> None:
 
 
 def test_kubernetes_defaults_are_the_attribution_settings_own() -> None:
-    from gpu_exporter.k8s.attribution import AttributionSettings
+    from gpu_exporter.collect.k8s.attribution import AttributionSettings
 
     k8s = KubernetesConfig()
     fields = {f.name for f in dataclasses.fields(AttributionSettings)}
@@ -218,7 +218,7 @@ def test_a_config_default_is_its_dataclass_field_default(
 
 def test_the_validation_scripts_deadline_is_the_daemons() -> None:
     from bench.gpu_validation import parse_args
-    from gpu_exporter.sources.settings import default_deadline
+    from gpu_exporter.collect.settings import default_deadline
 
     assert parse_args(["--workloads", "idle"]).deadline == default_deadline(1.0)
     assert parse_args(["--workloads", "idle", "--interval", "0.5"]).deadline == pytest.approx(0.4)
@@ -364,7 +364,7 @@ def test_any_variables_and_flags_give_a_config_or_a_config_error(
 
 
 def test_the_kubelet_grace_reaches_pod_attribution(tmp_path: Path) -> None:
-    from gpu_exporter.assembly import _attribution
+    from gpu_exporter.pipeline.assembly import _attribution
 
     path = tmp_path / "config.yaml"
     path.write_text("kubernetes:\n  enabled: true\n  stale_after_seconds: 45\n")

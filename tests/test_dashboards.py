@@ -32,7 +32,7 @@ import promql_parser as P
 import pytest
 import yaml
 
-from gpu_exporter.catalog import FAMILIES, Kind
+from gpu_exporter.model.catalog import FAMILIES, Kind
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from tests.daemon import Daemon, serve
 from tests.servers import prometheus_with_config

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_exporter.config import ConfigError, load_config
-from gpu_exporter.dcgm_compat.endpoint import DcgmCompat
-from gpu_exporter.dcgm_compat.fields import BY_NAME, FIELDS, markdown_table
-from gpu_exporter.dcgm_compat.render import CompatSettings, Counters, dcgm_bus_id, render
-from gpu_exporter.dcgm_compat.xid_messages import message
-from gpu_exporter.series import Series, SeriesSet, series
+from gpu_exporter.config.load import ConfigError, load_config
+from gpu_exporter.model.series import Series, SeriesSet, series
+from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
+from gpu_exporter.web.dcgm_compat.fields import BY_NAME, FIELDS, markdown_table
+from gpu_exporter.web.dcgm_compat.render import CompatSettings, Counters, dcgm_bus_id, render
+from gpu_exporter.web.dcgm_compat.xid_messages import message
 from tests.golden_exposition import COMPAT_SETTINGS, running_compat
 
 SETTINGS = COMPAT_SETTINGS  # hostname="node-a"
@@ -535,7 +535,7 @@ def test_migration_guide_mapping_is_the_code() -> None:
     embedded = guide[guide.index(begin) + len(begin) : guide.index(end)]
     assert embedded == markdown_table(), (
         "the migration guide's mapping is stale: regenerate it from "
-        "`python -m gpu_exporter.dcgm_compat.fields`"
+        "`python -m gpu_exporter.web.dcgm_compat.fields`"
     )
     for field in FIELDS:
         assert f"| `{field.name}` |" in embedded

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.config import ConfigError, load_config
-from gpu_exporter.sources import dcgm
-from gpu_exporter.sources.settings import DCGM_DEFAULT_FIELDS, DCGM_FIELDS, DcgmSettings
+from gpu_exporter.collect import dcgm
+from gpu_exporter.collect.settings import DCGM_DEFAULT_FIELDS, DCGM_FIELDS, DcgmSettings
+from gpu_exporter.config.load import ConfigError, load_config
 
 
 def test_defaults_are_off_and_the_settings_dataclass() -> None:
@@ -20,8 +20,8 @@ def test_defaults_are_off_and_the_settings_dataclass() -> None:
 def test_the_modes_are_spelled_once() -> None:
     from typing import get_args
 
-    from gpu_exporter.config import DcgmConfig
-    from gpu_exporter.sources.settings import DCGM_MODES
+    from gpu_exporter.collect.settings import DCGM_MODES
+    from gpu_exporter.config.load import DcgmConfig
 
     assert get_args(DcgmConfig.model_fields["mode"].annotation) == DCGM_MODES
 
@@ -29,7 +29,7 @@ def test_the_modes_are_spelled_once() -> None:
 def test_every_watchable_field_has_one_family_and_the_defaults_are_watchable() -> None:
     assert tuple(f.field_id for f in dcgm.FIELDS) == DCGM_FIELDS
     assert set(DCGM_DEFAULT_FIELDS) <= set(DCGM_FIELDS)
-    from gpu_exporter.catalog import BY_NAME
+    from gpu_exporter.model.catalog import BY_NAME
 
     assert all(BY_NAME[f.family].source == "gpm" for f in dcgm.FIELDS)  # GPM's own families
 

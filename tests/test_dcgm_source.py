@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from gpu_exporter import sim
+from gpu_exporter.collect import dcgm, dcgm_api
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.settings import DcgmSettings, NvmlSettings
+from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
+from gpu_exporter.model.snapshot import DeviceSample
 from gpu_exporter.sim.clock import ManualClock
-from gpu_exporter.snapshot import DeviceSample
-from gpu_exporter.sources import dcgm, dcgm_api
-from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
-from gpu_exporter.sources.nvml import NvmlSource
-from gpu_exporter.sources.settings import DcgmSettings, NvmlSettings
 
 INTERVAL = 1.0
 SM = {"training": 0.9, "launch": 0.12}
@@ -265,7 +265,7 @@ def test_a_refusing_host_engine_leaves_activity_absent_and_says_why(
     error: str,
     hint: str,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gpu_exporter.sources.dcgm")
+    caplog.set_level(logging.INFO, logger="gpu_exporter.collect.dcgm")
     source, clock = node(scenario({"host_engine": "running", **section}), mode=mode)
     samples = ticks(source, clock, 5)
     assert sm(samples) == [None, None]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_exporter.config import Config
+from gpu_exporter.config.load import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "gpu-exporter"
@@ -268,8 +268,8 @@ def test_no_operator_component_drops_only_the_operator_resources(rendered):
 def test_deploy_prometheusrule_is_the_exported_pack(rendered):
     """deploy/prometheusrule.yaml has every group of rules/*.yaml, unchanged but for the runbook
     links, which point where the daemon's own alerts point (deploy/configmap.yaml)."""
-    from gpu_exporter.config import Config
-    from gpu_exporter.runbook import resolve_url
+    from gpu_exporter.alerting.runbook import resolve_url
+    from gpu_exporter.config.load import Config
 
     rule = one(docs(rendered, "deploy"), "PrometheusRule")
     config_text = one(docs(rendered, "deploy"), "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
@@ -292,7 +292,7 @@ def test_deploy_prometheusrule_is_the_exported_pack(rendered):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_configuration_is_accepted_by_the_daemon(rendered, variant):
-    from gpu_exporter.config import load_config
+    from gpu_exporter.config.load import load_config
 
     objects = docs(rendered, variant)
     text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
@@ -312,7 +312,7 @@ def test_configuration_is_accepted_by_the_daemon(rendered, variant):
 
 @pytest.mark.parametrize("variant", ["chart-default", "chart-all-on"])
 def test_rules_configmap_is_accepted_by_the_daemon(rendered, variant, tmp_path):
-    from gpu_exporter.rules.loader import load_rule_files
+    from gpu_exporter.alerting.rules.loader import load_rule_files
 
     data = one(docs(rendered, variant), "ConfigMap", "-rules")["data"]
     for name, text in data.items():
@@ -597,7 +597,7 @@ def test_web_config_is_off_by_default_and_so_is_the_network_policy(rendered):
 
 
 def test_web_config_secret_is_mounted_passed_and_loadable(rendered, tmp_path):
-    from gpu_exporter.web_config import load_web_config
+    from gpu_exporter.web.web_config import load_web_config
     from tests.tlsfiles import make_pki
 
     objects = docs(rendered, "chart-all-on")

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from gpu_exporter import diagnose
-from gpu_exporter.catalog import BY_NAME
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules.loader import load_rule_files
+from gpu_exporter.alerting.rules.pack import HEALTH_GROUP, default_rule_files
 from gpu_exporter.diagnose import health
-from gpu_exporter.rules import promql
-from gpu_exporter.rules.loader import load_rule_files
-from gpu_exporter.rules.pack import HEALTH_GROUP, default_rule_files
+from gpu_exporter.model.catalog import BY_NAME
 
 FP8_TIP = "FP8"  # tensor_bound's advice: what a double-bit ECC GPU must not be told
 # The built-in faults scenario: XID 79 on GPU 1 at 8 s, lost from 15 s; XID 48 on GPU 2 at

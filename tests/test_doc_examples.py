@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from gpu_exporter import sim
-from gpu_exporter.config import load_config
-from gpu_exporter.web_config import load_web_config
-from gpu_exporter.yamlfile import load_yaml_file
+from gpu_exporter.config.load import load_config
+from gpu_exporter.support.yamlfile import load_yaml_file
+from gpu_exporter.web.web_config import load_web_config
 from tests.support import promtool
 from tests.tlsfiles import make_pki
 

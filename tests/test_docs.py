@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from gpu_exporter.catalog import markdown_table
+from gpu_exporter.model.catalog import markdown_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,7 +17,7 @@ def test_readme_metric_table_matches_catalog() -> None:
     begin, end = "<!-- metrics:begin -->\n", "\n<!-- metrics:end -->"
     embedded = readme[readme.index(begin) + len(begin) : readme.index(end)]
     assert embedded == markdown_table(), (
-        "README metric table is stale: regenerate it from `python -m gpu_exporter.catalog`"
+        "README metric table is stale: regenerate it from `python -m gpu_exporter.model.catalog`"
     )
 
 

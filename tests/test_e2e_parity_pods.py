@@ -88,7 +88,7 @@ LabelSet = frozenset[tuple[str, str]]
 
 
 def per_gpu_families() -> list[str]:
-    from gpu_exporter.catalog import FAMILIES
+    from gpu_exporter.model.catalog import FAMILIES
 
     return [family.name for family in FAMILIES if family.per_device]
 

@@ -6,15 +6,15 @@ import gzip
 
 import pytest
 
-from gpu_exporter.catalog import BY_NAME, FAMILIES, Kind
-from gpu_exporter.exposition import (
+from gpu_exporter.model.catalog import BY_NAME, FAMILIES, Kind
+from gpu_exporter.model.series import SeriesBuilder
+from gpu_exporter.model.snapshot import DeviceSample, ErrorCount, Reading, Snapshot, TickStats
+from gpu_exporter.web.exposition import (
     CONTENT_TYPE_TEXT,
     RenderedMetrics,
     wants_gzip,
     wants_openmetrics,
 )
-from gpu_exporter.series import SeriesBuilder
-from gpu_exporter.snapshot import DeviceSample, ErrorCount, Reading, Snapshot, TickStats
 from tests.support import promtool_check_metrics
 
 INFO = {

@@ -17,10 +17,10 @@ from prometheus_client.core import Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_reference
 from prometheus_client.samples import Sample
 
-from gpu_exporter.catalog import BY_NAME, Kind
-from gpu_exporter.exposition import ExpositionWriter, RenderedMetrics
-from gpu_exporter.series import Series, SeriesBuilder, SeriesSet, histogram_series
-from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot, TickStats
+from gpu_exporter.model.catalog import BY_NAME, Kind
+from gpu_exporter.model.series import Series, SeriesBuilder, SeriesSet, histogram_series
+from gpu_exporter.model.snapshot import DeviceSample, Reading, Snapshot, TickStats
+from gpu_exporter.web.exposition import ExpositionWriter, RenderedMetrics
 
 TYPES = {
     Kind.GAUGE: "gauge",

@@ -19,11 +19,17 @@ from typing import Any
 import pytest
 
 from gpu_exporter import sim
-from gpu_exporter.classify import Thresholds, WindowStats, decide, nvlink_capacity, pcie_capacity
+from gpu_exporter.collect import dcgm_api
+from gpu_exporter.collect.classify import (
+    Thresholds,
+    WindowStats,
+    decide,
+    nvlink_capacity,
+    pcie_capacity,
+)
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_dcgm import FakeDcgmLib, implemented_functions
 from gpu_exporter.sim.scenario import load_scenario
-from gpu_exporter.sources import dcgm_api
 from tests.test_scenario import assert_names_line
 
 # -- dcgm_structs.h / dcgm_fields.h, this test's copies ---------------------------------------

@@ -28,7 +28,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gpu_exporter.api import AlertsAnswer, DevicesAnswer, RulesAnswer
+from gpu_exporter.web.api import AlertsAnswer, DevicesAnswer, RulesAnswer
 from tests.daemon import Daemon, serve
 from tests.tlsfiles import PASSWORD, USER, password_hash
 

@@ -18,10 +18,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.rules.loader import LoadLimits, RuleFileError, load_rule_files
-from gpu_exporter.rules.promql import PromQLError
-from gpu_exporter.rules.series_notation import parse_values
-from gpu_exporter.store import STALE_NAN
+from gpu_exporter.alerting.rules.loader import LoadLimits, RuleFileError, load_rule_files
+from gpu_exporter.alerting.rules.promql import PromQLError
+from gpu_exporter.alerting.rules.series_notation import parse_values
+from gpu_exporter.alerting.store import STALE_NAN
 
 # Peak Python allocation one input may cost (the largest legal notation, a million values,
 # stays under it).

@@ -14,8 +14,8 @@ import tracemalloc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.rules import template
-from gpu_exporter.rules.template import OUTPUT_LIMIT, TemplateError, check, expand
+from gpu_exporter.alerting.rules import template
+from gpu_exporter.alerting.rules.template import OUTPUT_LIMIT, TemplateError, check, expand
 
 MEMORY_LIMIT = 8 << 20  # bytes one expansion may allocate at its peak
 

@@ -18,8 +18,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter import yamlfile
-from gpu_exporter.yamlfile import MAX_DEPTH, YamlFileError, load_yaml, load_yaml_file
+from gpu_exporter.support import yamlfile
+from gpu_exporter.support.yamlfile import MAX_DEPTH, YamlFileError, load_yaml, load_yaml_file
 
 FUZZ = settings(
     derandomize=True,

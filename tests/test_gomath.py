@@ -1,6 +1,6 @@
-"""Go's trigonometry and logarithms (gpu_exporter/rules/gomath.py) against promtool 2.42's own:
-the daemon's answers are written as expected values and promtool, comparing exactly, must
-agree with every one."""
+"""Go's trigonometry and logarithms (gpu_exporter/alerting/rules/gomath.py) against promtool
+2.42's own: the daemon's answers are written as expected values and promtool, comparing
+exactly, must agree with every one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_exporter.rules import gomath
+from gpu_exporter.alerting.rules import gomath
 from tests.support import promtool
 
 FUNCTIONS: dict[str, Callable[[float], float]] = {

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpu_exporter import http_limits
-from gpu_exporter.http_limits import Connections, Limits, RateLimitFilter, connection_cap
+from gpu_exporter.web import http_limits
+from gpu_exporter.web.http_limits import Connections, Limits, RateLimitFilter, connection_cap
 from tests.daemon import serve
 
 # --- units ---------------------------------------------------------------------------------

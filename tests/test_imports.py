@@ -49,7 +49,9 @@ def loaded_modules(tmp_path: Path, *flags: str, **environ: str) -> set[str]:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     modules: set[str] = set(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert "gpu_exporter.assembly" in modules and "uvicorn.protocols.http.h11_impl" in modules
+    assert (
+        "gpu_exporter.pipeline.assembly" in modules and "uvicorn.protocols.http.h11_impl" in modules
+    )
     return modules
 
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.k8s.attribution import AttributionSettings, PodRef, map_devices
-from gpu_exporter.k8s.labels import PodsOfTick
-from gpu_exporter.k8s.podresources.v1 import api_pb2
-from gpu_exporter.series import SeriesBuilder
+from gpu_exporter.collect.k8s.attribution import AttributionSettings, PodRef, map_devices
+from gpu_exporter.collect.k8s.labels import PodsOfTick
+from gpu_exporter.collect.k8s.podresources.v1 import api_pb2
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.model.series import SeriesBuilder
+from gpu_exporter.model.snapshot import DeviceSample, Snapshot
 from gpu_exporter.sim.clock import ManualClock
-from gpu_exporter.snapshot import DeviceSample, Snapshot
-from gpu_exporter.sources.nvml import NvmlSource
 
 
 class Kubelet:

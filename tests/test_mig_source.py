@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.series import SeriesBuilder, SeriesSet
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.model.series import SeriesBuilder, SeriesSet
+from gpu_exporter.model.snapshot import DeviceSample, InstanceSample, Snapshot
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.scenario import load_scenario
-from gpu_exporter.snapshot import DeviceSample, InstanceSample, Snapshot
-from gpu_exporter.sources.nvml import NvmlSource
 
 MIG = load_scenario("mig")
 PARENT_ONLY = (
@@ -281,7 +281,7 @@ def test_a_failed_mig_mode_read_keeps_the_instances(
     GPU into a whole one (its instances gone, a class of its own) until the next refresh."""
     import pynvml
 
-    from gpu_exporter.classify import Classifier
+    from gpu_exporter.collect.classify import Classifier
 
     source = start_source("mig", xid_events=False, slow_refresh_seconds=2.0)
     fake = source.fake  # type: ignore[attr-defined]

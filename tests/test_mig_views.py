@@ -19,12 +19,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpu_exporter import sim
-from gpu_exporter.api import DevicesAnswer, create_app
-from gpu_exporter.assembly import Assembly, assemble
-from gpu_exporter.config import load_config
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.config.load import load_config
+from gpu_exporter.pipeline.assembly import Assembly, assemble
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.nvml import NvmlSource
+from gpu_exporter.web.api import DevicesAnswer, create_app
 from tests.conftest import ManualClock
 from tests.test_status_page import PROBE, Dom, chromium, page_routes, serve
 

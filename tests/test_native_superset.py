@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.sim.scenario import ScenarioError, load_scenario
-from gpu_exporter.sources.nvml import NvmlSource
 from tests.conftest import ManualClock
 from tests.test_mig_source import ticks  # n ticks one second apart; the last one's samples
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.notify import (
+from gpu_exporter.alerting.notify import (
     AlertmanagerTarget,
     Notifier,
     NotifierSettings,
     OutgoingAlert,
 )
-from gpu_exporter.notify.alertmanager import USER_AGENT, format_timestamp
+from gpu_exporter.alerting.notify.alertmanager import USER_AGENT, format_timestamp
 from tests.daemon import free_port
 from tests.servers import (
     Received,

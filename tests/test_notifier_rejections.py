@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.catalog import FAMILIES
-from gpu_exporter.notify import (
+from gpu_exporter.alerting.notify import (
     AlertmanagerTarget,
     Notifier,
     NotifierSettings,
@@ -27,16 +26,17 @@ from gpu_exporter.notify import (
     TargetStats,
     answers,
 )
-from gpu_exporter.notify import alertmanager as notifier_module
-from gpu_exporter.notify.answers import Verdict
-from gpu_exporter.notify.metrics import notifier_series
-from gpu_exporter.notify.validation import payload_problem
+from gpu_exporter.alerting.notify import alertmanager as notifier_module
+from gpu_exporter.alerting.notify.answers import Verdict
+from gpu_exporter.alerting.notify.metrics import notifier_series
+from gpu_exporter.alerting.notify.validation import payload_problem
+from gpu_exporter.model.catalog import FAMILIES
 from tests.localserver import LocalServer
 from tests.servers import Recorder, alertmanager, am_alerts
 from tests.support import wait_for
 
 FAST = {"retry_initial_backoff_seconds": 0.02, "retry_max_backoff_seconds": 0.1}
-LOGGER = "gpu_exporter.notify.alertmanager"
+LOGGER = "gpu_exporter.alerting.notify.alertmanager"
 
 
 # --- a server that answers by content ------------------------------------------------------

@@ -1,4 +1,4 @@
-"""NVML facts are written once (gpu_exporter/nvml_facts.py); every copy that must stay one is
+"""NVML facts are written once (gpu_exporter/model/nvml_facts.py); every copy that must stay one is
 checked here: against the vendor's binding, the fake NVML's own numbers, the scenario format,
 the classifier and the dashboards."""
 
@@ -13,11 +13,11 @@ from types import ModuleType
 import pynvml as N
 import pytest
 
-from gpu_exporter import classify
-from gpu_exporter import nvml_facts as facts
-from gpu_exporter.nvml_facts import Effect
+from gpu_exporter.collect import classify
+from gpu_exporter.collect.nvml.collectors.clocks import COUNTERS
+from gpu_exporter.model import nvml_facts as facts
+from gpu_exporter.model.nvml_facts import Effect
 from gpu_exporter.sim import fake_nvml, scenario
-from gpu_exporter.sources.collectors.clocks import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 # nvml.h's names of the per-reason throttle-time fields (pynvml >= 12.535 defines them).
@@ -125,7 +125,7 @@ def test_the_dashboards_cover_every_documented_reason_once() -> None:
 
 def test_facts_and_the_dashboard_generator_import_without_pynvml() -> None:
     code = (
-        "import runpy, sys; import gpu_exporter.nvml_facts; "
+        "import runpy, sys; import gpu_exporter.model.nvml_facts; "
         "runpy.run_path('dashboards/build.py', run_name='not_main'); "
         "assert 'pynvml' not in sys.modules, 'pynvml was imported'"
     )

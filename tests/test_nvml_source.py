@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.sources.base import SourceUnavailableError
-from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.source import SourceUnavailableError
 from tests.conftest import ManualClock
 from tests.support import wait_for
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_exporter.rules.promql import (
+from gpu_exporter.alerting.rules.promql import (
     Element,
     PromQLError,
     RangeCache,
@@ -31,8 +31,12 @@ from gpu_exporter.rules.promql import (
     parse,
     referenced_metrics,
 )
-from gpu_exporter.rules.series_notation import load_input_series, parse_series, parse_values
-from gpu_exporter.store import STALE_NAN, Matcher, SeriesStore, is_stale
+from gpu_exporter.alerting.rules.series_notation import (
+    load_input_series,
+    parse_series,
+    parse_values,
+)
+from gpu_exporter.alerting.store import STALE_NAN, Matcher, SeriesStore, is_stale
 from tests.support import require_tool
 
 Series = tuple[tuple[str, str], ...]
@@ -837,8 +841,8 @@ def test_a_range_cache_gives_what_evaluating_afresh_gives_until_the_store_change
 def test_a_recording_rule_invalidates_the_range_results_of_the_rules_before_it(
     tmp_path: Path,
 ) -> None:
-    from gpu_exporter.rules.engine import GroupEvaluator
-    from gpu_exporter.rules.loader import load_rule_files
+    from gpu_exporter.alerting.rules.engine import GroupEvaluator
+    from gpu_exporter.alerting.rules.loader import load_rule_files
 
     path = tmp_path / "rules.yaml"
     path.write_text(

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.rules import promql
-from gpu_exporter.store import STALE_NAN
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.store import STALE_NAN
 from tests.promql.upstream import promqltest as pt
 
 PROMETHEUS_GIT = Path(

@@ -10,10 +10,10 @@ import math
 
 import pytest
 
-from gpu_exporter.rules import promql
-from gpu_exporter.rules.promql import PROMETHEUS_2, PROMETHEUS_3, PromQLError
-from gpu_exporter.rules.series_notation import parse_series, parse_values
-from gpu_exporter.store import SeriesStore
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules.promql import PROMETHEUS_2, PROMETHEUS_3, PromQLError
+from gpu_exporter.alerting.rules.series_notation import parse_series, parse_values
+from gpu_exporter.alerting.store import SeriesStore
 
 BOTH = (PROMETHEUS_2, PROMETHEUS_3)
 

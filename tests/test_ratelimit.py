@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpu_exporter.ratelimit import RateLimit
+from gpu_exporter.support.ratelimit import RateLimit
 
 
 @pytest.fixture

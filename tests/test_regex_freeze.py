@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from gpu_exporter.rules.unit_tests import run_test_files
+from gpu_exporter.alerting.rules.unit_tests import run_test_files
 from tests.daemon import serve_with_live_rules
 from tests.support import promtool, wait_for
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.rules import promql
-from gpu_exporter.rules.loader import RuleFileError
-from gpu_exporter.rules.manager import RuleManager, RuleSettings
-from gpu_exporter.series import SeriesSet, series
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules.loader import RuleFileError
+from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.model.series import SeriesSet, series
 from tests.daemon import command, free_port
 
 WEEK = 7 * 86400
@@ -308,7 +308,7 @@ class CountingDeadline(promql.Deadline):
 
 
 def test_queries_check_their_deadline_inside_the_loops_over_series() -> None:
-    from gpu_exporter.store import SeriesStore, make_labels
+    from gpu_exporter.alerting.store import SeriesStore, make_labels
 
     store = SeriesStore(retention_seconds=600)
     for t in range(3):

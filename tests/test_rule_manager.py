@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.rules.loader import RuleFileError, load_rule_files, parse_duration
-from gpu_exporter.rules.manager import RuleManager, RuleSettings
-from gpu_exporter.series import SeriesBuilder, SeriesSet
-from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot, TickStats
+from gpu_exporter.alerting.rules.loader import RuleFileError, load_rule_files, parse_duration
+from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.model.series import SeriesBuilder, SeriesSet
+from gpu_exporter.model.snapshot import DeviceSample, Reading, Snapshot, TickStats
 
 GOOD = """\
 groups:
@@ -197,7 +197,7 @@ def test_export_is_a_prometheusrule_promtool_accepts(tmp_path: Path) -> None:
         [require_tool("promtool"), "check", "rules", str(spec)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    from gpu_exporter.rules.pack import all_pack_files
+    from gpu_exporter.alerting.rules.pack import all_pack_files
 
     shipped = sum(len(group.rules) for group in load_rule_files(all_pack_files()))
     assert f"SUCCESS: {shipped} rules found" in checked.stdout
@@ -206,8 +206,8 @@ def test_export_is_a_prometheusrule_promtool_accepts(tmp_path: Path) -> None:
 def test_the_store_is_fed_the_label_sets_store_samples_builds() -> None:
     # The manager reuses label sets from the previous feed of the same group; what it feeds
     # must stay exactly what store_samples gives, with new, changed and vanished series.
-    from gpu_exporter.rules.manager import _StoreLabels, store_samples
-    from gpu_exporter.series import series
+    from gpu_exporter.alerting.rules.manager import _StoreLabels, store_samples
+    from gpu_exporter.model.series import series
 
     feeds = [
         [series("a", 1.0, (("gpu", "0"), ("b", "x"))), series("c", 2.0, (("gpu", "0"),))],

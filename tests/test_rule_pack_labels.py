@@ -29,12 +29,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_exporter.rules import promql
-from gpu_exporter.rules.engine import GroupEvaluator
-from gpu_exporter.rules.loader import Rule, load_rule_files, parse_duration
-from gpu_exporter.rules.series_notation import load_input_series, parse_series
-from gpu_exporter.rules.unit_tests import run_test_file
-from gpu_exporter.store import Labels, SeriesStore
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules.engine import GroupEvaluator
+from gpu_exporter.alerting.rules.loader import Rule, load_rule_files, parse_duration
+from gpu_exporter.alerting.rules.series_notation import load_input_series, parse_series
+from gpu_exporter.alerting.rules.unit_tests import run_test_file
+from gpu_exporter.alerting.store import Labels, SeriesStore
 from tests.support import promtool, require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ GPU_LABELS = {"gpu": "0", "uuid": "GPU-0"}
 # series of the MIG scenarios: the efficiency alerts keep them, and the parent's alerts join
 # them on (gpu, uuid).
 MIG = 'gpu_instance="9",mig_uuid="MIG-0009",mig_profile="1g.18gb"'
-# Per-GPU families that exporters before gpu_exporter/series.py did not pod-label.
+# Per-GPU families that exporters before gpu_exporter/model/series.py did not pod-label.
 NOT_POD_LABELLED_BEFORE = frozenset({"gpu_info", "gpu_up"})
 
 # Labels of the alerted series that a rule leaves out on purpose: rule -> {label: reason}.
@@ -323,7 +323,7 @@ SCENARIOS = [
 
 def _every_series(name: str) -> dict[str, str]:
     """Every target label on every input series: pod attribution in "labels" mode, which puts
-    the pod labels on every per-GPU family (gpu_exporter/series.py), behind a relabeling that
+    the pod labels on every per-GPU family (gpu_exporter/model/series.py), behind a relabeling that
     adds node and cluster (and the exporter pod's own labels on its self-metrics and `up`)."""
     return dict(TARGET_LABELS)
 
@@ -334,7 +334,7 @@ def _info_mode(name: str) -> dict[str, str]:
 
 
 def _mixed(name: str) -> dict[str, str]:
-    """Pod labels on some families only, as exporters before gpu_exporter/series.py wrote them
+    """Pod labels on some families only, as exporters before gpu_exporter/model/series.py wrote them
     (on the readings, not on gpu_info or gpu_up): joins across families must not depend on
     their label sets being equal."""
     labels = dict(TARGET_LABELS)

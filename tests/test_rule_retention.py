@@ -10,11 +10,18 @@ import math
 import struct
 from pathlib import Path
 
-from gpu_exporter.rules import promql
-from gpu_exporter.rules.engine import RETENTION_MARGIN_SECONDS as MARGIN
-from gpu_exporter.rules.engine import GroupEvaluator
-from gpu_exporter.rules.manager import RuleManager, RuleSettings
-from gpu_exporter.store import Labels, Matcher, Retention, SeriesStore, is_stale, make_labels
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules.engine import RETENTION_MARGIN_SECONDS as MARGIN
+from gpu_exporter.alerting.rules.engine import GroupEvaluator
+from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.store import (
+    Labels,
+    Matcher,
+    Retention,
+    SeriesStore,
+    is_stale,
+    make_labels,
+)
 
 RULES = """\
 groups:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_exporter.rules.loader import RuleFileError, load_rule_files, skipped_rules
-from gpu_exporter.rules.manager import NEVER_EVALUATED, RuleManager, RuleSettings
-from gpu_exporter.runbook import with_runbook_base
+from gpu_exporter.alerting.rules.loader import RuleFileError, load_rule_files, skipped_rules
+from gpu_exporter.alerting.rules.manager import NEVER_EVALUATED, RuleManager, RuleSettings
+from gpu_exporter.alerting.runbook import with_runbook_base
 from tests.daemon import parse_samples, serve_with_live_rules
 from tests.support import gpu_exporter, promtool, wait_for
 from tests.test_rule_manager import Sink, series_of, snapshot
@@ -168,7 +168,7 @@ def test_a_skipped_rule_is_still_checked_like_any_other(tmp_path: Path) -> None:
 def test_the_manager_lists_counts_and_logs_the_skipped_rule_and_never_evaluates_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gpu_exporter.rules.manager")
+    caplog.set_level(logging.WARNING, logger="gpu_exporter.alerting.rules.manager")
     path = write(tmp_path, MIXED)
     sink = Sink()
     manager = RuleManager(RuleSettings(files=[str(path)], evaluation_interval=1.0), sink)

@@ -91,7 +91,7 @@ def test_both_fail_on_a_wrong_expectation(tmp_path: Path, name: str, old: str, n
 
 
 def test_unknown_top_level_keys_of_mixed_types_are_named_not_a_traceback(tmp_path: Path) -> None:
-    from gpu_exporter.rules.unit_tests import run_test_file
+    from gpu_exporter.alerting.rules.unit_tests import run_test_file
 
     path = tmp_path / "mixed.test.yaml"
     path.write_text("rule_files: []\n1: x\nfoo: y\n")

@@ -12,11 +12,11 @@ import httpx
 import pytest
 import yaml
 
-from gpu_exporter import runbook
-from gpu_exporter.config import ConfigError, load_config
-from gpu_exporter.rules.loader import load_rule_files
-from gpu_exporter.rules.template import expand
-from gpu_exporter.xids import CRITICAL
+from gpu_exporter.alerting import runbook
+from gpu_exporter.alerting.rules.loader import load_rule_files
+from gpu_exporter.alerting.rules.template import expand
+from gpu_exporter.config.load import ConfigError, load_config
+from gpu_exporter.model.xids import CRITICAL
 from tests.daemon import serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def test_the_daemon_serves_the_runbook_its_alerts_link(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("xid", sorted(CRITICAL))
 def test_the_xid_description_names_xids_py_meaning(xid: int) -> None:
-    """GpuXidCritical's description spells each XID's meaning as gpu_exporter/xids.py does."""
+    """GpuXidCritical's description spells each XID's meaning as gpu_exporter/model/xids.py does."""
     (rule,) = [r for g in load_rule_files([PACK]) for r in g.rules if r.name == "GpuXidCritical"]
     text = expand(
         rule.annotations["description"],

@@ -10,13 +10,13 @@ from collections.abc import Iterable, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_exporter.assembly import Assembly
-from gpu_exporter.exposition import RenderedMetrics
-from gpu_exporter.guard import Guard
-from gpu_exporter.rules.manager import RuleManager
-from gpu_exporter.series import Producer, Series, SeriesBuilder, series
-from gpu_exporter.snapshot import DeviceSample, Reading, Snapshot
-from gpu_exporter.store import Matcher
+from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.store import Matcher
+from gpu_exporter.model.guard import Guard
+from gpu_exporter.model.series import Producer, Series, SeriesBuilder, series
+from gpu_exporter.model.snapshot import DeviceSample, Reading, Snapshot
+from gpu_exporter.pipeline.assembly import Assembly
+from gpu_exporter.web.exposition import RenderedMetrics
 from tests.golden_exposition import MODES, TICKS, running
 
 Sample = tuple[str, tuple[tuple[str, str], ...], str]
@@ -106,7 +106,7 @@ def test_a_producer_that_raises_loses_only_its_own_families(
             Producer("kubernetes", breaks.series, frozenset({"kubernetes"}))
         )
 
-    caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
+    caplog.set_level(logging.ERROR, logger="gpu_exporter.model.guard")
     with running("off", add) as assembly:
         text = exposition(assembly)
         assert 'gpu_exporter_collector_success{collector="kubernetes"} 0.0' in text
@@ -189,7 +189,7 @@ def test_series_that_the_catalog_does_not_declare_are_refused(
     snapshot = Snapshot(
         1.0, (DeviceSample(0, "GPU-a", {}, True, (Reading("gpu_power_watts", 5),)),)
     )
-    caplog.set_level(logging.ERROR, logger="gpu_exporter.guard")
+    caplog.set_level(logging.ERROR, logger="gpu_exporter.model.guard")
     result = SeriesBuilder().build(
         snapshot, [Producer("rules", lambda: [good, bad], frozenset({"rules"}))]
     )
@@ -284,8 +284,8 @@ def test_when_the_whole_source_fails_every_collector_says_so() -> None:
 
 
 def test_pod_info_and_pod_labels_come_from_one_kubelet_answer() -> None:
-    from gpu_exporter.k8s.attribution import PodRef
-    from gpu_exporter.k8s.labels import PodsOfTick
+    from gpu_exporter.collect.k8s.attribution import PodRef
+    from gpu_exporter.collect.k8s.labels import PodsOfTick
 
     class Attribution:
         def __init__(self) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.kubelet import FakeKubelet, scenario_pods, start_for
 from gpu_exporter.sim.scenario import ScenarioError, load_scenario

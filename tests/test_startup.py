@@ -209,8 +209,8 @@ def test_more_gpus_than_max_devices_exits_2_naming_the_setting(tmp_path: Path) -
 
 
 def test_a_thousand_gpus_are_refused_without_a_thread_each(fake_nvml: Any) -> None:
-    from gpu_exporter.sources.base import TooManyDevicesError
-    from gpu_exporter.sources.nvml import NvmlSource
+    from gpu_exporter.collect.nvml.source import NvmlSource
+    from gpu_exporter.collect.source import TooManyDevicesError
 
     fake_nvml.install({"name": "huge", "devices": [{"label": "x"}] * 1000})
     before = threading.active_count()

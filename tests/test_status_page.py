@@ -25,13 +25,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpu_exporter import sim
-from gpu_exporter.api import create_app
-from gpu_exporter.classify import CLASSES, Classifier
-from gpu_exporter.rules.manager import RuleManager, RuleSettings
-from gpu_exporter.sampler import Sampler
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.nvml import NvmlSource
-from gpu_exporter.status_page import render_status_page, status_page_headers
+from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.collect.classify import CLASSES, Classifier
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.pipeline.sampler import Sampler
+from gpu_exporter.web.api import create_app
+from gpu_exporter.web.status_page import render_status_page, status_page_headers
 from tests.conftest import ManualClock
 from tests.localserver import LocalServer
 

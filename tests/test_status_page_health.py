@@ -17,13 +17,19 @@ from typing import Any
 import httpx
 
 from gpu_exporter import sim
-from gpu_exporter.classify import class_kind
-from gpu_exporter.health import GROUP_MISSING, HEALTH_GROUP, NOT_YET, RULES_DISABLED, HealthView
-from gpu_exporter.rules.manager import RuleManager, RuleSettings
-from gpu_exporter.sampler import Sampler
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.nvml import NvmlSource
-from gpu_exporter.xids import CRITICAL
+from gpu_exporter.alerting.health import (
+    GROUP_MISSING,
+    HEALTH_GROUP,
+    NOT_YET,
+    RULES_DISABLED,
+    HealthView,
+)
+from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.collect.classify import class_kind
+from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.model.xids import CRITICAL
+from gpu_exporter.pipeline.sampler import Sampler
 from tests.conftest import ManualClock
 from tests.daemon import Daemon, serve
 from tests.support import wait_for

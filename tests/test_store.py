@@ -6,7 +6,7 @@ import math
 import random
 import struct
 
-from gpu_exporter.store import (
+from gpu_exporter.alerting.store import (
     STALE_NAN,
     Labels,
     Matcher,
@@ -422,7 +422,7 @@ def gpus(count: int, name: str = "a") -> list[Labels]:
 
 
 def test_bytes_count_the_samples_arrays_and_series() -> None:
-    from gpu_exporter.store import _SERIES_BYTES
+    from gpu_exporter.alerting.store import _SERIES_BYTES
 
     store = SeriesStore(retention_seconds=3600)
     for t in range(100):
@@ -455,7 +455,7 @@ def test_over_the_cap_every_history_is_shortened_oldest_first() -> None:
 
 
 def test_when_the_newest_samples_alone_do_not_fit_new_series_are_refused() -> None:
-    from gpu_exporter.store import _SERIES_BYTES
+    from gpu_exporter.alerting.store import _SERIES_BYTES
 
     store = SeriesStore(retention_seconds=Retention(window=60, expire=5))
     store.limit_bytes(20 * 1024)

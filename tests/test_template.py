@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_exporter.rules.template import (
+from gpu_exporter.alerting.rules.template import (
     BUILD_LIMIT,
     FORMAT_WIDTH_LIMIT,
     NESTING_LIMIT,

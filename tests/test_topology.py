@@ -11,10 +11,10 @@ from typing import Any
 import pynvml as N
 import pytest
 
-from gpu_exporter.sources.base import ErrorLog
-from gpu_exporter.sources.collectors import Topology as TopologyCollector
-from gpu_exporter.sources.nvml import NvmlSettings, NvmlSource
-from gpu_exporter.topology import P2P_CAPABILITIES, Topology, cpu_list, read_topology
+from gpu_exporter.collect.nvml.collectors import Topology as TopologyCollector
+from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.source import ErrorLog
+from gpu_exporter.collect.topology import P2P_CAPABILITIES, Topology, cpu_list, read_topology
 from tests.conftest import ManualClock
 from tests.support import wait_for
 
@@ -423,7 +423,7 @@ def test_a_failed_topology_re_read_keeps_the_last_and_says_so(
 
 
 def test_collector_names_are_the_enabled_collectors_in_order(fake_nvml, clock: ManualClock) -> None:
-    from gpu_exporter.sources import collectors
+    from gpu_exporter.collect.nvml import collectors
 
     fake_nvml.install(PCIE_ONLY, clock=clock)
     with_topology = NvmlSource(errors=ErrorLog(), clock=clock, topology_reader=read_topology)
@@ -469,7 +469,7 @@ def _topology_threads() -> int:
 
 
 def test_pairs_are_read_only_up_to_the_bound(devices, monkeypatch) -> None:
-    from gpu_exporter import topology as module
+    from gpu_exporter.collect import topology as module
 
     monkeypatch.setattr(module, "MAX_PAIR_GPUS", 3)
     found = devices(PCIE_ONLY)  # 4 GPUs

@@ -19,10 +19,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
-from gpu_exporter import http_server
-from gpu_exporter.http_server import WebSettings
-from gpu_exporter.web_auth import PasswordCheck, WebSecurity, basic_credentials
-from gpu_exporter.web_config import LiveWebConfig, WebConfigError, load_web_config
+from gpu_exporter.web import http_server
+from gpu_exporter.web.auth import PasswordCheck, WebSecurity, basic_credentials
+from gpu_exporter.web.http_server import WebSettings
+from gpu_exporter.web.web_config import LiveWebConfig, WebConfigError, load_web_config
 from tests.daemon import serve
 from tests.support import wait_for
 from tests.tlsfiles import PASSWORD, USER, Pki, make_pki, password_hash, tls_web_config

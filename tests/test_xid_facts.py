@@ -1,5 +1,6 @@
-"""One list of alerted XIDs: gpu_exporter/xids.py, which `gpu-exporter diagnose` reads, and the
-rule pack's GpuXidCritical / GpuXidWarning matchers, which Prometheus reads, must agree."""
+"""One list of alerted XIDs: gpu_exporter/model/xids.py, which `gpu-exporter diagnose` reads,
+and the rule pack's GpuXidCritical / GpuXidWarning matchers, which Prometheus reads, must
+agree."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_exporter import diagnose, xids
-from gpu_exporter.rules.loader import load_rule_files
+from gpu_exporter import diagnose
+from gpu_exporter.alerting.rules.loader import load_rule_files
+from gpu_exporter.model import xids
 
 ROOT = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((ROOT / "rules").glob("*.yaml"))
@@ -57,7 +59,7 @@ def test_rule_matcher_is_the_python_list(alert: str) -> None:
             continue
         value, numbers = _xids_in(exprs[alert])
         assert numbers == expected, (
-            f"{source}: {alert} matches XIDs {sorted(numbers)}, gpu_exporter/xids.py lists "
+            f"{source}: {alert} matches XIDs {sorted(numbers)}, gpu_exporter/model/xids.py lists "
             f"{sorted(expected)}; change both (the YAML is what Prometheus reads)"
         )
         assert value == xids.matcher(expected), f"{source}: write it as {xids.matcher(expected)}"
@@ -66,7 +68,7 @@ def test_rule_matcher_is_the_python_list(alert: str) -> None:
 
 
 def test_only_these_rules_alert_on_xids() -> None:
-    """A new XID rule needs its own list in gpu_exporter/xids.py and a place in this test."""
+    """A new XID rule needs its own list in gpu_exporter/model/xids.py and a place in this test."""
     reading = {
         rule.name
         for group in load_rule_files(RULE_FILES)

@@ -1,4 +1,4 @@
-"""The one YAML loader (gpu_exporter/yamlfile.py): its limits, merge keys, and its readers.
+"""The one YAML loader (gpu_exporter/support/yamlfile.py): its limits, merge keys, and its readers.
 
 The daemon-level tests run the real CLI: a rule file, a configuration and a scenario that the
 old loader expanded without bound or answered with a traceback must now be refused with exit 2
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpu_exporter import yamlfile
-from gpu_exporter.config import ConfigError, load_config
+from gpu_exporter.config.load import ConfigError, load_config
 from gpu_exporter.sim.scenario import ScenarioError, load_scenario
-from gpu_exporter.yamlfile import (
+from gpu_exporter.support import yamlfile
+from gpu_exporter.support.yamlfile import (
     ALIAS_NODES_FLOOR,
     MAX_DEPTH,
     MAX_FILE_BYTES,

@@ -14,17 +14,17 @@ from importlib import metadata
 from typing import TextIO
 
 from gpu_exporter import __version__
-from gpu_exporter.classify import Classifier, Thresholds
+from gpu_exporter.collect.classify import Classifier, Thresholds
+from gpu_exporter.collect.k8s import defaults as k8s_defaults
+from gpu_exporter.collect.settings import DcgmSettings, NvmlSettings, add_dcgm_arguments
+from gpu_exporter.collect.startup import StartupProgress
+from gpu_exporter.collect.topology import Topology, read_topology
 from gpu_exporter.diagnose.exit_status import EXIT_NO_DRIVER, EXIT_USAGE
 from gpu_exporter.diagnose.health import HealthRules
 from gpu_exporter.diagnose.report import PodsRead, Profile, Run, build_report
 from gpu_exporter.diagnose.text import Text
-from gpu_exporter.k8s import defaults as k8s_defaults
-from gpu_exporter.series import SeriesBuilder
-from gpu_exporter.snapshot import DeviceSample, Snapshot, TickStats
-from gpu_exporter.sources.settings import DcgmSettings, NvmlSettings, add_dcgm_arguments
-from gpu_exporter.sources.startup import StartupProgress
-from gpu_exporter.topology import Topology, read_topology
+from gpu_exporter.model.series import SeriesBuilder
+from gpu_exporter.model.snapshot import DeviceSample, Snapshot, TickStats
 
 # How long NVML's start may take before diagnose gives up: as long as the source waits for one
 # call before it counts it hung (nvmlInit without persistence mode takes seconds per GPU).
@@ -174,8 +174,8 @@ def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, Processor | None]:
             return PodsRead(None, False), None
         socket = k8s_defaults.SOCKET_PATH
     # grpc and protobuf only when pods are read
-    from gpu_exporter.k8s.attribution import AttributionSettings, PodAttribution
-    from gpu_exporter.k8s.labels import PodsOfTick
+    from gpu_exporter.collect.k8s.attribution import AttributionSettings, PodAttribution
+    from gpu_exporter.collect.k8s.labels import PodsOfTick
 
     attribution = PodAttribution(AttributionSettings(socket_path=socket))
     if not attribution.refresh():
@@ -186,7 +186,7 @@ def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, Processor | None]:
 
 def _load_health_rules(args: argparse.Namespace) -> HealthRules | str:
     """The health rules, or why they cannot be used (a file:line error from the loader)."""
-    from gpu_exporter.rules.loader import RuleFileError
+    from gpu_exporter.alerting.rules.loader import RuleFileError
 
     try:
         return HealthRules(args.health_rules or None)
@@ -195,11 +195,11 @@ def _load_health_rules(args: argparse.Namespace) -> HealthRules | str:
 
 
 def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
-    from gpu_exporter.sources import dcgm
-    from gpu_exporter.sources.base import ErrorLog, SourceUnavailableError
-    from gpu_exporter.sources.device_config import read_device_config
-    from gpu_exporter.sources.nvml import NvmlSource
-    from gpu_exporter.sources.settings import default_deadline
+    from gpu_exporter.collect import dcgm
+    from gpu_exporter.collect.nvml.device_config import read_device_config
+    from gpu_exporter.collect.nvml.source import NvmlSource
+    from gpu_exporter.collect.settings import default_deadline
+    from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 
     health = _load_health_rules(args)
     if isinstance(health, str):
@@ -258,7 +258,7 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
 def _not_started(progress: StartupProgress, timeout: float) -> str:
     """Why the GPUs cannot be sampled after waiting up to `timeout` for NVML's start ("" once
     they can): its error, or the step that has not answered and for how long."""
-    from gpu_exporter.sources.base import SourceUnavailableError
+    from gpu_exporter.collect.source import SourceUnavailableError
 
     if progress.wait_ready(timeout):
         return ""

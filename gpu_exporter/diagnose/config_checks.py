@@ -1,5 +1,5 @@
 """Settings an administrator changed and may have forgotten, read once from NVML after the
-profile (gpu_exporter/sources/device_config.py): each check says what is set, what the board's
+profile (gpu_exporter/collect/nvml/device_config.py): each check says what is set, what the board's
 default is, and why it matters. A warning needs attention (exit status 1); a note is context.
 
 The NVML calls behind them were verified only against nvml.h, not on hardware.
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_exporter.sources.device_config import DeviceConfig
+from gpu_exporter.collect.nvml.device_config import DeviceConfig
 
 WARNING = "warning"
 NOTE = "note"

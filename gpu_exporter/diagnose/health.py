@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from gpu_exporter import xids
-from gpu_exporter.rules.alerts import Alert, State
-from gpu_exporter.rules.engine import GroupEvaluator
-from gpu_exporter.rules.loader import LoadLimits, RuleFileError, load_rule_files
-from gpu_exporter.rules.manager import store_samples
-from gpu_exporter.rules.pack import HEALTH_GROUP, default_rule_files
-from gpu_exporter.series import SeriesSet
-from gpu_exporter.store import Labels, SeriesStore
+from gpu_exporter.alerting.rules.alerts import Alert, State
+from gpu_exporter.alerting.rules.engine import GroupEvaluator
+from gpu_exporter.alerting.rules.loader import LoadLimits, RuleFileError, load_rule_files
+from gpu_exporter.alerting.rules.manager import store_samples
+from gpu_exporter.alerting.rules.pack import HEALTH_GROUP, default_rule_files
+from gpu_exporter.alerting.store import Labels, SeriesStore
+from gpu_exporter.model import xids
+from gpu_exporter.model.series import SeriesSet
 
 
 class Action(StrEnum):
@@ -142,7 +142,8 @@ class HealthFinding:
         return HEALTH_STEPS.get(self.alert, ())
 
     def text(self) -> str:
-        """One line: the alert, what it means for an XID (gpu_exporter/xids.py), its summary."""
+        """One line: the alert, what it means for an XID (gpu_exporter/model/xids.py), its
+        summary."""
         xid = self.labels.get("xid", "")
         meaning = xids.meaning(xid)
         detail = f" (XID {xid}: {meaning})" if meaning else ""

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpu_exporter import xids
-from gpu_exporter.classify import CLASSES, THROTTLE_REASONS, Classifier, Verdict
+from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS, Classifier, Verdict
+from gpu_exporter.collect.nvml.device_config import DeviceConfig
+from gpu_exporter.collect.topology import Topology
 from gpu_exporter.diagnose.advice import (
     ATTENTION_CLASSES,
     MIG_NO_GPM_STEPS,
@@ -31,10 +32,9 @@ from gpu_exporter.diagnose.health import (
     merged_steps,
 )
 from gpu_exporter.diagnose.topology_notes import interpret
-from gpu_exporter.nvml_facts import ARCHITECTURES
-from gpu_exporter.series import DeviceView, InstanceView
-from gpu_exporter.sources.device_config import DeviceConfig
-from gpu_exporter.topology import Topology
+from gpu_exporter.model import xids
+from gpu_exporter.model.nvml_facts import ARCHITECTURES
+from gpu_exporter.model.series import DeviceView, InstanceView
 
 # 2: health findings and next steps from the rule pack, config checks, topology notes, a down
 # GPU's state without stale values.

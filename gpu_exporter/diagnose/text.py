@@ -7,10 +7,10 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from gpu_exporter.classify import CLASSES, THROTTLE_REASONS
+from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS
+from gpu_exporter.collect.topology import Topology
 from gpu_exporter.diagnose.report import PodsRead
 from gpu_exporter.diagnose.topology_notes import interpret
-from gpu_exporter.topology import Topology
 
 CLASS_COLOURS = {
     "idle": "2",

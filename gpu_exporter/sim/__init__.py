@@ -25,10 +25,10 @@ from typing import Any
 
 import pynvml
 
+from gpu_exporter.collect import dcgm_api
 from gpu_exporter.sim.fake_dcgm import FakeDcgmLib
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib
 from gpu_exporter.sim.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
-from gpu_exporter.sources import dcgm_api
 
 __all__ = [
     "BINDING_PRIVATES",

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from gpu_exporter.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from gpu_exporter.sim.scenario import Scenario
 
 # container name -> [(resource name, [device ids])]

@@ -18,10 +18,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypedDict
 
-from gpu_exporter import nvml_facts as facts
+from gpu_exporter.collect.nvml.device_config import COMPUTE_MODE_NAMES
+from gpu_exporter.model import nvml_facts as facts
 from gpu_exporter.sim.mig import MigSpec, parse_mig
-from gpu_exporter.sources.device_config import COMPUTE_MODE_NAMES
-from gpu_exporter.yamlfile import YamlFileError, format_path, load_yaml, load_yaml_file
+from gpu_exporter.support.yamlfile import YamlFileError, format_path, load_yaml, load_yaml_file
 
 __all__ = [
     "ARCHITECTURES",
@@ -52,7 +52,7 @@ GIB = 1024**3
 MIB = 1024**2
 
 # Names as the exporter reports them (gpu_info's `architecture`, the `reason` label); values
-# are NVML's constants. Defined once in `gpu_exporter.nvml_facts`; the fake returns these
+# are NVML's constants. Defined once in `gpu_exporter.model.nvml_facts`; the fake returns these
 # numbers, and tests/test_nvml_facts.py checks them against pynvml's own.
 ARCHITECTURES: Mapping[str, int] = facts.ARCHITECTURES  # release order
 _ARCH_RANK = {name: rank for rank, name in enumerate(ARCHITECTURES)}
@@ -1230,7 +1230,9 @@ def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> Scenario:
         resource = resources.files("gpu_exporter.sim") / "scenarios" / f"{name_or_path}.yaml"
         return _load_text(resource.read_text(encoding="utf-8"), str(resource))
     try:
-        located = load_yaml_file(path)  # bounded: size, depth, aliases (gpu_exporter.yamlfile)
+        located = load_yaml_file(
+            path
+        )  # bounded: size, depth, aliases (gpu_exporter.support.yamlfile)
     except YamlFileError as exc:
         raise ScenarioError(str(exc)) from None
     return _parse(located.data, _Ctx(located.filename, located.lines))

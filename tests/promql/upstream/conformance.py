@@ -188,7 +188,7 @@ def run_daemon(path: Path) -> str:
 
 
 def _daemon_errors(path: Path) -> str:
-    from gpu_exporter.rules.unit_tests import run_test_file
+    from gpu_exporter.alerting.rules.unit_tests import run_test_file
 
     return "\n".join(run_test_file(path).errors)
 

@@ -51,9 +51,9 @@ from typing import TextIO
 
 import yaml
 
-from gpu_exporter.rules import promql, promql_functions
-from gpu_exporter.rules.series_notation import parse_series, parse_values
-from gpu_exporter.store import Labels, SeriesStore, is_stale
+from gpu_exporter.alerting.rules import promql, promql_functions
+from gpu_exporter.alerting.rules.series_notation import parse_series, parse_values
+from gpu_exporter.alerting.store import Labels, SeriesStore, is_stale
 
 HERE = Path(__file__).resolve().parent
 SUITE = HERE / "prometheus-3.14"

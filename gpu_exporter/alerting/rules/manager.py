@@ -1,0 +1,484 @@
+"""The daemon's rule engine: every tick, feed the snapshot to the store, evaluate the groups
+that are due, and hand the alerts that need sending to the notifier.
+
+Reloads (SIGHUP, or a rule file changing on disk) replace the rules only when every file
+loads; otherwise the error is logged, counted, shown in /api/v1/rules, and the last good rules
+stay active.
+
+A rule the loader skips (valid PromQL the daemon does not evaluate, `loader.SkippedRule`) is
+logged once per load, listed in /api/v1/rules with health "err" and the reason, counted by
+group (gpu_exporter_rule_group_skipped_rules), and never evaluated.
+
+Budgets: a rule reading further back than `max_range_seconds` is refused at load; a group's
+evaluation running past its time budget is stopped (its rules keep their state and show the
+error), counted and logged at most once a minute, and the tick goes on; the rule history is
+capped at `history_max_bytes` (gpu_exporter/alerting/store.py says how), and rules whose history
+cannot fit in it for the series this node has (known once a tick was ingested) are refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules.alerts import Alert, AlertingRule, State, ends_at
+from gpu_exporter.alerting.rules.engine import GroupEvaluator, GroupState, RuleState
+from gpu_exporter.alerting.rules.loader import (
+    DEFAULT_MAX_RANGE_SECONDS,
+    LoadLimits,
+    Rule,
+    RuleFileError,
+    SkippedRule,
+    expand_paths,
+    load_rule_files,
+    skipped_rules,
+)
+from gpu_exporter.alerting.rules.pack import default_rule_files
+from gpu_exporter.alerting.runbook import with_runbook_base
+from gpu_exporter.alerting.store import Labels, SeriesStore, make_labels
+from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS
+from gpu_exporter.model.series import Producer, Series, SeriesSet, series
+from gpu_exporter.support.ratelimit import RateLimit
+
+log = logging.getLogger(__name__)
+
+
+class AlertSink(Protocol):
+    def send(self, alerts: Sequence[Any]) -> None: ...
+
+
+@dataclass
+class RuleSettings:
+    files: list[str] = field(default_factory=default_rule_files)
+    evaluation_interval: float = DEFAULT_INTERVAL_SECONDS
+    resend_delay: float = 60.0
+    external_labels: dict[str, str] = field(default_factory=dict)
+    external_url: str = ""
+    # Shipped runbook links (docs/runbook.md#...) are made absolute under this; "": as written.
+    runbook_base_url: str = ""
+    reload_check_seconds: float = 5.0
+    # Budgets: a rule's range or offset reaching further back than this is
+    # refused at load; one group's evaluation running longer than this is stopped and counted
+    # (None: half the evaluation interval); the rule history's memory is capped at this size.
+    max_range_seconds: float = DEFAULT_MAX_RANGE_SECONDS
+    group_time_budget_seconds: float | None = None
+    history_max_bytes: int = 64 * 1024 * 1024
+    # Which Prometheus' PromQL the rules are evaluated as (`rules.semantics`).
+    semantics: promql.Semantics = promql.DEFAULT_SEMANTICS
+
+    @property
+    def group_budget(self) -> float:
+        return self.group_time_budget_seconds or self.evaluation_interval / 2
+
+
+# A group over its time budget is logged at most this often (each time counted).
+BUDGET_LOG_SECONDS = 60.0
+
+
+def store_samples(
+    series_set: SeriesSet, names: frozenset[str] | None = None
+) -> Iterator[tuple[Labels, float]]:
+    """The tick's series as the store keeps them: exactly the names, labels and values a scrape
+    returns. With `names`, only those metrics: building label sets nobody reads is most of the
+    cost of ingesting a tick."""
+    for row in series_set:
+        if names is None or row.name in names:
+            yield make_labels(row.name, row.labels), row.value
+
+
+class _StoreLabels:
+    """`store_samples`, reusing each series' label set from the previous feed of its group:
+    building and sorting them was most of the cost of feeding the store. Holds one feed's."""
+
+    def __init__(self) -> None:
+        self._by_group: dict[str, dict[tuple[str, Labels], Labels]] = {}
+
+    def samples(
+        self, series_set: SeriesSet, names: frozenset[str] | None, group: str
+    ) -> list[tuple[Labels, float]]:
+        previous = self._by_group.get(group, {})
+        current: dict[tuple[str, Labels], Labels] = {}
+        out = []
+        for row in series_set:
+            if names is None or row.name in names:
+                key = (row.name, row.labels)
+                labels = previous.get(key)
+                if labels is None:
+                    labels = make_labels(row.name, row.labels)
+                current[key] = labels
+                out.append((labels, row.value))
+        self._by_group[group] = current
+        return out
+
+
+class RuleManager:
+    name = "rule_evaluation"  # the `collector` label of evaluation; its metrics are "rules"
+
+    def __init__(
+        self,
+        settings: RuleSettings,
+        notifier: AlertSink | None = None,
+        store: SeriesStore | None = None,
+    ) -> None:
+        self.settings = settings
+        self.notifier = notifier
+        self.store = store or SeriesStore()
+        self.store.limit_bytes(settings.history_max_bytes)
+        self._store_labels = _StoreLabels()
+        self._last_ingest = 0.0
+        self._ingest_interval: float | None = None  # seconds between the last two ticks
+        self.budget_exceeded_total: dict[str, int] = {}  # by group name, across reloads
+        self._budget_log = RateLimit(BUDGET_LOG_SECONDS)  # by group name
+        self.evaluator = GroupEvaluator([], self.store)
+        self._lock = threading.Lock()
+        self._mtimes: dict[Path, float] = {}
+        self._last_reload_check = 0.0
+        self.last_reload_success = True
+        self.last_reload_error = ""
+        self.last_reload_time = 0.0
+        self.evaluations_total = 0
+        self.evaluation_failures_total = 0
+        self.reloads_failed_total = 0
+        self._reload_requested = threading.Event()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Initial load: errors propagate (the daemon refuses to start with broken rules)."""
+        self._install(self._load())
+
+    def _load(self) -> GroupEvaluator:
+        """The rule files as an evaluator, carrying over the current rules' state; raises
+        RuleFileError for a broken file, or for rules whose history cannot fit the cap."""
+        groups = load_rule_files(self.settings.files, self._limits())
+        groups = with_runbook_base(groups, self.settings.runbook_base_url)
+        evaluator = GroupEvaluator(
+            groups,
+            self.store,
+            external_labels=self.settings.external_labels,
+            external_url=self.settings.external_url,
+            previous=self.evaluator,
+            semantics=self.settings.semantics,
+        )
+        problem = self._history_problem(evaluator)
+        if problem:
+            raise RuleFileError([problem])
+        return evaluator
+
+    def _history_problem(self, evaluator: GroupEvaluator) -> str | None:
+        """Why `evaluator`'s rules cannot keep their history within the cap for the series
+        stored now (8 bytes a sample at least, one sample a tick), or None; unknown (None)
+        until two ticks were ingested."""
+        interval = self._ingest_interval
+        if not interval:
+            return None
+        default, by_metric = evaluator.retention()
+        names = evaluator.referenced_metrics()
+        counts = self.store.series_by_name()
+        need = {
+            name: count * (int(by_metric.get(name, default).window / interval) + 1) * 8
+            for name, count in counts.items()
+            if names is None or name in names  # the others these rules would not keep
+        }
+        total, cap = sum(need.values()), self.settings.history_max_bytes
+        if total <= cap:
+            return None
+        name = max(need, key=need.__getitem__)
+        lookback_ms = round(evaluator.lookback * 1000)
+        readers: list[tuple[int, str]] = []  # the rules reading that metric's history
+        for group in evaluator.groups:
+            for rule in (state.rule for state in group.rules):
+                needs = promql.history_by_metric(rule.expr, lookback_ms)
+                window = max((needs[k].window_ms for k in (name, None) if k in needs), default=0)
+                if window:
+                    readers.append((-window, f"{rule.location} ({rule.name})"))
+        reading = [where for _, where in sorted(readers)]  # longest first
+        return (
+            f"these rules would keep at least {_mib(total)} of history for the "
+            f"{sum(counts.values())} series stored now (a sample every {interval:g}s), more "
+            f"than rules.history_max_bytes ({_mib(cap)}); most for {name}: {counts[name]} "
+            f"series, {by_metric.get(name, default).window:g}s each, {_mib(need[name])}, read "
+            f"by {', '.join(reading[:3])}; raise rules.history_max_bytes or shorten the ranges"
+        )
+
+    def _limits(self) -> LoadLimits:
+        return LoadLimits(
+            max_range_seconds=self.settings.max_range_seconds, semantics=self.settings.semantics
+        )
+
+    def reload(self) -> bool:
+        try:
+            evaluator = self._load()
+        except Exception as exc:  # RuleFileError, or anything unexpected: keep the old rules
+            self.last_reload_success = False
+            self.last_reload_error = str(exc)
+            self.reloads_failed_total += 1
+            log.error("rule reload failed, keeping the previous rules:\n%s", exc)
+            return False
+        self._install(evaluator)
+        log.info("rules reloaded: %d groups", len(evaluator.groups))
+        return True
+
+    def _install(self, evaluator: GroupEvaluator) -> None:
+        with self._lock:
+            default, by_metric = evaluator.retention()
+            self.store.configure(default, evaluator.referenced_metrics(), by_metric)
+            self.evaluator = evaluator
+            self._mtimes = self._current_mtimes()
+            self.last_reload_success, self.last_reload_error = True, ""
+            self.last_reload_time = time.time()
+        for skipped in skipped_rules(g.group for g in evaluator.groups):
+            log.warning("rule loaded but skipped: %s", skipped.message)
+
+    def _current_mtimes(self) -> dict[Path, float]:
+        try:
+            paths = expand_paths(self.settings.files)
+        except RuleFileError:
+            return {}
+        out = {}
+        for path in paths:
+            try:
+                out[path] = os.stat(path).st_mtime
+            except OSError:
+                continue
+        return out
+
+    def request_reload(self) -> None:
+        """From a signal handler: reload at the next tick."""
+        self._reload_requested.set()
+
+    def reload_if_changed(self, now: float) -> None:
+        if self._reload_requested.is_set():
+            self._reload_requested.clear()
+            self.reload()
+            self._last_reload_check = now
+            return
+        if now - self._last_reload_check < self.settings.reload_check_seconds:
+            return
+        self._last_reload_check = now
+        if self._current_mtimes() != self._mtimes and not self.reload():
+            self._mtimes = self._current_mtimes()  # report a broken file once, not per check
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    def on_series(self, series_set: SeriesSet) -> None:
+        """Ingest the tick's series and evaluate the groups that are due."""
+        now = series_set.timestamp
+        if now > self._last_ingest:
+            if self._last_ingest:
+                self._ingest_interval = now - self._last_ingest
+            self._last_ingest = now
+        self.reload_if_changed(time.monotonic())
+        samples = self._store_labels.samples(series_set, self.store.names, "tick")
+        self.store.ingest(now, samples, group="tick")
+        budget = self.settings.group_budget
+        with self._lock:
+            evaluator = self.evaluator
+            for group in evaluator.groups:
+                if not self._due(group, now):
+                    continue
+                problems = evaluator.evaluate_group(group, now, budget)
+                self.evaluations_total += 1
+                self.evaluation_failures_total += len(problems)
+                for problem in problems:
+                    log.warning("rule evaluation failed in group %s: %s", group.group.name, problem)
+                if group.last_stopped:
+                    self._over_budget(group, budget)
+                self._send(group, now)
+
+    def _over_budget(self, group: GroupState, budget: float) -> None:
+        """Count a group stopped by its time budget; log it at most once a minute."""
+        name = group.group.name
+        self.budget_exceeded_total[name] = self.budget_exceeded_total.get(name, 0) + 1
+        passed = self._budget_log.allow(name)
+        if passed is None:
+            return
+        log.warning(
+            "rule group %s stopped after %.3fs, over its time budget of %gs "
+            "(rules.group_time_budget_seconds): %d of its %d rules not evaluated this time, "
+            "their alerts kept as they were%s",
+            name, group.last_duration, budget, group.last_stopped, len(group.rules), passed.note,
+        )  # fmt: skip
+
+    def on_late_series(self, series_set: SeriesSet) -> None:
+        """The same tick's families built after evaluation (this manager's own, the notifier's,
+        the collector statuses), at the same timestamp, as one scrape would have them."""
+        samples = self._store_labels.samples(series_set, self.store.names, "late")
+        self.store.ingest(series_set.timestamp, samples, group="late")
+
+    def producer(self) -> Producer:
+        return Producer("rules", lambda: self.series(), frozenset({"rules"}))
+
+    def _interval(self, group: GroupState) -> float:
+        return group.group.interval_seconds or self.settings.evaluation_interval
+
+    def _due(self, group: GroupState, now: float) -> bool:
+        # Half a tick of slack: a group on the sampling interval runs every tick despite jitter.
+        slack = self.settings.evaluation_interval / 2
+        return (
+            not group.last_evaluation
+            or now >= group.last_evaluation + self._interval(group) - slack
+        )
+
+    def _send(self, group: GroupState, now: float) -> None:
+        if self.notifier is None:
+            return
+        from gpu_exporter.alerting.notify.alertmanager import OutgoingAlert
+
+        interval = self._interval(group)
+        outgoing = []
+        for rule in group.rules:
+            if not isinstance(rule, AlertingRule) or rule.last_error:
+                continue  # as Prometheus: a failed evaluation sends nothing
+            for alert in rule.to_send(now, self.settings.resend_delay, interval):
+                outgoing.append(
+                    OutgoingAlert(
+                        labels=dict(alert.labels),
+                        annotations=dict(alert.annotations),
+                        starts_at=alert.fired_at or alert.active_at,
+                        ends_at=ends_at(alert, now, self.settings.resend_delay, interval),
+                        generator_url=f"{self.settings.external_url}/api/v1/alerts",
+                    )
+                )
+        if outgoing:
+            self.notifier.send(outgoing)
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def alerting_rules(self) -> list[AlertingRule]:
+        with self._lock:
+            return self.evaluator.alerting_rules()
+
+    def alerts_json(self) -> list[dict[str, Any]]:
+        return [_alert_json(alert) for rule in self.alerting_rules() for alert in rule.alerts()]
+
+    def rules_json(self, group: str | None = None) -> list[dict[str, Any]]:
+        """/api/v1/rules' groups; `group`: only the groups of that name."""
+        with self._lock:
+            groups = [g for g in self.evaluator.groups if group in (None, g.group.name)]
+        return [
+            {
+                "name": g.group.name,
+                "file": g.group.file,
+                "interval": self._interval(g),
+                "limit": g.group.limit,
+                "evaluationTime": g.last_duration,
+                "lastEvaluation": _rfc3339(g.last_evaluation),
+                "rules": _rules_json(g),
+            }
+            for g in groups
+        ]
+
+    def series(self) -> Iterator[Series]:
+        """Self-metrics of rule evaluation."""
+        counts: dict[tuple[str, str], int] = {}
+        with self._lock:
+            for rule in self.evaluator.alerting_rules():
+                for state in (State.PENDING, State.FIRING):
+                    counts.setdefault((rule.name, state.value), 0)
+                for alert in rule.alerts():
+                    counts[(rule.name, alert.state.value)] += 1
+            durations = [(g.group.name, g.last_duration) for g in self.evaluator.groups]
+            skipped: dict[str, int] = {}  # by name: two files may have a group of one name
+            for g in self.evaluator.groups:
+                skipped[g.group.name] = skipped.get(g.group.name, 0) + len(g.group.skipped)
+            over_budget = sorted(self.budget_exceeded_total.items())
+        for (name, state_name), count in sorted(counts.items()):
+            labels = (("alertname", name), ("state", state_name))
+            yield series("gpu_exporter_alerts", count, labels)
+        yield series("gpu_exporter_rule_evaluations_total", self.evaluations_total)
+        yield series("gpu_exporter_rule_evaluation_failures_total", self.evaluation_failures_total)
+        yield series("gpu_exporter_rule_reload_failures_total", self.reloads_failed_total)
+        yield series("gpu_exporter_rule_reload_success", 1.0 if self.last_reload_success else 0.0)
+        for group, seconds in durations:
+            yield series("gpu_exporter_rule_group_duration_seconds", seconds, (("group", group),))
+        for group, count in skipped.items():
+            yield series("gpu_exporter_rule_group_skipped_rules", count, (("group", group),))
+        for group, count in over_budget:
+            yield series(
+                "gpu_exporter_rule_group_budget_exceeded_total", count, (("group", group),)
+            )
+        store = self.store
+        yield series("gpu_exporter_rule_history_bytes", store.bytes)
+        yield series("gpu_exporter_rule_history_max_bytes", store.max_bytes or 0)
+        yield series("gpu_exporter_rule_history_dropped_samples_total", store.cap_dropped_samples)
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.1f} MiB"
+
+
+# lastEvaluation of a group not evaluated yet (Go's zero time, as Prometheus writes it).
+NEVER_EVALUATED = "0001-01-01T00:00:00Z"
+
+
+def _rfc3339(unix: float) -> str:
+    if not unix:
+        return NEVER_EVALUATED
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix)) + f".{int(unix % 1 * 1e3):03d}Z"
+
+
+def _alert_json(alert: Alert) -> dict[str, Any]:
+    return {
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "state": alert.state.value,
+        "activeAt": _rfc3339(alert.active_at),
+        "value": f"{alert.value:e}",
+    }
+
+
+def _rules_json(group: GroupState) -> list[dict[str, Any]]:
+    """The group's rules as written: the skipped ones in their places among the evaluated."""
+    skipped = {s.position: s for s in group.group.skipped}
+    evaluated = iter(group.rules)
+    return [
+        _skipped_json(skipped[i]) if i in skipped else _rule_json(next(evaluated))
+        for i in range(len(group.rules) + len(skipped))
+    ]
+
+
+def _rule_json(rule: RuleState) -> dict[str, Any]:
+    health = "err" if rule.last_error else ("ok" if rule.last_evaluation else "unknown")
+    alerts = rule.alerts() if isinstance(rule, AlertingRule) else []
+    return _rule_fields(
+        rule.rule, health, rule.last_error, rule.last_duration, rule.last_evaluation, alerts
+    )
+
+
+def _skipped_json(skipped: SkippedRule) -> dict[str, Any]:
+    return _rule_fields(skipped.rule, "err", skipped.reason, 0.0, 0.0, [])
+
+
+def _rule_fields(
+    rule: Rule, health: str, error: str, duration: float, evaluated: float, alerts: list[Alert]
+) -> dict[str, Any]:
+    base = {
+        "name": rule.name,
+        "query": rule.expr_text,
+        "labels": dict(rule.labels),
+        "health": health,
+        "lastError": error,
+        "evaluationTime": duration,
+        "lastEvaluation": _rfc3339(evaluated),
+    }
+    if not rule.is_alert:
+        return {**base, "type": "recording"}
+    states = {a.state for a in alerts}
+    state = "firing" if State.FIRING in states else "pending" if states else "inactive"
+    return {
+        **base,
+        "type": "alerting",
+        "state": state,
+        "duration": rule.for_seconds,
+        "keepFiringFor": rule.keep_firing_for_seconds,
+        "annotations": dict(rule.annotations),
+        "alerts": [_alert_json(a) for a in alerts],
+    }

@@ -1,0 +1,276 @@
+"""Which pod holds which GPU: the kubelet PodResources v1 API, polled on its own thread.
+
+The kubelet serves `List()` on a unix socket (default
+/var/lib/kubelet/pod-resources/kubelet.sock). Every container's devices of the configured
+resources (`nvidia.com/gpu`, `nvidia.com/mig-*`, extras) are mapped device id -> pods. The map
+is rebuilt every `refresh_seconds` on a background thread and swapped in atomically, so a
+scrape only ever reads a finished, immutable snapshot and never waits on the kubelet.
+
+Device ids, as the NVIDIA device plugin reports them to the kubelet (its internal/rm/devices.go
+and api/config/v1/replicas.go): the device's UUID, `GPU-<uuid>` or `MIG-<uuid>` (older drivers:
+`MIG-GPU-<uuid>/<gi>/<ci>`), whatever `deviceIDStrategy` is (that flag only changes what the
+plugin hands to the container). With time-slicing or MPS sharing each physical device is
+advertised `replicas` times as `<uuid>::<n>`; we strip `::<n>` so every replica lands on the
+physical device, and pods sharing it are listed together. Anything else (an index such as
+"0", another plugin's naming) is kept as given, so a consumer can still match it.
+
+A failed refresh (socket missing, kubelet restarting or hung, any error) keeps the last map for a
+grace period, `stale_after_seconds` after the last success (3 refresh intervals unless set), and
+only then clears it: one failure does not end and restart every per-GPU series. Meanwhile
+`gpu_exporter_attribution_up` is 0 and the last success timestamp says how old the map is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import grpc
+
+from gpu_exporter.collect.k8s import defaults
+from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.model.series import Producer, Series, series
+
+log = logging.getLogger(__name__)
+
+UP = "gpu_exporter_attribution_up"
+REFRESHES = "gpu_exporter_attribution_refreshes_total"
+LAST_SUCCESS = "gpu_exporter_attribution_last_success_timestamp_seconds"
+
+# "<device id>::<replica>", the NVIDIA device plugin's id for one share of a time-sliced or
+# MPS-shared device.
+_REPLICA_SUFFIX = re.compile(r"::\d+$")
+_OK = "ok"
+
+
+@dataclass(frozen=True, order=True)
+class PodRef:
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass
+class AttributionSettings:
+    socket_path: str = defaults.SOCKET_PATH
+    resource_names: tuple[str, ...] = defaults.RESOURCE_NAMES
+    resource_prefixes: tuple[str, ...] = defaults.RESOURCE_PREFIXES
+    refresh_seconds: float = defaults.REFRESH_SECONDS
+    timeout_seconds: float = defaults.TIMEOUT_SECONDS
+    # How long after the last success a failing kubelet's last map is kept; None:
+    # defaults.STALE_AFTER_REFRESHES refresh intervals; 0: cleared at the first failure.
+    stale_after_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        # The config layer hands over lists; tuples keep the settings hashable and unshared.
+        self.resource_names = tuple(self.resource_names)
+        self.resource_prefixes = tuple(self.resource_prefixes)
+        if self.stale_after_seconds is not None and not self.stale_after_seconds >= 0:
+            raise ValueError(
+                f"kubernetes.stale_after_seconds must be >= 0, got {self.stale_after_seconds}"
+            )
+
+    @property
+    def grace_seconds(self) -> float:
+        if self.stale_after_seconds is not None:
+            return self.stale_after_seconds
+        return defaults.STALE_AFTER_REFRESHES * self.refresh_seconds
+
+    def wants(self, resource_name: str) -> bool:
+        return resource_name in self.resource_names or resource_name.startswith(
+            self.resource_prefixes
+        )
+
+
+DeviceMap = Mapping[str, tuple[PodRef, ...]]
+_NO_PODS: DeviceMap = MappingProxyType({})
+
+
+def normalize_device_id(device_id: str) -> str:
+    """The physical device behind a kubelet device id: `GPU-x::3` -> `GPU-x`; others as given."""
+    return _REPLICA_SUFFIX.sub("", device_id.strip())
+
+
+def map_devices(
+    pods: Iterable[api_pb2.PodResources], settings: AttributionSettings
+) -> dict[str, tuple[PodRef, ...]]:
+    """Device id -> every container holding it, sorted (shared devices have several)."""
+    holders: defaultdict[str, set[PodRef]] = defaultdict(set)
+    for pod in pods:
+        for container in pod.containers:
+            ref = PodRef(pod.namespace, pod.name, container.name)
+            for devices in container.devices:
+                if not settings.wants(devices.resource_name):
+                    continue
+                for device_id in devices.device_ids:
+                    if device := normalize_device_id(device_id):
+                        holders[device].add(ref)
+    return {device: tuple(sorted(refs)) for device, refs in sorted(holders.items())}
+
+
+@dataclass(frozen=True)
+class _Status:
+    """Self-telemetry, replaced as a whole so `collect` reads a consistent set without a lock."""
+
+    up: bool = False
+    successes: int = 0
+    errors: int = 0
+    last_success: float = 0.0  # Unix time; 0 until the first success
+
+
+def _explain(error: Exception) -> tuple[str, str]:
+    """(state key, log message) for a failed refresh; the key decides when to log again."""
+    if isinstance(error, FileNotFoundError):
+        return "missing", "socket missing"
+    if not isinstance(error, grpc.Call):
+        return type(error).__name__, f"unexpected error: {error!r}"
+    code = error.code()
+    if code is grpc.StatusCode.UNIMPLEMENTED:
+        return (
+            code.name,
+            "the kubelet does not serve the PodResources v1 API (Kubernetes older than 1.20?)",
+        )
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return code.name, "the kubelet did not answer List() in time"
+    return code.name, f"{code.name}: {error.details()}"
+
+
+_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+
+
+class PodAttribution:
+    """Polls the kubelet and keeps the latest device -> pods map; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: AttributionSettings,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self._clock = clock  # the last-success timestamp
+        self._monotonic = monotonic  # the grace period (immune to wall-clock steps)
+        self._by_device: DeviceMap = _NO_PODS
+        self._succeeded_at: float | None = None  # monotonic time of the last success
+        self._status = _Status()
+        self._state: str | None = None  # _OK or an error key; a change is logged once
+        self._refresh_lock = threading.Lock()  # the thread and a caller may refresh at once
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Refresh now, in the caller's thread, then every `refresh_seconds` on a daemon thread.
+
+        The first refresh is synchronous (bounded by `timeout_seconds`) so that the sampler's
+        first tick, started next, already has the pod labels: an unlabelled first sample would
+        linger in the rule engine's range windows as a series of its own."""
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="pod-attribution", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            # An in-flight List() ends at its deadline at the latest.
+            thread.join(timeout=self.settings.timeout_seconds + 1.0)
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.settings.refresh_seconds):
+            self.refresh()
+
+    def refresh(self) -> bool:
+        """One List() call; True when the map now reflects the kubelet. Never raises."""
+        with self._refresh_lock:
+            try:
+                by_device = map_devices(self._list().pod_resources, self.settings)
+            except Exception as error:  # the refresh thread must survive anything
+                self._failed(error)
+                return False
+            self._succeeded(by_device)
+            return True
+
+    def pods_by_device(self) -> DeviceMap:
+        """Read-only snapshot: device id (GPU or MIG UUID, as given) -> pods holding it."""
+        return self._by_device
+
+    def series(self) -> Iterator[Series]:
+        """Attribution's own health (the `kubernetes` collector)."""
+        status = self._status
+        yield series(UP, 1.0 if status.up else 0.0)
+        yield series(REFRESHES, status.successes, (("result", "success"),))
+        yield series(REFRESHES, status.errors, (("result", "error"),))
+        yield series(LAST_SUCCESS, status.last_success)
+
+    def producer(self) -> Producer:
+        return Producer("kubernetes", self.series, frozenset({"kubernetes"}))
+
+    def _list(self) -> api_pb2.ListPodResourcesResponse:
+        path = self.settings.socket_path
+        if not os.path.exists(path):
+            raise FileNotFoundError(path)
+        # A fresh channel per refresh: a long-lived one backs off for up to two minutes after
+        # a kubelet restart, while a unix-socket connect every few seconds costs nothing. Its
+        # own subchannel pool: from gRPC's global one, a new channel may pick up the previous
+        # channel's subchannel still in back-off from a refused connect, and fail at once.
+        with grpc.insecure_channel(
+            "unix://" + os.path.abspath(path), options=_CHANNEL_OPTIONS
+        ) as channel:
+            stub = api_pb2_grpc.PodResourcesListerStub(channel)
+            request = api_pb2.ListPodResourcesRequest()
+            return stub.List(request, timeout=self.settings.timeout_seconds)
+
+    def _succeeded(self, by_device: dict[str, tuple[PodRef, ...]]) -> None:
+        # Pods absent from this answer (finished, evicted) lose their labels here.
+        self._by_device = MappingProxyType(by_device)
+        self._succeeded_at = self._monotonic()
+        old = self._status
+        self._status = _Status(True, old.successes + 1, old.errors, self._clock())
+        if self._state != _OK:
+            log.info(
+                "pod attribution: kubelet PodResources answered at %s (%d devices held by pods)",
+                self.settings.socket_path,
+                len(by_device),
+            )
+        self._state = _OK
+
+    def _failed(self, error: Exception) -> None:
+        old = self._status
+        self._status = _Status(False, old.successes, old.errors + 1, old.last_success)
+        state, message = _explain(error)
+        grace = self.settings.grace_seconds
+        since = None if self._succeeded_at is None else self._monotonic() - self._succeeded_at
+        if since is not None and since < grace:
+            # A kubelet restart or one slow answer: the pods are most likely where they were.
+            if state != self._state:
+                log.warning(
+                    "pod attribution: the kubelet at %s failed (%s); keeping the last known pod "
+                    "labels until %.0f s after the last success",
+                    self.settings.socket_path,
+                    message,
+                    grace,
+                )
+            self._state = state
+            return
+        # Past the grace, stale labels are worse than none: a GPU would keep reporting a pod
+        # that has finished while another pod uses it.
+        dropped = bool(self._by_device)
+        self._by_device = _NO_PODS
+        if state != self._state or dropped:
+            log.warning(
+                "pod attribution: no pod labels until the kubelet answers at %s: %s%s",
+                self.settings.socket_path,
+                message,
+                f" (failing for {since:.0f} s since the last success)" if dropped else "",
+            )
+        self._state = state

@@ -1,0 +1,92 @@
+"""Pod attribution -> exporter labels and readings (the glue between k8s/ and the sampler)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from gpu_exporter.collect.k8s.attribution import DeviceMap, PodAttribution, PodRef
+from gpu_exporter.model.snapshot import MINOR_NUMBER, DeviceSample, InstanceSample, Labels, Reading
+
+
+def pod_labels(pods: tuple[PodRef, ...]) -> Labels:
+    """Labels for every series of a GPU. A GPU shared by several pods (time-slicing) gets the
+    first one in sorted order; gpu_pod_info lists them all."""
+    if not pods:
+        return ()
+    first = pods[0]
+    return (("namespace", first.namespace), ("pod", first.pod), ("container", first.container))
+
+
+class PodsOfTick:
+    """One kubelet map per tick: `process` (a sampler processor, both modes) adds
+    gpu_pod_info{namespace,pod,container} 1 per pod holding the GPU (or MIG instance) and keeps
+    the map it used; `labels` (the sampler's device labels, "labels" mode), called later in the
+    same tick, answers from that same map — so gpu_pod_info and the pod labels never come from
+    two different kubelet answers.
+
+    A MIG instance is found under any of the ids the kubelet may give it (`instance_ids`), from
+    the identity the sampler's enumeration already read: no NVML lookup, ever (dcgm-exporter
+    resolved MIG ids through NVML on every scrape, issue 599)."""
+
+    def __init__(self, attribution: PodAttribution) -> None:
+        self.attribution = attribution
+        self._by_device: DeviceMap = {}
+        self._by_instance: dict[str, tuple[PodRef, ...]] = {}  # mig uuid -> pods
+
+    def process(self, devices: list[DeviceSample], _now: float) -> list[DeviceSample]:
+        self._by_device = by_device = self.attribution.pods_by_device()
+        self._by_instance = {}
+        out = []
+        for device in devices:
+            pods = by_device.get(device.uuid, ())
+            instances = []
+            for instance in device.instances:
+                held = _pods_of_instance(by_device, device, instance)
+                if held:
+                    self._by_instance[instance.mig_uuid] = held
+                    instance = replace(instance, readings=instance.readings + _pod_info(held))
+                instances.append(instance)
+            if pods or instances:
+                readings = device.readings + _pod_info(pods)
+                device = replace(device, readings=readings, instances=tuple(instances))
+            out.append(device)
+        return out
+
+    def labels(self) -> Mapping[str, Labels]:
+        """GPU UUID or MIG UUID -> the pod labels of its series."""
+        labels = {uuid: pod_labels(pods) for uuid, pods in self._by_device.items()}
+        labels.update({uuid: pod_labels(pods) for uuid, pods in self._by_instance.items()})
+        return labels
+
+
+def instance_ids(device: DeviceSample, instance: InstanceSample) -> tuple[str, ...]:
+    """Every id a device plugin may hand the kubelet for this MIG device: its MIG UUID (NVIDIA's
+    k8s-device-plugin, R470 and newer drivers), `MIG-<parent uuid>/<gi>/<ci>` (the same plugin
+    on older drivers) and GKE's `nvidia<minor>/gi<gi>` (its device node and GPU instance)."""
+    gi, ci = instance.gpu_instance, instance.compute_instance
+    ids = [instance.mig_uuid, f"MIG-{device.uuid}/{gi}/{ci}"]
+    minor = device.info.get(MINOR_NUMBER)
+    if minor is not None:
+        ids.append(f"nvidia{minor}/gi{gi}")
+    return tuple(ids)
+
+
+def _pods_of_instance(
+    by_device: DeviceMap, device: DeviceSample, instance: InstanceSample
+) -> tuple[PodRef, ...]:
+    found: set[PodRef] = set()
+    for device_id in instance_ids(device, instance):
+        found.update(by_device.get(device_id, ()))
+    return tuple(sorted(found))
+
+
+def _pod_info(pods: tuple[PodRef, ...]) -> tuple[Reading, ...]:
+    return tuple(
+        Reading(
+            "gpu_pod_info",
+            1.0,
+            (("namespace", p.namespace), ("pod", p.pod), ("container", p.container)),
+        )
+        for p in pods
+    )

@@ -1,0 +1,186 @@
+"""`gpu-exporter config check FILE…`: what `serve --config FILE` would load, checked before a
+rollout (as `promtool check config` does for Prometheus).
+
+Each file is checked with the daemon's own loaders, in the order `serve` runs them: the
+configuration (the file alone: environment variables and flags are not read), the simulation
+scenario it names, the web-config file it names, and its rule files, loaded by the rule manager
+with the settings `serve` gives it. Every problem is printed as the loader words it
+(`file:line: field: message`); exit status 2 when any file has one, as `serve` exits on bad
+input.
+
+`--root DIR` checks files laid out as a pod sees them (the chart's ConfigMaps and Secrets
+extracted under DIR): every absolute path in the configuration and in the web-config file is
+read under DIR instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+if TYPE_CHECKING:
+    from gpu_exporter.config.load import Config
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 2  # what `serve` exits with on the same input
+_CONFIG_PREFIX = "config error: "  # ConfigError's lines start so; the file name follows
+
+DESCRIPTION = """\
+Check daemon configuration files as `serve --config FILE` would load them: the settings, the
+simulation scenario (simulate:), the web-config file (web_config_file:) and the rule files
+(rules.files, the shipped pack unless the file says otherwise). Environment variables and flags
+are not read. Prints `FILE: OK`, or each problem as `file:line: field: message`; exits 0 when
+every file passes, 2 otherwise."""
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    config = commands.add_parser("config", help="check configuration files")
+    verbs = config.add_subparsers(dest="config_command", metavar="VERB", required=True)
+    check = verbs.add_parser(
+        "check",
+        help="validate configuration files and the files they name",
+        description=DESCRIPTION,
+    )
+    check.add_argument(
+        "--root",
+        metavar="DIR",
+        type=Path,
+        help="read the absolute paths the configuration and its web-config file name under DIR "
+        "(files laid out as the pod mounts them, e.g. extracted from `helm template`)",
+    )
+    check.add_argument("files", nargs="+", metavar="FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        problems = check_file(path, args.root)
+        if problems:
+            failed = True
+            for problem in problems:
+                print(problem, file=sys.stderr)
+        else:
+            print(f"{path}: OK")
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def check_file(path: str, root: Path | None = None) -> list[str]:
+    """Every problem `serve --config path` would stop at; empty when there is none."""
+    from gpu_exporter.config.load import ConfigError, load_config
+
+    with _rerooted(path, root) as (readable, shown):
+        try:
+            config = load_config(readable, environ={})
+        except ConfigError as exc:
+            return [
+                line.removeprefix(_CONFIG_PREFIX).replace(readable, shown)
+                for line in str(exc).splitlines()
+            ]
+    return _scenario_problems(config) + _web_config_problems(config, root) + _rule_problems(config)
+
+
+def _scenario_problems(config: Config) -> list[str]:
+    if not config.simulate:
+        return []
+    from gpu_exporter.sim.scenario import load_scenario
+
+    try:
+        load_scenario(config.simulate)
+    except ValueError as exc:  # ScenarioError and YAML errors name the file and field
+        return str(exc).splitlines()
+    return []
+
+
+def _web_config_problems(config: Config, root: Path | None) -> list[str]:
+    from gpu_exporter.web.http_server import web_config_problem
+
+    settings = config.web_settings()
+    if settings.web_config_file is None:
+        return []
+    with _rerooted(settings.web_config_file, root) as (readable, shown):
+        problem = web_config_problem(dataclasses.replace(settings, web_config_file=readable))
+    return problem.replace(readable, shown).splitlines()
+
+
+def _rule_problems(config: Config) -> list[str]:
+    if not config.rules.enabled:
+        return []
+    from gpu_exporter.alerting.rules.manager import RuleManager
+    from gpu_exporter.pipeline.assembly import rule_settings
+
+    try:
+        RuleManager(rule_settings(config)).load()  # what `serve` does before it starts
+    except ValueError as exc:  # RuleFileError: one line per problem
+        return str(exc).splitlines()
+    return []
+
+
+@contextlib.contextmanager
+def _rerooted(path: str, root: Path | None) -> Iterator[tuple[str, str]]:
+    """(the file to read, its name in messages): `path` itself, or with `root`, a copy of it
+    whose absolute paths lie under `root`, written beside it (a web-config file's relative
+    paths are relative to its directory) and removed afterwards. A file that cannot be read or
+    parsed is not copied: its loader reports that."""
+    if root is None:
+        yield path, path
+        return
+    from gpu_exporter.support.yamlfile import MAX_FILE_BYTES
+
+    try:
+        if not Path(path).is_file() or Path(path).stat().st_size > MAX_FILE_BYTES:
+            raise OSError("left to the loader")  # a FIFO or device could block or never end
+        copy = _with_root(Path(path).read_text(encoding="utf-8"), str(root.resolve()))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        yield path, path
+        return
+    fd, name = tempfile.mkstemp(dir=Path(path).parent, prefix=".config-check-", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(copy)
+        yield name, path
+    finally:
+        os.unlink(name)
+
+
+def _with_root(text: str, root: str) -> str:
+    """`text` with every one-line scalar value that is an absolute path prefixed by `root`,
+    each edited in place, so that every line keeps its number for the loaders' messages."""
+    edits: list[tuple[int, int, str]] = []
+    seen: set[int] = set()
+
+    def visit(node: yaml.Node) -> None:
+        if id(node) in seen:  # an alias: edited where its anchor is
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for _key, value in node.value:
+                visit(value)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                visit(item)
+        elif (
+            isinstance(node, yaml.ScalarNode)
+            and node.value.startswith("/")
+            and node.start_mark.line == node.end_mark.line
+        ):
+            # A JSON string is a YAML double-quoted scalar, valid in block and flow context.
+            edits.append(
+                (node.start_mark.index, node.end_mark.index, json.dumps(root + node.value))
+            )
+
+    for document in yaml.compose_all(text, Loader=yaml.SafeLoader):
+        if document is not None:
+            visit(document)
+    for start, end, replacement in sorted(edits, reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return text

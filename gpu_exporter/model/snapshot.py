@@ -1,0 +1,168 @@
+"""Immutable per-tick data: what one sampler tick saw, published atomically.
+
+A scrape, a rule evaluation or an API call only ever reads a published `Snapshot`; nothing
+downstream of the sampler talks to NVML.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # classify imports this module
+    from gpu_exporter.collect.classify import Verdict
+
+Labels = tuple[tuple[str, str], ...]
+
+# The key of DeviceSample.info that holds the device minor number (/dev/nvidia<minor>): not a
+# gpu_info label, read for pod attribution (GKE's device plugin names GPUs by it).
+MINOR_NUMBER = "minor_number"
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One sample of one catalog family: `family{labels} value` (device labels added later)."""
+
+    family: str
+    value: float
+    labels: Labels = ()
+
+
+def find_value(readings: Iterable[Reading], family: str, labels: Mapping[str, str]) -> float | None:
+    """The value of the reading of `family` with exactly `labels`, or None when absent."""
+    wanted = tuple(sorted(labels.items()))
+    for reading in readings:
+        if reading.family == family and tuple(sorted(reading.labels)) == wanted:
+            return reading.value
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSample:
+    """One MIG device (a compute instance of a GPU instance) of a GPU, in one tick.
+
+    Its readings are the instance's own quantities (memory, activity, class, pods); the
+    parent's (power, clocks, links) stay on the parent's sample. `shared` is True when its GPU
+    instance has several compute instances: then `compute_instance` tells them apart in the
+    labels, and the GPU instance's memory and activity belong to none of them alone.
+    """
+
+    gpu_instance: int
+    compute_instance: int
+    mig_uuid: str
+    profile: str
+    shared: bool = False
+    readings: tuple[Reading, ...] = ()
+    verdict: Verdict | None = None  # the classifier's, with its reason and numbers
+
+    @property
+    def labels(self) -> Labels:
+        """Its identity labels after the parent's gpu and uuid (catalog.INSTANCE_LABELS)."""
+        ci = (("compute_instance", str(self.compute_instance)),) if self.shared else ()
+        return (
+            ("gpu_instance", str(self.gpu_instance)),
+            *ci,
+            ("mig_uuid", self.mig_uuid),
+            ("mig_profile", self.profile),
+        )
+
+    def value(self, family: str, **labels: str) -> float | None:
+        return find_value(self.readings, family, labels)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """Everything read from one GPU in one tick.
+
+    `up` is False when the device did not answer (lost, hung, or the driver is gone); then
+    `readings` holds only what was known before (nothing) and `down_reason` says why.
+    `info` holds gpu_info's labels, and the device minor number (`minor_number`, not
+    exported). `instances` are its MIG devices, and `mig_enabled` whether MIG is on (as last
+    read: it stays True through a tick whose MIG read failed, which then has no instances).
+    `verdict` is the bottleneck classifier's for this tick (None without one, for a down GPU
+    and for a MIG parent, whose instances have theirs).
+    """
+
+    index: int
+    uuid: str
+    info: Mapping[str, str]
+    up: bool
+    readings: tuple[Reading, ...] = ()
+    down_reason: str = ""
+    instances: tuple[InstanceSample, ...] = ()
+    mig_enabled: bool = False
+    verdict: Verdict | None = None  # the classifier's, with its reason and numbers
+
+    @property
+    def labels(self) -> Labels:
+        return (("gpu", str(self.index)), ("uuid", self.uuid))
+
+    def value(self, family: str, **labels: str) -> float | None:
+        """The value of `family` with exactly these extra labels, or None when absent."""
+        return find_value(self.readings, family, labels)
+
+    def families(self) -> set[str]:
+        return {reading.family for reading in self.readings}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCount:
+    """Cumulative count of failed reads, by source, field and NVML error name."""
+
+    source: str
+    field: str
+    error: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """How one producer of series did in one tick (gpu_exporter_collector_success/_duration).
+
+    `success` is False when the producer raised; its families are then missing for that tick
+    only. `duration_seconds` is the time it took, summed over GPUs for per-GPU collectors.
+    """
+
+    collector: str
+    success: bool
+    duration_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TickStats:
+    """The sampler's own timing, cumulative since start (exported as a histogram)."""
+
+    bucket_bounds: tuple[float, ...] = ()
+    bucket_counts: tuple[int, ...] = ()  # cumulative, one per bound, then +Inf = `ticks`
+    duration_sum: float = 0.0
+    ticks: int = 0
+    last_tick_timestamp: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One tick: per-device samples plus node-level facts and self-telemetry."""
+
+    timestamp: float
+    devices: tuple[DeviceSample, ...]
+    node_info: Mapping[str, str] = field(default_factory=dict)
+    errors: tuple[ErrorCount, ...] = ()
+    tick_seconds: float = 0.0
+    sequence: int = 0
+    stats: TickStats = field(default_factory=TickStats)
+    full_tick_stats: TickStats = field(default_factory=TickStats)  # up to the previous tick
+    # Pod attribution in force for this tick: GPU UUID -> namespace/pod/container labels.
+    device_labels: Mapping[str, Labels] = field(default_factory=dict)
+    # Per-tick outcome of every producer that ran before the snapshot was built (the NVML
+    # collectors, processors such as the classifier); the series builder adds its own.
+    collectors: tuple[CollectorStatus, ...] = ()
+
+    def device(self, index: int) -> DeviceSample | None:
+        for device in self.devices:
+            if device.index == index:
+                return device
+        return None
+
+    def __iter__(self) -> Iterator[DeviceSample]:
+        return iter(self.devices)

@@ -1,0 +1,187 @@
+"""Wiring the tick pipeline from a validated configuration: the sampler, its processors and
+producers, pod attribution, the rule manager and the notifier.
+
+`serve`, the benchmarks and the golden-exposition tests all assemble the daemon here, so what
+they measure or pin is what runs in production.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpu_exporter.alerting.notify import Notifier, NotifierSettings
+from gpu_exporter.alerting.notify.dedup import warn_label_mismatches
+from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.collect.classify import Classifier, Thresholds, default_window_seconds
+from gpu_exporter.collect.source import ErrorLog, Source
+from gpu_exporter.pipeline.sampler import Sampler
+from gpu_exporter.web import http_server
+
+if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
+    from gpu_exporter.collect.k8s.attribution import PodAttribution
+    from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
+
+log = logging.getLogger("gpu_exporter")
+
+
+@dataclass
+class Assembly:
+    sampler: Sampler
+    attribution: PodAttribution | None = None
+    rules: RuleManager | None = None
+    notifier: Notifier | None = None
+    dcgm_compat: DcgmCompat | None = None  # /metrics/dcgm, when dcgm_compat.enabled
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        """Background work: attribution refreshes, notifier delivery, the scheduled tick."""
+        self._start_helpers()
+        self.sampler.start()
+
+    def start_when(self, ready: Callable[[float], bool]) -> None:
+        """Start what needs no GPU now, and the tick once `ready(timeout)` is true (waited for
+        on a thread of its own; never after `stop`): the sampler must not tick, and the rules
+        must not see an empty node, before the source knows its GPUs."""
+        self._start_helpers()
+
+        def wait_then_tick() -> None:
+            while not self._stopped.is_set():
+                if ready(0.5):
+                    with self._lock:
+                        if not self._stopped.is_set():
+                            self.sampler.start()
+                    return
+
+        threading.Thread(target=wait_then_tick, name="start-sampler", daemon=True).start()
+
+    def _start_helpers(self) -> None:
+        if self.attribution is not None:
+            self.attribution.start()
+        if self.notifier is not None:
+            self.notifier.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
+        self.sampler.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
+        if self.attribution is not None:
+            self.attribution.stop()
+
+
+def assemble(
+    config: Any,
+    source: Source,
+    errors: ErrorLog,
+    wall_clock: Callable[[], float] = time.time,
+) -> Assembly:
+    """The daemon's pipeline for `config` (a `gpu_exporter.config.load.Config`); nothing started.
+
+    Raises ValueError (RuleFileError, bad Alertmanager settings) for broken rule input.
+    """
+    sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
+    sampler.add_processor("classifier", classifier(config).process)
+    dcgm = getattr(source, "dcgm", None)  # the NVML source's DCGM supplement, if any
+    if dcgm is not None:
+        sampler.add_producer(dcgm.producer())
+    attribution = _attribution(config, wall_clock)
+    if attribution is not None:
+        from gpu_exporter.collect.k8s.labels import PodsOfTick
+
+        pods = PodsOfTick(attribution)
+        sampler.add_processor("pod_info", pods.process)
+        sampler.add_producer(attribution.producer())
+        if config.kubernetes.mode == "labels":
+            sampler.set_device_labels(pods.labels)
+    rules, notifier = _alerting(config, sampler)
+    compat = None
+    if config.dcgm_compat.enabled:
+        from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
+
+        compat = DcgmCompat(config.dcgm_compat.settings())
+        sampler.add_listener(compat)
+    return Assembly(sampler, attribution, rules, notifier, compat)
+
+
+def classifier(config: Any) -> Classifier:
+    settings = config.classifier.model_dump()
+    window = settings.pop("window_seconds") or default_window_seconds(config.interval_seconds)
+    return Classifier(Thresholds(**settings), window_seconds=window)
+
+
+def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | None:
+    """kubelet PodResources client (refreshed on its own thread once started)."""
+    if not config.kubernetes.active():
+        return None
+    from gpu_exporter.collect.k8s.attribution import AttributionSettings, PodAttribution
+
+    k8s = config.kubernetes
+    attribution = PodAttribution(
+        AttributionSettings(
+            socket_path=k8s.socket_path,
+            resource_names=tuple(k8s.resource_names),
+            resource_prefixes=tuple(k8s.resource_prefixes),
+            refresh_seconds=k8s.refresh_seconds,
+            timeout_seconds=k8s.timeout_seconds,
+            stale_after_seconds=k8s.stale_after_seconds,
+        ),
+        clock=clock,
+    )
+    log.info("pod attribution from %s (%s mode)", k8s.socket_path, k8s.mode)
+    return attribution
+
+
+def rule_settings(config: Any) -> RuleSettings:
+    """The rule manager's settings for `config`; `config check` loads the rules with these too."""
+    return RuleSettings(
+        files=config.rules.files,
+        evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
+        resend_delay=config.alerting.resend_delay_seconds,
+        external_labels=config.external_labels(),
+        external_url=config.alerting.external_url,
+        runbook_base_url=config.runbook_base_url(
+            lambda: http_server.serves_tls(config.web_settings())
+        ),
+        reload_check_seconds=config.rules.reload_check_seconds,
+        max_range_seconds=config.rules.max_range_seconds,
+        group_time_budget_seconds=config.rules.group_time_budget_seconds,
+        history_max_bytes=config.rules.history_max_bytes,
+        semantics=promql.SEMANTICS[config.rules.semantics],
+    )
+
+
+def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifier | None]:
+    """Rule manager (if rules are enabled) and notifier (if Alertmanagers are configured)."""
+    if not config.rules.enabled:
+        return None, None
+    notifier = None
+    if config.alerting.alertmanagers:
+        warn_label_mismatches(config.alerting.external_labels)
+        notifier = Notifier(
+            NotifierSettings(
+                targets=tuple(am.target() for am in config.alerting.alertmanagers),
+                queue_capacity=config.alerting.queue_capacity,
+            ),
+            external_labels=config.external_labels(),
+        )
+    manager = RuleManager(rule_settings(config), notifier)
+    manager.load()
+    sampler.add_listener(manager)
+    sampler.add_late_producer(manager.producer())
+    if notifier is not None:
+        from gpu_exporter.alerting.notify.metrics import notifier_producer
+
+        sampler.add_late_producer(notifier_producer(notifier))
+    if threading.current_thread() is threading.main_thread():
+        # SIGHUP asks for a reload at the next tick (no work in the signal handler).
+        signal.signal(signal.SIGHUP, lambda *_: manager.request_reload())
+    return manager, notifier

@@ -1,0 +1,215 @@
+"""A tick's series -> dcgm-exporter 4.8's text exposition, byte for byte in its format.
+
+Written directly, not with prometheus_client: that would add `_total` to counters, sort the
+label names and print `40000.0`, and each of those breaks a query or a fixed-order parser
+written against dcgm-exporter. What is kept from its renderer (NVIDIA/dcgm-exporter,
+internal/pkg/rendermetrics/render_metrics.go, and collector/gpu_collector.go):
+
+- families in DCGM field-id order, each with its `# HELP` and `# TYPE` line;
+- labels in its order: `gpu`, `UUID`, `pci_bus_id` (`00000000:XX:YY.Z`, upper case),
+  `device` (`nvidia<gpu>`), `modelName`, on a GPU instance `GPU_I_PROFILE` and `GPU_I_ID`,
+  `hostname` (or `Hostname`), `DCGM_FI_DRIVER_VERSION`, then in name order `container`,
+  `err_code`, `err_msg`, `namespace`, `pod`;
+- one series per pod holding the device (several under time-slicing), none attributed when
+  no pod holds it;
+- `%d` for DCGM's integer fields and `%f` for its doubles; a value DCGM would leave blank is
+  absent, never 0.
+
+Everything comes from the series list (`SeriesSet.devices()`), the one model the native
+exposition, the rules and the API read too, so the two endpoints cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpu_exporter.model.series import DeviceView, InstanceView, Series, SeriesSet
+from gpu_exporter.model.snapshot import Labels, Reading
+from gpu_exporter.web.dcgm_compat.fields import FIELDS, RATE_FAMILIES, CompatField, Entity, index
+from gpu_exporter.web.dcgm_compat.xid_messages import message
+
+_XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+_COMPUTE_PREFIX = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance of a 3g.40gb
+
+
+@dataclass(frozen=True)
+class CompatSettings:
+    """`hostname_label`: "hostname" (dcgm-exporter 4.8.3 and later), "Hostname" (before), or
+    "" to leave it out (its `-n`); `hostname` its value, the node's name."""
+
+    hostname_label: str = "hostname"
+    hostname: str = ""
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One tick's series of the RATE_FAMILIES (references to its rows, not copies): what the
+    next tick's rates need of it."""
+
+    timestamp: float
+    rows: Mapping[str, tuple[Series, ...]]
+
+    @classmethod
+    def of(cls, series: SeriesSet) -> Counters:
+        return cls(series.timestamp, {family: series.of(family) for family in RATE_FAMILIES})
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One entity with the labels its series carry before the per-pod and XID labels."""
+
+    entity: Entity
+    prefix: str  # 'gpu="0",UUID="...",...' up to the driver version
+    pods: tuple[tuple[str, str, str], ...]
+
+
+def render(current: SeriesSet, previous: Counters | None, settings: CompatSettings) -> bytes:
+    """The compat exposition of `current`; rates from `previous`, the tick before it."""
+    rates = _rates(current, previous)
+    targets = [target for view in current.devices() for target in _targets(view, rates, settings)]
+    parts: list[str] = []
+    for field in FIELDS:
+        lines = _field_lines(field, targets)
+        if lines:
+            parts.append(f"# HELP {field.name} {field.help}\n# TYPE {field.name} {field.type}\n")
+            parts.extend(lines)
+    return "".join(parts).encode()
+
+
+def _field_lines(field: CompatField, targets: Sequence[_Target]) -> list[str]:
+    lines = []
+    for target in targets:
+        if not target.entity.shows(field.of):
+            continue
+        value = field.value(target.entity)
+        if value is None or not math.isfinite(value):
+            continue
+        text = _number(value, field)
+        extra: dict[str, str] = {}
+        if field.name == _XID_FIELD:
+            extra = {"err_code": text, "err_msg": message(int(text))}
+        for namespace, pod, container in target.pods or (("", "", ""),):
+            attributes = {
+                **extra,
+                "container": container,
+                "namespace": namespace,
+                "pod": pod,
+            }
+            labels = "".join(
+                f',{name}="{_escape(value)}"' for name, value in sorted(attributes.items()) if value
+            )
+            lines.append(f"{field.name}{{{target.prefix}{labels}}} {text}\n")
+    return lines
+
+
+def _number(value: float, field: CompatField) -> str:
+    if not field.integer:
+        return "%f" % value  # noqa: UP031 - Go's %f is exactly this
+    return str(math.floor(value) if field.floor else round(value))
+
+
+def _targets(
+    view: DeviceView,
+    rates: Mapping[int, Mapping[tuple[str, Labels], float]],
+    settings: CompatSettings,
+) -> Iterable[_Target]:
+    """A GPU's compat entities: itself, or with MIG instances, one per GPU instance plus its
+    own additive quantities (see fields.Of)."""
+    parent, own_rates = index(view.readings), rates.get(view.index, {})
+    if not view.instances:
+        entity = Entity(parent, parent, own_rates)
+        yield _Target(entity, _prefix(view, settings), _pods(view.readings))
+        return
+    yield _Target(Entity({}, parent, own_rates, parent_only=True), _prefix(view, settings), ())
+    by_gi: dict[int, list[InstanceView]] = {}
+    for instance in view.instances:
+        if instance.gpu_instance_id is not None:
+            by_gi.setdefault(instance.gpu_instance_id, []).append(instance)
+    for gi, instances in sorted(by_gi.items()):
+        # A GPU instance split into compute instances: its memory and activity belong to
+        # none of them alone, and the series list has no GPU-instance-level copy of them.
+        single = instances[0] if len(instances) == 1 else None
+        alone = single is not None and single.compute_instance_id is None
+        own = index(single.readings) if single is not None and alone else {}
+        profile = _COMPUTE_PREFIX.sub("", instances[0].identity.get("mig_profile", ""))
+        pods = _pods(reading for instance in instances for reading in instance.readings)
+        entity = Entity(own, parent, own_rates, instance=True)
+        yield _Target(entity, _prefix(view, settings, (profile, str(gi))), pods)
+
+
+def _prefix(view: DeviceView, settings: CompatSettings, mig: tuple[str, str] | None = None) -> str:
+    labels = [
+        ("gpu", str(view.index)),
+        ("UUID", view.uuid),
+        ("pci_bus_id", dcgm_bus_id(view.info.get("pci_bus_id", ""))),
+        ("device", f"nvidia{view.index}"),
+        ("modelName", view.info.get("model", "")),
+    ]
+    if mig is not None:
+        labels += [("GPU_I_PROFILE", mig[0]), ("GPU_I_ID", mig[1])]
+    if settings.hostname_label and settings.hostname:
+        labels.append((settings.hostname_label, settings.hostname))
+    labels.append(("DCGM_FI_DRIVER_VERSION", view.info.get("driver_version", "")))
+    # dcgm-exporter writes its fixed labels even when blank; a blank driver version (a label
+    # row DCGM left blank) it drops. Here every blank is dropped: Prometheus reads an empty
+    # label as absent anyway.
+    return ",".join(f'{name}="{_escape(value)}"' for name, value in labels if value)
+
+
+def dcgm_bus_id(bus_id: str) -> str:
+    """NVML's `busId` form, as dcgm-exporter prints it: 0000:3b:00.0 -> 00000000:3B:00.0."""
+    domain, sep, rest = bus_id.partition(":")
+    if not sep:
+        return bus_id.upper()
+    try:
+        return f"{int(domain, 16):08X}:{rest.upper()}"
+    except ValueError:
+        return bus_id.upper()
+
+
+def _pods(readings: Iterable[Reading]) -> tuple[tuple[str, str, str], ...]:
+    return tuple(dict.fromkeys(InstanceView.pods_of(readings)))
+
+
+def _rates(
+    current: SeriesSet, previous: Counters | None
+) -> dict[int, dict[tuple[str, Labels], float]]:
+    """Per GPU index, the per-second rate of each RATE_FAMILIES series of a whole GPU between
+    the two ticks; none across a counter reset, a GPU's UUID change or a missing tick."""
+    rates: dict[int, dict[tuple[str, Labels], float]] = {}
+    if previous is None:
+        return rates
+    seconds = current.timestamp - previous.timestamp
+    if not seconds > 0:
+        return rates
+    for family in RATE_FAMILIES:
+        # Matched on the GPU and the family's own labels only: pods coming or going (labels
+        # mode) change a series' labels, not its counter.
+        before = {_counter_key(row.labels): row.value for row in previous.rows.get(family, ())}
+        for row in current.of(family):
+            key = _counter_key(row.labels)
+            earlier = before.get(key)
+            if earlier is None or row.value < earlier or key[2] or not key[0].isdecimal():
+                continue  # no tick before, a counter reset, a MIG instance, no GPU index
+            own = tuple((k, v) for k, v in row.labels if k == "direction")
+            per_second = (row.value - earlier) / seconds
+            rates.setdefault(int(key[0]), {})[(family, own)] = per_second
+    return rates
+
+
+def _counter_key(labels: Labels) -> tuple[str, str, str, str]:
+    """(gpu, uuid, mig_uuid, direction) of a byte counter's series."""
+    values = dict(labels)
+    return (
+        values.get("gpu", ""),
+        values.get("uuid", ""),
+        values.get("mig_uuid", ""),
+        values.get("direction", ""),
+    )
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
