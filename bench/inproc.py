@@ -25,8 +25,8 @@ from gpu_exporter.alerting.rules.manager import RuleManager, store_samples
 from gpu_exporter.alerting.store import SeriesStore
 from gpu_exporter.collect import dcgm
 from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.source import ErrorLog
-from gpu_exporter.collect.topology import read_topology
 from gpu_exporter.config.load import load_config
 from gpu_exporter.model.series import SeriesSet
 from gpu_exporter.pipeline.assembly import assemble

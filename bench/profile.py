@@ -58,7 +58,7 @@ IMPORTS = (
         "import uvicorn, gpu_exporter.web.api, gpu_exporter.config.load, "
         "gpu_exporter.pipeline.sampler, gpu_exporter.collect.nvml.source, "
         "gpu_exporter.alerting.rules.manager, gpu_exporter.alerting.notify, "
-        "gpu_exporter.sim, gpu_exporter.collect.topology, gpu_exporter.collect.classify",
+        "gpu_exporter.sim, gpu_exporter.collect.nvml.topology, gpu_exporter.collect.classify",
     ),
 )
 

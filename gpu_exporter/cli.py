@@ -221,8 +221,8 @@ def serve(args: argparse.Namespace) -> int:
         config = _simulated_dcgm(scenario, config)
     errors = ErrorLog()
     from gpu_exporter.collect import dcgm
+    from gpu_exporter.collect.nvml.topology import read_topology
     from gpu_exporter.collect.source import SourceUnavailableError
-    from gpu_exporter.collect.topology import read_topology
 
     source = None
     try:

@@ -34,8 +34,8 @@ def start_source(fake_nvml: Any, clock: ManualClock) -> Iterator[Callable[..., A
     fake NVML and `clock` (its fake as `.fake`, for tests that count calls); all are closed
     after the test."""
     from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+    from gpu_exporter.collect.nvml.topology import read_topology
     from gpu_exporter.collect.source import ErrorLog
-    from gpu_exporter.collect.topology import read_topology
 
     sources: list[NvmlSource] = []
 

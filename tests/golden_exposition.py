@@ -23,8 +23,8 @@ from pathlib import Path
 
 from gpu_exporter import sim
 from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.source import ErrorLog
-from gpu_exporter.collect.topology import read_topology
 from gpu_exporter.config.load import load_config
 from gpu_exporter.model.series import SeriesSet
 from gpu_exporter.pipeline.assembly import Assembly, assemble

@@ -23,9 +23,9 @@ from gpu_exporter.collect.nvml import collectors
 from gpu_exporter.collect.nvml.collectors import COLLECTORS, SOURCE_FAMILIES, Collector
 from gpu_exporter.collect.nvml.device import DeviceLostError
 from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
 from gpu_exporter.collect.source import ErrorLog
-from gpu_exporter.collect.topology import read_topology
 from gpu_exporter.model.catalog import BY_NAME, FAMILIES
 from gpu_exporter.model.snapshot import Reading
 from tests.conftest import ManualClock

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.alerting.notify.dedup import (
+from gpu_exporter.config.dedup import (
     SERIES_LABELS,
     SETTING_NAMES,
     label_mismatches,
@@ -100,9 +100,7 @@ def test_serve_warns_at_start_when_alerts_are_sent(tmp_path: Path) -> None:
 
         def warned() -> list[str]:
             lines = daemon.output().splitlines()
-            return [
-                line for line in lines if " WARNING gpu_exporter.alerting.notify.dedup: " in line
-            ]
+            return [line for line in lines if " WARNING gpu_exporter.config.dedup: " in line]
 
         lines = wait_for(lambda: len(warned()) >= 2 and warned(), 15, "the two warnings")
         assert len(lines) == 2, lines  # nothing about cluster

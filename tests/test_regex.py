@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.alerting.rules.regex import (
+from gpu_exporter.support.regex import (
     AffixMatcher,
     RegexError,
     SetMatcher,

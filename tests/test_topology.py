@@ -13,8 +13,8 @@ import pytest
 
 from gpu_exporter.collect.nvml.collectors import Topology as TopologyCollector
 from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.topology import P2P_CAPABILITIES, Topology, cpu_list, read_topology
 from gpu_exporter.collect.source import ErrorLog
-from gpu_exporter.collect.topology import P2P_CAPABILITIES, Topology, cpu_list, read_topology
 from tests.conftest import ManualClock
 from tests.support import wait_for
 
@@ -469,7 +469,7 @@ def _topology_threads() -> int:
 
 
 def test_pairs_are_read_only_up_to_the_bound(devices, monkeypatch) -> None:
-    from gpu_exporter.collect import topology as module
+    from gpu_exporter.collect.nvml import topology as module
 
     monkeypatch.setattr(module, "MAX_PAIR_GPUS", 3)
     found = devices(PCIE_ONLY)  # 4 GPUs

@@ -37,7 +37,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_exporter.alerting.rules.regex import label_matcher
+from gpu_exporter.support.regex import label_matcher
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import TextIO
 from gpu_exporter import __version__
 from gpu_exporter.collect.classify import Classifier, Thresholds
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
+from gpu_exporter.collect.nvml.topology import Topology, read_topology
 from gpu_exporter.collect.settings import DcgmSettings, NvmlSettings, add_dcgm_arguments
 from gpu_exporter.collect.startup import StartupProgress
-from gpu_exporter.collect.topology import Topology, read_topology
 from gpu_exporter.diagnose.exit_status import EXIT_NO_DRIVER, EXIT_USAGE
 from gpu_exporter.diagnose.health import HealthRules
 from gpu_exporter.diagnose.report import PodsRead, Profile, Run, build_report

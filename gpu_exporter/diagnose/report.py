@@ -15,7 +15,7 @@ from typing import Any
 
 from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS, Classifier, Verdict
 from gpu_exporter.collect.nvml.device_config import DeviceConfig
-from gpu_exporter.collect.topology import Topology
+from gpu_exporter.collect.nvml.topology import Topology
 from gpu_exporter.diagnose.advice import (
     ATTENTION_CLASSES,
     MIG_NO_GPM_STEPS,

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS
-from gpu_exporter.collect.topology import Topology
+from gpu_exporter.collect.nvml.topology import Topology
 from gpu_exporter.diagnose.report import PodsRead
 from gpu_exporter.diagnose.topology_notes import interpret
 

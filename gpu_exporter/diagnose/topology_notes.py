@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_exporter.collect.topology import ABBREVIATIONS, LEVELS, Topology
+from gpu_exporter.collect.nvml.topology import ABBREVIATIONS, LEVELS, Topology
 
 
 @dataclass(frozen=True)

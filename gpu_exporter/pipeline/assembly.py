@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.alerting.notify import Notifier, NotifierSettings
-from gpu_exporter.alerting.notify.dedup import warn_label_mismatches
 from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.collect.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.collect.source import ErrorLog, Source
+from gpu_exporter.config.dedup import warn_label_mismatches
 from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.web import http_server
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from gpu_exporter.alerting.rules import gomath, regex
+from gpu_exporter.alerting.rules import gomath
 from gpu_exporter.alerting.rules.gofloat import go_div, go_max, go_min, parse_float
 from gpu_exporter.alerting.rules.promql_values import (
     NAME,
@@ -26,6 +26,7 @@ from gpu_exporter.alerting.rules.promql_values import (
     with_label,
 )
 from gpu_exporter.alerting.store import Labels
+from gpu_exporter.support import regex
 
 __all__ = [
     "DATE_FUNCTIONS",

@@ -69,7 +69,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_exporter.alerting.rules import regex
+from gpu_exporter.support import regex
 
 __all__ = [
     "BUILD_LIMIT",

@@ -11,14 +11,14 @@ counting a failure in gpu_exporter_errors_total (`count_failure`):
   the source re-initialises NVML.
 - anything else is counted and skipped for this tick only.
 
-The count's `source` label: "nvml", the field naming the call, for every call of the GPUs'
-readers, the source's start and recovery and the XID thread; "gpm" for a GPM metric that
-failed inside a successful nvmlGpmMetricsGet; "topology" for the topology reader's calls
-(`gpu_exporter/collect/topology.py`). The topology reader keeps a source of its own on purpose: its
-keys (pci_info, nvlink_state, ...) are also the per-GPU readers' keys, and it runs only at start
-and after a re-init, so under "nvml" its one-off failures would be indistinguishable from a
-GPU's per-tick ones. A topology reader that raises as a whole is counted by the source as
-source="nvml", field="topology", error="exception".
+The count's `source` label: "nvml", the field naming the call, for every call of the GPUs' readers,
+the source's start and recovery and the XID thread; "gpm" for a GPM metric that failed inside a
+successful nvmlGpmMetricsGet; "topology" for the topology reader's calls
+(`gpu_exporter/collect/nvml/topology.py`). The topology reader keeps a source of its own on purpose:
+its keys (pci_info, nvlink_state, ...) are also the per-GPU readers' keys, and it runs only at start
+and after a re-init, so under "nvml" its one-off failures would be indistinguishable from a GPU's
+per-tick ones. A topology reader that raises as a whole is counted by the source as source="nvml",
+field="topology", error="exception".
 
 A GPU's tick runs on that GPU's own worker thread (`DeviceReader.read_tick`): every enabled
 collector (`collect/nvml/collectors/`) first refreshes its slow-changing data when due, then
@@ -55,8 +55,8 @@ from gpu_exporter.model.snapshot import CollectorStatus, InstanceSample, Reading
 
 if TYPE_CHECKING:
     from gpu_exporter.collect.nvml.collectors.base import Collector, Device, FieldSpec
+    from gpu_exporter.collect.nvml.topology import Topology
     from gpu_exporter.collect.nvml.xid import XidCounts
-    from gpu_exporter.collect.topology import Topology
 
 __all__ = [
     "DRIVER_GONE",

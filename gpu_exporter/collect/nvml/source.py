@@ -74,7 +74,7 @@ SIMULATE_HINT = "run `gpu-exporter serve --simulate` to try the exporter on a si
 class TopologyReader(Protocol):
     """Reads GPU-to-GPU topology from [(uuid, index, handle)], counting NVML failures in
     `errors`; returns an object with `readings_for(uuid)`
-    (`gpu_exporter.collect.topology.Topology`)."""
+    (`gpu_exporter.collect.nvml.topology.Topology`)."""
 
     def __call__(
         self,

@@ -35,8 +35,8 @@ from gpu_exporter.model.snapshot import InstanceSample, Labels, Reading
 if TYPE_CHECKING:
     import pynvml as N
 
+    from gpu_exporter.collect.nvml.topology import Topology
     from gpu_exporter.collect.nvml.xid import XidCounts
-    from gpu_exporter.collect.topology import Topology
 
 NEVER = float("-inf")
 

@@ -1,12 +1,12 @@
 """topology: how the GPU reaches its peers (NVLink or PCIe level, P2P), CPU and NUMA affinity.
 
-Each pair quantity is exported as the GPU's usual value plus the peers that differ from it
-(see `gpu_exporter/collect/topology.py`), so the series grow with the GPU count, not its square.
+Each pair quantity is exported as the GPU's usual value plus the peers that differ from it (see
+`gpu_exporter/collect/nvml/topology.py`), so the series grow with the GPU count, not its square.
 
-Read by `gpu_exporter/collect/topology.py` at start and after each full NVML re-init, never per tick
-(a pair query can take hundreds of milliseconds); each tick repeats what was read. On when the
-source has a topology reader. While the latest read failed (the reader raised), the source
-reports this collector failed on every tick (`NvmlSource._read_topology`).
+Read by `gpu_exporter/collect/nvml/topology.py` at start and after each full NVML re-init, never per
+tick (a pair query can take hundreds of milliseconds); each tick repeats what was read. On when the
+source has a topology reader. While the latest read failed (the reader raised), the source reports
+this collector failed on every tick (`NvmlSource._read_topology`).
 """
 
 from __future__ import annotations
