@@ -287,7 +287,7 @@ def probe_fields(handle: Any) -> dict[str, dict[str, Any]]:
             "value_type": int(value.valueType),  # 1 = 32-bit: would PCIe byte counters wrap?
         }
         if value.nvmlReturn == N.NVML_SUCCESS:
-            from gpu_exporter.collect.nvml.device import field_value
+            from gpu_exporter.collect.nvml.values import field_value
 
             entry["value"] = field_value(value)
             entry["latency_usec"] = int(value.latencyUsec)

@@ -20,8 +20,8 @@ import pynvml as N
 import pytest
 
 from gpu_exporter.collect.nvml import collectors
+from gpu_exporter.collect.nvml.calls import DeviceLostError
 from gpu_exporter.collect.nvml.collectors import COLLECTORS, SOURCE_FAMILIES, Collector
-from gpu_exporter.collect.nvml.device import DeviceLostError
 from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
 from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher

@@ -18,7 +18,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpu_exporter.collect.nvml.device import NvmlCalls
+from gpu_exporter.collect.nvml.calls import NvmlCalls
 from gpu_exporter.collect.source import ErrorLog
 
 # NVIDIA: "The interval between these two nvmlGpmSampleGet() calls should be greater than 100ms

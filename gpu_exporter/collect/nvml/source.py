@@ -44,17 +44,16 @@ import pynvml as N
 
 from gpu_exporter.collect.dcgm import DcgmSource, with_dcgm_activity
 from gpu_exporter.collect.nvml import collectors
-from gpu_exporter.collect.nvml.device import (
+from gpu_exporter.collect.nvml.calls import (
     DRIVER_GONE,
     DeviceLostError,
-    DeviceReader,
     DeviceUnresponsiveError,
     DriverGoneError,
     NvmlCalls,
     TickAbandonedError,
-    TickResult,
-    error_name,
 )
+from gpu_exporter.collect.nvml.device import DeviceReader, TickResult
+from gpu_exporter.collect.nvml.values import error_name
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
 from gpu_exporter.collect.settings import NvmlSettings
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError, TooManyDevicesError

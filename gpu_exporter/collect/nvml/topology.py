@@ -44,7 +44,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpu_exporter.collect.nvml.device import NvmlCalls
+from gpu_exporter.collect.nvml.calls import NvmlCalls
 from gpu_exporter.collect.nvml.values import binding, field_value, normalise_bus_id
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.collect.worker import Worker

@@ -21,7 +21,7 @@ from typing import Any
 
 import pynvml as N
 
-from gpu_exporter.collect.nvml.device import NvmlCalls
+from gpu_exporter.collect.nvml.calls import NvmlCalls
 from gpu_exporter.collect.source import ErrorLog
 
 log = logging.getLogger(__name__)

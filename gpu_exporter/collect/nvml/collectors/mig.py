@@ -34,10 +34,10 @@ from typing import Any
 import pynvml as N
 
 from gpu_exporter.collect.nvml import gpm
+from gpu_exporter.collect.nvml.calls import GoneError
 from gpu_exporter.collect.nvml.collectors.base import Collector, Device
 from gpu_exporter.collect.nvml.collectors.gpm import METRICS, open_window, window_readings
 from gpu_exporter.collect.nvml.collectors.memory import MEMORY_FAMILIES, memory_readings
-from gpu_exporter.collect.nvml.device import GoneError
 from gpu_exporter.model.snapshot import InstanceSample, Reading
 
 # An empty slot, or a handle a reconfiguration destroyed.
