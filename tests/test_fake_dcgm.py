@@ -20,13 +20,8 @@ import pytest
 
 from gpu_exporter import sim
 from gpu_exporter.collect import dcgm_api
-from gpu_exporter.collect.classify import (
-    Thresholds,
-    WindowStats,
-    decide,
-    nvlink_capacity,
-    pcie_capacity,
-)
+from gpu_exporter.collect.classify import Thresholds, decide, nvlink_capacity, pcie_capacity
+from gpu_exporter.model.verdict import WindowStats
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_dcgm import FakeDcgmLib, implemented_functions
 from gpu_exporter.sim.scenario import load_scenario

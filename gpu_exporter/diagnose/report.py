@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS, Classifier, Verdict
+from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS, Classifier
 from gpu_exporter.collect.nvml.device_config import DeviceConfig
 from gpu_exporter.collect.nvml.topology import Topology
 from gpu_exporter.diagnose.advice import (
@@ -35,6 +35,7 @@ from gpu_exporter.diagnose.topology_notes import interpret
 from gpu_exporter.model import xids
 from gpu_exporter.model.nvml_facts import ARCHITECTURES
 from gpu_exporter.model.series import DeviceView, InstanceView
+from gpu_exporter.model.verdict import Verdict
 
 # 2: health findings and next steps from the rule pack, config checks, topology notes, a down
 # GPU's state without stale values.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # classify imports this module
-    from gpu_exporter.collect.classify import Verdict
+    from gpu_exporter.model.verdict import Verdict
 
 Labels = tuple[tuple[str, str], ...]
 

@@ -27,11 +27,12 @@ from gpu_exporter.alerting import runbook
 from gpu_exporter.alerting.health import HealthView
 from gpu_exporter.alerting.rules.loader import NOT_EVALUATED
 from gpu_exporter.alerting.rules.pack import HEALTH_GROUP
-from gpu_exporter.collect.classify import Verdict, WindowStats, class_kind
+from gpu_exporter.collect.classify import class_kind
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.model.catalog import BY_NAME
 from gpu_exporter.model.series import ACTIVITY_FAMILIES, DeviceView, InstanceView
 from gpu_exporter.model.snapshot import DeviceSample, Reading
+from gpu_exporter.model.verdict import Verdict, WindowStats
 from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.web.exposition import (
