@@ -17,6 +17,7 @@ from gpu_exporter.alerting.rules.loader import load_rule_files
 from gpu_exporter.alerting.rules.template import expand
 from gpu_exporter.config.load import ConfigError, load_config
 from gpu_exporter.model.xids import CRITICAL
+from gpu_exporter.web import runbook_page
 from tests.daemon import serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +33,7 @@ def shipped_alerts() -> list[tuple[str, dict[str, str]]]:
 
 
 def test_every_alert_has_a_section_of_its_own() -> None:
-    anchors = runbook.anchors()
+    anchors = runbook_page.anchors()
     assert len(anchors) == len(set(anchors))
     for name, texts in shipped_alerts():
         assert texts["runbook_url"] == f"docs/runbook.md#{runbook.anchor_of(name)}", name
@@ -40,7 +41,7 @@ def test_every_alert_has_a_section_of_its_own() -> None:
 
 
 def test_the_page_renders_each_section_and_no_repository_links() -> None:
-    page = runbook.render_page()
+    page = runbook_page.render_page()
     for name, _ in shipped_alerts():
         assert f'<h3 id="{runbook.anchor_of(name)}">{name}</h3>' in page
     assert 'href="docs/' not in page and 'href="../' not in page  # nothing the daemon serves

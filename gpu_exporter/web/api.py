@@ -34,6 +34,7 @@ from gpu_exporter.model.series import ACTIVITY_FAMILIES, DeviceView, InstanceVie
 from gpu_exporter.model.snapshot import DeviceSample, Reading
 from gpu_exporter.model.verdict import Verdict, WindowStats
 from gpu_exporter.pipeline.sampler import Sampler
+from gpu_exporter.web import runbook_page
 from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.web.exposition import (
     CONTENT_TYPE_OPENMETRICS,
@@ -376,10 +377,10 @@ def create_compat_app(
     return app
 
 
-def runbook_page() -> Response:
+def runbook_html() -> Response:
     """The alert runbook every shipped alert's runbook_url points at
-    (gpu_exporter/alerting/runbook.py)."""
-    return HTMLResponse(runbook.render_page(), headers=runbook.page_headers())
+    (gpu_exporter/web/runbook_page.py)."""
+    return HTMLResponse(runbook_page.render_page(), headers=runbook_page.page_headers())
 
 
 def _no_snapshot(not_started: Callable[[], str | None]) -> Response:
@@ -512,7 +513,7 @@ def create_app(
     def status_page() -> Response:
         return HTMLResponse(render_status_page(), headers=status_page_headers())
 
-    get(runbook.RUNBOOK_PATH, include_in_schema=False)(runbook_page)
+    get(runbook.RUNBOOK_PATH, include_in_schema=False)(runbook_html)
 
     @get(
         "/api/v1/rules",
