@@ -268,7 +268,7 @@ def test_no_operator_component_drops_only_the_operator_resources(rendered):
 def test_deploy_prometheusrule_is_the_exported_pack(rendered):
     """deploy/prometheusrule.yaml has every group of rules/*.yaml, unchanged but for the runbook
     links, which point where the daemon's own alerts point (deploy/configmap.yaml)."""
-    from gpu_exporter.alerting.runbook import resolve_url
+    from gpu_exporter.alerting.rules.runbook import resolve_url
     from gpu_exporter.config.load import Config
 
     rule = one(docs(rendered, "deploy"), "PrometheusRule")

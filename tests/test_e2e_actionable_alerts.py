@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from gpu_exporter.alerting.runbook import anchor_of
+from gpu_exporter.alerting.rules.runbook import anchor_of
 from tests.daemon import serve
 from tests.servers import Recorder, alertmanager, prometheus
 from tests.support import wait_for

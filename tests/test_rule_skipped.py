@@ -14,7 +14,7 @@ import yaml
 
 from gpu_exporter.alerting.rules.loader import RuleFileError, load_rule_files, skipped_rules
 from gpu_exporter.alerting.rules.manager import NEVER_EVALUATED, RuleManager, RuleSettings
-from gpu_exporter.alerting.runbook import with_runbook_base
+from gpu_exporter.alerting.rules.runbook import with_runbook_base
 from tests.daemon import parse_samples, serve_with_live_rules
 from tests.support import gpu_exporter, promtool, wait_for
 from tests.test_rule_manager import Sink, series_of, snapshot

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from gpu_exporter.alerting import runbook
+from gpu_exporter.alerting.rules import runbook
 from gpu_exporter.alerting.rules.loader import load_rule_files
 from gpu_exporter.alerting.rules.template import expand
 from gpu_exporter.config.load import ConfigError, load_config

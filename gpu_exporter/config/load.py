@@ -27,7 +27,7 @@ from pydantic import (
 from gpu_exporter.alerting.notify.alertmanager import AlertmanagerTarget, NotifierSettings
 from gpu_exporter.alerting.rules.manager import RuleSettings
 from gpu_exporter.alerting.rules.pack import default_rule_files
-from gpu_exporter.alerting.runbook import default_base_url as default_runbook_base_url
+from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
 from gpu_exporter.collect.classify import Thresholds
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
 from gpu_exporter.collect.settings import (
@@ -269,7 +269,7 @@ class AlertingConfig(_Strict):
     external_url: str = RuleSettings.external_url
     resend_delay_seconds: float = Field(default=RuleSettings.resend_delay, gt=0, le=86400)
     queue_capacity: int = Field(default=NotifierSettings.queue_capacity, ge=1, le=1_000_000)
-    # Where the alerts' runbook_url points (gpu_exporter/alerting/runbook.py); None: this
+    # Where the alerts' runbook_url points (gpu_exporter/alerting/rules/runbook.py); None: this
     # daemon's own /runbook (Config.runbook_base_url).
     runbook_base_url: str | None = None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpu_exporter import __version__
-from gpu_exporter.alerting.runbook import slug
+from gpu_exporter.alerting.rules.runbook import slug
 from gpu_exporter.web import page_security
 
 if TYPE_CHECKING:

@@ -8,8 +8,7 @@ from typing import Any
 
 import yaml
 
-from gpu_exporter.alerting import runbook
-from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules import promql, runbook
 from gpu_exporter.alerting.rules.loader import (
     DEFAULT_MAX_RANGE_SECONDS,
     MAX_RANGE_SETTING,

@@ -41,7 +41,7 @@ from gpu_exporter.alerting.rules.loader import (
     skipped_rules,
 )
 from gpu_exporter.alerting.rules.pack import default_rule_files
-from gpu_exporter.alerting.runbook import with_runbook_base
+from gpu_exporter.alerting.rules.runbook import with_runbook_base
 from gpu_exporter.alerting.store import Labels, SeriesStore, make_labels
 from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.model.series import Producer, Series, SeriesSet, series
