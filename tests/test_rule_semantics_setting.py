@@ -13,8 +13,7 @@ from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.loader import LoadLimits, RuleFileError, load_rule_files
 from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
 from gpu_exporter.alerting.store import SeriesStore
-from gpu_exporter.config.load import ConfigError, load_config
-from gpu_exporter.pipeline.assembly import rule_settings
+from gpu_exporter.config.load import ConfigError, load_config, rule_settings
 from tests.support import gpu_exporter
 from tests.test_values_schema import rendered_config
 

@@ -116,7 +116,7 @@ def _rule_problems(config: Config) -> list[str]:
     if not config.rules.enabled:
         return []
     from gpu_exporter.alerting.rules.manager import RuleManager
-    from gpu_exporter.pipeline.assembly import rule_settings
+    from gpu_exporter.config.load import rule_settings
 
     try:
         RuleManager(rule_settings(config)).load()  # what `serve` does before it starts

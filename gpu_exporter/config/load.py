@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from gpu_exporter.alerting.notify.alertmanager import AlertmanagerTarget, NotifierSettings
+from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.manager import RuleSettings
 from gpu_exporter.alerting.rules.pack import default_rule_files
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
@@ -43,6 +44,7 @@ from gpu_exporter.model.defaults import (
 )
 from gpu_exporter.model.promnames import label_name_problem
 from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
+from gpu_exporter.web import http_server
 from gpu_exporter.web.dcgm_compat.render import CompatSettings
 from gpu_exporter.web.http_server import WebSettings
 
@@ -569,3 +571,22 @@ def _describe(err: Mapping[str, Any], located: LocatedYaml | None, origins: _Ori
     if located is not None:
         return f"config error: {located.where(loc)}: {message}"
     return f"config error: {format_path(loc)}: {message}"
+
+
+def rule_settings(config: Config) -> RuleSettings:
+    """The rule manager's settings for `config`; `config check` loads the rules with these too."""
+    return RuleSettings(
+        files=config.rules.files,
+        evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
+        resend_delay=config.alerting.resend_delay_seconds,
+        external_labels=config.external_labels(),
+        external_url=config.alerting.external_url,
+        runbook_base_url=config.runbook_base_url(
+            lambda: http_server.serves_tls(config.web_settings())
+        ),
+        reload_check_seconds=config.rules.reload_check_seconds,
+        max_range_seconds=config.rules.max_range_seconds,
+        group_time_budget_seconds=config.rules.group_time_budget_seconds,
+        history_max_bytes=config.rules.history_max_bytes,
+        semantics=promql.SEMANTICS[config.rules.semantics],
+    )

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.alerting.notify import Notifier, NotifierSettings
-from gpu_exporter.alerting.rules import promql
-from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import RuleManager
 from gpu_exporter.collect.classify import Classifier, Thresholds, default_window_seconds
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
+from gpu_exporter.config.load import rule_settings
 from gpu_exporter.pipeline.sampler import Sampler
-from gpu_exporter.web import http_server
 
 if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
     from gpu_exporter.collect.k8s.attribution import PodAttribution
@@ -138,25 +137,6 @@ def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | No
     )
     log.info("pod attribution from %s (%s mode)", k8s.socket_path, k8s.mode)
     return attribution
-
-
-def rule_settings(config: Any) -> RuleSettings:
-    """The rule manager's settings for `config`; `config check` loads the rules with these too."""
-    return RuleSettings(
-        files=config.rules.files,
-        evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
-        resend_delay=config.alerting.resend_delay_seconds,
-        external_labels=config.external_labels(),
-        external_url=config.alerting.external_url,
-        runbook_base_url=config.runbook_base_url(
-            lambda: http_server.serves_tls(config.web_settings())
-        ),
-        reload_check_seconds=config.rules.reload_check_seconds,
-        max_range_seconds=config.rules.max_range_seconds,
-        group_time_budget_seconds=config.rules.group_time_budget_seconds,
-        history_max_bytes=config.rules.history_max_bytes,
-        semantics=promql.SEMANTICS[config.rules.semantics],
-    )
 
 
 def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifier | None]:

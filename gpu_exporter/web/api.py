@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -30,15 +30,15 @@ from gpu_exporter.alerting.rules.pack import HEALTH_GROUP
 from gpu_exporter.collect.classify import class_kind
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.model.catalog import BY_NAME
-from gpu_exporter.model.series import ACTIVITY_FAMILIES, DeviceView, InstanceView
-from gpu_exporter.model.snapshot import DeviceSample, Reading
+from gpu_exporter.model.series import ACTIVITY_FAMILIES, DeviceView, InstanceView, SeriesSet
+from gpu_exporter.model.snapshot import DeviceSample, Reading, Snapshot
 from gpu_exporter.model.verdict import Verdict, WindowStats
-from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.web import runbook_page
 from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.web.exposition import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_TEXT,
+    RenderedMetrics,
     wants_gzip,
     wants_openmetrics,
 )
@@ -52,6 +52,41 @@ MIN_STALE_SECONDS = 10.0
 
 
 # -- the JSON bodies, as the OpenAPI schema declares them ------------------------------------
+
+
+class PublishedTick(Protocol):
+    """One tick's snapshot and its series, published together (never two ticks mixed)."""
+
+    @property
+    def snapshot(self) -> Snapshot: ...
+
+    @property
+    def series(self) -> SeriesSet: ...
+
+
+class Ticks(Protocol):
+    """What the HTTP side reads of the sampler (`gpu_exporter/pipeline/sampler.py`): the
+    latest tick's results and how long ago it was taken. Reading only: a request never makes
+    the sampler do anything."""
+
+    @property
+    def interval(self) -> float: ...
+
+    @property
+    def published(self) -> PublishedTick | None: ...
+
+    @property
+    def latest(self) -> Snapshot | None: ...
+
+    @property
+    def series(self) -> SeriesSet | None: ...
+
+    @property
+    def rendered(self) -> RenderedMetrics | None: ...
+
+    def seconds_since_start(self) -> float | None: ...
+
+    def seconds_since_last_tick(self) -> float | None: ...
 
 
 class _Body(BaseModel):
@@ -349,7 +384,7 @@ _DCGM_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def dcgm_metrics(
-    sampler: Sampler, compat: DcgmCompat, not_started: Callable[[], str | None]
+    sampler: Ticks, compat: DcgmCompat, not_started: Callable[[], str | None]
 ) -> Callable[[Request], Awaitable[Response]]:
     """The handler of /metrics/dcgm (and of /metrics on the compat listener). Text format
     only, whatever Accept says: dcgm-exporter serves nothing else."""
@@ -365,7 +400,7 @@ def dcgm_metrics(
 
 
 def create_compat_app(
-    sampler: Sampler, compat: DcgmCompat, startup: StartupProgress | None = None
+    sampler: Ticks, compat: DcgmCompat, startup: StartupProgress | None = None
 ) -> FastAPI:
     """The dcgm-exporter drop-in listener (`dcgm_compat.listen_address`): /metrics only, in
     compat form, for scrape configs and tools that assume dcgm-exporter's port and path."""
@@ -400,7 +435,7 @@ def _not_started(startup: StartupProgress | None) -> Callable[[], str | None]:
 
 
 def create_app(
-    sampler: Sampler,
+    sampler: Ticks,
     source_ready: Callable[[], bool],
     rules: Any | None = None,
     startup: StartupProgress | None = None,
