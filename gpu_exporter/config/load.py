@@ -43,6 +43,7 @@ from gpu_exporter.model.defaults import (
     DEFAULT_RULE_SEMANTICS,
 )
 from gpu_exporter.model.promnames import label_name_problem
+from gpu_exporter.support.validation import Wording, explain
 from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
 from gpu_exporter.web import http_server
 from gpu_exporter.web.dcgm_compat.render import CompatSettings
@@ -554,23 +555,29 @@ def load_config(
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        problems = [_describe(err, located, origins) for err in exc.errors()]
+        problems = [_describe(err, located, origins, data) for err in exc.errors()]
         raise ConfigError("\n".join(problems)) from exc
 
 
-def _describe(err: Mapping[str, Any], located: LocatedYaml | None, origins: _Origins) -> str:
+# Pydantic's own words, but for an unknown key: the settings' vocabulary.
+_WORDING = Wording(
+    unknown_key="unknown setting", missing_key=None, not_a_mapping=None, not_a_list=None
+)
+
+
+def _describe(
+    err: Mapping[str, Any], located: LocatedYaml | None, origins: _Origins, data: Any
+) -> str:
+    path, message = explain(err, data, Config, _WORDING)
     loc = tuple(err["loc"])
-    message = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        message = "unknown setting"
     if loc and loc[-1] == "[key]":  # pydantic's mark for a problem with a mapping's key
         loc = loc[:-1]
     for i in range(len(loc), 0, -1):
         if loc[:i] in origins:
             return f"config error: {origins[loc[:i]][1]} ({format_path(loc)}): {message}"
     if located is not None:
-        return f"config error: {located.where(loc)}: {message}"
-    return f"config error: {format_path(loc)}: {message}"
+        return f"config error: {located.where(path)}: {message}"
+    return f"config error: {format_path(path)}: {message}"
 
 
 def rule_settings(config: Config) -> RuleSettings:
