@@ -1,8 +1,9 @@
 """The exporter-toolkit web-configuration file: TLS and basic auth, as node_exporter reads it.
 
 Format: prometheus/exporter-toolkit docs/web-configuration.md (web/tls_config.go, v0.14).
-`load_web_config` parses and checks a file (every error names the file, line and field) and
-builds what serving needs: an `ssl.SSLContext` and the bcrypt hashes. What Python's ssl module
+`load_web_config` reads a file with the bounded YAML loader, checks its shape with the pydantic
+model `WebConfigFile` (every error names the file, line and field) and builds what serving
+needs: an `ssl.SSLContext` and the bcrypt hashes. What Python's ssl module
 cannot do is refused with the reason rather than ignored:
 
 - client_auth_type RequestClientCert and RequireAnyClientCert (Go asks for a certificate
@@ -25,8 +26,12 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from gpu_exporter.support.validation import InputError, Wording, validate
 from gpu_exporter.support.yamlfile import LocatedYaml, Path_, load_yaml_file
 
 log = logging.getLogger("gpu_exporter.web")
@@ -81,24 +86,6 @@ HEADERS: dict[str, tuple[str, ...] | None] = {
 # $2a$, $2b$, $2y$ (htpasswd -B writes 2y), cost, 22 characters of salt, 31 of hash.
 BCRYPT_HASH = re.compile(r"\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}")
 
-_TOP = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
-_TLS = (
-    "cert",
-    "key",
-    "client_ca",
-    "cert_file",
-    "key_file",
-    "client_auth_type",
-    "client_ca_file",
-    "client_allowed_sans",
-    "min_version",
-    "max_version",
-    "cipher_suites",
-    "prefer_server_cipher_suites",
-    "curve_preferences",
-)
-_HTTP = ("http2", "headers")
-
 
 @dataclass(frozen=True)
 class WebConfig:
@@ -126,10 +113,172 @@ def load_web_config(path: str | Path) -> WebConfig:
         doc = load_yaml_file(path)
     except ValueError as exc:  # YamlFileError: unreadable, not UTF-8, invalid YAML
         raise WebConfigError(str(exc)) from exc
-    return _Parser(doc).web_config()
+    if doc.data is None:  # an empty file: plain HTTP without auth, as the toolkit reads it
+        doc.data = {}
+    try:
+        file = validate(WebConfigFile, doc, wording=_WORDING)
+    except InputError as exc:
+        raise WebConfigError(str(exc)) from None
+    return _Builder(doc).web_config(file)
 
 
-class _Parser:
+# --- the file's shape (exporter-toolkit's web/tls_config.go) ---------------------------------
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+_WORDING = Wording(
+    unknown_key="unknown field; known: {known}",
+    missing_key="missing {key}",
+    not_a_mapping="must be a mapping, not {kind}",
+    not_a_list="must be a list of strings, not {kind}",
+)
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise PydanticCustomError("string", f"must be a non-empty string, not {_kind(value)}")
+    return value
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise PydanticCustomError("boolean", f"must be true or false, not {_kind(value)}")
+    return value
+
+
+def _choice(choices: Mapping[str, Any]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        text = _string(value)
+        if text not in choices:
+            raise PydanticCustomError("choice", f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return check
+
+
+def _cipher_suite(value: Any) -> str:
+    name = _string(value)
+    if name not in CIPHER_SUITES:
+        raise PydanticCustomError(
+            "cipher", f"{name!r} is not a TLS 1.2 suite we know; known: " + ", ".join(CIPHER_SUITES)
+        )
+    return name
+
+
+String = Annotated[str, BeforeValidator(_string)]
+CipherSuite = Annotated[str, BeforeValidator(_cipher_suite)]
+Boolean = Annotated[bool, BeforeValidator(_boolean)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TlsServerConfig(_Section):
+    cert: String | None = None
+    key: String | None = None
+    client_ca: String | None = None
+    cert_file: String | None = None
+    key_file: String | None = None
+    client_auth_type: Annotated[
+        str, BeforeValidator(_choice({**CLIENT_AUTH, **UNSUPPORTED_CLIENT_AUTH}))
+    ] = "NoClientCert"
+    client_ca_file: String | None = None
+    client_allowed_sans: list[String] | None = None
+    min_version: Annotated[str, BeforeValidator(_choice(TLS_VERSIONS))] = "TLS12"
+    max_version: Annotated[str, BeforeValidator(_choice(TLS_VERSIONS))] = "TLS13"
+    cipher_suites: list[CipherSuite] | None = None
+    prefer_server_cipher_suites: Boolean | None = None
+    curve_preferences: list[Any] | None = None
+
+    @field_validator("curve_preferences")
+    @classmethod
+    def _no_curves(cls, value: list[Any] | None) -> list[Any] | None:
+        if value:
+            raise PydanticCustomError(
+                "unsupported",
+                "not supported: Python's ssl module cannot set the key-exchange groups",
+            )
+        return value
+
+    @field_validator("client_auth_type")
+    @classmethod
+    def _verifying(cls, value: str) -> str:
+        if value in UNSUPPORTED_CLIENT_AUTH:
+            raise PydanticCustomError(
+                "unsupported",
+                f"{value} is not supported (Go's crypto/tls {UNSUPPORTED_CLIENT_AUTH[value]}; "
+                "OpenSSL verifies any certificate it asks for): use VerifyClientCertIfGiven "
+                "or RequireAndVerifyClientCert with client_ca_file",
+            )
+        return value
+
+
+def _header(name: str) -> Any:
+    """A header's value: any text, or one of the values the toolkit allows; blank unsets it."""
+    allowed = HEADERS[name]
+
+    def check(value: Any) -> str | None:
+        if value is None or value == "":
+            return None
+        text = _string(value)
+        if allowed is not None and text.lower() not in allowed:
+            raise PydanticCustomError("choice", f"{text!r} is not one of {', '.join(allowed)}")
+        return text
+
+    return Field(alias=name), BeforeValidator(check)
+
+
+class Headers(_Section):
+    """http_server_config.headers: only the headers the toolkit allows."""
+
+    content_security_policy: Annotated[str | None, *_header("Content-Security-Policy")] = None
+    x_frame_options: Annotated[str | None, *_header("X-Frame-Options")] = None
+    x_content_type_options: Annotated[str | None, *_header("X-Content-Type-Options")] = None
+    x_xss_protection: Annotated[str | None, *_header("X-XSS-Protection")] = None
+    strict_transport_security: Annotated[str | None, *_header("Strict-Transport-Security")] = None
+
+
+class HttpServerConfig(_Section):
+    http2: Boolean | None = None
+    headers: Headers | None = None
+
+
+class WebConfigFile(_Section):
+    """The file as written; `_Builder` makes what serving needs of it."""
+
+    tls_server_config: TlsServerConfig | None = None
+    http_server_config: HttpServerConfig | None = None
+    basic_auth_users: dict[Any, Any] | None = None
+    rate_limit: Any = None
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _no_rate_limit(cls, value: Any) -> Any:
+        if value is not None:
+            raise PydanticCustomError("unsupported", "not supported by gpu-exporter; remove it")
+        return value
+
+    @field_validator("basic_auth_users", mode="before")
+    @classmethod
+    def _users(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, dict):
+            raise PydanticCustomError(
+                "users", f"must be a mapping of user: bcrypt hash, not {_kind(value)}"
+            )
+        return value
+
+
+class _Builder:
+    """The checks that need more than the file's shape (files, OpenSSL), and the result."""
+
     def __init__(self, doc: LocatedYaml) -> None:
         self.doc = doc
         self.directory = Path(doc.filename).parent
@@ -138,63 +287,20 @@ class _Parser:
     def fail(self, path: Path_, problem: str) -> WebConfigError:
         return WebConfigError(f"{self.doc.where(path)}: {problem}")
 
-    def web_config(self) -> WebConfig:
-        data = self.doc.data
-        if data is None:  # an empty file: plain HTTP without auth, as the toolkit reads it
-            data = {}
-        top = self.mapping(data, (), _TOP)
-        if "rate_limit" in top:
-            raise self.fail(("rate_limit",), "not supported by gpu-exporter; remove it")
-        users = self.users(top.get("basic_auth_users"))
+    def web_config(self, file: WebConfigFile) -> WebConfig:
+        users = self.users(file.basic_auth_users or {})
         headers: tuple[tuple[bytes, bytes], ...] = ()
         allowed_sans, context = frozenset[str](), None
-        if top.get("http_server_config") is not None:
-            headers = self.http_server_config(top["http_server_config"])
-        if top.get("tls_server_config") is not None:
-            context, allowed_sans = self.tls(top["tls_server_config"])
+        if file.http_server_config is not None:
+            headers = self.http_server_config(file.http_server_config)
+        if file.tls_server_config is not None:
+            context, allowed_sans = self.tls(file.tls_server_config)
         return WebConfig(
             self.doc.filename, context, users, headers, allowed_sans, tuple(self.files)
         )
 
-    # --- shapes ------------------------------------------------------------------------------
-
-    def mapping(self, value: Any, path: Path_, known: tuple[str, ...]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(path, f"must be a mapping, not {_kind(value)}")
-        for key in value:
-            if key not in known:
-                raise self.fail((*path, key), f"unknown field; known: {', '.join(known)}")
-        return value
-
-    def string(self, value: Any, path: Path_) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.fail(path, f"must be a non-empty string, not {_kind(value)}")
-        return value
-
-    def strings(self, value: Any, path: Path_) -> list[str]:
-        if not isinstance(value, list):
-            raise self.fail(path, f"must be a list of strings, not {_kind(value)}")
-        return [self.string(item, (*path, i)) for i, item in enumerate(value)]
-
-    def boolean(self, value: Any, path: Path_) -> bool:
-        if not isinstance(value, bool):
-            raise self.fail(path, f"must be true or false, not {_kind(value)}")
-        return value
-
-    def choice(self, value: Any, path: Path_, choices: Mapping[str, Any]) -> Any:
-        text = self.string(value, path)
-        if text not in choices:
-            raise self.fail(path, f"{text!r} is not one of {', '.join(choices)}")
-        return choices[text]
-
-    # --- sections ----------------------------------------------------------------------------
-
-    def users(self, value: Any) -> dict[str, bytes]:
-        if value is None:
-            return {}
+    def users(self, value: Mapping[Any, Any]) -> dict[str, bytes]:
         path: Path_ = ("basic_auth_users",)
-        if not isinstance(value, dict):
-            raise self.fail(path, f"must be a mapping of user: bcrypt hash, not {_kind(value)}")
         users = {}
         for user, hashed in value.items():
             where = (*path, user)
@@ -208,101 +314,67 @@ class _Parser:
             users[user] = hashed.encode()
         return users
 
-    def http_server_config(self, value: Any) -> tuple[tuple[bytes, bytes], ...]:
+    def http_server_config(self, section: HttpServerConfig) -> tuple[tuple[bytes, bytes], ...]:
         path: Path_ = ("http_server_config",)
-        section = self.mapping(value, path, _HTTP)
-        if section.get("http2") is not None and self.boolean(section["http2"], (*path, "http2")):
+        if section.http2:
             log.info("%s: http2 is not supported; serving HTTP/1.1", self.doc.where(path))
-        raw = section.get("headers")
-        if raw is None:
+        if section.headers is None:
             return ()
-        headers = self.mapping(raw, (*path, "headers"), tuple(HEADERS))
-        out = []
-        for name, text in headers.items():
-            where = (*path, "headers", name)
-            if text is None or text == "":  # "unset if blank"
-                continue
-            text = self.string(text, where)
-            allowed = HEADERS[name]
-            if allowed is not None and text.lower() not in allowed:
-                raise self.fail(where, f"{text!r} is not one of {', '.join(allowed)}")
-            out.append((name.lower().encode("latin-1"), text.encode("latin-1")))
-        return tuple(out)
+        values = section.headers.model_dump(by_alias=True, exclude_none=True)
+        return tuple(
+            (name.lower().encode("latin-1"), text.encode("latin-1"))
+            for name, text in values.items()
+        )
 
-    def tls(self, value: Any) -> tuple[ssl.SSLContext, frozenset[str]]:
+    def tls(self, section: TlsServerConfig) -> tuple[ssl.SSLContext, frozenset[str]]:
         path: Path_ = ("tls_server_config",)
-        section = self.mapping(value, path, _TLS)
 
         def at(key: str) -> Path_:
             return (*path, key)
 
-        if section.get("curve_preferences"):
-            raise self.fail(
-                at("curve_preferences"),
-                "not supported: Python's ssl module cannot set the key-exchange groups",
-            )
-        auth = section.get("client_auth_type", "NoClientCert")
-        if auth in UNSUPPORTED_CLIENT_AUTH:
-            raise self.fail(
-                at("client_auth_type"),
-                f"{auth} is not supported (Go's crypto/tls {UNSUPPORTED_CLIENT_AUTH[auth]}; "
-                "OpenSSL verifies any certificate it asks for): use VerifyClientCertIfGiven "
-                "or RequireAndVerifyClientCert with client_ca_file",
-            )
-        verify = self.choice(auth, at("client_auth_type"), CLIENT_AUTH)
+        verify = CLIENT_AUTH[section.client_auth_type]
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.set_alpn_protocols(["http/1.1"])
-        low = self.choice(section.get("min_version", "TLS12"), at("min_version"), TLS_VERSIONS)
-        high = self.choice(section.get("max_version", "TLS13"), at("max_version"), TLS_VERSIONS)
+        low, high = TLS_VERSIONS[section.min_version], TLS_VERSIONS[section.max_version]
         if low > high:
             raise self.fail(at("min_version"), "is above max_version")
         try:
             context.minimum_version, context.maximum_version = low, high
         except (ValueError, ssl.SSLError) as exc:
             raise self.fail(at("min_version"), f"this OpenSSL refuses it: {exc}") from exc
-        if section.get("cipher_suites"):
-            names = self.strings(section["cipher_suites"], at("cipher_suites"))
-            for i, name in enumerate(names):
-                if name not in CIPHER_SUITES:
-                    raise self.fail(
-                        (*at("cipher_suites"), i),
-                        f"{name!r} is not a TLS 1.2 suite we know; known: "
-                        + ", ".join(CIPHER_SUITES),
-                    )
+        if section.cipher_suites:
             try:
-                context.set_ciphers(":".join(CIPHER_SUITES[name] for name in names))
+                context.set_ciphers(":".join(CIPHER_SUITES[n] for n in section.cipher_suites))
             except ssl.SSLError as exc:
                 raise self.fail(at("cipher_suites"), f"OpenSSL refuses them: {exc}") from exc
-        prefer = section.get("prefer_server_cipher_suites")
-        if prefer is not None and not self.boolean(prefer, at("prefer_server_cipher_suites")):
+        if section.prefer_server_cipher_suites is False:
             context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
         else:
             context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
         self.certificate(context, section, path)
         self.client_ca(context, section, path, verify)
         context.verify_mode = verify
-        allowed = section.get("client_allowed_sans") or []
-        sans = frozenset(self.strings(allowed, at("client_allowed_sans")))
+        sans = frozenset(section.client_allowed_sans or ())
         if sans and verify is not ssl.CERT_REQUIRED:
             raise self.fail(
                 at("client_allowed_sans"), "needs client_auth_type: RequireAndVerifyClientCert"
             )
         return context, sans
 
-    def pem(self, section: dict[str, Any], path: Path_, inline: str, file: str) -> tuple[str, str]:
+    def pem(self, section: TlsServerConfig, path: Path_, inline: str, file: str) -> tuple[str, str]:
         """("file", its path) or ("inline", the PEM text); one of the two must be given."""
-        if section.get(inline) and section.get(file):
+        inline_text, file_name = getattr(section, inline), getattr(section, file)
+        if inline_text and file_name:
             raise self.fail((*path, inline), f"give {inline} or {file}, not both")
-        if section.get(inline):
-            return "inline", self.string(section[inline], (*path, inline))
-        if section.get(file):
-            name = self.string(section[file], (*path, file))
-            resolved = str(self.directory / name)  # relative to the web-config file, as Go
+        if inline_text:
+            return "inline", inline_text
+        if file_name:
+            resolved = str(self.directory / file_name)  # relative to the web-config file, as Go
             self.files.append(resolved)
             return "file", resolved
         raise self.fail(path, f"missing {file} (or {inline})")
 
-    def certificate(self, context: ssl.SSLContext, section: dict[str, Any], path: Path_) -> None:
+    def certificate(self, context: ssl.SSLContext, section: TlsServerConfig, path: Path_) -> None:
         cert = self.pem(section, path, "cert", "cert_file")
         key = self.pem(section, path, "key", "key_file")
         where = (*path, "cert_file" if cert[0] == "file" else "cert")
@@ -314,9 +386,13 @@ class _Parser:
                 raise self.fail(where, problem) from exc
 
     def client_ca(
-        self, context: ssl.SSLContext, section: dict[str, Any], path: Path_, verify: ssl.VerifyMode
+        self,
+        context: ssl.SSLContext,
+        section: TlsServerConfig,
+        path: Path_,
+        verify: ssl.VerifyMode,
     ) -> None:
-        if not (section.get("client_ca") or section.get("client_ca_file")):
+        if not (section.client_ca or section.client_ca_file):
             if verify is not ssl.CERT_NONE:
                 raise self.fail((*path, "client_auth_type"), "needs client_ca_file (or client_ca)")
             return
@@ -359,14 +435,6 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc)
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), type(value).__name__
-    )
 
 
 def file_stamps(paths: tuple[str, ...]) -> tuple[tuple[int, int, int] | None, ...]:
