@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpu_exporter.alerting.rules.loader import RuleFileError, load_rule_files
 from gpu_exporter.support.validation import InputError, Wording, validate
 from gpu_exporter.support.yamlfile import load_yaml
 
@@ -89,3 +91,30 @@ def test_each_problem_is_one_line_and_the_default_wording_is_plain() -> None:
         "n.yaml:1: devices: expected a list, got a mapping"
     ]
     assert problems("- a\n", Wording()) == ["n.yaml: (top level): expected a mapping, got a list"]
+
+
+def test_a_rule_file_names_each_shape_problem_at_its_line(tmp_path: Path) -> None:
+    """The rule loader's shape (a union chosen by which key a rule has) through the validator."""
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "groups:\n"
+        "  - name: g\n"
+        "    rules:\n"
+        "      - alert: A\n"
+        "        expr: up == 0\n"
+        "        colour: blue\n"  # 6
+        "      - {record: x, alert: y}\n"  # 7
+        "      - {alert: B, expr: up, labels: [a]}\n"  # 8
+        "  - {name: '', limit: -1}\n"  # 9
+    )
+    with pytest.raises(RuleFileError) as caught:
+        load_rule_files([path])
+    assert caught.value.problems == [
+        f"{path}:6: groups[0].rules[0].colour: key not allowed here; allowed: alert, "
+        "annotations, expr, for, keep_firing_for, labels",
+        f"{path}:7: groups[0].rules[1]: a rule is a mapping with exactly one of `alert` or "
+        "`record`",
+        f"{path}:8: groups[0].rules[2].labels: must be a mapping",
+        f"{path}:9: groups[1].name: a group's name must be a non-empty string",
+        f"{path}:9: groups[1].limit: must be a non-negative integer",
+    ]

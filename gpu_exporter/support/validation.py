@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 from gpu_exporter.support.yamlfile import LocatedYaml, Path_, format_path
 
@@ -99,11 +99,12 @@ def explain(
 ) -> tuple[Path_, str]:
     """(the path in the file's data, the message) of one pydantic error of `model`."""
     kind = str(err["type"])
-    loc = tuple(err["loc"])
+    raw_loc = tuple(err["loc"])
+    loc = _walk(model, raw_loc)[0]
     path = data_path(loc, data, missing=kind == "missing")
     value = err.get("input")
     if kind == "extra_forbidden":
-        known = ", ".join(sorted(field_names_at(model, loc[:-1])))
+        known = ", ".join(sorted(_field_names(_walk(model, raw_loc[:-1])[1])))
         return path, wording.unknown_key.format(key=path[-1] if path else "", known=known)
     if kind == "missing" and wording.missing_key is not None:
         return path[:-1], wording.missing_key.format(key=path[-1] if path else "")
@@ -138,33 +139,52 @@ def _child(node: Any, part: str | int) -> tuple[bool, Any]:
     return False, None
 
 
-def field_names_at(model: type[BaseModel], loc: Path_) -> set[str]:
-    """The keys the model accepts at pydantic's `loc` (for "unknown key; known: ...")."""
+def _walk(model: type[BaseModel], loc: Path_) -> tuple[Path_, list[Any]]:
+    """Pydantic's `loc` without the tags of tagged unions (they name a member, not a key of
+    the file), and the types found at its end."""
     kinds: list[Any] = [model]
+    clean: list[str | int] = []
     for part in loc:
+        members = [member for kind in kinds for member in _members(kind)]
+        tagged = [kind for kind, tag in members if tag is not None and tag == part]
+        if not tagged:
+            tagged = [
+                kind
+                for kind, _ in members
+                if _is_model(kind) and _field(kind, part) is None and _literal_tag(kind, part)
+            ]
+        if tagged:
+            kinds = tagged
+            continue
+        clean.append(part)
         following: list[Any] = []
-        for kind in (member for k in kinds for member in _members(k)):
-            if isinstance(kind, type) and issubclass(kind, BaseModel):
+        for kind, _ in members:
+            origin, args = typing.get_origin(kind), typing.get_args(kind)
+            if _is_model(kind):
                 field = _field(kind, part)
                 if field is not None:
                     following.append(field.annotation)
-                elif _tagged(kind, part):
-                    following.append(kind)  # a tagged union's tag: still this model
-            else:
-                origin, args = typing.get_origin(kind), typing.get_args(kind)
-                if isinstance(part, int) and origin in (list, tuple, Sequence) and args:
-                    following.append(args[0])
-                elif origin in (dict, Mapping) and len(args) == 2:
-                    following.append(args[1])
+            elif isinstance(part, int) and origin in (list, tuple, Sequence) and args:
+                following.append(args[0])
+            elif origin in (dict, Mapping) and len(args) == 2:
+                following.append(args[1])
         kinds = following
+    return tuple(clean), kinds
+
+
+def _field_names(kinds: list[Any]) -> set[str]:
     names: set[str] = set()
-    for kind in (member for k in kinds for member in _members(k)):
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
+    for kind, _ in (member for k in kinds for member in _members(k)):
+        if _is_model(kind):
             names |= {f.alias or name for name, f in kind.model_fields.items()}
     return names
 
 
-def _tagged(model: type[BaseModel], tag: str | int) -> bool:
+def _is_model(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+
+def _literal_tag(model: type[BaseModel], tag: str | int) -> bool:
     """Whether `tag` is the value of one of the model's Literal fields (a union's tag)."""
     return any(
         typing.get_origin(field.annotation) is Literal and tag in typing.get_args(field.annotation)
@@ -179,14 +199,17 @@ def _field(model: type[BaseModel], key: str | int) -> Any:
     return None
 
 
-def _members(kind: Any) -> list[Any]:
-    """A type without Annotated, Optional or Union around it: its members."""
+def _members(kind: Any, tag: str | None = None) -> list[tuple[Any, str | None]]:
+    """A type without Annotated, Optional or Union around it: its members, each with the Tag
+    it has in a tagged union (None: untagged)."""
     origin = typing.get_origin(kind)
     if origin is typing.Annotated:
-        return _members(typing.get_args(kind)[0])
+        base, *metadata = typing.get_args(kind)
+        tags = [m.tag for m in metadata if isinstance(m, Tag)]
+        return _members(base, tags[0] if tags else tag)
     if origin in (typing.Union, types.UnionType):
         return [m for arg in typing.get_args(kind) for m in _members(arg)]
-    return [kind]
+    return [(kind, tag)]
 
 
 def kind_of(value: Any) -> str:

@@ -20,25 +20,25 @@ from __future__ import annotations
 
 import glob
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import promql_parser as P
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+from pydantic_core import PydanticCustomError
 
 from gpu_exporter.alerting.rules import promql, template
 from gpu_exporter.alerting.store import DEFAULT_LOOKBACK_SECONDS
 from gpu_exporter.model.promnames import is_label_name, is_metric_name, label_name_problem
+from gpu_exporter.support.validation import InputError, Wording, validate
 from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, load_yaml_file
 
 _DURATION = re.compile(
     r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
 )
 _UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
-_GROUP_KEYS = {"name", "interval", "limit", "rules"}  # Prometheus 2.42's rulefmt
-_ALERT_KEYS = {"alert", "expr", "for", "keep_firing_for", "labels", "annotations"}
-_RECORD_KEYS = {"record", "expr", "labels"}
 # How far back a rule may read (range + offset) unless `rules.max_range_seconds` says otherwise:
 # the rule store keeps each metric's history that long, at the sampling interval.
 DEFAULT_MAX_RANGE_SECONDS = 3600.0
@@ -56,6 +56,89 @@ class RuleFileError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+# --- the file's shape (Prometheus 2.42 model/rulefmt), validated by pydantic -------------------
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _non_empty(what: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise PydanticCustomError("name", f"{what} must be a non-empty string")
+        return value
+
+    return check
+
+
+def _non_negative(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PydanticCustomError("limit", "must be a non-negative integer")
+    return value
+
+
+def _mapping_or_nothing(value: Any) -> Any:
+    if value is not None and not isinstance(value, dict):
+        raise PydanticCustomError("mapping", "must be a mapping")
+    return value
+
+
+# A value rulefmt reads as text (`for: 5m`, `expr: 1`); checked by what reads it.
+Scalar = Any
+Mapping_ = Annotated[dict[Any, Any] | None, BeforeValidator(_mapping_or_nothing)]
+
+
+class AlertShape(_Shape):
+    alert: Annotated[str, BeforeValidator(_non_empty("alert name"))]
+    expr: Scalar = None
+    for_: Scalar = Field(default=None, alias="for")
+    keep_firing_for: Scalar = None
+    labels: Mapping_ = None
+    annotations: Mapping_ = None
+
+
+class RecordShape(_Shape):
+    record: Annotated[str, BeforeValidator(_non_empty("record name"))]
+    expr: Scalar = None
+    labels: Mapping_ = None
+
+
+def _rule_kind(value: Any) -> str | None:
+    if isinstance(value, dict) and ("alert" in value) != ("record" in value):
+        return "alert" if "alert" in value else "record"
+    return None  # pydantic reports the discriminator's custom error
+
+
+RuleShape = Annotated[
+    Annotated[AlertShape, Tag("alert")] | Annotated[RecordShape, Tag("record")],
+    Discriminator(
+        _rule_kind,
+        custom_error_type="rule_kind",
+        custom_error_message="a rule is a mapping with exactly one of `alert` or `record`",
+    ),
+]
+
+
+class GroupShape(_Shape):
+    name: Annotated[str, BeforeValidator(_non_empty("a group's name"))]
+    interval: Scalar = None
+    limit: Annotated[int, BeforeValidator(_non_negative)] = 0
+    rules: list[RuleShape] | None = None
+
+
+class RuleFileShape(_Shape):
+    groups: list[GroupShape] | None = None
+
+
+_WORDING = Wording(
+    unknown_key="key not allowed here; allowed: {known}",
+    missing_key="`{key}` is required",
+    not_a_mapping="must be a mapping, not {kind}",
+    not_a_list="must be a list, not {kind}",
+)
 
 
 def parse_duration(text: str) -> float:
@@ -177,44 +260,28 @@ def _parse_file(located: LocatedYaml, limits: LoadLimits) -> tuple[list[Group], 
     def problem(path: tuple, message: str) -> None:
         problems.append(f"{located.where(path)}: {message}")
 
-    data = located.data
-    if data is None:
+    if located.data is None:
         return [], []
-    if not isinstance(data, dict) or set(data) - {"groups"}:
-        problem((), "a rule file is a mapping with one key, `groups`")
-        return [], problems
-    raw_groups = data.get("groups") or []
-    if not isinstance(raw_groups, list):
-        problem(("groups",), "must be a list")
-        return [], problems
+    try:
+        shape = validate(RuleFileShape, located, wording=_WORDING)
+    except InputError as exc:
+        return [], list(exc.problems)
     groups: list[Group] = []
     seen: set[str] = set()
-    for gi, raw in enumerate(raw_groups):
+    for gi, raw in enumerate(shape.groups or ()):
         path = ("groups", gi)
-        if not isinstance(raw, dict):
-            problem(path, "a group is a mapping")
-            continue
-        for key in set(raw) - _GROUP_KEYS:
-            problem((*path, key), "unknown key")
-        name = raw.get("name")
-        if not isinstance(name, str) or not name:
-            problem(path, "group needs a `name`")
-            continue
+        name = raw.name
         if name in seen:
             problem((*path, "name"), f"group name {name!r} repeated in this file")
         seen.add(name)
         interval = None
-        if raw.get("interval") is not None:
-            interval = _duration(raw["interval"], (*path, "interval"), problem)
+        if raw.interval is not None:
+            interval = _duration(raw.interval, (*path, "interval"), problem)
             if interval == 0:
                 problem((*path, "interval"), "must be greater than 0")
         rules: list[Rule] = []
         skipped: list[SkippedRule] = []
-        raw_rules = raw.get("rules") or []
-        if not isinstance(raw_rules, list):
-            problem((*path, "rules"), "must be a list")
-            raw_rules = []
-        for ri, raw_rule in enumerate(raw_rules):
+        for ri, raw_rule in enumerate(raw.rules or ()):
             rule_path = (*path, "rules", ri)
             parsed = _parse_rule(raw_rule, rule_path, located, problem, limits)
             if parsed is None:
@@ -225,11 +292,9 @@ def _parse_file(located: LocatedYaml, limits: LoadLimits) -> tuple[list[Group], 
             else:
                 where = located.where((*rule_path, "expr"))
                 skipped.append(SkippedRule(rule, name, ri, construct, where))
-        limit = raw.get("limit", 0)
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            problem((*path, "limit"), "must be a non-negative integer")
-            limit = 0
-        groups.append(Group(name, located.filename, tuple(rules), interval, limit, tuple(skipped)))
+        groups.append(
+            Group(name, located.filename, tuple(rules), interval, raw.limit, tuple(skipped))
+        )
     return groups, problems
 
 
@@ -242,33 +307,17 @@ def _duration(value: Any, path: tuple, problem) -> float:
 
 
 def _parse_rule(
-    raw: Any, path: tuple, located: LocatedYaml, problem, limits: LoadLimits
+    raw: AlertShape | RecordShape, path: tuple, located: LocatedYaml, problem, limits: LoadLimits
 ) -> tuple[Rule, str | None] | None:
     """The rule, with the construct that makes the daemon skip it (None: it is evaluated); None
     when it is refused (its problems reported)."""
-    if not isinstance(raw, dict):
-        problem(path, "a rule is a mapping")
-        return None
-    kind = "alert" if "alert" in raw else "record" if "record" in raw else None
-    if kind is None or ("alert" in raw and "record" in raw):
-        problem(path, "a rule needs exactly one of `alert` or `record`")
-        return None
-    name = raw.get(kind)
+    kind, name = ("alert", raw.alert) if isinstance(raw, AlertShape) else ("record", raw.record)
     label = f"{kind} {name}"
-    allowed = _ALERT_KEYS if kind == "alert" else _RECORD_KEYS
-    for key in set(raw) - allowed:
-        problem(
-            (*path, key),
-            f"{label}: key not allowed in a{'n' if kind == 'alert' else ''} {kind}ing rule",
-        )
-    if not isinstance(name, str) or not name:
-        problem((*path, kind), f"{kind} name must be a non-empty string")
-        return None
     if kind == "record" and not is_metric_name(name):
         problem((*path, kind), f"{label}: not a valid metric name")
     if not _is_utf8(name):  # an alert's name is its `alertname` label value
         problem((*path, kind), f"{label}: the name is not valid UTF-8")
-    raw_expr = raw.get("expr")
+    raw_expr = raw.expr
     # A number is an expression too (YAML reads `expr: 1` as one; rulefmt takes its text).
     is_number = isinstance(raw_expr, int | float) and not isinstance(raw_expr, bool)
     expr_text = raw_expr if isinstance(raw_expr, str) else str(raw_expr) if is_number else ""
@@ -283,16 +332,19 @@ def _parse_rule(
         reach = _reach_problem(expr, limits)
         if reach:
             problem((*path, "expr"), f"{label}: {reach}")
-    labels = _string_map(raw.get("labels"), (*path, "labels"), label, problem, kind=kind)
-    annotations = _string_map(raw.get("annotations"), (*path, "annotations"), label, problem)
+    labels = _string_map(raw.labels, (*path, "labels"), label, problem, kind=kind)
+    annotations: dict[str, str] = {}
+    for_seconds = keep = 0.0
+    if isinstance(raw, AlertShape):
+        annotations = _string_map(raw.annotations, (*path, "annotations"), label, problem)
+        for_seconds = _duration(raw.for_ or "0s", (*path, "for"), problem)
+        keep = _duration(raw.keep_firing_for or "0s", (*path, "keep_firing_for"), problem)
     for key, text in (*labels.items(), *annotations.items()):
         try:
             template.check(text)
         except template.TemplateError as exc:
             where = "labels" if key in labels else "annotations"
             problem((*path, where, key), f"{label}: template: {exc}")
-    for_seconds = _duration(raw.get("for", "0s"), (*path, "for"), problem)
-    keep = _duration(raw.get("keep_firing_for", "0s"), (*path, "keep_firing_for"), problem)
     if expr is None and skipped_for is None:
         return None
     return Rule(
@@ -383,9 +435,6 @@ def _string_map(value: Any, path: tuple, label: str, problem, kind: str | None =
     """A rule's `labels` (`kind` given: the rule's kind) or `annotations` (None), checked as
     rulefmt and Alertmanager check them."""
     if value is None:
-        return {}
-    if not isinstance(value, dict):
-        problem(path, f"{label}: must be a mapping")
         return {}
     what = "label" if kind else "annotation"
     out = {}
