@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_exporter.model.dcgm_fields import FIELD_IDS
+
 # --- dcgm_structs.h: dcgmReturn_t ----------------------------------------------------------
 ST_OK = 0
 ST_BADPARAM = -1
@@ -80,7 +82,7 @@ FE_GPU = 1  # dcgm_field_entity_group_t
 FT_DOUBLE = ord("d")
 FT_INT64 = ord("i")
 FT_STRING = ord("s")
-FI_DEV_GPU_UUID = 54
+FI_DEV_GPU_UUID = FIELD_IDS["DCGM_FI_DEV_UUID"]  # the GPU's UUID, a string (model/dcgm_fields.py)
 
 # Blank values (dcgm_structs.h DCGM_BLANK_VALUES): a value at or above the base is no value;
 # base + 1 "not found", + 2 "not supported", + 3 "not permissioned".
