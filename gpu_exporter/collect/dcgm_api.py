@@ -7,8 +7,10 @@ the latest values. Struct layouts, versions, return codes and blank sentinels ar
 inside the DCGM OS package (not on PyPI), so the exporter binds the dozen calls itself and
 loads the library lazily: without libdcgm.so.4 nothing here is touched.
 
-Verified against the headers and the simulator's fake libdcgm only; no real DCGM has been
-run against this binding yet (no machine with DCGM is at hand in CI).
+The simulator's fake libdcgm reads and writes these same structures and codes; the fake's
+tests (tests/test_fake_dcgm.py) keep their own copies of the headers, so a layout or version
+mistake here shows there. Verified against the headers and the simulator's fake libdcgm only;
+no real DCGM has been run against this binding yet (no machine with DCGM is at hand in CI).
 """
 
 from __future__ import annotations
