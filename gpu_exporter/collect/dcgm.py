@@ -35,13 +35,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from uuid import uuid4
 
-import pynvml as N
-
 from gpu_exporter.collect import dcgm_api as api
-from gpu_exporter.collect.nvml.collectors import gpm as gpm_collector
 from gpu_exporter.collect.settings import DcgmSettings
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 from gpu_exporter.collect.worker import Worker
+from gpu_exporter.model.activity import BY_DCGM_FIELD
 from gpu_exporter.model.series import Producer, Series, series
 from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample, Labels, Reading
 
@@ -68,28 +66,12 @@ class DcgmField:
     labels: Labels = ()
 
 
-# The profiling fields (DCGM dcgm_fields.h, DCGM_FI_PROF_*) and the GPM metric each one is on
-# Hopper, as DCGM itself maps them (dcgmlib/src/dcgm_fields.cpp DcgmFieldIdToNvmlGpmMetricId):
-# the same quantity, so the gpm collector's family and labels (collectors/gpm.py METRICS). All
-# are ratios of 0..1 (DCGM divides the percentages by 100).
-GPM_METRIC_OF_FIELD: Mapping[int, int] = {
-    1001: N.NVML_GPM_METRIC_GRAPHICS_UTIL,  # GR_ENGINE_UTIL_RATIO
-    1002: N.NVML_GPM_METRIC_SM_UTIL,  # SM_UTIL_RATIO
-    1003: N.NVML_GPM_METRIC_SM_OCCUPANCY,  # SM_OCCUPANCY_RATIO
-    1004: N.NVML_GPM_METRIC_ANY_TENSOR_UTIL,  # TENSOR_UTIL_RATIO
-    1005: N.NVML_GPM_METRIC_DRAM_BW_UTIL,  # DRAM_UTIL_RATIO
-    1006: N.NVML_GPM_METRIC_FP64_UTIL,
-    1007: N.NVML_GPM_METRIC_FP32_UTIL,
-    1008: N.NVML_GPM_METRIC_FP16_UTIL,
-    1013: N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL,
-    1014: N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
-    1015: N.NVML_GPM_METRIC_DFMA_TENSOR_UTIL,
-    1016: N.NVML_GPM_METRIC_INTEGER_UTIL,
-}
-_GPM_METRICS = {metric.metric_id: metric for metric in gpm_collector.METRICS}
+# The profiling fields (DCGM_FI_PROF_*), in id order, as the families GPM fills for the same
+# quantity on Hopper (model/activity.py pairs them). All are ratios of 0..1 (DCGM divides the
+# percentages by 100).
 FIELDS: tuple[DcgmField, ...] = tuple(
-    DcgmField(field_id, _GPM_METRICS[metric].family, _GPM_METRICS[metric].labels)
-    for field_id, metric in GPM_METRIC_OF_FIELD.items()
+    DcgmField(field_id, activity.family, activity.labels)
+    for field_id, activity in BY_DCGM_FIELD.items()
 )
 BY_ID: Mapping[int, DcgmField] = {f.field_id: f for f in FIELDS}
 

@@ -7,8 +7,10 @@ the latest values. Struct layouts, versions, return codes and blank sentinels ar
 inside the DCGM OS package (not on PyPI), so the exporter binds the dozen calls itself and
 loads the library lazily: without libdcgm.so.4 nothing here is touched.
 
-Verified against the headers and the simulator's fake libdcgm only; no real DCGM has been
-run against this binding yet (no machine with DCGM is at hand in CI).
+The simulator's fake libdcgm reads and writes these same structures and codes; the fake's
+tests (tests/test_fake_dcgm.py) keep their own copies of the headers, so a layout or version
+mistake here shows there. Verified against the headers and the simulator's fake libdcgm only;
+no real DCGM has been run against this binding yet (no machine with DCGM is at hand in CI).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from gpu_exporter.model.dcgm_fields import FIELD_IDS
 
 # --- dcgm_structs.h: dcgmReturn_t ----------------------------------------------------------
 ST_OK = 0
@@ -80,7 +84,7 @@ FE_GPU = 1  # dcgm_field_entity_group_t
 FT_DOUBLE = ord("d")
 FT_INT64 = ord("i")
 FT_STRING = ord("s")
-FI_DEV_GPU_UUID = 54
+FI_DEV_GPU_UUID = FIELD_IDS["DCGM_FI_DEV_UUID"]  # the GPU's UUID, a string (model/dcgm_fields.py)
 
 # Blank values (dcgm_structs.h DCGM_BLANK_VALUES): a value at or above the base is no value;
 # base + 1 "not found", + 2 "not supported", + 3 "not permissioned".

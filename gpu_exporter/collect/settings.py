@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from gpu_exporter.model.activity import BY_DCGM_FIELD
+
 # The default deadline is also capped at this share of the sampling interval, so a tick's reads
 # always finish before the next tick starts.
 DEADLINE_SHARE_OF_INTERVAL = 0.8
@@ -34,12 +36,10 @@ def default_deadline(interval_seconds: float) -> float:
     return min(NvmlSettings.device_deadline_seconds, DEADLINE_SHARE_OF_INTERVAL * interval_seconds)
 
 
-# DCGM profiling field ids the exporter can watch (DCGM dcgm_fields.h), and the default set:
-# 1001-1008 are the activity the classifier and the rules read; the tensor-pipe and integer
-# fields (1013-1016) are opt-in, because before Hopper DCGM multiplexes shared counters and
-# "some groups cannot be watched concurrently" (DCGM profiling docs).
-DCGM_FIELDS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1013, 1014, 1015, 1016)
-DCGM_DEFAULT_FIELDS = (1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008)
+# DCGM profiling field ids the exporter can watch, and the default set, in id order: the
+# activity table's (model/activity.py, which says why some are opt-in).
+DCGM_FIELDS = tuple(BY_DCGM_FIELD)
+DCGM_DEFAULT_FIELDS = tuple(f for f, activity in BY_DCGM_FIELD.items() if activity.dcgm_default)
 DCGM_MODES = ("off", "auto", "standalone", "embedded")  # config.DcgmConfig.mode spells them too
 
 

@@ -3,10 +3,12 @@
 `FakeDcgmLib` stands where `ctypes.CDLL("libdcgm.so.4")` would: its attributes are C function
 pointers made with `ctypes.CFUNCTYPE(...)(impl)`, so a binding sets `argtypes`/`restype` on
 them and calls them with ctypes objects, and real ctypes marshalling runs in between. Every
-pointer parameter is declared `c_void_p` and read through this module's own structure
-definitions, written from DCGM's headers independently of any binding, so that a layout or
-version mistake on either side shows. A symbol the scenario's `dcgm.missing_functions` names is
-not set: looking it up raises AttributeError, as with CDLL.
+pointer parameter is declared `c_void_p` and read through the production binding's structure
+definitions (gpu_exporter/collect/dcgm_api.py), whose return codes, versions, field types,
+blank values and sizes it uses too; tests/test_fake_dcgm.py drives the fake through its own
+copies of DCGM's headers, so a layout or version mistake in the binding shows there. A symbol
+the scenario's `dcgm.missing_functions` names is not set: looking it up raises AttributeError,
+as with CDLL.
 
 One fake is one simulated node: this process's libdcgm, the node's nv-hostengine (standalone
 connections) and at most one embedded host engine. It follows DCGM's documented semantics
@@ -51,6 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from gpu_exporter.collect import dcgm_api as api
+from gpu_exporter.model.dcgm_fields import FIELD_IDS
+from gpu_exporter.sim import activity as sim_activity
 from gpu_exporter.sim.scenario import (
     DcgmSpec,
     DeviceSpec,
@@ -63,167 +68,92 @@ __all__ = ["FakeDcgmLib", "implemented_functions", "served_fields"]
 
 log = logging.getLogger(__name__)
 
-# dcgmReturn_t (dcgm_structs.h) -> errorString's text (the header's description of it).
-OK = 0
-BADPARAM = -1
-GENERIC_ERROR = -3
-NOT_CONFIGURED = -5
-NOT_SUPPORTED = -6
-INIT_ERROR = -7
-UNINITIALIZED = -10
-TIMEOUT = -11
-VER_MISMATCH = -12
-UNKNOWN_FIELD = -13
-NO_DATA = -14
-STALE_DATA = -15
-NOT_WATCHED = -16
-NO_PERMISSION = -17
-CONNECTION_NOT_VALID = -21
-REQUIRES_ROOT = -29
-MODULE_NOT_LOADED = -33
-GROUP_IS_EMPTY = -35
-PROFILING_NOT_SUPPORTED = -36
-PROFILING_MULTI_PASS = -38
-PAUSED = -54
+# dcgmReturn_t codes (dcgm_structs.h) the binding has no use for, and errorString's text for
+# each code (the header's description of it).
+ST_NOT_CONFIGURED = -5
+ST_GROUP_IS_EMPTY = -35
 _MESSAGES: dict[int, bytes] = {
-    OK: b"Success",
-    BADPARAM: b"A bad parameter was passed to a function",
-    GENERIC_ERROR: b"A generic, unspecified error",
-    NOT_CONFIGURED: b"Setting not configured",
-    NOT_SUPPORTED: b"Feature not supported",
-    INIT_ERROR: b"DCGM Init error",
-    UNINITIALIZED: b"Object is in undefined state",
-    TIMEOUT: b"Requested operation timed out",
-    VER_MISMATCH: b"Version mismatch between received and understood API",
-    UNKNOWN_FIELD: b"Unknown field id",
-    NO_DATA: b"No data is available",
-    STALE_DATA: b"Data is considered stale",
-    NOT_WATCHED: b"The given field id is not being updated by the cache manager",
-    NO_PERMISSION: b"Do not have permission to perform the desired action",
-    CONNECTION_NOT_VALID: b"The connection to the host engine is not valid any longer",
-    REQUIRES_ROOT: b"This operation cannot be performed when the host engine is running as "
-    b"non-root",
-    MODULE_NOT_LOADED: b"This request is serviced by a module of DCGM that is not currently loaded",
-    GROUP_IS_EMPTY: b"This group is empty and the requested operation is not valid on an "
+    api.ST_OK: b"Success",
+    api.ST_BADPARAM: b"A bad parameter was passed to a function",
+    api.ST_GENERIC_ERROR: b"A generic, unspecified error",
+    ST_NOT_CONFIGURED: b"Setting not configured",
+    api.ST_NOT_SUPPORTED: b"Feature not supported",
+    api.ST_INIT_ERROR: b"DCGM Init error",
+    api.ST_UNINITIALIZED: b"Object is in undefined state",
+    api.ST_TIMEOUT: b"Requested operation timed out",
+    api.ST_VER_MISMATCH: b"Version mismatch between received and understood API",
+    api.ST_UNKNOWN_FIELD: b"Unknown field id",
+    api.ST_NO_DATA: b"No data is available",
+    api.ST_STALE_DATA: b"Data is considered stale",
+    api.ST_NOT_WATCHED: b"The given field id is not being updated by the cache manager",
+    api.ST_NO_PERMISSION: b"Do not have permission to perform the desired action",
+    api.ST_CONNECTION_NOT_VALID: b"The connection to the host engine is not valid any longer",
+    api.ST_REQUIRES_ROOT: b"This operation cannot be performed when the host engine is running "
+    b"as non-root",
+    api.ST_MODULE_NOT_LOADED: b"This request is serviced by a module of DCGM that is not "
+    b"currently loaded",
+    ST_GROUP_IS_EMPTY: b"This group is empty and the requested operation is not valid on an "
     b"empty group",
-    PROFILING_NOT_SUPPORTED: b"Profiling is not supported for this group of GPUs or GPU",
-    PROFILING_MULTI_PASS: b"The requested profiling metrics cannot be collected in a single pass",
-    PAUSED: b"The hostengine and all modules are paused",
+    api.ST_PROFILING_NOT_SUPPORTED: b"Profiling is not supported for this group of GPUs or GPU",
+    api.ST_PROFILING_MULTI_PASS: b"The requested profiling metrics cannot be collected in a "
+    b"single pass",
+    api.ST_PAUSED: b"The hostengine and all modules are paused",
 }
 
-# dcgm_structs.h constants
-_OPERATION_MODES = frozenset({1, 2})  # DCGM_OPERATION_MODE_AUTO, MANUAL
+# dcgm_structs.h constants the binding has no use for
+_OPERATION_MODE_MANUAL = 2
+_OPERATION_MODES = frozenset({api.OPERATION_MODE_AUTO, _OPERATION_MODE_MANUAL})
 _GROUP_DEFAULT, _GROUP_DEFAULT_EVERYTHING = 0, 5  # dcgmGroupType_t: all GPUs
 _GROUP_TYPES = range(6)  # DEFAULT .. DEFAULT_EVERYTHING
 GROUP_ALL_GPUS = 0x7FFFFFFF
-MAX_NUM_DEVICES = 32
-MAX_FIELD_IDS_PER_FIELD_GROUP = 128
-MAX_STR_LENGTH = 256
-MAX_BLOB_LENGTH = 4096
-FV_FLAG_LIVE_DATA = 0x1
-FE_GPU = 1  # dcgm_field_entity_group_t (dcgm_fields.h)
 
-# Field types (dcgm_fields.h DCGM_FT_*) and blank values (dcgm_structs.h DCGM_BLANK_VALUES):
-# base, + 1 not found, + 2 not supported, + 3 not permissioned.
-FT_DOUBLE, FT_INT64, FT_STRING = ord("d"), ord("i"), ord("s")
-FP64_BLANK = 140737488355328.0  # 2**47
-INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+# String blank values (dcgm_structs.h DCGM_BLANK_VALUES), and the offsets of a blank from its
+# base (the binding's BLANK_NAMES, in order): + 1 not found, + 2 not supported, + 3 not
+# permissioned.
 _STR_BLANKS = (b"<<<NULL>>>", b"<<<NOT_FOUND>>>", b"<<<NOT_SUPPORTED>>>", b"<<<NOT_PERM>>>")
-BLANK, NOT_FOUND_BLANK, NOT_SUPPORTED_BLANK = 0, 1, 2  # offsets from the blank base
+BLANK, NOT_FOUND_BLANK, NOT_SUPPORTED_BLANK = 0, 1, 2
 
-# Profiling fields (DCGM_FI_PROF_*, 1001-1075): the profiling module's, paused together.
-PROFILING_FIELDS = range(1001, 1076)
-# Served fields: id -> the scenario quantity (dcgm_fields.h ids; ratios 0..1, bytes/s).
+# Profiling fields (DCGM_FI_PROF_*, the first activity field to the last per-link NVLink one):
+# the profiling module's, paused together.
+PROFILING_FIELDS = range(
+    FIELD_IDS["DCGM_FI_PROF_GR_ENGINE_ACTIVE"], FIELD_IDS["DCGM_FI_PROF_NVLINK_L17_RX_BYTES"] + 1
+)
+# Served fields: id -> the scenario quantity (ratios 0..1, bytes/s). The activity fields serve
+# what the fake NVML's GPM serves for the same quantity (sim/activity.py); HMMA is computed.
 _RATIO_FIELDS: dict[int, str] = {
-    1001: "graphics_active",  # GR_ENGINE_UTIL_RATIO
-    1002: "sm_active",  # SM_UTIL_RATIO
-    1003: "sm_occupancy",  # SM_OCCUPANCY_RATIO
-    1004: "tensor_active",  # TENSOR_UTIL_RATIO
-    1005: "dram_active",  # DRAM_UTIL_RATIO
-    1006: "fp64_active",  # FP64_UTIL_RATIO
-    1007: "fp32_active",  # FP32_UTIL_RATIO
-    1008: "fp16_active",  # FP16_UTIL_RATIO (HMMA excluded)
-    1013: "tensor_imma_active",  # IMMA_UTIL_RATIO
-    1015: "tensor_dfma_active",  # DFMA_UTIL_RATIO
-    1016: "int_active",  # INT_UTIL_RATIO
+    activity.dcgm_field: quantity for activity, quantity in sim_activity.QUANTITIES.items()
 }
-_HMMA_FIELD = 1014  # HMMA_UTIL_RATIO: the rest of tensor_active, as the fake NVML's GPM has it
+_HMMA_FIELD = sim_activity.HMMA.dcgm_field
 _BYTES_FIELDS: dict[int, str] = {
-    1009: "pcie_tx_bytes_per_second",  # PCIE_TX_BYTES
-    1010: "pcie_rx_bytes_per_second",  # PCIE_RX_BYTES
-    1011: "nvlink_tx_bytes_per_second",  # NVLINK_TX_BYTES
-    1012: "nvlink_rx_bytes_per_second",  # NVLINK_RX_BYTES
+    FIELD_IDS["DCGM_FI_PROF_PCIE_TX_BYTES"]: "pcie_tx_bytes_per_second",
+    FIELD_IDS["DCGM_FI_PROF_PCIE_RX_BYTES"]: "pcie_rx_bytes_per_second",
+    FIELD_IDS["DCGM_FI_PROF_NVLINK_TX_BYTES"]: "nvlink_tx_bytes_per_second",
+    FIELD_IDS["DCGM_FI_PROF_NVLINK_RX_BYTES"]: "nvlink_rx_bytes_per_second",
 }
-_NVLINK_FIELDS = frozenset({1011, 1012})
+_NVLINK_FIELDS = frozenset(f for f, quantity in _BYTES_FIELDS.items() if "nvlink" in quantity)
 _STRING_FIELDS: dict[int, Callable[[DeviceSpec], str]] = {
-    54: lambda dev: dev.uuid,  # DCGM_FI_DEV_GPU_UUID
-    57: lambda dev: dev.pci_bus_id,  # DCGM_FI_DEV_PCI_BUS_ID
+    FIELD_IDS["DCGM_FI_DEV_UUID"]: lambda dev: dev.uuid,
+    FIELD_IDS["DCGM_FI_DEV_PCI_BUSID"]: lambda dev: dev.pci_bus_id,
 }
 _FIELD_TYPES: dict[int, int] = (
-    dict.fromkeys(_RATIO_FIELDS, FT_DOUBLE)
-    | {_HMMA_FIELD: FT_DOUBLE}
-    | dict.fromkeys(_BYTES_FIELDS, FT_INT64)
-    | dict.fromkeys(_STRING_FIELDS, FT_STRING)
+    dict.fromkeys(_RATIO_FIELDS, api.FT_DOUBLE)
+    | {_HMMA_FIELD: api.FT_DOUBLE}
+    | dict.fromkeys(_BYTES_FIELDS, api.FT_INT64)
+    | dict.fromkeys(_STRING_FIELDS, api.FT_STRING)
 )
 
 # Tokens handed out; distinct ranges catch a group passed as a handle and the like.
 _HANDLE_BASE, _GROUP_BASE, _FIELD_GROUP_BASE = 0x44430000, 0x47520000, 0x46470000
 
-
-# ---------------------------------------------------------------------------------------------
-# Structures (dcgm_structs.h), the fake's own copies
-
-
-class _ConnectParamsV1(ctypes.Structure):  # dcgmConnectV2Params_v1
-    _fields_ = [("version", ctypes.c_uint), ("persistAfterDisconnect", ctypes.c_uint)]
-
-
-class _ConnectParamsV2(ctypes.Structure):  # dcgmConnectV2Params_v2
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("persistAfterDisconnect", ctypes.c_uint),
-        ("timeoutMs", ctypes.c_uint),
-        ("addressIsUnixSocket", ctypes.c_uint),
-    ]
-
-
-class _EntityPair(ctypes.Structure):  # dcgmGroupEntityPair_t
-    _fields_ = [("entityGroupId", ctypes.c_uint), ("entityId", ctypes.c_uint)]
-
-
-class _Value(ctypes.Union):
-    _fields_ = [
-        ("i64", ctypes.c_int64),
-        ("dbl", ctypes.c_double),
-        ("str", ctypes.c_char * MAX_STR_LENGTH),
-        ("blob", ctypes.c_char * MAX_BLOB_LENGTH),
-    ]
-
-
-class _FieldValueV2(ctypes.Structure):  # dcgmFieldValue_v2
-    _fields_ = [
-        ("version", ctypes.c_uint),
-        ("entityGroupId", ctypes.c_uint),  # dcgm_field_entity_group_t: an enum, 4 bytes
-        ("entityId", ctypes.c_uint),
-        ("fieldId", ctypes.c_ushort),
-        ("fieldType", ctypes.c_ushort),
-        ("status", ctypes.c_int),
-        ("unused", ctypes.c_uint),  # aligns ts to 8 bytes
-        ("ts", ctypes.c_int64),  # microseconds since 1970
-        ("value", _Value),
-    ]
-
-
-def make_version(struct: type[ctypes.Structure], version: int) -> int:
-    """MAKE_DCGM_VERSION(type, ver) = sizeof(type) | ver << 24."""
-    return ctypes.sizeof(struct) | version << 24
-
-
-_CONNECT_PARAMS: dict[int, type[ctypes.Structure]] = {1: _ConnectParamsV1, 2: _ConnectParamsV2}
-FIELD_VALUE_VERSION2 = make_version(_FieldValueV2, 2)
+# dcgmConnectV2Params by version number: its layout and its whole version (MAKE_DCGM_VERSION).
+_CONNECT_PARAMS: dict[int, tuple[type[ctypes.Structure], int]] = {
+    1: (api.ConnectV2ParamsV1, api.CONNECT_V2_PARAMS_VERSION1),
+    2: (api.ConnectV2ParamsV2, api.CONNECT_V2_PARAMS_VERSION2),
+}
 
 # The C prototypes as the fake declares them (dcgm_agent.h): (restype, argtypes). Handles are
-# uintptr_t; enums are 4-byte ints; every pointer is c_void_p, read through the structs above.
+# uintptr_t; enums are 4-byte ints; every pointer is c_void_p, read through the binding's
+# structs (collect/dcgm_api.py).
 _H = ctypes.c_size_t
 _I, _U, _P = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
 _PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
@@ -325,11 +255,11 @@ def _store(address: int, ctype: Any, value: int) -> None:
 
 
 def _blank(field_type: int, offset: int) -> float | int | bytes:
-    if field_type == FT_DOUBLE:
-        return FP64_BLANK + offset
-    if field_type == FT_STRING:
+    if field_type == api.FT_DOUBLE:
+        return api.FP64_BLANK + offset
+    if field_type == api.FT_STRING:
         return _STR_BLANKS[offset]
-    return INT64_BLANK + offset
+    return api.INT64_BLANK + offset
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,7 +324,7 @@ class FakeDcgmLib:
 
     def _entry(self, name: str) -> Callable[..., Any]:
         impl = _IMPLS[name]
-        failed: int | None = None if name == "errorString" else GENERIC_ERROR
+        failed: int | None = None if name == "errorString" else api.ST_GENERIC_ERROR
 
         def entry(*args: Any) -> Any:
             try:
@@ -438,13 +368,13 @@ class FakeDcgmLib:
     def _connection(self, handle: int, t: float) -> tuple[int, _Connection | None]:
         """(OK, its state) or the return code for a call on `handle` (caller holds the lock)."""
         if not self._initialised:
-            return UNINITIALIZED, None
+            return api.ST_UNINITIALIZED, None
         conn = self._connections.get(handle)
         if conn is None:
-            return BADPARAM, None
+            return api.ST_BADPARAM, None
         if not self._alive(conn, t):
-            return CONNECTION_NOT_VALID, None
-        return OK, conn
+            return api.ST_CONNECTION_NOT_VALID, None
+        return api.ST_OK, conn
 
     def _peers(self, conn: _Connection, t: float) -> list[_Connection]:
         """The live connections to the same host engine as `conn` (its watches are shared)."""
@@ -482,7 +412,7 @@ class FakeDcgmLib:
     def _init(self) -> int:
         with self._lock:
             self._initialised = True
-        return OK
+        return api.ST_OK
 
     @_c("dcgmShutdown")
     def _shutdown(self) -> int:
@@ -490,7 +420,7 @@ class FakeDcgmLib:
             if self._initialised:
                 self._initialised = False
                 self._connections.clear()
-        return OK
+        return api.ST_OK
 
     @_c("errorString")
     def _error_string(self, code: int) -> int | None:
@@ -500,64 +430,63 @@ class FakeDcgmLib:
     @_c("dcgmStartEmbedded")
     def _start_embedded(self, mode: int, out: int | None) -> int:
         if out is None or mode not in _OPERATION_MODES:
-            return BADPARAM
+            return api.ST_BADPARAM
         with self._lock:
             if not self._initialised:
-                return UNINITIALIZED
+                return api.ST_UNINITIALIZED
             if any(conn.embedded for conn in self._connections.values()):
                 # DcgmApi.cpp: "host engine was already running": OK, and no handle written.
-                return OK
+                return api.ST_OK
             handle = self._new_token(_HANDLE_BASE)
             self._connections[handle] = _Connection(embedded=True)
         _store(out, _H, handle)
-        return OK
+        return api.ST_OK
 
     @_c("dcgmStopEmbedded")
     def _stop_embedded(self, handle: int) -> int:
         with self._lock:
             if not self._initialised:
-                return UNINITIALIZED
+                return api.ST_UNINITIALIZED
             conn = self._connections.get(handle)
             if conn is None or not conn.embedded:
-                return BADPARAM
+                return api.ST_BADPARAM
             del self._connections[handle]
-        return OK
+        return api.ST_OK
 
     @_c("dcgmConnect_v2")
     def _connect(self, address_p: int | None, params_p: int | None, out: int | None) -> int:
         if address_p is None or params_p is None or out is None:
-            return BADPARAM
+            return api.ST_BADPARAM
         rc, unix = self._connect_params(params_p)
-        if rc != OK:
+        if rc != api.ST_OK:
             return rc
         address = normalize_dcgm_address(_text(address_p) or "", unix)
         if address is None:
-            return BADPARAM
+            return api.ST_BADPARAM
         t = self.clock()
         with self._lock:
             if not self._initialised:
-                return UNINITIALIZED
+                return api.ST_UNINITIALIZED
             wanted = self.spec.address
             if not self._host_engine_up(t) or (wanted is not None and address != wanted):
-                return CONNECTION_NOT_VALID
+                return api.ST_CONNECTION_NOT_VALID
             handle = self._new_token(_HANDLE_BASE)
             self._connections[handle] = _Connection(embedded=False, life=self._life(t))
         _store(out, _H, handle)
-        return OK
+        return api.ST_OK
 
     def _connect_params(self, params_p: int) -> tuple[int, bool]:
         """(OK, address is a unix socket) or (VER_MISMATCH, _) for a version not accepted."""
         version = ctypes.c_uint.from_address(params_p).value
         number = version >> 24
-        struct = _CONNECT_PARAMS.get(number)
-        if (
-            struct is None
-            or number not in self.spec.connect_params_versions
-            or version != make_version(struct, number)
-        ):
-            return VER_MISMATCH, False
+        known = _CONNECT_PARAMS.get(number)
+        if known is None or number not in self.spec.connect_params_versions:
+            return api.ST_VER_MISMATCH, False
+        struct, expected = known
+        if version != expected:
+            return api.ST_VER_MISMATCH, False
         params = struct.from_address(params_p)
-        return OK, bool(getattr(params, "addressIsUnixSocket", 0))
+        return api.ST_OK, bool(getattr(params, "addressIsUnixSocket", 0))
 
     @_c("dcgmDisconnect")
     def _disconnect(self, handle: int) -> int:
@@ -565,9 +494,9 @@ class FakeDcgmLib:
         with self._lock:
             conn = self._connections.get(handle)
             if conn is not None and conn.embedded:
-                return BADPARAM
+                return api.ST_BADPARAM
             rc, _ = self._connection(handle, t)
-            if conn is not None and rc in (OK, CONNECTION_NOT_VALID):
+            if conn is not None and rc in (api.ST_OK, api.ST_CONNECTION_NOT_VALID):
                 del self._connections[handle]  # freed client-side, even when dead
         return rc
 
@@ -577,21 +506,21 @@ class FakeDcgmLib:
     def _supported_devices(self, handle: int, ids_p: int | None, count_p: int | None) -> int:
         with self._lock:
             rc, _ = self._connection(handle, self.clock())
-        if rc != OK:
+        if rc != api.ST_OK:
             return rc
         if ids_p is None or count_p is None:
-            return BADPARAM
-        ids = sorted(self._devices)[:MAX_NUM_DEVICES]
-        out = (ctypes.c_uint * MAX_NUM_DEVICES).from_address(ids_p)
+            return api.ST_BADPARAM
+        ids = sorted(self._devices)[: api.MAX_NUM_DEVICES]
+        out = (ctypes.c_uint * api.MAX_NUM_DEVICES).from_address(ids_p)
         for i, gpu in enumerate(ids):
             out[i] = gpu
         _store(count_p, ctypes.c_int, len(ids))
-        return OK
+        return api.ST_OK
 
     @_c("dcgmGroupCreate")
     def _group_create(self, handle: int, kind: int, name_p: int | None, out: int | None) -> int:
         if not _text(name_p) or out is None or kind not in _GROUP_TYPES:
-            return BADPARAM
+            return api.ST_BADPARAM
         everything = kind in (_GROUP_DEFAULT, _GROUP_DEFAULT_EVERYTHING)
         with self._lock:
             rc, conn = self._connection(handle, self.clock())
@@ -600,7 +529,7 @@ class FakeDcgmLib:
             group = self._new_token(_GROUP_BASE)
             conn.groups[group] = sorted(self._devices) if everything else []
         _store(out, _H, group)
-        return OK
+        return api.ST_OK
 
     @_c("dcgmGroupAddEntity")
     def _group_add(self, handle: int, group: int, entity_group: int, entity: int) -> int:
@@ -610,13 +539,13 @@ class FakeDcgmLib:
                 return rc
             members = conn.groups.get(group)
             if members is None:
-                return NOT_CONFIGURED
-            if entity_group != FE_GPU:
-                return NOT_SUPPORTED  # whole GPUs only: no MIG, vGPU or NVSwitch entities
+                return ST_NOT_CONFIGURED
+            if entity_group != api.FE_GPU:
+                return api.ST_NOT_SUPPORTED  # whole GPUs only: no MIG, vGPU or NVSwitch entities
             if entity not in self._devices or entity in members:
-                return BADPARAM
+                return api.ST_BADPARAM
             members.append(entity)
-        return OK
+        return api.ST_OK
 
     @_c("dcgmGroupDestroy")
     def _group_destroy(self, handle: int, group: int) -> int:
@@ -625,17 +554,17 @@ class FakeDcgmLib:
             if conn is None:
                 return rc
             # dcgm_agent.h: what was applied to the group stays (its watches too).
-            return OK if conn.groups.pop(group, None) is not None else NOT_CONFIGURED
+            return api.ST_OK if conn.groups.pop(group, None) is not None else ST_NOT_CONFIGURED
 
     @_c("dcgmFieldGroupCreate")
     def _field_group_create(
         self, handle: int, count: int, ids_p: int | None, name_p: int | None, out: int | None
     ) -> int:
         name = _text(name_p)
-        if not 1 <= count <= MAX_FIELD_IDS_PER_FIELD_GROUP or ids_p is None:
-            return BADPARAM
+        if not 1 <= count <= api.MAX_FIELD_IDS_PER_FIELD_GROUP or ids_p is None:
+            return api.ST_BADPARAM
         if not name or out is None:
-            return BADPARAM
+            return api.ST_BADPARAM
         fields = tuple((ctypes.c_ushort * count).from_address(ids_p))
         t = self.clock()
         with self._lock:
@@ -644,11 +573,11 @@ class FakeDcgmLib:
                 return rc
             taken = {g.name for peer in self._peers(conn, t) for g in peer.field_groups.values()}
             if name in taken:
-                return BADPARAM  # dcgm_agent.h: unique per host engine
+                return api.ST_BADPARAM  # dcgm_agent.h: unique per host engine
             token = self._new_token(_FIELD_GROUP_BASE)
             conn.field_groups[token] = _FieldGroup(name, fields)
         _store(out, _H, token)
-        return OK
+        return api.ST_OK
 
     @_c("dcgmFieldGroupDestroy")
     def _field_group_destroy(self, handle: int, field_group: int) -> int:
@@ -656,7 +585,11 @@ class FakeDcgmLib:
             rc, conn = self._connection(handle, self.clock())
             if conn is None:
                 return rc
-            return OK if conn.field_groups.pop(field_group, None) is not None else BADPARAM
+            return (
+                api.ST_OK
+                if conn.field_groups.pop(field_group, None) is not None
+                else api.ST_BADPARAM
+            )
 
     # -- watches -------------------------------------------------------------------------------
 
@@ -678,14 +611,14 @@ class FakeDcgmLib:
             gpus = sorted(self._devices) if group == GROUP_ALL_GPUS else conn.groups.get(group)
             fields = conn.field_groups.get(field_group)
             if gpus is None or fields is None or every_us <= 0:
-                return BADPARAM
+                return api.ST_BADPARAM
             if keep_age < 0 or keep_samples < 0:
-                return BADPARAM
+                return api.ST_BADPARAM
             rc = self._refusal(conn, fields.fields)
-            if rc != OK:
+            if rc != api.ST_OK:
                 return rc
             if not gpus:
-                return GROUP_IS_EMPTY
+                return ST_GROUP_IS_EMPTY
             old = conn.watches.get((group, field_group), {})
             # Watching again keeps the samples' schedule: DCGM keeps a watched field's cache.
             conn.watches[(group, field_group)] = {
@@ -693,17 +626,17 @@ class FakeDcgmLib:
                 for gpu in gpus
                 for f in fields.fields
             }
-        return OK
+        return api.ST_OK
 
     def _refusal(self, conn: _Connection, fields: tuple[int, ...]) -> int:
         """Why the host engine refuses to watch these fields, or OK."""
         if not any(f in PROFILING_FIELDS for f in fields):
-            return OK
+            return api.ST_OK
         if not self.spec.profiling_module_loaded:
-            return MODULE_NOT_LOADED
+            return api.ST_MODULE_NOT_LOADED
         if conn.embedded and self.spec.embedded_requires_root:
-            return REQUIRES_ROOT
-        return OK
+            return api.ST_REQUIRES_ROOT
+        return api.ST_OK
 
     @_c("dcgmUnwatchFields")
     def _unwatch(self, handle: int, group: int, field_group: int) -> int:
@@ -713,9 +646,9 @@ class FakeDcgmLib:
                 return rc
             known_group = group == GROUP_ALL_GPUS or group in conn.groups
             if not known_group or field_group not in conn.field_groups:
-                return BADPARAM
+                return api.ST_BADPARAM
             conn.watches.pop((group, field_group), None)
-        return OK
+        return api.ST_OK
 
     @_c("dcgmProfPause")
     def _prof_pause(self, handle: int) -> int:
@@ -729,7 +662,7 @@ class FakeDcgmLib:
         now_us = self._now_us()
         with self._lock:
             rc, _ = self._connection(handle, now_us / 1e6)
-            if rc == OK:
+            if rc == api.ST_OK:
                 change(now_us)
         return rc
 
@@ -747,23 +680,23 @@ class FakeDcgmLib:
         values_p: int | None,
     ) -> int:
         if not entities_p or not fields_p or not values_p or not entity_count or not field_count:
-            return BADPARAM
-        entities = (_EntityPair * entity_count).from_address(entities_p)
+            return api.ST_BADPARAM
+        entities = (api.GroupEntityPair * entity_count).from_address(entities_p)
         fields = tuple((ctypes.c_ushort * field_count).from_address(fields_p))
-        records = (_FieldValueV2 * (entity_count * field_count)).from_address(values_p)
+        records = (api.FieldValueV2 * (entity_count * field_count)).from_address(values_p)
         now_us = self._now_us()
         with self._lock:
             rc, conn = self._connection(handle, now_us / 1e6)
             if conn is None:
                 return rc
             watches = self._watch_index(self._peers(conn, now_us / 1e6))
-        live = bool(flags & FV_FLAG_LIVE_DATA)
+        live = bool(flags & api.FV_FLAG_LIVE_DATA)
         for i, entity in enumerate(entities):
             for j, field_id in enumerate(fields):
                 key = (entity.entityId, field_id)
                 reading = self._reading(entity.entityGroupId, key, watches, live, now_us)
                 self._write(records[i * field_count + j], entity, field_id, reading)
-        return OK
+        return api.ST_OK
 
     @staticmethod
     def _watch_index(peers: list[_Connection]) -> dict[_Key, list[_Watch]]:
@@ -785,22 +718,22 @@ class FakeDcgmLib:
         gpu, field_id = key
         field_type = _FIELD_TYPES.get(field_id)
         if field_type is None:
-            return _Reading(UNKNOWN_FIELD, FT_INT64, INT64_BLANK)
+            return _Reading(api.ST_UNKNOWN_FIELD, api.FT_INT64, api.INT64_BLANK)
         blank = _blank(field_type, BLANK)
-        if entity_group != FE_GPU:
-            return _Reading(NOT_SUPPORTED, field_type, blank)  # whole GPUs only
+        if entity_group != api.FE_GPU:
+            return _Reading(api.ST_NOT_SUPPORTED, field_type, blank)  # whole GPUs only
         dev = self._devices.get(gpu)
         if dev is None:
-            return _Reading(BADPARAM, field_type, blank)
+            return _Reading(api.ST_BADPARAM, field_type, blank)
         if live and field_id in _STRING_FIELDS:
-            return _Reading(OK, field_type, self._sample(dev, field_id, now_us), now_us)
+            return _Reading(api.ST_OK, field_type, self._sample(dev, field_id, now_us), now_us)
         if key not in watches:
-            return _Reading(NOT_WATCHED, field_type, blank)
+            return _Reading(api.ST_NOT_WATCHED, field_type, blank)
         updates = [u for w in watches[key] if (u := w.latest_us(now_us)) is not None]
         if not updates:
-            return _Reading(NO_DATA, field_type, blank)  # before the first update cycle
+            return _Reading(api.ST_NO_DATA, field_type, blank)  # before the first update cycle
         at = max(updates)
-        return _Reading(OK, field_type, self._sample(dev, field_id, at), at)
+        return _Reading(api.ST_OK, field_type, self._sample(dev, field_id, at), at)
 
     def _sample(self, dev: DeviceSpec, field_id: int, t_us: int) -> float | int | bytes:
         """The value the host engine sampled for this field at scenario time `t_us`."""
@@ -822,8 +755,7 @@ class FakeDcgmLib:
         if field_id in _BYTES_FIELDS:
             return round(dev.value(_BYTES_FIELDS[field_id], t))
         if field_id == _HMMA_FIELD:
-            busy = dev.value("tensor_active", t) - dev.value("tensor_imma_active", t)
-            return max(0.0, min(1.0, busy - dev.value("tensor_dfma_active", t)))
+            return min(1.0, sim_activity.hmma_share(lambda quantity: dev.value(quantity, t)))
         return dev.value(_RATIO_FIELDS[field_id], t)
 
     @staticmethod
@@ -832,7 +764,7 @@ class FakeDcgmLib:
 
     def _write(self, record: Any, entity: Any, field_id: int, reading: _Reading) -> None:
         ctypes.memset(ctypes.addressof(record), 0, ctypes.sizeof(record))
-        record.version = FIELD_VALUE_VERSION2  # the library fills each value's version
+        record.version = api.FIELD_VALUE_VERSION2  # the library fills each value's version
         record.entityGroupId = entity.entityGroupId
         record.entityId = entity.entityId
         record.fieldId = field_id
@@ -841,8 +773,8 @@ class FakeDcgmLib:
         record.ts = 0 if reading.ts_us is None else self._epoch_us + reading.ts_us
         value = reading.value
         if isinstance(value, bytes):
-            record.value.str = value[: MAX_STR_LENGTH - 1]
-        elif reading.field_type == FT_DOUBLE:
+            record.value.str = value[: api.MAX_STR_LENGTH - 1]
+        elif reading.field_type == api.FT_DOUBLE:
             record.value.dbl = float(value)
         else:
             record.value.i64 = int(value)

@@ -27,6 +27,8 @@ from typing import Any, TypeAlias, TypeVar
 
 import pynvml
 
+from gpu_exporter.model.activity import ACTIVITY
+from gpu_exporter.sim import activity as sim_activity
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
 from gpu_exporter.sim.scenario import (
     COMPUTE_MODES,
@@ -1563,30 +1565,23 @@ def _gpm_rate(quantity: str, nvlink: bool, link: int | None = None) -> _GpmReade
 def _gpm_hmma(
     dev: _Device, a: dict[str, float], b: dict[str, float], dt: float
 ) -> tuple[int, float]:
-    """HMMA: the tensor activity the IMMA and DFMA pipes do not account for (the pipes are
-    taken to be busy at different times, so their shares add up to tensor_active)."""
+    """HMMA: the tensor activity the IMMA and DFMA pipes do not account for (sim/activity.py)."""
 
     def delta(quantity: str) -> float:
         return b[quantity] - a[quantity]
 
-    busy = delta("tensor_active") - delta("tensor_imma_active") - delta("tensor_dfma_active")
-    return SUCCESS, max(0.0, min(100.0, 100.0 * busy / dt))
+    return SUCCESS, min(100.0, 100.0 * sim_activity.hmma_share(delta) / dt)
 
 
+_DMMA_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_DMMA_TENSOR_UTIL  # no activity quantity: always 0
+# The activity metrics serve what the fake libdcgm serves for the same quantity.
 _GPM_METRICS: dict[int, _GpmReader] = {
-    1: _gpm_percent("graphics_active"),
-    2: _gpm_percent("sm_active"),
-    3: _gpm_percent("sm_occupancy"),
-    4: _gpm_percent("int_active"),
-    5: _gpm_percent("tensor_active"),
-    6: _gpm_percent("tensor_dfma_active"),  # DFMA tensor
-    7: _gpm_hmma,  # HMMA tensor: FP16/BF16 matrix work, the rest of tensor_active
-    8: _gpm_percent(None),  # DMMA tensor
-    9: _gpm_percent("tensor_imma_active"),  # IMMA tensor
-    10: _gpm_percent("dram_active"),
-    11: _gpm_percent("fp64_active"),
-    12: _gpm_percent("fp32_active"),
-    13: _gpm_percent("fp16_active"),
+    **{
+        activity.gpm_metric: _gpm_percent(quantity)
+        for activity, quantity in sim_activity.QUANTITIES.items()
+    },
+    sim_activity.HMMA.gpm_metric: _gpm_hmma,
+    _DMMA_TENSOR_UTIL: _gpm_percent(None),
     20: _gpm_rate("pcie_tx_bytes_per_second", nvlink=False),
     21: _gpm_rate("pcie_rx_bytes_per_second", nvlink=False),
     60: _gpm_rate("nvlink_rx_bytes_per_second", nvlink=True),
@@ -1596,8 +1591,8 @@ for _link in range(18):  # NVML_GPM_METRIC_NVLINK_L{n}_RX/TX_PER_SEC = 62 + 2n /
     _GPM_METRICS[62 + 2 * _link] = _gpm_rate("nvlink_rx_bytes_per_second", True, _link)
     _GPM_METRICS[63 + 2 * _link] = _gpm_rate("nvlink_tx_bytes_per_second", True, _link)
 
-# Per GPU instance: the SM, tensor, DRAM and pipe activity (1-13).
-_GPM_INSTANCE_METRICS = frozenset(range(1, 14))
+# Per GPU instance: the SM, tensor, DRAM and pipe activity.
+_GPM_INSTANCE_METRICS = frozenset({*(a.gpm_metric for a in ACTIVITY), _DMMA_TENSOR_UTIL})
 
 # metricInfo strings (kept alive here: the struct holds bare char pointers).
 _GPM_INFO: dict[int, tuple[bytes, bytes]] = {

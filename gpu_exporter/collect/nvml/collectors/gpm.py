@@ -9,7 +9,6 @@ once: their activity is absent, never zero.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import pynvml as N
@@ -17,36 +16,12 @@ import pynvml as N
 from gpu_exporter.collect.nvml import gpm
 from gpu_exporter.collect.nvml.collectors.base import Collector, Device
 from gpu_exporter.collect.nvml.values import return_code_name
-from gpu_exporter.model.snapshot import Labels, Reading
+from gpu_exporter.model.activity import ACTIVITY, Activity
+from gpu_exporter.model.snapshot import Reading
 
-
-@dataclass(frozen=True, slots=True)
-class GpmMetric:
-    metric_id: int
-    family: str
-    labels: Labels = ()
-
-
-# Percent metrics exported as 0..1 ratios, as DCGM does for fields 1001-1016.
-METRICS: tuple[GpmMetric, ...] = (
-    GpmMetric(N.NVML_GPM_METRIC_GRAPHICS_UTIL, "gpu_graphics_engine_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_SM_UTIL, "gpu_sm_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_SM_OCCUPANCY, "gpu_sm_occupancy_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "gpu_tensor_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_DRAM_BW_UTIL, "gpu_dram_active_ratio"),
-    GpmMetric(N.NVML_GPM_METRIC_FP64_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp64"),)),
-    GpmMetric(N.NVML_GPM_METRIC_FP32_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp32"),)),
-    GpmMetric(N.NVML_GPM_METRIC_FP16_UTIL, "gpu_pipe_active_ratio", (("pipe", "fp16"),)),
-    GpmMetric(N.NVML_GPM_METRIC_INTEGER_UTIL, "gpu_pipe_active_ratio", (("pipe", "int"),)),
-    *(
-        GpmMetric(metric_id, "gpu_tensor_pipe_active_ratio", (("pipe", pipe),))
-        for pipe, metric_id in (
-            ("hmma", N.NVML_GPM_METRIC_HMMA_TENSOR_UTIL),
-            ("imma", N.NVML_GPM_METRIC_IMMA_TENSOR_UTIL),
-            ("dfma", N.NVML_GPM_METRIC_DFMA_TENSOR_UTIL),
-        )
-    ),
-)
+# Percent metrics exported as 0..1 ratios, as DCGM does for its profiling fields: every
+# activity quantity (model/activity.py), in the table's order.
+METRICS: tuple[Activity, ...] = ACTIVITY
 
 
 _FAILURE_NAMES = {gpm.NOT_A_NUMBER: "NaN", gpm.ABOVE_100: "AboveOne"}
@@ -59,15 +34,15 @@ def activity_readings(nvml: Device, result: gpm.GpmResult) -> list[Reading]:
             name = _FAILURE_NAMES.get(code) or return_code_name(code)
             nvml.count_error("gpm", f"metric_{metric_id}", name)
     return [
-        Reading(metric.family, result.values[metric.metric_id], metric.labels)
+        Reading(metric.family, result.values[metric.gpm_metric], metric.labels)
         for metric in METRICS
-        if metric.metric_id in result.values
+        if metric.gpm_metric in result.values
     ]
 
 
 def open_window(nvml: Device, key: str, gpu_instance: int | None = None) -> gpm.GpmWindow | None:
     """A window over METRICS for the GPU (or one of its GPU instances), baseline taken."""
-    ids = [metric.metric_id for metric in METRICS]
+    ids = [metric.gpm_metric for metric in METRICS]
     return nvml.call(key, gpm.GpmWindow, nvml.handle, nvml.clock, ids, nvml.errors, gpu_instance)
 
 
