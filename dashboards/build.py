@@ -1,13 +1,16 @@
-"""Generate gpu-exporter's Grafana dashboards (Grafana JSON model, schemaVersion 39).
+"""Generate gpu-exporter's Grafana dashboards (Grafana JSON model, schemaVersion 41).
 
     python dashboards/build.py           # (re)write dashboards/*.json
     python dashboards/build.py --check   # exit 1 when a committed file differs from the output
 
-Standard library only (plus `gpu_exporter.model.nvml_facts`, which is too: the clock-event reason
-names come from there): a dashboard is a plain dict, and the helpers below are the small part of
-Grafana's model we use. grafana-foundation-sdk would add builders but no validation (it accepts
-`{"gridPos": {"h": "x"}}` silently, tried with its PyPI release); tests/test_dashboards.py
-type-checks the output against @grafana/schema instead.
+Built on grafana-foundation-sdk, Grafana's typed builders and models for its JSON (the release
+for Grafana 11.6), with one small helper per panel kind below. Its validation is static: mypy,
+whose scope includes dashboards/, rejects what the SDK's types do not allow (`GridPos(h="x")`,
+an option the panel kind does not have, a misspelt or wrong enum member); at run time the SDK
+checks nothing. tests/test_dashboards.py also type-checks the output against @grafana/schema,
+which is newer than the SDK: the few defaults the SDK writes that this schema does not have are
+unset where they are written. Besides the SDK, only `gpu_exporter.model` (nvml_facts, xids:
+standard library only) is imported: the clock-event reason names and XID lists come from there.
 
 Three dashboards:
 - gpu-efficiency.json  is each GPU doing useful work, and if not, why (bottleneck class)?
@@ -32,7 +35,24 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol, Self
+
+from grafana_foundation_sdk.builders import bargauge as bargauge_sdk
+from grafana_foundation_sdk.builders import common as common_sdk
+from grafana_foundation_sdk.builders import dashboard as dashboard_sdk
+from grafana_foundation_sdk.builders import prometheus as prometheus_sdk
+from grafana_foundation_sdk.builders import stat as stat_sdk
+from grafana_foundation_sdk.builders import statetimeline as statetimeline_sdk
+from grafana_foundation_sdk.builders import table as table_sdk
+from grafana_foundation_sdk.builders import timeseries as timeseries_sdk
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants as cogvariants
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as grafana
+from grafana_foundation_sdk.models import prometheus as prometheus_model
+from grafana_foundation_sdk.models import statetimeline as statetimeline_model
+from grafana_foundation_sdk.models import table as table_model
 
 HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:  # run as a script from a source tree
@@ -51,11 +71,8 @@ from gpu_exporter.model.nvml_facts import (  # noqa: E402 - after the path it ma
 )
 from gpu_exporter.model.xids import CRITICAL_XIDS, WARNING_XIDS  # noqa: E402
 
-SCHEMA_VERSION = 39  # Grafana 11; newer versions migrate it on load
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = grafana.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["gpu", "gpu-exporter"]
-
-Json = dict[str, Any]
 
 # --- PromQL vocabulary ---------------------------------------------------------------------------
 
@@ -249,7 +266,7 @@ def gpu_hours(recorded: str) -> str:
     return f"sum_over_time({recorded}[$__range]) * on (cluster) group_left () {interval} / 3600"
 
 
-# --- Grafana JSON model --------------------------------------------------------------------------
+# --- Grafana's model, through grafana-foundation-sdk ----------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -260,12 +277,15 @@ class Q:
     legend: str = ""
 
 
-def thresholds(base: str, *steps: tuple[float, str]) -> Json:
-    return {
-        "mode": "absolute",
-        "steps": [{"color": base, "value": None}]
-        + [{"color": color, "value": value} for value, color in steps],
-    }
+def thresholds(base: str, *steps: tuple[float, str]) -> dashboard_sdk.ThresholdsConfig:
+    return (
+        dashboard_sdk.ThresholdsConfig()
+        .mode(grafana.ThresholdsMode.ABSOLUTE)
+        .steps(
+            [grafana.Threshold(value=None, color=base)]
+            + [grafana.Threshold(value=value, color=color) for value, color in steps]
+        )
+    )
 
 
 NEUTRAL = thresholds("blue")
@@ -275,14 +295,13 @@ SM_ACTIVITY = thresholds("red", (0.5, "orange"), (0.8, "green"))
 ANY_IS_BAD = thresholds("green", (1, "red"))
 
 
-def value_map(entries: Sequence[tuple[int | str, str, str]]) -> Json:
-    return {
-        "type": "value",
-        "options": {
-            str(value): {"text": text, "color": color, "index": index}
+def value_map(entries: Sequence[tuple[int | str, str, str]]) -> grafana.ValueMap:
+    return grafana.ValueMap(
+        options={
+            str(value): grafana.ValueMappingResult(text=text, color=color, index=index)
             for index, (value, text, color) in enumerate(entries)
-        },
-    }
+        }
+    )
 
 
 CLASS_MAP = value_map(
@@ -296,86 +315,147 @@ SLOWDOWN_MAP = value_map(
 UP_MAP = value_map([(1, "up", "green"), (0, "down", "red")])
 OFF_ON_MAP = value_map([(0, "no", "green"), (1, "yes", "red")])
 
-
-def override(name: str, matcher: str = "byName", **properties: Any) -> Json:
-    """Field override; property ids use `__` for `.` (custom__lineStyle -> custom.lineStyle)."""
-    return {
-        "matcher": {"id": matcher, "options": name},
-        "properties": [{"id": k.replace("__", "."), "value": v} for k, v in properties.items()],
-    }
+Override = cogbuilder.Builder[grafana.DashboardFieldConfigSourceOverrides]
 
 
-DASHED = {"dash": [10, 10], "fill": "dash"}
+def override(name: str, *properties: grafana.DynamicConfigValue, regexp: bool = False) -> Override:
+    """Field override for the field named `name` (with `regexp`, the fields it matches)."""
+    matcher = grafana.MatcherConfig(id_val="byRegexp" if regexp else "byName", options=name)
+    return (
+        dashboard_sdk.DashboardFieldConfigSourceOverrides()
+        .matcher(matcher)
+        .properties(list(properties))
+    )
 
 
-def _targets(queries: Sequence[Q], *, instant: bool, table: bool) -> list[Json]:
-    return [
-        {
-            "datasource": DATASOURCE,
-            "editorMode": "code",
-            "expr": query.expr,
-            "format": "table" if table else "time_series",
-            "instant": instant,
-            "legendFormat": query.legend or "__auto",
-            "range": not instant,
-            "refId": chr(ord("A") + index),
-        }
-        for index, query in enumerate(queries)
-    ]
+def field_unit(unit: str) -> grafana.DynamicConfigValue:
+    return grafana.DynamicConfigValue(id_val="unit", value=unit)
+
+
+def field_decimals(decimals: int) -> grafana.DynamicConfigValue:
+    return grafana.DynamicConfigValue(id_val="decimals", value=decimals)
+
+
+def field_mappings(*mappings: grafana.ValueMapping) -> grafana.DynamicConfigValue:
+    return grafana.DynamicConfigValue(id_val="mappings", value=list(mappings))
+
+
+def field_color(color: str) -> grafana.DynamicConfigValue:
+    fixed = grafana.FieldColor(mode=grafana.FieldColorModeId.FIXED, fixed_color=color)
+    return grafana.DynamicConfigValue(id_val="color", value=fixed)
+
+
+DASHED = grafana.DynamicConfigValue(
+    id_val="custom.lineStyle", value=common.LineStyle(fill="dash", dash=[10, 10])
+)
+
+
+def colored_cells(name: str, unit: str, thresholds_: dashboard_sdk.ThresholdsConfig) -> Override:
+    background = common.TableColoredBackgroundCellOptions(
+        mode=common.TableCellBackgroundDisplayMode.GRADIENT
+    )
+    return override(
+        name,
+        field_unit(unit),
+        grafana.DynamicConfigValue(id_val="thresholds", value=thresholds_.build()),
+        grafana.DynamicConfigValue(id_val="custom.cellOptions", value=background),
+    )
+
+
+Target = cogbuilder.Builder[cogvariants.Dataquery]
+
+
+def _targets(queries: Sequence[Q], *, instant: bool, table: bool) -> list[Target]:
+    targets: list[Target] = []
+    for index, query in enumerate(queries):
+        target = (
+            prometheus_sdk.Dataquery()
+            .datasource(DATASOURCE)
+            .editor_mode(prometheus_model.QueryEditorMode.CODE)
+            .expr(query.expr)
+            .format(
+                prometheus_model.PromQueryFormat.TABLE
+                if table
+                else prometheus_model.PromQueryFormat.TIME_SERIES
+            )
+            .legend_format(query.legend or "__auto")
+            .ref_id(chr(ord("A") + index))
+        )
+        targets.append(target.instant() if instant else target.range())
+    return targets
+
+
+class PanelBuilder(Protocol):
+    """What the builders of every panel kind have in common (each kind has its own class)."""
+
+    def title(self, title: str) -> Self: ...
+    def description(self, description: str) -> Self: ...
+    def datasource(self, datasource: grafana.DataSourceRef) -> Self: ...
+    def targets(self, targets: list[Target]) -> Self: ...
+    def unit(self, unit: str) -> Self: ...
+    def thresholds(self, thresholds: cogbuilder.Builder[grafana.ThresholdsConfig]) -> Self: ...
+    def mappings(self, mappings: list[grafana.ValueMapping]) -> Self: ...
+    def overrides(self, overrides: list[Override]) -> Self: ...
+    def min(self, min_val: float) -> Self: ...
+    def max(self, max_val: float) -> Self: ...
+    def decimals(self, decimals: float) -> Self: ...
+    def no_value(self, no_value: str) -> Self: ...
+    def build(self) -> grafana.Panel: ...
 
 
 def _panel(
-    kind: str,
+    panel: PanelBuilder,
     title: str,
     description: str,
-    targets: list[Json],
+    targets: list[Target],
     *,
     unit: str,
-    options: Json,
-    custom: Json | None = None,
-    color: Json | None = None,
     limits: tuple[float | None, float | None] = (None, None),
-    thresholds_: Json = NEUTRAL,
-    mappings: Sequence[Json] = (),
-    overrides: Sequence[Json] = (),
-    transformations: Sequence[Json] = (),
+    thresholds_: dashboard_sdk.ThresholdsConfig = NEUTRAL,
+    mappings: Sequence[grafana.ValueMapping] = (),
+    overrides: Sequence[Override] = (),
     decimals: int | None = None,
     no_value: str | None = None,
-) -> Json:
-    defaults: Json = {"unit": unit, "thresholds": thresholds_, "mappings": list(mappings)}
-    if color is not None:
-        defaults["color"] = color
-    if custom is not None:
-        defaults["custom"] = custom
+) -> grafana.Panel:
+    """What every panel has, set on the builder of its kind; the panel, built."""
+    panel = (
+        panel.title(title)
+        .description(" ".join(description.split()))
+        .datasource(DATASOURCE)
+        .targets(targets)
+        .unit(unit)
+        .thresholds(thresholds_)
+        .mappings(list(mappings))
+        .overrides(list(overrides))
+    )
     if limits[0] is not None:
-        defaults["min"] = limits[0]
+        panel = panel.min(limits[0])
     if limits[1] is not None:
-        defaults["max"] = limits[1]
+        panel = panel.max(limits[1])
     if decimals is not None:
-        defaults["decimals"] = decimals
+        panel = panel.decimals(decimals)
     if no_value is not None:
-        defaults["noValue"] = no_value
-    panel: Json = {
-        "type": kind,
-        "title": title,
-        "description": " ".join(description.split()),
-        "datasource": DATASOURCE,
-        "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
-        "options": options,
-    }
-    if transformations:
-        panel["transformations"] = list(transformations)
-    return panel
+        panel = panel.no_value(no_value)
+    return panel.build()
 
 
-def _legend(*, table: bool = False, calcs: Sequence[str] = ()) -> Json:
-    return {
-        "showLegend": True,
-        "displayMode": "table" if table else "list",
-        "placement": "bottom",
-        "calcs": list(calcs),
-    }
+BY_THRESHOLDS = dashboard_sdk.FieldColor().mode(grafana.FieldColorModeId.THRESHOLDS)
+
+
+def _legend(
+    *, show: bool = True, table: bool = False, calcs: Sequence[str] = ()
+) -> common_sdk.VizLegendOptions:
+    return (
+        common_sdk.VizLegendOptions()
+        .show_legend(show)
+        .display_mode(common.LegendDisplayMode.TABLE if table else common.LegendDisplayMode.LIST)
+        .placement(common.LegendPlacement.BOTTOM)
+        .calcs(list(calcs))
+    )
+
+
+def _last_value() -> common_sdk.ReduceDataOptions:
+    return common_sdk.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
 
 
 def timeseries(
@@ -385,45 +465,57 @@ def timeseries(
     *,
     unit: str,
     limits: tuple[float | None, float | None] = (None, None),
-    thresholds_: Json = NEUTRAL,
+    thresholds_: dashboard_sdk.ThresholdsConfig = NEUTRAL,
     threshold_lines: bool = False,
     stack: bool = False,
     bars: bool = False,
     legend_calcs: Sequence[str] = ("mean", "max"),
-    overrides: Sequence[Json] = (),
+    overrides: Sequence[Override] = (),
     decimals: int | None = None,
-) -> Json:
-    custom = {
-        "drawStyle": "bars" if bars else "line",
-        "lineWidth": 1,
-        "fillOpacity": 30 if stack or bars else 10,
-        "gradientMode": "none",
-        "showPoints": "never",
-        "spanNulls": False,
-        "axisSoftMin": 0,
-        "stacking": {"mode": "normal" if stack else "none", "group": "A"},
-        "thresholdsStyle": {"mode": "dashed" if threshold_lines else "off"},
-    }
+) -> grafana.Panel:
+    panel = (
+        timeseries_sdk.Panel()
+        .color_scheme(dashboard_sdk.FieldColor().mode(grafana.FieldColorModeId.PALETTE_CLASSIC))
+        .draw_style(common.GraphDrawStyle.BARS if bars else common.GraphDrawStyle.LINE)
+        .line_width(1)
+        .fill_opacity(30 if stack or bars else 10)
+        .gradient_mode(common.GraphGradientMode.NONE)
+        .show_points(common.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .axis_soft_min(0)
+        .stacking(
+            common_sdk.StackingConfig()
+            .mode(common.StackingMode.NORMAL if stack else common.StackingMode.NONE)
+            .group("A")
+        )
+        .thresholds_style(
+            common_sdk.GraphThresholdsStyleConfig().mode(
+                common.GraphThresholdsStyleMode.DASHED
+                if threshold_lines
+                else common.GraphThresholdsStyleMode.OFF
+            )
+        )
+        .legend(_legend(table=bool(legend_calcs), calcs=legend_calcs))
+        .tooltip(
+            common_sdk.VizTooltipOptions()
+            .mode(common.TooltipDisplayMode.MULTI)
+            .sort(common.SortOrder.DESCENDING)
+        )
+    )
     return _panel(
-        "timeseries",
+        panel,
         title,
         description,
         _targets(queries, instant=False, table=False),
         unit=unit,
-        custom=custom,
-        color={"mode": "palette-classic"},
         limits=limits,
         thresholds_=thresholds_,
         overrides=overrides,
         decimals=decimals,
-        options={
-            "legend": _legend(table=bool(legend_calcs), calcs=legend_calcs),
-            "tooltip": {"mode": "multi", "sort": "desc"},
-        },
     )
 
 
-def class_counts(description: str, expr: str) -> dict[str, Any]:
+def class_counts(description: str, expr: str) -> grafana.Panel:
     """Stacked GPU counts per bottleneck class, each class in its own fixed colour."""
     return timeseries(
         "GPUs per bottleneck class",
@@ -432,15 +524,8 @@ def class_counts(description: str, expr: str) -> dict[str, Any]:
         unit="short",
         stack=True,
         legend_calcs=("mean",),
-        overrides=[
-            override(name, color={"mode": "fixed", "fixedColor": color})
-            for name, _, color in CLASSES
-        ],
+        overrides=[override(name, field_color(color)) for name, _, color in CLASSES],
     )
-
-
-def _reduce(calc: str = "lastNotNull") -> Json:
-    return {"calcs": [calc], "fields": "", "values": False}
 
 
 def stat(
@@ -449,31 +534,32 @@ def stat(
     query: Q,
     *,
     unit: str,
-    thresholds_: Json = NEUTRAL,
-    mappings: Sequence[Json] = (),
+    thresholds_: dashboard_sdk.ThresholdsConfig = NEUTRAL,
+    mappings: Sequence[grafana.ValueMapping] = (),
     decimals: int | None = None,
-) -> Json:
+) -> grafana.Panel:
+    panel = (
+        stat_sdk.Panel()
+        .color_scheme(BY_THRESHOLDS)
+        .reduce_options(_last_value())
+        .orientation(common.VizOrientation.AUTO)
+        .text_mode(common.BigValueTextMode.AUTO)
+        .color_mode(common.BigValueColorMode.VALUE)
+        .graph_mode(common.BigValueGraphMode.NONE)
+        .justify_mode(common.BigValueJustifyMode.AUTO)
+        .wide_layout(True)
+        .show_percent_change(False)
+        .percent_change_color_mode(common.PercentChangeColorMode.STANDARD)
+    )
     return _panel(
-        "stat",
+        panel,
         title,
         description,
         _targets([query], instant=True, table=False),
         unit=unit,
-        color={"mode": "thresholds"},
         thresholds_=thresholds_,
         mappings=mappings,
         decimals=decimals,
-        options={
-            "reduceOptions": _reduce(),
-            "orientation": "auto",
-            "textMode": "auto",
-            "colorMode": "value",
-            "graphMode": "none",
-            "justifyMode": "auto",
-            "wideLayout": True,
-            "showPercentChange": False,
-            "percentChangeColorMode": "standard",
-        },
     )
 
 
@@ -484,37 +570,33 @@ def bargauge(
     *,
     unit: str,
     limits: tuple[float | None, float | None] = (0, None),
-    thresholds_: Json = NEUTRAL,
-    overrides: Sequence[Json] = (),
-) -> Json:
+    thresholds_: dashboard_sdk.ThresholdsConfig = NEUTRAL,
+    overrides: Sequence[Override] = (),
+) -> grafana.Panel:
+    panel = (
+        bargauge_sdk.Panel()
+        .color_scheme(BY_THRESHOLDS)
+        .reduce_options(_last_value())
+        .orientation(common.VizOrientation.HORIZONTAL)
+        .display_mode(common.BarGaugeDisplayMode.GRADIENT)
+        .value_mode(common.BarGaugeValueMode.COLOR)
+        .name_placement(common.BarGaugeNamePlacement.AUTO)
+        .show_unfilled(True)
+        .sizing(common.BarGaugeSizing.AUTO)
+        .min_viz_width(8)
+        .min_viz_height(16)
+        .max_viz_height(300)
+        .legend(_legend(show=False))
+    )
     return _panel(
-        "bargauge",
+        panel,
         title,
         description,
         _targets([query], instant=True, table=False),
         unit=unit,
-        color={"mode": "thresholds"},
         limits=limits,
         thresholds_=thresholds_,
         overrides=overrides,
-        options={
-            "reduceOptions": _reduce(),
-            "orientation": "horizontal",
-            "displayMode": "gradient",
-            "valueMode": "color",
-            "namePlacement": "auto",
-            "showUnfilled": True,
-            "sizing": "auto",
-            "minVizWidth": 8,
-            "minVizHeight": 16,
-            "maxVizHeight": 300,
-            "legend": {
-                "showLegend": False,
-                "displayMode": "list",
-                "placement": "bottom",
-                "calcs": [],
-            },
-        },
     )
 
 
@@ -523,33 +605,39 @@ def state_timeline(
     description: str,
     queries: Sequence[Q],
     *,
-    mappings: Sequence[Json],
-    overrides: Sequence[Json] = (),
-) -> Json:
-    return _panel(
-        "state-timeline",
+    mappings: Sequence[grafana.ValueMapping],
+    overrides: Sequence[Override] = (),
+) -> grafana.Panel:
+    panel = (
+        statetimeline_sdk.Panel()
+        .color_scheme(BY_THRESHOLDS)
+        .fill_opacity(80)
+        .line_width(0)
+        .merge_values(True)
+        .show_value(common.VisibilityMode.AUTO)
+        .align_value(common.TimelineValueAlignment.LEFT)
+        .row_height(0.9)
+        .legend(_legend(show=False))
+        .tooltip(
+            common_sdk.VizTooltipOptions()
+            .mode(common.TooltipDisplayMode.SINGLE)
+            .sort(common.SortOrder.NONE)
+        )
+    )
+    built = _panel(
+        panel,
         title,
         description,
         _targets(queries, instant=False, table=False),
         unit="none",
-        custom={"fillOpacity": 80, "lineWidth": 0},
-        color={"mode": "thresholds"},
         mappings=mappings,
         overrides=overrides,
-        options={
-            "mergeValues": True,
-            "showValue": "auto",
-            "alignValue": "left",
-            "rowHeight": 0.9,
-            "legend": {
-                "showLegend": False,
-                "displayMode": "list",
-                "placement": "bottom",
-                "calcs": [],
-            },
-            "tooltip": {"mode": "single", "sort": "none"},
-        },
     )
+    # The SDK writes the schema's default page size (20); the panel itself has none, and a page
+    # size turns pagination on: a timeline shows every GPU's row at once.
+    assert isinstance(built.options, statetimeline_model.Options)
+    built.options.per_page = None
+    return built
 
 
 def table(
@@ -558,68 +646,76 @@ def table(
     columns: Sequence[tuple[str, Q]],
     *,
     unit: str,
-    thresholds_: Json = NEUTRAL,
-    overrides: Sequence[Json] = (),
+    thresholds_: dashboard_sdk.ThresholdsConfig = NEUTRAL,
+    overrides: Sequence[Override] = (),
     hide: Iterable[str] = ("Time", "uuid"),
     sort_by: str | None = None,
-    mappings: Sequence[Json] = (),
+    mappings: Sequence[grafana.ValueMapping] = (),
     no_value: str | None = None,
-) -> Json:
+) -> grafana.Panel:
     """Instant queries, one value column each (named by `columns`), merged on their labels."""
     queries = [query for _, query in columns]
     if len(columns) == 1:
         rename = {"Value": columns[0][0]}
     else:
         rename = {f"Value #{chr(ord('A') + i)}": name for i, (name, _) in enumerate(columns)}
-    options: Json = {"showHeader": True, "cellHeight": "sm", "frameIndex": 0}
+    panel = (
+        table_sdk.Panel()
+        .color_scheme(BY_THRESHOLDS)
+        .align(common.FieldTextAlignment.AUTO)
+        .cell_options(common.TableAutoCellOptions())
+        .inspect(False)
+        .show_header(True)
+        .cell_height(common.TableCellHeight.SM)
+        .frame_index(0)
+        .transformations(
+            [
+                grafana.DataTransformerConfig(id_val="merge", options={}),
+                grafana.DataTransformerConfig(
+                    id_val="organize",
+                    options={
+                        "excludeByName": {name: True for name in hide},
+                        "indexByName": {},
+                        "renameByName": rename,
+                    },
+                ),
+            ]
+        )
+    )
     if sort_by is not None:
-        options["sortBy"] = [{"displayName": sort_by, "desc": True}]
-    return _panel(
-        "table",
+        panel = panel.sort_by([common_sdk.TableSortByFieldState().display_name(sort_by).desc(True)])
+    built = _panel(
+        panel,
         title,
         description,
         _targets(queries, instant=True, table=True),
         unit=unit,
-        custom={"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False},
-        color={"mode": "thresholds"},
         thresholds_=thresholds_,
         mappings=mappings,
         overrides=overrides,
         no_value=no_value,
-        transformations=[
-            {"id": "merge", "options": {}},
-            {
-                "id": "organize",
-                "options": {
-                    "excludeByName": {name: True for name in hide},
-                    "indexByName": {},
-                    "renameByName": rename,
-                },
-            },
-        ],
-        options=options,
     )
-
-
-def colored_cells(name: str, unit: str, thresholds_: Json) -> Json:
-    return override(
-        name,
-        unit=unit,
-        thresholds=thresholds_,
-        custom__cellOptions={"type": "color-background", "mode": "gradient"},
-    )
+    # Grafana 12 moved the footer into the field config, and @grafana/schema no longer has it
+    # here; the SDK's default (no footer) is Grafana's.
+    assert isinstance(built.options, table_model.Options)
+    built.options.footer = None
+    return built
 
 
 # --- layout ----------------------------------------------------------------------------------
 
 
 class Layout:
-    """Places panels left to right on Grafana's 24-column grid and numbers them."""
+    """Places panels left to right on Grafana's 24-column grid and numbers them.
+
+    The SDK's Dashboard.with_panel places too, but puts a panel that does not fit in what is
+    left of a line past the grid's right edge; this starts a new line instead.
+    """
 
     WIDTH = 24
 
     def __init__(self) -> None:
-        self.panels: list[Json] = []
+        self.panels: list[grafana.Panel | grafana.RowPanel] = []
         self._x = self._y = self._line_height = 0
 
     def _next_id(self) -> int:
@@ -631,70 +727,71 @@ class Layout:
 
     def row(self, title: str) -> None:
         self._new_line()
-        self.panels.append(
-            {
-                "type": "row",
-                "id": self._next_id(),
-                "title": title,
-                "collapsed": False,
-                "panels": [],
-                "gridPos": {"h": 1, "w": self.WIDTH, "x": 0, "y": self._y},
-            }
-        )
+        grid = grafana.GridPos(h=1, w=self.WIDTH, x=0, y=self._y)
+        self.panels.append(dashboard_sdk.Row(title).id(self._next_id()).grid_pos(grid).build())
         self._y += 1
 
-    def add(self, panel: Json, w: int, h: int = 8, **extra: Any) -> None:
+    def add(self, panel: grafana.Panel, w: int, h: int = 8, *, repeat: str | None = None) -> None:
+        """Place `panel`; with `repeat`, one copy per value of that variable, side by side."""
         if self._x + w > self.WIDTH:
             self._new_line()
-        self.panels.append(
-            {
-                "id": self._next_id(),
-                **panel,
-                "gridPos": {"h": h, "w": w, "x": self._x, "y": self._y},
-            }
-            | extra
-        )
+        panel.id_val = self._next_id()
+        panel.grid_pos = grafana.GridPos(h=h, w=w, x=self._x, y=self._y)
+        if repeat is not None:
+            panel.repeat, panel.repeat_direction = repeat, "h"
+            panel.max_per_row = self.WIDTH // w
+        self.panels.append(panel)
         self._x += w
         self._line_height = max(self._line_height, h)
 
 
 # --- variables and the dashboard shell ------------------------------------------------------------
 
-
-def datasource_variable() -> Json:
-    return {
-        "name": "datasource",
-        "label": "Data source",
-        "type": "datasource",
-        "query": "prometheus",
-        "hide": 0,
-        "includeAll": False,
-        "multi": False,
-        "options": [],
-        "refresh": 1,
-        "regex": "",
-    }
+# Variables are built from the SDK's model, not its builders, which cannot unset a field: its one
+# model for every kind of variable gives them all the interval variables' auto, auto_min and
+# auto_count, which @grafana/schema's variables do not have.
 
 
-def query_variable(name: str, label: str, query: str, description: str) -> Json:
+def datasource_variable() -> grafana.VariableModel:
+    return grafana.VariableModel(
+        type_val=grafana.VariableType.DATASOURCE,
+        name="datasource",
+        label="Data source",
+        query="prometheus",
+        hide=grafana.VariableHide.DONT_HIDE,
+        include_all=False,
+        multi=False,
+        options=[],
+        refresh=grafana.VariableRefresh.ON_DASHBOARD_LOAD,
+        regex="",
+        auto=None,
+        auto_min=None,
+        auto_count=None,
+    )
+
+
+def query_variable(name: str, label: str, query: str, description: str) -> grafana.VariableModel:
     """Multi-value variable with an All value of `.*`, which also matches an absent label."""
-    return {
-        "name": name,
-        "label": label,
-        "description": description,
-        "type": "query",
-        "datasource": DATASOURCE,
-        "query": query,
-        "current": {"text": ["All"], "value": ["$__all"]},
-        "hide": 0,
-        "includeAll": True,
-        "allValue": ".*",
-        "multi": True,
-        "options": [],
-        "refresh": 2,
-        "regex": "",
-        "sort": 7,
-    }
+    return grafana.VariableModel(
+        type_val=grafana.VariableType.QUERY,
+        name=name,
+        label=label,
+        description=description,
+        datasource=DATASOURCE,
+        query=query,
+        current=grafana.VariableOption(text=["All"], value=["$__all"]),
+        hide=grafana.VariableHide.DONT_HIDE,
+        include_all=True,
+        all_value=".*",
+        multi=True,
+        options=[],
+        refresh=grafana.VariableRefresh.ON_TIME_RANGE_CHANGED,
+        regex="",
+        sort=grafana.VariableSort.NATURAL_ASC,
+        auto=None,
+        auto_min=None,
+        auto_count=None,
+    )
 
 
 CLUSTER_VARIABLE = query_variable(
@@ -736,54 +833,49 @@ PER_GPU_VARIABLES = [
 
 
 def dashboard(
-    uid: str, title: str, description: str, variables: list[Json], layout: Layout
-) -> Json:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": TAGS,
-        "editable": True,
-        "graphTooltip": 1,
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "refresh": "30s",
-        "time": {"from": "now-1h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "fiscalYearStartMonth": 0,
-        "weekStart": "",
-        "liveNow": False,
-        "annotations": {
-            "list": [
-                {
-                    "builtIn": 1,
-                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                    "enable": True,
-                    "hide": True,
-                    "iconColor": "rgba(0, 211, 255, 1)",
-                    "name": "Annotations & Alerts",
-                    "type": "dashboard",
-                }
-            ]
-        },
-        "links": [
-            {
-                "title": "GPU dashboards",
-                "type": "dashboards",
-                "tags": ["gpu-exporter"],
-                "asDropdown": True,
-                "includeVars": True,
-                "keepTime": True,
-                "icon": "external link",
-                "targetBlank": False,
-                "tooltip": "",
-                "url": "",
-            }
-        ],
-        "templating": {"list": variables},
-        "panels": layout.panels,
-    }
+    uid: str, title: str, description: str, variables: list[grafana.VariableModel], layout: Layout
+) -> grafana.Dashboard:
+    board = (
+        dashboard_sdk.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .tooltip(grafana.DashboardCursorSync.CROSSHAIR)
+        .version(1)
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .fiscal_year_start_month(0)
+        .week_start("")
+        .live_now(False)
+        .annotation(
+            dashboard_sdk.AnnotationQuery()
+            .built_in(1)
+            .datasource(grafana.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+            .enable(True)
+            .hide(True)
+            .icon_color("rgba(0, 211, 255, 1)")
+            .name("Annotations & Alerts")
+            .type("dashboard")
+        )
+        .link(
+            dashboard_sdk.DashboardLink("GPU dashboards")
+            .type(grafana.DashboardLinkType.DASHBOARDS)
+            .tags(["gpu-exporter"])
+            .as_dropdown(True)
+            .include_vars(True)
+            .keep_time(True)
+            .icon("external link")
+            .target_blank(False)
+            .tooltip("")
+            .url("")
+        )
+        .build()
+    )
+    board.templating = grafana.DashboardDashboardTemplating(list_val=variables)
+    board.panels = layout.panels  # placed by Layout, not by the builder's with_panel
+    return board
 
 
 # --- GPU efficiency --------------------------------------------------------------------------
@@ -810,7 +902,7 @@ BUSY_BUT_IDLE_NOTE = (
 )
 
 
-def efficiency() -> Json:
+def efficiency() -> grafana.Dashboard:
     def range_mean(metric: str) -> Q:
         return Q(per_device(over("avg_over_time", sel(metric), "$__range")))
 
@@ -924,14 +1016,12 @@ def efficiency() -> Json:
             limits=(0, 1),
             legend_calcs=("mean",),
             overrides=[
-                override(".*utilization", "byRegexp", custom__lineStyle=DASHED),
+                override(".*utilization", DASHED, regexp=True),
             ],
         ),
         w=6,
         h=8,
         repeat="gpu",
-        repeatDirection="h",
-        maxPerRow=4,
     )
     board.add(
         table(
@@ -969,7 +1059,7 @@ def efficiency() -> Json:
                     "percentunit",
                     thresholds("green", (0.1, "orange"), (0.5, "red")),
                 ),
-                override("Class now", unit="none", mappings=[CLASS_MAP]),
+                override("Class now", field_unit("none"), field_mappings(CLASS_MAP)),
             ],
             hide=("Time", "uuid", "mig_uuid"),
             sort_by="Busy but idle",
@@ -1094,7 +1184,7 @@ def efficiency() -> Json:
             ],
             unit="bytes",
             legend_calcs=("max",),
-            overrides=[override(".* reserved", "byRegexp", custom__lineStyle=DASHED)],
+            overrides=[override(".* reserved", DASHED, regexp=True)],
         ),
         w=12,
         h=8,
@@ -1157,7 +1247,7 @@ def efficiency() -> Json:
 # --- GPU health & throttling -----------------------------------------------------------------
 
 
-def health() -> Json:
+def health() -> grafana.Dashboard:
     def throttle_rate(window: str) -> str:
         return over("rate", sel("gpu_clock_event_seconds_total"), window)
 
@@ -1192,8 +1282,8 @@ def health() -> Json:
             overrides=[
                 override(
                     f".*({INFORMATIONAL_REASONS})",
-                    "byRegexp",
-                    mappings=[value_map([(0, "off", "transparent"), (1, "active", "blue")])],
+                    field_mappings(value_map([(0, "off", "transparent"), (1, "active", "blue")])),
+                    regexp=True,
                 )
             ],
         ),
@@ -1274,7 +1364,7 @@ def health() -> Json:
             ],
             unit="hertz",
             legend_calcs=("mean", "min"),
-            overrides=[override(".* max", "byRegexp", custom__lineStyle=DASHED)],
+            overrides=[override(".* max", DASHED, regexp=True)],
         ),
         w=12,
         h=8,
@@ -1289,7 +1379,7 @@ def health() -> Json:
                 Q(scoped(sel("gpu_power_limit_watts")), GPU_LEGEND + " limit"),
             ],
             unit="watt",
-            overrides=[override(".* limit", "byRegexp", custom__lineStyle=DASHED)],
+            overrides=[override(".* limit", DASHED, regexp=True)],
         ),
         w=12,
         h=8,
@@ -1417,7 +1507,7 @@ def health() -> Json:
             ],
             unit="none",
             overrides=[
-                override("Width degraded", mappings=[OFF_ON_MAP]),
+                override("Width degraded", field_mappings(OFF_ON_MAP)),
                 colored_cells(
                     "PCIe replays", "short", thresholds("green", (1, "orange"), (100, "red"))
                 ),
@@ -1502,7 +1592,7 @@ def health() -> Json:
                 ),
             ],
             unit="short",
-            overrides=[override("Last seen", unit="dateTimeAsIso")],
+            overrides=[override("Last seen", field_unit("dateTimeAsIso"))],
             no_value="No XID errors",
         ),
         w=12,
@@ -1571,11 +1661,11 @@ def health() -> Json:
             unit="short",
             overrides=[
                 override(
-                    "ECC on", mappings=[value_map([(1, "on", "green"), (0, "off", "orange")])]
+                    "ECC on", field_mappings(value_map([(1, "on", "green"), (0, "off", "orange")]))
                 ),
                 colored_cells("Uncorrected ECC", "short", ANY_IS_BAD),
                 *(
-                    override(name, mappings=[OFF_ON_MAP])
+                    override(name, field_mappings(OFF_ON_MAP))
                     for name in ("Remap pending", "Remap failed", "Retirement pending")
                 ),
             ],
@@ -1674,13 +1764,7 @@ def health() -> Json:
                 for name, metric in notification_series
             ],
             unit="cps",
-            overrides=[
-                override(
-                    ".* (dropped|rejected)",
-                    "byRegexp",
-                    color={"mode": "fixed", "fixedColor": "red"},
-                )
-            ],
+            overrides=[override(".* (dropped|rejected)", field_color("red"), regexp=True)],
         ),
         w=12,
         h=7,
@@ -1751,7 +1835,7 @@ def health() -> Json:
 # --- Fleet -----------------------------------------------------------------------------------
 
 
-def fleet() -> Json:
+def fleet() -> grafana.Dashboard:
     in_cluster = f"{{{CLUSTER}}}"
     in_namespace = f'{{{CLUSTER}, namespace=~"$namespace"}}'
     in_node = f'{{{CLUSTER}, node=~"$node"}}'
@@ -1851,7 +1935,7 @@ def fleet() -> Json:
             unit="percentunit",
             limits=(0, 1),
             legend_calcs=("mean",),
-            overrides=[override(".*utilization", "byRegexp", custom__lineStyle=DASHED)],
+            overrides=[override(".*utilization", DASHED, regexp=True)],
         ),
         w=12,
         h=8,
@@ -1893,9 +1977,9 @@ def fleet() -> Json:
             ],
             unit="percentunit",
             overrides=[
-                override("GPUs", unit="short"),
+                override("GPUs", field_unit("short")),
                 colored_cells("SM active", "percentunit", SM_ACTIVITY),
-                override("Busy-but-idle GPU-hours", unit="h", decimals=1),
+                override("Busy-but-idle GPU-hours", field_unit("h"), field_decimals(1)),
                 colored_cells(
                     "Wasted GPU-hours", "h", thresholds("green", (1, "orange"), (24, "red"))
                 ),
@@ -2023,7 +2107,7 @@ def fleet() -> Json:
                 Q(f"cluster:gpu_power_limit_watts:sum{in_cluster}", "{{cluster}} limit"),
             ],
             unit="watt",
-            overrides=[override(".*limit", "byRegexp", custom__lineStyle=DASHED)],
+            overrides=[override(".*limit", DASHED, regexp=True)],
         ),
         w=12,
         h=8,
@@ -2059,15 +2143,15 @@ def fleet() -> Json:
 
 # --- output ----------------------------------------------------------------------------------
 
-DASHBOARDS: dict[str, Callable[[], Json]] = {
+DASHBOARDS: dict[str, Callable[[], grafana.Dashboard]] = {
     "gpu-efficiency.json": efficiency,
     "gpu-health.json": health,
     "gpu-fleet.json": fleet,
 }
 
 
-def render(build: Callable[[], Json]) -> str:
-    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+def render(build: Callable[[], grafana.Dashboard]) -> str:
+    return json.dumps(build(), cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

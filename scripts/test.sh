@@ -24,7 +24,7 @@ bash "$ROOT/scripts/install-tools.sh"  # helm, kubectl (pinned, sha256), kuberne
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-"$VENV/bin/mypy"  # gpu_exporter/, settings in pyproject.toml
+"$VENV/bin/mypy"  # gpu_exporter/ and dashboards/, settings in pyproject.toml
 
 set +e
 "$VENV/bin/python" -m pytest "$@"
