@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up everything the tests need and run the whole suite: lint, format check, pytest.
-# Installs the Debian packages prometheus (promtool, server), prometheus-alertmanager,
-# openssl and chromium when they are missing (as root, or through sudo). Runs ruff, mypy and
-# pytest; extra arguments go to pytest.
+# Set up everything the tests need and run the whole suite: lint, format check, types, import
+# contracts, pytest. Installs the Debian packages prometheus (promtool, server),
+# prometheus-alertmanager, openssl and chromium when they are missing (as root, or through
+# sudo). Runs ruff, mypy, lint-imports and pytest (on pytest-xdist workers); extra arguments go
+# to pytest.
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 
 need_debs=()
@@ -25,9 +26,12 @@ cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"  # gpu_exporter/ and dashboards/, settings in pyproject.toml
+"$VENV/bin/lint-imports" --no-cache  # the layering: pyproject.toml [tool.importlinter]
 
 set +e
-"$VENV/bin/python" -m pytest "$@"
+# Most tests wait on daemons and servers, not on the CPU: four at a time on two cores. A module's
+# tests share one worker unless it says otherwise (tests/conftest.py).
+"$VENV/bin/python" -m pytest -n "${GPU_EXPORTER_TEST_WORKERS:-4}" --dist loadgroup "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

@@ -1,4 +1,5 @@
-"""Shared fixtures: a manual clock and the fake NVML, always uninstalled after a test."""
+"""Shared fixtures: a manual clock and the fake NVML, always uninstalled after a test; and how
+the suite is spread over pytest-xdist's workers (scripts/test.sh runs `--dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ import pytest
 from gpu_exporter.sim.clock import ManualClock
 
 __all__ = ["ManualClock"]  # tests import it from here too
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each module's tests run on one worker, so a module-scoped server (Prometheus with its
+    data, a browser, a PKI) starts once; a module whose tests share nothing and each take long
+    (each starts its own daemon, Prometheus and Alertmanager) sets `SPREAD_OVER_WORKERS = True`
+    and has its tests spread over all workers."""
+    for item in items:
+        module = item.module
+        if module is not None and not getattr(module, "SPREAD_OVER_WORKERS", False):
+            item.add_marker(pytest.mark.xdist_group(module.__name__))
 
 
 @pytest.fixture
