@@ -9,7 +9,6 @@ both tools), and the converter reproduces the committed files.
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +17,9 @@ from typing import Any
 import pytest
 
 from tests.promql.upstream import conformance as conf
-from tests.promql.upstream import convert
+from tests.promql.upstream import convert, provenance
 from tests.support import promtool, require_tool
 
-PROMETHEUS_GIT = Path(
-    os.environ.get("PROMETHEUS_GIT_DIR", "/work/.mirror/prometheus+prometheus/repo")
-)
 TAG = "v2.42.0"
 
 # Today's numbers. promtool's side depends only on the converter; the both-pass floor rises
@@ -136,16 +132,26 @@ def test_converted_files_round_trip_through_the_raw_loader() -> None:
 
 
 def test_converter_reproduces_the_committed_files(tmp_path: Path) -> None:
-    if not (PROMETHEUS_GIT / "HEAD").exists():
-        pytest.skip(f"no Prometheus git directory at {PROMETHEUS_GIT} (set PROMETHEUS_GIT_DIR)")
+    assert convert.VENDORED.tag == TAG
     out = tmp_path / "upstream" / conf.SUITE.name
-    written = convert.convert(convert.Upstream(PROMETHEUS_GIT, TAG), out)
+    written = convert.convert(convert.VENDORED, out)
     committed = conf.SUITE.parent
     for path in written:
         relative = path.relative_to(out.parent)
         assert (committed / relative).read_bytes() == path.read_bytes(), f"{relative} differs"
     generated = {p.name for p in out.iterdir()} | {conf.DIFFERENCES.name}
     assert {p.name for p in conf.SUITE.iterdir()} == generated
+
+
+def test_the_converted_files_are_upstreams() -> None:
+    """The vendored upstream files (and the license beside them) are Prometheus' bytes at the
+    tag: their git blob ids are those its PROVENANCE lists, as `git ls-tree` prints them."""
+    source = convert.VENDORED
+    listing = provenance.read(source.directory / "PROVENANCE")
+    files = {path: source.local(path) for path in [*source.test_files(), "LICENSE", "NOTICE"]}
+    assert set(files) == set(listing.blobs), "vendored files and the listing differ"
+    assert len(files) == 13  # promql/testdata at v2.42.0: 11 .test files, LICENSE, NOTICE
+    assert not provenance.mismatches(listing, files)
 
 
 # A made-up upstream file with what the converter must get right: loads of different steps

@@ -9,8 +9,6 @@ input, and the vendored files are upstream's bytes.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -20,10 +18,8 @@ import pytest
 from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.store import STALE_NAN
 from tests.promql.upstream import promqltest as pt
+from tests.promql.upstream import provenance
 
-PROMETHEUS_GIT = Path(
-    os.environ.get("PROMETHEUS_GIT_DIR", "/work/.mirror/prometheus+prometheus/repo")
-)
 HINT = (
     "run `python -m tests.promql.upstream.promqltest --update --write-report "
     "tests/promql/upstream/prometheus-3.14/REPORT.md`"
@@ -261,23 +257,17 @@ def test_features_are_recognised() -> None:
 # --- vendoring ---------------------------------------------------------------------------------
 
 
-def _git(*args: str) -> bytes:
-    return subprocess.run(
-        ["git", "-C", str(PROMETHEUS_GIT), *args], check=True, capture_output=True
-    ).stdout
-
-
 def test_vendored_files_are_upstreams_bytes() -> None:
-    if not PROMETHEUS_GIT.is_dir():
-        pytest.skip("no Prometheus git mirror here")
+    """Every file of upstream's testdata directory at the tag is here, byte for byte: their git
+    blob ids are those PROVENANCE lists, as `git ls-tree` prints them upstream."""
+    listing = provenance.read(pt.SUITE / "PROVENANCE")
     testdata = "promql/promqltest/testdata/"
-    names = _git("ls-tree", "--name-only", pt.TAG, testdata).decode().split()
-    assert sorted(Path(n).name for n in names) == [p.name for p in pt.suite_files()]
-    for path in pt.suite_files():
-        assert path.read_bytes() == _git("show", f"{pt.TAG}:{testdata}{path.name}"), path.name
-    commit = _git("rev-parse", f"{pt.TAG}^{{commit}}").decode().strip()
+    assert listing.tag == pt.TAG
+    assert sorted(listing.blobs) == [testdata + p.name for p in pt.suite_files()]
+    files = {testdata + p.name: p for p in pt.suite_files()}
+    assert not provenance.mismatches(listing, files)
     readme = (pt.SUITE / "README").read_text()
-    assert commit in readme and pt.TAG in readme and "Apache License 2.0" in readme
+    assert listing.commit in readme and pt.TAG in readme and "Apache License 2.0" in readme
     assert (pt.HERE / "LICENSE").is_file()
 
 

@@ -1,7 +1,10 @@
 """Convert Prometheus' promql/testdata/*.test into promtool rule unit-test files.
 
-    python -m tests.promql.upstream.convert --git PROMETHEUS_GIT_DIR --tag v2.42.0 \\
-        --out tests/promql/upstream/prometheus-2.42
+    python -m tests.promql.upstream.convert --out tests/promql/upstream/prometheus-2.42
+    python -m tests.promql.upstream.convert --git PROMETHEUS_GIT_DIR --tag v2.42.0 --out ...
+
+The first reads the upstream files vendored in prometheus-2.42-testdata/ (their provenance in
+its PROVENANCE file, checked by the tests); the second a Prometheus git directory.
 
 One test group per upstream `eval` command, named `<file>.test:<line>`, with the series its
 segment loaded (everything since the last `clear`) and one `promql_expr_test`. How the upstream
@@ -42,6 +45,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
+from tests.promql.upstream import provenance
 from tests.promql.upstream import testfile as tf
 
 TESTDATA = "promql/testdata"
@@ -346,6 +350,37 @@ class Upstream:
         return done.stdout if done.returncode == 0 else None
 
 
+@dataclass(frozen=True)
+class Vendored:
+    """The same files as `Upstream` gives, from their vendored copies: the *.test files in
+    `directory` and the legal files beside it, at the tag and commit its PROVENANCE names."""
+
+    directory: Path
+
+    @property
+    def tag(self) -> str:
+        return provenance.read(self.directory / "PROVENANCE").tag
+
+    def commit(self) -> str:
+        return provenance.read(self.directory / "PROVENANCE").commit
+
+    def test_files(self) -> list[str]:
+        return sorted(f"{TESTDATA}/{p.name}" for p in self.directory.glob("*.test"))
+
+    def show(self, path: str) -> str | None:
+        local = self.local(path)
+        return local.read_text() if local.is_file() else None
+
+    def local(self, path: str) -> Path:
+        """The vendored copy of an upstream path."""
+        if path.startswith(f"{TESTDATA}/"):
+            return self.directory / path.rsplit("/", 1)[-1]
+        return self.directory.parent / path  # LICENSE, NOTICE
+
+
+VENDORED = Vendored(Path(__file__).resolve().parent / "prometheus-2.42-testdata")
+
+
 def header(path: str, tag: str, commit: str) -> list[str]:
     return [
         f"Converted from Prometheus {path} at {tag} (commit {commit})",
@@ -375,7 +410,7 @@ def convert_file(name: str, text: str) -> tuple[dict[str, Any], dict[str, str], 
     return doc, unconvertible, weakened
 
 
-def convert(upstream: Upstream, out: Path) -> list[Path]:
+def convert(upstream: Upstream | Vendored, out: Path) -> list[Path]:
     """Write every converted file, the side file and LICENSE/NOTICE; the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     commit = upstream.commit()
@@ -409,7 +444,7 @@ def _side_file(tag: str, commit: str, lost: dict[str, str], weak: dict[str, str]
     return render_test_file(head, doc)
 
 
-def _copy_legal(upstream: Upstream, directory: Path) -> list[Path]:
+def _copy_legal(upstream: Upstream | Vendored, directory: Path) -> list[Path]:
     """Apache-2.0 asks for the license (and NOTICE) to travel with derived files."""
     written = []
     for name in ("LICENSE", "NOTICE"):
@@ -422,11 +457,12 @@ def _copy_legal(upstream: Upstream, directory: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--git", type=Path, required=True, help="Prometheus git directory")
+    parser.add_argument("--git", type=Path, help="Prometheus git directory (default: the copies)")
     parser.add_argument("--tag", default="v2.42.0")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    for path in convert(Upstream(args.git, args.tag), args.out):
+    source = Upstream(args.git, args.tag) if args.git else VENDORED
+    for path in convert(source, args.out):
         print(path)
     return 0
 
