@@ -277,6 +277,12 @@ FAMILIES: tuple[Family, ...] = (
         "PCIe link generation, current and maximum for this device and system.",
         ("state",),
     ),
+    Family(
+        "gpu_pcie_gpu_max_generation",
+        G,
+        "Highest PCIe generation the GPU itself supports; above the link's maximum "
+        '(gpu_pcie_link_generation{state="max"}), the slot or a riser holds the link back.',
+    ),
     Family("gpu_pcie_link_width", G, "PCIe link width in lanes, current and maximum.", ("state",)),
     Family("gpu_pcie_replay_total", C, "PCIe replay events (link-level retransmissions)."),
     Family(

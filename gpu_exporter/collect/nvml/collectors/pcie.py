@@ -1,4 +1,5 @@
-"""pcie: link generation and width (current and maximum), bytes moved, replays.
+"""pcie: link generation and width (current and maximum), the GPU's own maximum generation,
+bytes moved, replays.
 
 Bytes come from the GPU's byte-counter fields; where the driver lacks them, from the 20 ms
 `nvmlDeviceGetPcieThroughput` sample (`pcie_throughput_fallback`), which costs 20 ms per call.
@@ -25,12 +26,14 @@ class Pcie(Collector):
         "gpu_pcie_bytes_total",
         "gpu_pcie_throughput_bytes_per_second",
         "gpu_pcie_link_generation",
+        "gpu_pcie_gpu_max_generation",
         "gpu_pcie_link_width",
         "gpu_pcie_replay_total",
     )
     calls = (
         "nvmlDeviceGetMaxPcieLinkGeneration",
         "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
         "nvmlDeviceGetCurrPcieLinkGeneration",
         "nvmlDeviceGetCurrPcieLinkWidth",
         "nvmlDeviceGetPcieReplayCounter",  # without the replay field
@@ -41,12 +44,19 @@ class Pcie(Collector):
     refreshes = True
 
     def refresh(self, nvml: Device) -> list[Reading]:
-        return _link_state(
+        out = _link_state(
             nvml,
             "max",
             ("pcie_max_generation", N.nvmlDeviceGetMaxPcieLinkGeneration),
             ("pcie_max_width", N.nvmlDeviceGetMaxPcieLinkWidth),
         )
+        # What the board could train to in a faster slot (the link's max is the lower of both).
+        gpu_max = nvml.call(
+            "pcie_gpu_max_generation", N.nvmlDeviceGetGpuMaxPcieLinkGeneration, nvml.handle
+        )
+        if gpu_max is not None:
+            out.append(Reading("gpu_pcie_gpu_max_generation", gpu_max))
+        return out
 
     def read(self, nvml: Device) -> list[Reading]:
         h = nvml.handle
