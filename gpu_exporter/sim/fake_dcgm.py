@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 from gpu_exporter.collect import dcgm_api as api
 from gpu_exporter.model.dcgm_fields import FIELD_IDS
 from gpu_exporter.sim import activity as sim_activity
-from gpu_exporter.sim.scenario import (
+from gpu_exporter.sim.spec import (
     DcgmSpec,
     DeviceSpec,
     FaultSpec,

@@ -30,13 +30,8 @@ import pynvml
 from gpu_exporter.model.activity import ACTIVITY
 from gpu_exporter.sim import activity as sim_activity
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
-from gpu_exporter.sim.scenario import (
-    COMPUTE_MODES,
-    DeviceSpec,
-    Scenario,
-    ValueSpec,
-    normalize_bus_id,
-)
+from gpu_exporter.sim.spec import COMPUTE_MODES, DeviceSpec, Scenario, normalize_bus_id
+from gpu_exporter.sim.values import ValueSpec
 
 __all__ = ["THROTTLE_FIELDS", "FakeNvmlLib", "implemented_functions"]
 

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
-from gpu_exporter.sim.scenario import Scenario
+from gpu_exporter.sim.spec import Scenario
 
 # container name -> [(resource name, [device ids])]
 Containers = Mapping[str, Iterable[tuple[str, Iterable[str]]]]

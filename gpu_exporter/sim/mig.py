@@ -14,12 +14,28 @@ nominal gigabytes in MiB, which is close to, not exactly, what nvmlDeviceGetAttr
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-if TYPE_CHECKING:
-    from gpu_exporter.sim.scenario import ValueSpec, _Node
+from pydantic import Field, PlainValidator, field_validator, model_validator
+
+from gpu_exporter.sim.fields import (
+    Flag,
+    Info,
+    NonNegative,
+    Strict,
+    choice,
+    context_of,
+    each,
+    error,
+    error_at,
+    int_in,
+    integer,
+    number_in,
+    settle,
+)
+from gpu_exporter.sim.values import ValueSpec, complete, value_table
 
 __all__ = [
     "INSTANCE_QUANTITIES",
@@ -27,7 +43,6 @@ __all__ = [
     "MigInstanceSpec",
     "MigSpec",
     "mig_device_name",
-    "parse_mig",
 ]
 
 MIB = 1024**2
@@ -98,19 +113,70 @@ MIG_PROFILES: Mapping[str, Mapping[str, MigProfile]] = {
 }
 
 
-@dataclass(frozen=True)
-class MigInstanceSpec:
+def _profile(value: Any, info: Info) -> MigProfile:
+    profiles: Mapping[str, MigProfile] = context_of(info)["mig_profiles"]
+    return profiles[choice(value, profiles)]
+
+
+class MigInstanceSpec(Strict):
     """One GPU instance and its compute instances (each a MIG device)."""
 
-    position: int  # in the scenario's list: tells generations apart
-    profile: MigProfile
-    gpu_instance: int
-    compute_instances: int  # 0: a GPU instance without a compute instance (no MIG device)
-    slots: tuple[int, ...]  # MIG device index of each compute instance
-    mig_uuids: tuple[str, ...]  # one per compute instance
-    start: float
-    until: float | None
-    values: Mapping[str, ValueSpec]
+    profile: Annotated[MigProfile, PlainValidator(_profile)]
+    gpu_instance: Annotated[int, int_in(0, 63)] = 0  # not given: position + 1
+    compute_instances: int = 1  # 0: a GPU instance without a compute instance (no MIG device)
+    slots: tuple[Annotated[int, int_in(0, 63)], ...] = ()  # MIG device index of each; not
+    # given: the lowest free at its start (MigSpec places them)
+    start: NonNegative = Field(default=0.0, alias="from")
+    until: Annotated[float | None, number_in(lo=0)] = None
+    values: Annotated[Mapping[str, ValueSpec], value_table(INSTANCE_QUANTITIES)] = Field(
+        default_factory=dict
+    )
+
+    if TYPE_CHECKING:  # set at validation, not written in the file
+        position: int  # in the scenario's list: tells generations apart
+        mig_uuids: tuple[str, ...]  # one per compute instance
+
+    @field_validator("compute_instances", mode="plain")
+    @classmethod
+    def _split(cls, value: Any, info: Info) -> int:
+        profile = info.data.get("profile")
+        count = integer(value, lo=0, hi=profile.gpu_slices if profile else None)
+        if profile and count > 1 and profile.gpu_slices % count:
+            raise error(
+                f"{profile.gpu_slices} GPU slices do not split into {count} equal compute instances"
+            )
+        return count
+
+    @field_validator("slots")
+    @classmethod
+    def _one_per_compute_instance(cls, slots: tuple[int, ...], info: Info) -> tuple[int, ...]:
+        count = info.data.get("compute_instances")
+        if count is not None and len(slots) != count:
+            raise error(f"expected {count} slots, one per compute instance")
+        return slots
+
+    @field_validator("until")
+    @classmethod
+    def _after_start(cls, until: float | None, info: Info) -> float | None:
+        start = info.data.get("start")
+        if until is not None and start is not None and until <= start:
+            raise error("`until` must be after `from`")
+        return until
+
+    @model_validator(mode="after")
+    def _identify(self, info: Info) -> MigInstanceSpec:
+        context = context_of(info)
+        position = context["position"]
+        key = f"{context['device_key']}:{position}"
+        settle(
+            self,
+            position=position,
+            mig_uuids=tuple(_mig_uuid(f"{key}:{ci}") for ci in range(self.compute_instances)),
+            values=complete(self.values, {}),
+        )
+        if "gpu_instance" not in self.model_fields_set:
+            settle(self, gpu_instance=position + 1)
+        return self
 
     def live(self, t: float) -> bool:
         return t >= self.start and (self.until is None or t < self.until)
@@ -127,13 +193,31 @@ class MigInstanceSpec:
         return f"{self.compute_slices}c.{self.profile.name}"
 
 
-@dataclass(frozen=True)
-class MigSpec:
-    enabled: bool
-    pending: bool
-    max_devices: int
-    monitor_capability: bool  # NVIDIA_MIG_MONITOR_DEVICES: parent aggregates readable
-    instances: tuple[MigInstanceSpec, ...]
+def _instances(value: Any, info: Info) -> tuple[MigInstanceSpec, ...]:
+    context = context_of(info)
+
+    def position(i: int) -> dict[str, Any]:
+        return {"position": i, "noise_prefix": f"{context['seed']}:{context['device_key']}:mig{i}"}
+
+    return each(MigInstanceSpec, value, context, position)
+
+
+class MigSpec(Strict):
+    """A device's `mig:` (validated with the device's model's profiles in the context)."""
+
+    enabled: Flag = True
+    pending: Flag = True  # not given: = enabled
+    max_devices: Annotated[int, int_in(1, 64)] = 7
+    monitor_capability: Flag = False  # NVIDIA_MIG_MONITOR_DEVICES: parent aggregates readable
+    instances: Annotated[tuple[MigInstanceSpec, ...], PlainValidator(_instances)] = ()
+
+    @model_validator(mode="after")
+    def _layout(self) -> MigSpec:
+        if "pending" not in self.model_fields_set:
+            settle(self, pending=self.enabled)
+        _place(self.instances, self.max_devices)
+        _check_layouts(self)
+        return self
 
     def live(self, t: float) -> tuple[MigInstanceSpec, ...]:
         return tuple(i for i in self.instances if self.enabled and i.live(t))
@@ -155,126 +239,43 @@ def _mig_uuid(key: str) -> str:
     return f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-_KEYS = frozenset({"enabled", "pending", "max_devices", "monitor_capability", "instances"})
-_INSTANCE_KEYS = frozenset(
-    {"profile", "gpu_instance", "compute_instances", "slots", "from", "until", "values"}
-)
-
-
-def parse_mig(
-    node: _Node,
-    model: str,
-    device_key: str,
-    parse_values: Callable[[dict[str, _Node], str], Mapping[str, ValueSpec]],
-) -> MigSpec:
-    """A device's `mig:` mapping; `device_key` makes MIG UUIDs unique per scenario and GPU."""
-    profiles = MIG_PROFILES.get(model)
-    if profiles is None:
-        known = ", ".join(MIG_PROFILES)
-        raise node.error(f"no MIG profiles known for model {model!r} (known: {known})")
-    keys = node.mapping(_KEYS)
-    enabled = keys["enabled"].boolean() if "enabled" in keys else True
-    pending = keys["pending"].boolean() if "pending" in keys else enabled
-    max_devices = keys["max_devices"].integer(lo=1, hi=64) if "max_devices" in keys else 7
-    monitor = keys["monitor_capability"].boolean() if "monitor_capability" in keys else False
-    entries = keys["instances"].seq() if "instances" in keys else []
-    instances = tuple(
-        _parse_instance(entry, position, profiles, device_key, parse_values)
-        for position, entry in enumerate(entries)
-    )
-    spec = MigSpec(enabled, pending, max_devices, monitor, _placed(instances, max_devices, node))
-    _check_layouts(spec, entries)
-    return spec
-
-
-def _parse_instance(
-    node: _Node,
-    position: int,
-    profiles: Mapping[str, MigProfile],
-    device_key: str,
-    parse_values: Callable[[dict[str, _Node], str], Mapping[str, ValueSpec]],
-) -> MigInstanceSpec:
-    keys = node.mapping(_INSTANCE_KEYS, required=("profile",))
-    profile = profiles[keys["profile"].choice(frozenset(profiles))]
-    gi = keys["gpu_instance"].integer(lo=0, hi=63) if "gpu_instance" in keys else position + 1
-    cis = (
-        keys["compute_instances"].integer(lo=0, hi=profile.gpu_slices)
-        if "compute_instances" in keys
-        else 1
-    )
-    if cis > 1 and profile.gpu_slices % cis:
-        raise keys["compute_instances"].error(
-            f"{profile.gpu_slices} GPU slices do not split into {cis} equal compute instances"
-        )
-    slots: tuple[int, ...] = ()
-    if "slots" in keys:
-        slots = tuple(n.integer(lo=0, hi=63) for n in keys["slots"].seq())
-        if len(slots) != cis:
-            raise keys["slots"].error(f"expected {cis} slots, one per compute instance")
-    start = keys["from"].number(lo=0) if "from" in keys else 0.0
-    until = keys["until"].number(lo=0) if "until" in keys else None
-    if until is not None and until <= start:
-        raise keys["until"].error("`until` must be after `from`")
-    values = keys["values"].mapping(frozenset(INSTANCE_QUANTITIES)) if "values" in keys else {}
-    uuids = tuple(_mig_uuid(f"{device_key}:{position}:{ci}") for ci in range(cis))
-    return MigInstanceSpec(
-        position=position,
-        profile=profile,
-        gpu_instance=gi,
-        compute_instances=cis,
-        slots=slots,
-        mig_uuids=uuids,
-        start=start,
-        until=until,
-        values=parse_values(values, f"{device_key}:mig{position}"),
-    )
-
-
 def _overlap(a: MigInstanceSpec, b: MigInstanceSpec) -> bool:
     a_end = float("inf") if a.until is None else a.until
     b_end = float("inf") if b.until is None else b.until
     return a.start < b_end and b.start < a_end
 
 
-def _placed(
-    instances: tuple[MigInstanceSpec, ...], max_devices: int, node: _Node
-) -> tuple[MigInstanceSpec, ...]:
+def _place(instances: tuple[MigInstanceSpec, ...], max_devices: int) -> None:
     """Slots for compute instances that give none: the lowest free at their start."""
-    out: list[MigInstanceSpec] = []
-    for inst in instances:
+    for i, inst in enumerate(instances):
         if not inst.slots and inst.compute_instances:
-            taken = {s for other in out if _overlap(other, inst) for s in other.slots}
+            taken = {s for other in instances[:i] if _overlap(other, inst) for s in other.slots}
             free = [s for s in range(max_devices) if s not in taken]
             if len(free) < inst.compute_instances:
-                raise node.error(f"more MIG devices than max_devices ({max_devices})")
-            inst = _with_slots(inst, tuple(free[: inst.compute_instances]))
-        out.append(inst)
-    return tuple(out)
+                raise error(f"more MIG devices than max_devices ({max_devices})")
+            settle(inst, slots=tuple(free[: inst.compute_instances]))
 
 
-def _with_slots(inst: MigInstanceSpec, slots: tuple[int, ...]) -> MigInstanceSpec:
-    fields: dict[str, Any] = {**inst.__dict__, "slots": slots}
-    return MigInstanceSpec(**fields)
-
-
-def _check_layouts(spec: MigSpec, entries: list[_Node]) -> None:
+def _check_layouts(spec: MigSpec) -> None:
     """At no time may two live GPU instances share an id or a slot, or hold over 7 slices."""
     for i, inst in enumerate(spec.instances):
+        at = ("instances", i)
         if any(s >= spec.max_devices for s in inst.slots):
-            raise entries[i].error(f"a slot is not below max_devices ({spec.max_devices})")
+            raise error_at(at, f"a slot is not below max_devices ({spec.max_devices})")
         for j, other in enumerate(spec.instances[:i]):
             if not _overlap(inst, other):
                 continue
             if inst.gpu_instance == other.gpu_instance:
-                raise entries[i].error(
-                    f"gpu_instance {inst.gpu_instance} is also instances[{j}]'s at the same time"
+                raise error_at(
+                    at,
+                    f"gpu_instance {inst.gpu_instance} is also instances[{j}]'s at the same time",
                 )
             if set(inst.slots) & set(other.slots):
-                raise entries[i].error(f"a slot of instances[{j}] is used at the same time")
+                raise error_at(at, f"a slot of instances[{j}] is used at the same time")
         starts = {inst.start, *(o.start for o in spec.instances if _overlap(o, inst))}
         for t in starts:
             used = sum(o.profile.gpu_slices for o in spec.instances if o.live(t))
             if inst.live(t) and used > GPU_SLICES:
-                raise entries[i].error(
-                    f"the GPU instances live at {t:g} s hold {used} GPU slices, more than 7"
+                raise error_at(
+                    at, f"the GPU instances live at {t:g} s hold {used} GPU slices, more than 7"
                 )
