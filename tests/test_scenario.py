@@ -20,6 +20,7 @@ from gpu_exporter.sim.scenario import (
     ValueSpec,
     load_scenario,
 )
+from gpu_exporter.support.validation import InputError
 
 
 def _one_device(**values: object) -> dict:
@@ -447,3 +448,87 @@ def test_serve_exits_2_for_a_scenario_of_10000_gpus(tmp_path: Path) -> None:
         f"scenario error: {path}:2: devices: 10000 GPUs, more than the {MAX_DEVICES} a scenario "
         "holds"
     )
+
+
+# -- one validator for every file: each problem a `file:line: field: message` line ----------
+
+
+def test_every_problem_is_reported_one_line_each(tmp_path: Path) -> None:
+    path = _scenario_file(
+        tmp_path,
+        """
+        name: t
+        devices:
+          - colour: blue
+          - values: {utilization: 2}
+        pods:
+          - {namespace: a, pod: p, gpu: 0, until: -1}
+        """,
+    )
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert isinstance(err.value, InputError)  # the configuration's validator, its lines
+    problems = err.value.problems
+    assert [p.split(": ", 2)[:2] for p in problems] == [
+        [f"{path}:3", "devices[0].colour"],
+        [f"{path}:4", "devices[1].values.utilization"],
+        [f"{path}:6", "pods[0].until"],
+    ]
+    assert problems[0].endswith("unknown key 'colour' (known: application_clocks_mhz, "
+                                "architecture, compute_capability, compute_mode, cpus, "
+                                "default_application_clocks_mhz, ecc, ecc_pending, label, "
+                                "max_clocks_mhz, memory_reserved_bytes, memory_total_bytes, mig, "
+                                "model, numa_node, nvlink_links, nvlink_version, pci_bus_id, "
+                                "pci_device_id, pcie, performance_state, persistence_mode, "
+                                "power_default_limit_watts, power_limit_range_watts, "
+                                "power_limit_watts, power_management_limit_watts, serial, "
+                                "unsupported, uuid, values, vbios_version)")  # fmt: skip
+    assert problems[1:] == (
+        f"{path}:4: devices[1].values.utilization: must be <= 1, got 2",
+        f"{path}:6: pods[0].until: must be >= 0, got -1",
+    )
+    assert str(err.value) == "\n".join(problems)
+
+
+def test_a_fault_names_the_keys_its_kind_takes() -> None:
+    fault = {"kind": "gpu_lost", "at": 1, "device": 0, "colour": 1}
+    with pytest.raises(ScenarioError) as err:
+        load_scenario({"name": "t", "devices": [{}], "faults": [fault]})
+    assert str(err.value) == (
+        "<dict>: faults[0].colour: unknown key 'colour' (known: at, device, kind, until)"
+    )
+
+
+def test_what_a_device_takes_from_defaults_is_reported_there_once(tmp_path: Path) -> None:
+    path = _scenario_file(
+        tmp_path,
+        """
+        name: t
+        defaults:
+          values: {utilization: 2, power_watts: 100}
+          pcie: {max_width: 8}
+        devices:
+          - values: {power_watts: 200}
+            pcie: {max_width: 99}
+          - {}
+        """,
+    )
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert sorted(err.value.problems) == [  # once, though both GPUs take it
+        f"{path}:3: defaults.values.utilization: must be <= 1, got 2",
+        f"{path}:7: devices[0].pcie.max_width: must be <= 32, got 99",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"steps": None}, "utilization.steps: expected a list, got nothing"),
+        ({"sine": None}, "utilization.sine: expected a mapping, got nothing"),
+        ({"ramp": [[0, 1]], "max": None}, "utilization.max: expected a number, got nothing"),
+    ],
+)
+def test_a_form_written_empty_is_refused(spec: dict, message: str) -> None:
+    with pytest.raises(ScenarioError, match=re.escape(f"<dict>: devices[0].values.{message}")):
+        _spec("utilization", spec)
