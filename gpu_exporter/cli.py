@@ -213,7 +213,8 @@ def serve(args: argparse.Namespace) -> int:
         try:
             scenario = sim.load_scenario(config.simulate)
         except ValueError as exc:  # ScenarioError and YAML errors name the file and field
-            print(f"scenario error: {exc}", file=sys.stderr)
+            for problem in str(exc).splitlines():  # one line per problem, each on its own
+                print(f"scenario error: {problem}", file=sys.stderr)
             return EXIT_USAGE
         simulator = sim.install(scenario)
         log.info("simulating scenario %r", config.simulate)

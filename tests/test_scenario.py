@@ -532,3 +532,24 @@ def test_what_a_device_takes_from_defaults_is_reported_there_once(tmp_path: Path
 def test_a_form_written_empty_is_refused(spec: dict, message: str) -> None:
     with pytest.raises(ScenarioError, match=re.escape(f"<dict>: devices[0].values.{message}")):
         _spec("utilization", spec)
+
+
+def test_serve_and_diagnose_print_each_scenario_problem_on_a_line_of_its_own(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    from tests.daemon import command, free_port
+
+    path = _scenario_file(tmp_path, "name: 3\ndevices: [{ecc: x}]\n")
+    expected = [
+        f"scenario error: {path}:1: name: expected a string, got int 3",
+        f"scenario error: {path}:2: devices[0].ecc: expected true or false, got str 'x'",
+    ]
+    serve = ("serve", "--listen-address", f"127.0.0.1:{free_port()}", "--simulate", str(path))
+    for args in (serve, ("diagnose", "--simulate", str(path))):
+        result = subprocess.run(
+            command(*args), capture_output=True, text=True, timeout=60, check=False
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == expected, result.stderr

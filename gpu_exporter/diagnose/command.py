@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             scenario = sim.load_scenario(args.simulate)
         except ValueError as exc:  # ScenarioError names the file, field and line
-            print(f"scenario error: {exc}", file=sys.stderr)
+            for problem in str(exc).splitlines():  # one line per problem, each on its own
+                print(f"scenario error: {problem}", file=sys.stderr)
             return EXIT_USAGE
         fake = sim.install(scenario)
         simulated = True
