@@ -30,8 +30,8 @@ cd "$ROOT"
 
 set +e
 # Most tests wait on daemons and servers, not on the CPU: four at a time on two cores. A module's
-# tests share one worker unless it says otherwise (tests/conftest.py).
-"$VENV/bin/python" -m pytest -n "${GPU_EXPORTER_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# tests share one worker but for the few tests/conftest.py spreads.
+"$VENV/bin/python" -m pytest -n "${GPU_EXPORTER_TEST_WORKERS:-4}" "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

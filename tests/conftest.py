@@ -1,5 +1,5 @@
 """Shared fixtures: a manual clock and the fake NVML, always uninstalled after a test; and how
-the suite is spread over pytest-xdist's workers (scripts/test.sh runs `--dist loadgroup`)."""
+the suite is spread over pytest-xdist's workers (scripts/test.sh runs it on four)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,22 @@ from gpu_exporter.sim.clock import ManualClock
 __all__ = ["ManualClock"]  # tests import it from here too
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each module's tests run on one worker, so a module-scoped server (Prometheus with its
-    data, a browser, a PKI) starts once; a module whose tests share nothing and each take long
-    (each starts its own daemon, Prometheus and Alertmanager) sets `SPREAD_OVER_WORKERS = True`
-    and has its tests spread over all workers."""
-    for item in items:
-        module = item.module
-        if module is not None and not getattr(module, "SPREAD_OVER_WORKERS", False):
-            item.add_marker(pytest.mark.xdist_group(module.__name__))
+# Modules whose tests share nothing and each take long (each starts its own daemon, Prometheus
+# and Alertmanager): their tests are spread over the workers one by one.
+SPREAD_OVER_WORKERS = frozenset({"tests/test_e2e_parity_pods.py"})
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """A module's tests run on one worker, in order, so a module-scoped server (Prometheus with
+    its data, a browser, a PKI) starts once; the modules in SPREAD_OVER_WORKERS are spread."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if module in SPREAD_OVER_WORKERS else module
+
+    return ByModule(config, log)
 
 
 @pytest.fixture

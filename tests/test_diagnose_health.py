@@ -265,8 +265,8 @@ defaults: {model: NVIDIA H200, values: {utilization: 0.98, sm_active: 0.9, tenso
 devices:
   - {}
   - {}
-faults:
-  - {at: 0.2, device: 1, kind: gpu_lost}
+faults:  # lost once its identity has been read, even on a loaded machine
+  - {at: 1.0, device: 1, kind: gpu_lost}
 pods:
   - {namespace: train, pod: llama-0, container: trainer, gpu: 0}
   - {namespace: train, pod: llama-1, container: trainer, gpu: 1}

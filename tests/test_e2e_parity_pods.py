@@ -35,9 +35,6 @@ from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from tests.daemon import serve
 from tests.servers import Recorder, alertmanager, am_alerts, prometheus
 
-# Each variant starts its own daemon, Prometheus and Alertmanager: spread them over the workers.
-SPREAD_OVER_WORKERS = True
-
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "rules/gpu-exporter.rules.yaml"
 HAND_WRITTEN = ROOT / "tests/e2e/parity.rules.yaml"
