@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pynvml as N
 
 from gpu_exporter.collect.classify import Classifier, default_window_seconds
-from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.settings import default_deadline
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.model.series import DeviceView, SeriesBuilder
@@ -468,7 +468,7 @@ def run(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
         sim.install(sim.load_scenario(args.simulate))
     errors = ErrorLog()
     source = NvmlSource(
-        settings=NvmlSettings(device_deadline_seconds=args.deadline),
+        settings=NvmlConfig(device_deadline_seconds=args.deadline),
         errors=errors,
         record_timings=True,
     )

@@ -120,7 +120,8 @@ def build(
     config = load_config(None, flags, environ={})
     errors = ErrorLog()
     source = NvmlSource(
-        settings=config.nvml.settings(interval),
+        settings=config.nvml,
+        interval_seconds=interval,
         errors=errors,
         clock=clock,
         topology_reader=read_topology,

@@ -38,16 +38,14 @@ from gpu_exporter.collect.nvml import collectors
 from gpu_exporter.collect.nvml.collectors import Collector
 from gpu_exporter.collect.nvml.device import DeviceReader, Phase
 from gpu_exporter.collect.nvml.xid import XidCounts
-from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.collect.settings import NvmlConfig
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.config.load import load_config
 from gpu_exporter.model.snapshot import CollectorStatus, Reading
 
 # The daemon's settings, as `inproc.build` makes them: the XID thread is off there (it waits in
 # real time), so its collector is too.
-SETTINGS: NvmlSettings = load_config(None, {"nvml.xid_events": False}, environ={}).nvml.settings(
-    1.0
-)
+SETTINGS: NvmlConfig = load_config(None, {"nvml.xid_events": False}, environ={}).nvml
 
 
 class BareDevice(DeviceReader):

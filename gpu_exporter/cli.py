@@ -233,7 +233,8 @@ def serve(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         source = NvmlSource(
-            settings=config.nvml.settings(config.interval_seconds),
+            settings=config.nvml,
+            interval_seconds=config.interval_seconds,
             errors=errors,
             topology_reader=read_topology,
             dcgm=dcgm_source,

@@ -31,7 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_exporter.config.load import Config, NvmlConfig  # noqa: E402
+from gpu_exporter.collect.settings import NvmlConfig  # noqa: E402
+from gpu_exporter.config.load import Config  # noqa: E402
 
 SCHEMA_FILE = ROOT / "helm" / "gpu-exporter" / "values.schema.json"
 COMMENT = (

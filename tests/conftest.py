@@ -49,10 +49,10 @@ def fake_nvml() -> Iterator[object]:
 
 @pytest.fixture
 def start_source(fake_nvml: Any, clock: ManualClock) -> Iterator[Callable[..., Any]]:
-    """start_source(scenario, topology=False, **NvmlSettings) -> a started NvmlSource on the
+    """start_source(scenario, topology=False, **NvmlConfig) -> a started NvmlSource on the
     fake NVML and `clock` (its fake as `.fake`, for tests that count calls); all are closed
     after the test."""
-    from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+    from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
     from gpu_exporter.collect.nvml.topology import read_topology
     from gpu_exporter.collect.source import ErrorLog
 
@@ -61,7 +61,7 @@ def start_source(fake_nvml: Any, clock: ManualClock) -> Iterator[Callable[..., A
     def start(spec: Any, topology: bool = False, **settings: Any) -> NvmlSource:
         fake = fake_nvml.install(spec, clock=clock)
         source = NvmlSource(
-            settings=NvmlSettings(**settings),
+            settings=NvmlConfig(**settings),
             errors=ErrorLog(),
             clock=clock,
             topology_reader=read_topology if topology else None,

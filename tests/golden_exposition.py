@@ -89,7 +89,8 @@ def running(
             config = load_config(None, flags, environ={})
             errors = ErrorLog()
             source = NvmlSource(
-                settings=config.nvml.settings(config.interval_seconds),
+                settings=config.nvml,
+                interval_seconds=config.interval_seconds,
                 errors=errors,
                 clock=clock,
                 topology_reader=read_topology,

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.source import ErrorLog, TooManyDevicesError
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.pipeline.sampler import Sampler
@@ -165,7 +165,7 @@ def test_two_gpus_unidentified_at_start_are_two_devices(fake_nvml) -> None:
     }
     fake_nvml.install(spec)
     errors = ErrorLog()
-    source = NvmlSource(settings=NvmlSettings(device_deadline_seconds=0.3), errors=errors)
+    source = NvmlSource(settings=NvmlConfig(device_deadline_seconds=0.3), errors=errors)
     source.start()
     sampler = Sampler(source, errors, interval=1.0)
     client = TestClient(create_app(sampler, lambda: source.started))

@@ -8,7 +8,6 @@ still takes the whole GPU down.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import threading
@@ -22,7 +21,7 @@ import pytest
 from gpu_exporter.collect.nvml import collectors
 from gpu_exporter.collect.nvml.calls import DeviceLostError
 from gpu_exporter.collect.nvml.collectors import COLLECTORS, SOURCE_FAMILIES, Collector
-from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
 from gpu_exporter.collect.source import ErrorLog
@@ -98,7 +97,7 @@ def test_every_nvml_family_is_declared_by_exactly_one_collector() -> None:
 
 
 def test_declarations_name_real_calls_fields_and_settings() -> None:
-    settings = {f.name for f in dataclasses.fields(NvmlSettings)}
+    settings = set(NvmlConfig.model_fields)
     names = [c.name for c in COLLECTORS]
     assert len(set(names)) == len(names)
     field_ids = Counter(spec.field_id for c in COLLECTORS for spec in c.fields)
@@ -121,7 +120,7 @@ def test_declarations_name_real_calls_fields_and_settings() -> None:
 def test_settings_turn_collectors_on_and_off(
     overrides: dict[str, bool], topology: bool, missing: set[str]
 ) -> None:
-    on = {c.name for c in collectors.enabled(NvmlSettings(**overrides), topology=topology)}
+    on = {c.name for c in collectors.enabled(NvmlConfig(**overrides), topology=topology)}
     assert on == {c.name for c in COLLECTORS} - missing
 
 

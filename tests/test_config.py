@@ -12,14 +12,12 @@ from hypothesis import strategies as st
 from gpu_exporter.alerting.notify.alertmanager import AlertmanagerTarget, NotifierSettings
 from gpu_exporter.alerting.rules.manager import RuleSettings
 from gpu_exporter.collect.classify import Classifier, Thresholds, default_window_seconds
-from gpu_exporter.collect.settings import NvmlSettings
 from gpu_exporter.config.load import (
     AlertingConfig,
     AlertmanagerConfig,
     ClassifierConfig,
     ConfigError,
     KubernetesConfig,
-    NvmlConfig,
     RulesConfig,
     TlsConfig,
     load_config,
@@ -55,7 +53,7 @@ def test_flags_win_over_environment_over_file(tmp_path: Path) -> None:
 def test_nested_environment_variable() -> None:
     config = load_config(environ={"GPU_EXPORTER_NVML__DEVICE_DEADLINE_SECONDS": "0.25"})
     assert config.nvml.device_deadline_seconds == 0.25
-    assert config.nvml.settings(1.0).device_deadline_seconds == 0.25
+    assert config.nvml.deadline(1.0) == 0.25
 
 
 def test_config_file_named_by_environment(tmp_path: Path) -> None:
@@ -137,8 +135,8 @@ def test_deadline_must_be_shorter_than_the_interval(tmp_path: Path) -> None:
 
 def test_default_deadline_follows_a_short_interval() -> None:
     config = load_config(flags={"interval_seconds": 0.5}, environ={})
-    assert config.nvml.settings(config.interval_seconds).device_deadline_seconds == 0.4
-    assert load_config(environ={}).nvml.settings(1.0).device_deadline_seconds == 0.8
+    assert config.nvml.deadline(config.interval_seconds) == 0.4
+    assert load_config(environ={}).nvml.deadline(1.0) == 0.8
 
 
 # -- one definition per default: the config layer takes its defaults from the dataclasses ---
@@ -148,16 +146,6 @@ def _defaults(model: type) -> dict[str, object]:
     return {
         name: f.get_default(call_default_factory=True) for name, f in model.model_fields.items()
     }
-
-
-def test_nvml_defaults_are_the_sources_own() -> None:
-    settings = dataclasses.asdict(NvmlSettings())
-    config = _defaults(NvmlConfig)
-    assert config.pop("device_deadline_seconds") is None  # computed from the interval
-    assert set(config) <= set(settings), "a setting the source does not have"
-    assert config == {name: settings[name] for name in config}
-    assert NvmlConfig().settings(interval_seconds=10.0) == NvmlSettings()
-    assert NvmlConfig().settings(0.5).device_deadline_seconds == pytest.approx(0.4)
 
 
 def test_classifier_defaults_are_the_thresholds_own() -> None:

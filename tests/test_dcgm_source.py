@@ -18,7 +18,7 @@ import pytest
 from gpu_exporter import sim
 from gpu_exporter.collect import dcgm, dcgm_api
 from gpu_exporter.collect.nvml.source import NvmlSource
-from gpu_exporter.collect.settings import DcgmSettings, NvmlSettings
+from gpu_exporter.collect.settings import DcgmSettings, NvmlConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 from gpu_exporter.model.snapshot import DeviceSample
 from gpu_exporter.sim.clock import ManualClock
@@ -73,7 +73,7 @@ def node() -> Iterator[Callable[..., tuple[NvmlSource, ManualClock]]]:
         # Back-off, staleness and abandonment on scenario time.
         supplement = dcgm.configured(DcgmSettings(mode=mode, **settings), errors, INTERVAL, clock)
         source = NvmlSource(
-            settings=NvmlSettings(device_deadline_seconds=0.8),
+            settings=NvmlConfig(device_deadline_seconds=0.8),
             errors=errors,
             clock=clock,
             dcgm=supplement,
@@ -162,7 +162,7 @@ def test_off_and_no_library_are_exactly_without_dcgm(node: Any) -> None:
         source.close()
         sim.uninstall()
     sim.install(scenario(None), clock=(plain_clock := ManualClock()))
-    plain = NvmlSource(settings=NvmlSettings(device_deadline_seconds=0.8), clock=plain_clock)
+    plain = NvmlSource(settings=NvmlConfig(device_deadline_seconds=0.8), clock=plain_clock)
     plain.start()
     try:
         baseline = [tuple(s.readings for s in tick(plain, plain_clock)) for _ in range(4)]

@@ -305,12 +305,12 @@ def mig_layout() -> list[Any]:
     """The `mig` scenario's GPUs as the production source enumerates them (UUIDs and MIG UUIDs
     are derived from the scenario, so diagnose's own run sees the same)."""
     from gpu_exporter import sim
-    from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+    from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
     from gpu_exporter.collect.source import ErrorLog
 
     clock = ManualClock()
     sim.install("mig", clock=clock)
-    source = NvmlSource(settings=NvmlSettings(xid_events=False), errors=ErrorLog(), clock=clock)
+    source = NvmlSource(settings=NvmlConfig(xid_events=False), errors=ErrorLog(), clock=clock)
     try:
         source.start()
         clock.advance(1.0)

@@ -80,7 +80,10 @@ def mig_api() -> Iterator[dict[str, Any]]:
         config = load_config(None, flags, environ={})
         errors = ErrorLog()
         source = NvmlSource(
-            settings=config.nvml.settings(config.interval_seconds), errors=errors, clock=clock
+            settings=config.nvml,
+            interval_seconds=config.interval_seconds,
+            errors=errors,
+            clock=clock,
         )
         source.start()
         try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.source import SourceUnavailableError
 from tests.conftest import ManualClock
 from tests.support import wait_for
@@ -354,7 +354,7 @@ def test_xid_registration_failures_are_counted_like_any_nvml_failure(
 
 def test_an_init_that_fails_once_serving_is_retried_with_back_off(fake_nvml) -> None:
     fake_nvml.uninstall()  # the real library: absent on this machine
-    settings = NvmlSettings(recovery_initial_backoff_seconds=0.2, recovery_max_backoff_seconds=0.4)
+    settings = NvmlConfig(recovery_initial_backoff_seconds=0.2, recovery_max_backoff_seconds=0.4)
     source = NvmlSource(settings=settings)
     assert source.progress.commit(0) is None  # the daemon serves: from now on, failures retry
     source.begin()
@@ -378,8 +378,8 @@ def test_an_init_that_fails_once_serving_is_retried_with_back_off(fake_nvml) -> 
 def test_a_hung_init_is_tried_again_and_the_first_answer_wins(fake_nvml) -> None:
     spec = scenario([{"label": "a"}], latency={"functions": {"nvmlInitWithFlags": 2500}})
     fake = fake_nvml.install(spec)
-    settings = NvmlSettings(hang_quarantine_seconds=1, max_abandoned_threads_per_device=1)
-    source = NvmlSource(settings=settings)
+    settings = NvmlConfig(hang_quarantine_seconds=1)
+    source = NvmlSource(settings=settings, max_abandoned_threads_per_device=1)
     try:
         source.start()
         assert fake.call_counts["nvmlInitWithFlags"] == 2  # one left behind, one more tried
@@ -415,7 +415,7 @@ def test_closing_during_start_up_is_clean(fake_nvml) -> None:
     threading.excepthook = lambda args: failures.append(args.exc_value)  # type: ignore[assignment]
     try:
         for _ in range(20):
-            source = NvmlSource(settings=NvmlSettings())
+            source = NvmlSource(settings=NvmlConfig())
             source.begin()
             source.close()
             assert source._startup is not None

@@ -12,7 +12,7 @@ import pynvml as N
 import pytest
 
 from gpu_exporter.collect.nvml.collectors import Topology as TopologyCollector
-from gpu_exporter.collect.nvml.source import NvmlSettings, NvmlSource
+from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.nvml.topology import P2P_CAPABILITIES, Topology, cpu_list, read_topology
 from gpu_exporter.collect.source import ErrorLog
 from tests.conftest import ManualClock
@@ -116,11 +116,9 @@ def assert_lossless(topology: Topology) -> None:
         assert repr(sorted(rebuilt.items())) == repr(sorted(direct.items())), gpu.index
 
 
-def _settings(**overrides: Any) -> NvmlSettings:
+def _settings(**overrides: Any) -> NvmlConfig:
     """No XID thread (it waits in real time); quick recovery."""
-    return NvmlSettings(
-        **{"xid_events": False, "recovery_initial_backoff_seconds": 0.5, **overrides}
-    )
+    return NvmlConfig(**{"xid_events": False, "recovery_initial_backoff_seconds": 0.5, **overrides})
 
 
 def matrix_rows(text: str) -> dict[str, list[str]]:

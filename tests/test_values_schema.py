@@ -17,7 +17,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gpu_exporter.config.load import Config, NvmlConfig, load_config
+from gpu_exporter.collect.settings import NvmlConfig
+from gpu_exporter.config.load import Config, load_config
 from tests.tlsfiles import make_pki
 
 ROOT = Path(__file__).resolve().parent.parent

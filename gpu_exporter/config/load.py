@@ -16,8 +16,6 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -31,19 +29,14 @@ from gpu_exporter.alerting.rules.pack import default_rule_files
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
 from gpu_exporter.collect.classify import Thresholds
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
-from gpu_exporter.collect.settings import (
-    DCGM_FIELDS,
-    DcgmSettings,
-    NvmlSettings,
-    default_deadline,
-)
+from gpu_exporter.collect.settings import DCGM_FIELDS, DcgmSettings, NvmlConfig
 from gpu_exporter.model.defaults import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_LISTEN_ADDRESS,
     DEFAULT_RULE_SEMANTICS,
 )
 from gpu_exporter.model.promnames import label_name_problem
-from gpu_exporter.support.validation import Wording, explain
+from gpu_exporter.support.validation import SettingsModel, Wording, explain, split_commas
 from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
 from gpu_exporter.web import http_server
 from gpu_exporter.web.dcgm_compat.render import CompatSettings
@@ -69,13 +62,8 @@ class ConfigError(ValueError):
     """Invalid settings; the message is ready to print (one line per problem)."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # Every default below comes from the dataclass the setting ends up in; tests/test_config.py
 # fails if a literal creeps back in and drifts.
-_NVML = NvmlSettings()
 _DCGM = DcgmSettings()
 _THRESHOLDS = Thresholds()
 _WEB = WebSettings()
@@ -87,38 +75,7 @@ _WEB = WebSettings()
 # keyword only (PEP 681), so a positional default would make the field look required.
 
 
-class NvmlConfig(_Strict):
-    # Default: collect.settings.default_deadline (0.8 s, or 80% of a shorter interval).
-    device_deadline_seconds: float | None = Field(default=None, gt=0, le=60)
-    slow_refresh_seconds: float = Field(default=_NVML.slow_refresh_seconds, ge=1, le=86400)
-    recovery_initial_backoff_seconds: float = Field(
-        default=_NVML.recovery_initial_backoff_seconds, gt=0, le=3600
-    )
-    recovery_max_backoff_seconds: float = Field(
-        default=_NVML.recovery_max_backoff_seconds, gt=0, le=86400
-    )
-    hang_quarantine_seconds: float = Field(default=_NVML.hang_quarantine_seconds, gt=0, le=86400)
-    gpm: bool = _NVML.gpm
-    pcie_throughput_fallback: bool = _NVML.pcie_throughput_fallback
-    xid_events: bool = _NVML.xid_events
-    max_devices: int = Field(default=_NVML.max_devices, ge=1, le=4096)
-
-    @model_validator(mode="after")
-    def _backoff_order(self) -> NvmlConfig:
-        if self.recovery_max_backoff_seconds < self.recovery_initial_backoff_seconds:
-            raise ValueError(
-                "recovery_max_backoff_seconds is below recovery_initial_backoff_seconds"
-            )
-        return self
-
-    def settings(self, interval_seconds: float) -> NvmlSettings:
-        values = self.model_dump()
-        if values["device_deadline_seconds"] is None:
-            values["device_deadline_seconds"] = default_deadline(interval_seconds)
-        return NvmlSettings(**values)
-
-
-class DcgmConfig(_Strict):
+class DcgmConfig(SettingsModel):
     """DCGM's profiling fields for GPUs without GPM (collect/dcgm.py, docs/kubernetes.md)."""
 
     mode: Literal["off", "auto", "standalone", "embedded"] = _DCGM.mode  # type: ignore[assignment]
@@ -159,7 +116,7 @@ class DcgmConfig(_Strict):
     @field_validator("fields", mode="before")
     @classmethod
     def _split_fields(cls, value: Any) -> Any:
-        return _split_commas(value)
+        return split_commas(value)
 
     @field_validator("fields")
     @classmethod
@@ -174,13 +131,6 @@ class DcgmConfig(_Strict):
 
     def settings(self) -> DcgmSettings:
         return DcgmSettings(mode=self.mode, address=self.address, fields=tuple(self.fields))
-
-
-def _split_commas(value: Any) -> Any:
-    """Lists from the environment arrive as one string: `a.yaml,b/*.yaml`."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
 
 
 def _parse_pairs(value: Any) -> Any:
@@ -210,7 +160,7 @@ LabelName = Annotated[str, AfterValidator(_label_name)]
 LabelValue = Annotated[str, Field(min_length=1)]  # an empty value is no label at all
 
 
-class RulesConfig(_Strict):
+class RulesConfig(SettingsModel):
     enabled: bool = True
     files: list[str] = Field(default_factory=default_rule_files)  # the shipped pack
     evaluation_interval_seconds: float | None = Field(
@@ -224,23 +174,23 @@ class RulesConfig(_Strict):
     # Which Prometheus' PromQL the rules follow: match the cluster's Prometheus.
     semantics: Literal["prometheus2", "prometheus3"] = DEFAULT_RULE_SEMANTICS  # type: ignore[assignment]
 
-    _lists = field_validator("files", mode="before")(_split_commas)
+    _lists = field_validator("files", mode="before")(split_commas)
 
 
-class BasicAuthConfig(_Strict):
+class BasicAuthConfig(SettingsModel):
     username: str
     password: str | None = None
     password_file: str | None = None
 
 
-class TlsConfig(_Strict):
+class TlsConfig(SettingsModel):
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
     insecure_skip_verify: bool = AlertmanagerTarget.insecure_skip_verify
 
 
-class AlertmanagerConfig(_Strict):
+class AlertmanagerConfig(SettingsModel):
     url: str
     basic_auth: BasicAuthConfig | None = None
     bearer_token: str | None = None
@@ -265,10 +215,10 @@ class AlertmanagerConfig(_Strict):
         )
 
 
-class AlertingConfig(_Strict):
-    alertmanagers: list[AlertmanagerConfig] = []
+class AlertingConfig(SettingsModel):
+    alertmanagers: list[AlertmanagerConfig] = Field(default=[])
     # Added to every alert sent; `node` defaults to $NODE_NAME (the DaemonSet's downward API).
-    external_labels: dict[LabelName, LabelValue] = {}
+    external_labels: dict[LabelName, LabelValue] = Field(default={})
     external_url: str = RuleSettings.external_url
     resend_delay_seconds: float = Field(default=RuleSettings.resend_delay, gt=0, le=86400)
     queue_capacity: int = Field(default=NotifierSettings.queue_capacity, ge=1, le=1_000_000)
@@ -296,7 +246,7 @@ class AlertingConfig(_Strict):
     def _urls(cls, value: Any) -> Any:
         """URLs alone (flag or `GPU_EXPORTER_ALERTING__ALERTMANAGERS=http://a,http://b`)."""
         if isinstance(value, str):
-            value = _split_commas(value)
+            value = split_commas(value)
         if isinstance(value, list):
             return [{"url": item} if isinstance(item, str) else item for item in value]
         return value
@@ -308,21 +258,21 @@ class AlertingConfig(_Strict):
         return self
 
 
-class KubernetesConfig(_Strict):
+class KubernetesConfig(SettingsModel):
     # auto: on when the kubelet socket exists at start (a DaemonSet), off elsewhere.
     enabled: Literal["auto", "true", "false"] | bool = "auto"
     socket_path: str = k8s_defaults.SOCKET_PATH
     refresh_seconds: float = Field(default=k8s_defaults.REFRESH_SECONDS, ge=1, le=3600)
     timeout_seconds: float = Field(default=k8s_defaults.TIMEOUT_SECONDS, gt=0, le=60)
-    resource_names: list[str] = list(k8s_defaults.RESOURCE_NAMES)
-    resource_prefixes: list[str] = list(k8s_defaults.RESOURCE_PREFIXES)
+    resource_names: list[str] = Field(default=list(k8s_defaults.RESOURCE_NAMES))
+    resource_prefixes: list[str] = Field(default=list(k8s_defaults.RESOURCE_PREFIXES))
     # labels: namespace/pod/container on every per-GPU series; info: only gpu_pod_info.
     mode: Literal["labels", "info"] = "labels"
     # How long a failing kubelet's last pod labels are kept after its last success (default:
     # k8s.defaults.STALE_AFTER_REFRESHES refresh intervals); 0 clears them at the first failure.
     stale_after_seconds: float | None = Field(default=None, ge=0, le=86400)
 
-    _lists = field_validator("resource_names", "resource_prefixes", mode="before")(_split_commas)
+    _lists = field_validator("resource_names", "resource_prefixes", mode="before")(split_commas)
 
     def active(self) -> bool:
         if self.enabled in (True, "true"):
@@ -332,7 +282,7 @@ class KubernetesConfig(_Strict):
         return os.path.exists(self.socket_path)
 
 
-class WebConfig(_Strict):
+class WebConfig(SettingsModel):
     """HTTP limits; the defaults and their reasons are in http_server.WebSettings."""
 
     header_read_timeout_seconds: float = Field(
@@ -343,7 +293,7 @@ class WebConfig(_Strict):
     probes_without_auth: bool = _WEB.probes_without_auth
 
 
-class ClassifierConfig(_Strict):
+class ClassifierConfig(SettingsModel):
     """Bottleneck-class thresholds; the defaults and their reasons are in classify.Thresholds."""
 
     idle_utilization: float = Field(default=_THRESHOLDS.idle_utilization, ge=0, le=1)
@@ -356,7 +306,7 @@ class ClassifierConfig(_Strict):
     window_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
-class DcgmCompatConfig(_Strict):
+class DcgmCompatConfig(SettingsModel):
     """/metrics/dcgm: dcgm-exporter 4.8's names, labels and units (gpu_exporter/web/dcgm_compat)."""
 
     enabled: bool = False
@@ -389,7 +339,7 @@ class DcgmCompatConfig(_Strict):
         return CompatSettings(label, node_name(environ) or socket.gethostname())
 
 
-class Config(_Strict):
+class Config(SettingsModel):
     listen_address: str = DEFAULT_LISTEN_ADDRESS
     # 0.2 s at least: GPM needs windows of 100 ms or more.
     interval_seconds: float = Field(default=DEFAULT_INTERVAL_SECONDS, ge=0.2, le=3600)

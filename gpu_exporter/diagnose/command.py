@@ -17,7 +17,7 @@ from gpu_exporter import __version__
 from gpu_exporter.collect.classify import Classifier, Thresholds
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
 from gpu_exporter.collect.nvml.topology import Topology, read_topology
-from gpu_exporter.collect.settings import DcgmSettings, NvmlSettings, add_dcgm_arguments
+from gpu_exporter.collect.settings import DcgmSettings, NvmlConfig, add_dcgm_arguments
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.diagnose.exit_status import EXIT_NO_DRIVER, EXIT_USAGE
 from gpu_exporter.diagnose.health import HealthRules
@@ -28,7 +28,7 @@ from gpu_exporter.model.snapshot import DeviceSample, Snapshot, TickStats
 
 # How long NVML's start may take before diagnose gives up: as long as the source waits for one
 # call before it counts it hung (nvmlInit without persistence mode takes seconds per GPU).
-DEFAULT_START_TIMEOUT_SECONDS = NvmlSettings.hang_quarantine_seconds
+DEFAULT_START_TIMEOUT_SECONDS = NvmlConfig().hang_quarantine_seconds
 MAX_START_TIMEOUT_SECONDS = 3600.0
 _SIMULATE_HINT = "run `gpu-exporter diagnose --simulate` to see a report on a simulated node"
 
@@ -199,17 +199,12 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
     from gpu_exporter.collect import dcgm
     from gpu_exporter.collect.nvml.device_config import read_device_config
     from gpu_exporter.collect.nvml.source import NvmlSource
-    from gpu_exporter.collect.settings import default_deadline
     from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 
     health = _load_health_rules(args)
     if isinstance(health, str):
         print(f"gpu-exporter diagnose: {health}", file=sys.stderr)
         return EXIT_USAGE
-    settings = NvmlSettings(
-        device_deadline_seconds=default_deadline(args.interval),
-        slow_refresh_seconds=3600.0,  # the static data once is enough for a short profile
-    )
     errors = ErrorLog()
     try:
         dcgm_source = dcgm.configured(
@@ -219,7 +214,12 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
         print(f"gpu-exporter diagnose: {exc}", file=sys.stderr)
         return EXIT_USAGE
     source = NvmlSource(
-        settings=settings, errors=errors, topology_reader=read_topology, dcgm=dcgm_source
+        # The static data once is enough for a short profile.
+        settings=NvmlConfig(slow_refresh_seconds=3600.0),
+        interval_seconds=args.interval,
+        errors=errors,
+        topology_reader=read_topology,
+        dcgm=dcgm_source,
     )
     try:
         # Not `start()`: that waits for ever on a driver whose nvmlInit hangs.
@@ -242,9 +242,7 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
             text.header(args.simulate, versions, topology, args.duration, pods)
         profile = _run_profile(source.sample, args.duration, args.interval, health, processor)
         # The settings once, after the profile: no extra NVML calls while it measures.
-        profile.config = source.read_each_device(
-            read_device_config, settings.device_deadline_seconds
-        )
+        profile.config = source.read_each_device(read_device_config, source.deadline_seconds)
         run = Run(args.simulate, args.duration, args.interval)
         report = build_report(run, versions, topology, profile, pods)
         if text:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Tag, ValidationError
+from pydantic import BaseModel, ConfigDict, Tag, ValidationError
 
 from gpu_exporter.support.yamlfile import LocatedYaml, Path_, format_path
 
@@ -43,6 +43,21 @@ class Wording:
 
 
 DEFAULT_WORDING = Wording()
+
+
+class SettingsModel(BaseModel):
+    """One section of the daemon's settings. An unknown key is an error (a misspelt setting must
+    not be ignored), and a validated section never changes: the threads that read it share it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def split_commas(value: Any) -> Any:
+    """A list given as one string, as environment variables give lists: `a.yaml,b/*.yaml`
+    (a before-validator; anything else is left to the field's type)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
 
 
 class InputError(ValueError):

@@ -42,7 +42,7 @@ from gpu_exporter.collect.nvml.values import (
     field_value,
     return_code_name,
 )
-from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.collect.settings import NvmlConfig
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.model import catalog
 from gpu_exporter.model.guard import Guard
@@ -168,7 +168,7 @@ class DeviceReader:
     handle: Any
     errors: ErrorLog
     xid_counts: XidCounts
-    settings: NvmlSettings
+    settings: NvmlConfig
     collectors: list[Collector] = field(default_factory=list)
     guard: Guard = field(default_factory=Guard)
     clock: Callable[[], float] = time.monotonic

@@ -8,14 +8,14 @@ Lifecycle:
   most `max_abandoned_threads_per_device` left behind; one that fails is retried with the
   recovery back-off once the daemon serves, else it is the caller's error); refuses more than
   `max_devices` GPUs (TooManyDevicesError); lists GPUs by index, each GPU's handle and UUID read
-  on its own worker thread within `device_deadline_seconds` (a GPU that does not answer in time,
-  or fails, comes up down with the reason, as an unidentified GPU with uuid "", and joins after
-  a full re-init, like a lost GPU); registers for XID events within the deadline; is then
+  on its own worker thread within `deadline_seconds` (a GPU that does not answer in time, or
+  fails, comes up down with the reason, as an unidentified GPU with uuid "", and joins after a
+  full re-init, like a lost GPU); registers for XID events within the deadline; is then
   ready (sampling may begin) and reads the topology, each call within the deadline.
   Identity and slow-changing data are read in each GPU's first tick, under its deadline.
 - `sample()` gives each GPU's `DeviceReader.read_tick` (every enabled collector of
   `collect/nvml/collectors/`, guarded) to that GPU's own worker thread and waits at most
-  `device_deadline_seconds`. A GPU that does not answer in time is reported down for that tick,
+  `deadline_seconds`. A GPU that does not answer in time is reported down for that tick,
   the call it hung in is quarantined, and its stuck thread is abandoned (ctypes calls cannot be
   cancelled); the other GPUs are not held up. `collector_status()` then says how each
   collector did, over all GPUs.
@@ -55,15 +55,16 @@ from gpu_exporter.collect.nvml.calls import (
 from gpu_exporter.collect.nvml.device import DeviceReader, TickResult
 from gpu_exporter.collect.nvml.values import error_name
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
-from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.collect.settings import NvmlConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError, TooManyDevicesError
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.collect.worker import Worker, on_own_thread
 from gpu_exporter.model import guard
+from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.model.guard import Guard
 from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample
 
-__all__ = ["SIMULATE_HINT", "NvmlSettings", "NvmlSource", "TopologyReader"]
+__all__ = ["SIMULATE_HINT", "NvmlConfig", "NvmlSource", "TopologyReader"]
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,7 @@ def _start_error(exc: BaseException) -> SourceUnavailableError:
 
 @dataclass
 class NvmlSource:
-    settings: NvmlSettings = field(default_factory=NvmlSettings)
+    settings: NvmlConfig = field(default_factory=NvmlConfig)
     errors: ErrorLog = field(default_factory=ErrorLog)
     clock: Callable[[], float] = time.monotonic
     record_timings: bool = False
@@ -173,8 +174,15 @@ class NvmlSource:
     guard: Guard = field(default_factory=Guard)  # shared by every GPU's collectors
     # DCGM's profiling fields, for the GPUs without GPM (None: no DCGM; collect/dcgm.py).
     dcgm: DcgmSource | None = None
+    # The sampling interval: the deadline's default is a share of it (NvmlConfig.deadline).
+    interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    # Threads stuck in calls that never returned that one GPU may hold at once before it gets
+    # no fresh one (it is down meanwhile): a driver that hangs every call must not make the
+    # source spawn threads for ever. Not a setting; tests lower it.
+    max_abandoned_threads_per_device: int = 2
 
     def __post_init__(self) -> None:
+        self.deadline_seconds = self.settings.deadline(self.interval_seconds)
         self._calls = NvmlCalls(self.errors, self.name)
         self.collectors = collectors.enabled(
             self.settings, topology=self.topology_reader is not None
@@ -291,7 +299,7 @@ class NvmlSource:
             if self._stopping.is_set():
                 return None
             overdue = time.monotonic() - asked >= settings.hang_quarantine_seconds
-            if overdue and len(attempts) <= settings.max_abandoned_threads_per_device:
+            if overdue and len(attempts) <= self.max_abandoned_threads_per_device:
                 log.warning(
                     "nvmlInit did not answer in %.0fs; trying again", time.monotonic() - asked
                 )
@@ -336,7 +344,7 @@ class NvmlSource:
             worker, probe = Worker(f"nvml-gpu{index}"), _Identify(index)
             jobs[index] = (worker, probe, worker.submit(probe.run, self._calls))
         if jobs:
-            futures.wait([job for *_, job in jobs.values()], self.settings.device_deadline_seconds)
+            futures.wait([job for *_, job in jobs.values()], self.deadline_seconds)
         for index, (worker, probe, job) in jobs.items():
             if not job.done():
                 worker.stop()
@@ -345,7 +353,7 @@ class NvmlSource:
                     "GPU %d: %s did not answer within %.2fs; the GPU is down",
                     index,
                     probe.current,
-                    self.settings.device_deadline_seconds,
+                    self.deadline_seconds,
                 )
                 why = f"NVML call {probe.current} did not answer in time"
                 unlisted[index] = _Unlisted(why, job, worker)
@@ -374,7 +382,7 @@ class NvmlSource:
         if device is None:
             return False
         device.abandoned = [job for job in device.abandoned if not job.done()]
-        return len(device.abandoned) >= self.settings.max_abandoned_threads_per_device
+        return len(device.abandoned) >= self.max_abandoned_threads_per_device
 
     def _add_unidentified(self, index: int, unlisted: _Unlisted) -> None:
         key = _unidentified_key(index)
@@ -394,7 +402,7 @@ class NvmlSource:
         if startup is not None and startup is not threading.current_thread():
             # Let a start-up still under way finish adding GPUs before they are closed; one
             # stuck in NVML is left behind (its calls are abandoned as at any other time).
-            startup.join(timeout=self.settings.device_deadline_seconds + 1.0)
+            startup.join(timeout=self.deadline_seconds + 1.0)
         if self._xid is not None:
             self._xid.stop(join=True)
             self._xid = None
@@ -480,7 +488,7 @@ class NvmlSource:
         self._xid = watcher = XidWatcher(handles, self._xid_counts, self.errors)
         registering = on_own_thread("nvml-xid-register", watcher.start)
         with contextlib.suppress(futures.TimeoutError):
-            registering.result(timeout=self.settings.device_deadline_seconds)
+            registering.result(timeout=self.deadline_seconds)
         if not registering.done():
             self.errors.add(self.name, "xid_events", "Timeout")
             log.warning("XID event registration did not answer in time; XIDs wait for it")
@@ -627,8 +635,8 @@ class NvmlSource:
             topology = self.topology_reader(
                 devices,
                 errors=self.errors,
-                deadline=self.settings.device_deadline_seconds,
-                max_hung_per_gpu=self.settings.max_abandoned_threads_per_device,
+                deadline=self.deadline_seconds,
+                max_hung_per_gpu=self.max_abandoned_threads_per_device,
             )
             return topology, ""
         except Exception as exc:  # topology is a nicety: never let it stop sampling
@@ -662,7 +670,7 @@ class NvmlSource:
         if self._recovery.job is not None:
             # A quick recovery is applied in this very tick; a slow one is left running.
             with contextlib.suppress(futures.TimeoutError):
-                self._recovery.job.result(timeout=self.settings.device_deadline_seconds)
+                self._recovery.job.result(timeout=self.deadline_seconds)
             self._apply_recovery()
         if self._recovery.job is not None and self._recovery.job_full:
             # NVML is being re-initialised: reading devices now would only collect errors.
@@ -683,12 +691,12 @@ class NvmlSource:
             )
             running[uuid] = device.pending
         if running:
-            futures.wait(running.values(), timeout=self.settings.device_deadline_seconds)
+            futures.wait(running.values(), timeout=self.deadline_seconds)
         samples = [
             self._collect(uuid, device, running.get(uuid)) for uuid, device in self._devices.items()
         ]
         if self.dcgm is not None:
-            left = started + self.settings.device_deadline_seconds - self.clock()
+            left = started + self.deadline_seconds - self.clock()
             samples = with_dcgm_activity(samples, needing_dcgm, self.dcgm.finish(left))
         return sorted(samples, key=lambda s: s.index)
 
@@ -747,7 +755,7 @@ class NvmlSource:
             return True
         # The previous tick is still stuck in a call: give the device a fresh thread, within
         # limits (a driver that hangs every call must not make us spawn threads forever).
-        if len(device.abandoned) >= self.settings.max_abandoned_threads_per_device:
+        if len(device.abandoned) >= self.max_abandoned_threads_per_device:
             device.down_reason = "NVML calls still hung"
             return False
         device.abandoned.append(device.pending)
@@ -766,7 +774,7 @@ class NvmlSource:
                 "GPU %d: %s did not answer within %.2fs",
                 reader.index,
                 hung or "the tick",
-                self.settings.device_deadline_seconds,
+                self.deadline_seconds,
             )
             return self._down(device, f"NVML call {hung or '(tick)'} did not answer in time")
         try:

@@ -21,7 +21,7 @@ from gpu_exporter.collect.nvml.collectors.temperature import Temperature
 from gpu_exporter.collect.nvml.collectors.topology import Topology
 from gpu_exporter.collect.nvml.collectors.utilization import Utilization
 from gpu_exporter.collect.nvml.collectors.xid import Xid
-from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.collect.settings import NvmlConfig
 
 __all__ = [
     "COLLECTORS",
@@ -55,11 +55,11 @@ COLLECTORS: tuple[type[Collector], ...] = (
 SOURCE_FAMILIES: tuple[str, ...] = ("gpu_up",)
 
 
-def enabled(settings: NvmlSettings, *, topology: bool) -> tuple[type[Collector], ...]:
+def enabled(settings: NvmlConfig, *, topology: bool) -> tuple[type[Collector], ...]:
     """The collectors these settings turn on; `topology`: a topology reader is configured."""
     return tuple(c for c in COLLECTORS if c.enabled(settings, topology=topology))
 
 
-def build(settings: NvmlSettings, *, topology: bool) -> list[Collector]:
+def build(settings: NvmlConfig, *, topology: bool) -> list[Collector]:
     """One GPU's collector instances (each holds that GPU's state for its area)."""
     return [collector() for collector in enabled(settings, topology=topology)]

@@ -13,7 +13,7 @@ Each subclass declares, right next to its code:
 - `fields`: its entries in the tick's one `nvmlDeviceGetFieldValues` batch. The batch's time
   is split over the collectors with entries in it, by their number of entries, in
   gpu_exporter_collector_duration_seconds (not charged to whichever asked first);
-- `setting`: the `NvmlSettings` flag that turns it on and off (None: always on), and
+- `setting`: the `NvmlConfig` flag that turns it on and off (None: always on), and
   `options`: other flags that change what it reads;
 
 and implements `read` (every tick) and, for slow-changing data, `refresh` (every
@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.collect.settings import NvmlConfig
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.model.snapshot import InstanceSample, Labels, Reading
 
@@ -68,7 +68,7 @@ class Device(Protocol):
     def uuid(self) -> str: ...
 
     @property
-    def settings(self) -> NvmlSettings: ...
+    def settings(self) -> NvmlConfig: ...
 
     @property
     def clock(self) -> Callable[[], float]: ...
@@ -145,7 +145,7 @@ class Collector:
         self.static_at = NEVER
 
     @classmethod
-    def enabled(cls, settings: NvmlSettings, *, topology: bool) -> bool:
+    def enabled(cls, settings: NvmlConfig, *, topology: bool) -> bool:
         """On by its setting; `topology`: the source was given a topology reader."""
         return cls.setting is None or bool(getattr(settings, cls.setting))
 

@@ -12,7 +12,7 @@ this collector failed on every tick (`NvmlSource._read_topology`).
 from __future__ import annotations
 
 from gpu_exporter.collect.nvml.collectors.base import Collector, Device
-from gpu_exporter.collect.settings import NvmlSettings
+from gpu_exporter.collect.settings import NvmlConfig
 from gpu_exporter.model.snapshot import Reading
 
 
@@ -42,7 +42,7 @@ class Topology(Collector):
     )
 
     @classmethod
-    def enabled(cls, settings: NvmlSettings, *, topology: bool) -> bool:
+    def enabled(cls, settings: NvmlConfig, *, topology: bool) -> bool:
         return topology
 
     def read(self, nvml: Device) -> list[Reading]:
