@@ -125,7 +125,7 @@ def build(
         errors=errors,
         clock=clock,
         topology_reader=read_topology,
-        dcgm=dcgm.configured(config.dcgm.settings(), errors, interval, clock),
+        dcgm=dcgm.configured(config.dcgm, errors, interval, clock),
     )
     source.start()
     epoch = time.time() - start

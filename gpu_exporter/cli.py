@@ -228,7 +228,7 @@ def serve(args: argparse.Namespace) -> int:
     source = None
     try:
         try:
-            dcgm_source = dcgm.configured(config.dcgm.settings(), errors, config.interval_seconds)
+            dcgm_source = dcgm.configured(config.dcgm, errors, config.interval_seconds)
         except SourceUnavailableError as exc:  # a DCGM mode that cannot work on this host
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE

@@ -1,4 +1,4 @@
-"""The `dcgm:` settings: defaults from the source's dataclass, precise errors for bad input."""
+"""The `dcgm:` settings: off by default, precise errors for bad input."""
 
 from __future__ import annotations
 
@@ -7,21 +7,20 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.collect import dcgm
-from gpu_exporter.collect.settings import DCGM_DEFAULT_FIELDS, DCGM_FIELDS, DcgmSettings
+from gpu_exporter.collect.settings import DCGM_DEFAULT_FIELDS, DCGM_FIELDS, DcgmConfig
 from gpu_exporter.config.load import ConfigError, load_config
 
 
-def test_defaults_are_off_and_the_settings_dataclass() -> None:
+def test_defaults_are_off() -> None:
     config = load_config(environ={})
-    assert config.dcgm.settings() == DcgmSettings()
-    assert DcgmSettings().mode == "off"  # opt-in: DCGM profiling holds the GPU's counters
+    assert config.dcgm == DcgmConfig()
+    assert DcgmConfig().mode == "off"  # opt-in: DCGM profiling holds the GPU's counters
 
 
 def test_the_modes_are_spelled_once() -> None:
     from typing import get_args
 
     from gpu_exporter.collect.settings import DCGM_MODES
-    from gpu_exporter.config.load import DcgmConfig
 
     assert get_args(DcgmConfig.model_fields["mode"].annotation) == DCGM_MODES
 
@@ -50,7 +49,7 @@ def test_file_environment_and_flags(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("dcgm:\n  mode: standalone\n  address: nvidia-dcgm.gpu-operator.svc:5555\n")
     config = load_config(path, environ={"GPU_EXPORTER_DCGM__FIELDS": "1002,1004"})
-    assert config.dcgm.settings() == DcgmSettings(
+    assert config.dcgm == DcgmConfig(
         mode="standalone", address="nvidia-dcgm.gpu-operator.svc:5555", fields=(1002, 1004)
     )
     flagged = load_config(path, {"dcgm.mode": "embedded", "dcgm.address": "unix:/run/dcgm.sock"})

@@ -18,7 +18,7 @@ import pytest
 from gpu_exporter import sim
 from gpu_exporter.collect import dcgm, dcgm_api
 from gpu_exporter.collect.nvml.source import NvmlSource
-from gpu_exporter.collect.settings import DcgmSettings, NvmlConfig
+from gpu_exporter.collect.settings import DcgmConfig, NvmlConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 from gpu_exporter.model.snapshot import DeviceSample
 from gpu_exporter.sim.clock import ManualClock
@@ -71,7 +71,7 @@ def node() -> Iterator[Callable[..., tuple[NvmlSource, ManualClock]]]:
         sim.install(spec, clock=clock)
         errors = ErrorLog()
         # Back-off, staleness and abandonment on scenario time.
-        supplement = dcgm.configured(DcgmSettings(mode=mode, **settings), errors, INTERVAL, clock)
+        supplement = dcgm.configured(DcgmConfig(mode=mode, **settings), errors, INTERVAL, clock)
         source = NvmlSource(
             settings=NvmlConfig(device_deadline_seconds=0.8),
             errors=errors,
@@ -177,7 +177,7 @@ def test_an_explicit_mode_without_libdcgm_is_refused_naming_it(mode: str) -> Non
     sim.install(scenario(None))
     try:
         with pytest.raises(SourceUnavailableError, match=f"dcgm.mode is {mode}.*libdcgm.so.4"):
-            dcgm.configured(DcgmSettings(mode=mode), ErrorLog(), INTERVAL)
+            dcgm.configured(DcgmConfig(mode=mode), ErrorLog(), INTERVAL)
     finally:
         sim.uninstall()
 
@@ -211,7 +211,7 @@ def test_host_engine_restart_mid_run_absent_then_back_and_nvml_unaffected(node: 
         if all(v is not None for v in sm(back)):
             break
     assert sm(back) == pytest.approx([SM["training"], SM["launch"]])
-    assert clock.now <= 12 + DcgmSettings.reconnect_max_backoff_seconds + 3
+    assert clock.now <= 12 + DcgmConfig.reconnect_max_backoff_seconds + 3
     assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 1.0
 
 
@@ -302,7 +302,7 @@ def test_profiling_paused_is_reported_as_blank_not_as_errors(node: Any) -> None:
     ticks(source, clock, 3)
     paused = ticks(source, clock, 2)  # t=5
     assert sm(paused) == [None, None]
-    assert dcgm_series(source)["gpu_exporter_dcgm_blank_values"] == 2 * len(DcgmSettings.fields)
+    assert dcgm_series(source)["gpu_exporter_dcgm_blank_values"] == 2 * len(DcgmConfig().fields)
     assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 1.0
     assert errors_of(source) == 0
     assert sm(ticks(source, clock, 4)) == pytest.approx([SM["training"], SM["launch"]])

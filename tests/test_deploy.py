@@ -496,7 +496,7 @@ def test_chart_dcgm_client_modes_keep_the_security_context(tools, mode, attribut
     args += ["--set", f"podAttribution.enabled={str(attribution).lower()}"]
     config, pod, container = _dcgm_render(*args)
     assert config["dcgm"] == {"mode": mode, "address": OPERATOR_HOSTENGINE}
-    settings = Config.model_validate({"dcgm": config["dcgm"]}).dcgm.settings()
+    settings = Config.model_validate({"dcgm": config["dcgm"]}).dcgm
     assert (settings.mode, settings.address) == (mode, OPERATOR_HOSTENGINE)
     _, default_pod, default_container = _dcgm_render(
         "--set", f"podAttribution.enabled={str(attribution).lower()}"

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from uuid import uuid4
 
 from gpu_exporter.collect import dcgm_api as api
-from gpu_exporter.collect.settings import DcgmSettings
+from gpu_exporter.collect.settings import DcgmConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 from gpu_exporter.collect.worker import Worker
 from gpu_exporter.model.activity import BY_DCGM_FIELD
@@ -84,7 +84,7 @@ class _Abandoned(Exception):
     """A read or connect that returned after its connection was abandoned or given up."""
 
 
-def _problem_hint(exc: api.DcgmError, settings: DcgmSettings) -> str:
+def _problem_hint(exc: api.DcgmError, settings: DcgmConfig) -> str:
     """What a person can do about a session failure."""
     if exc.code == api.ST_CONNECTION_NOT_VALID:
         return f"no nv-hostengine answers at {settings.address} (dcgm.address)"
@@ -161,7 +161,7 @@ class DcgmSource:
 
     def __init__(
         self,
-        settings: DcgmSettings,
+        settings: DcgmConfig,
         errors: ErrorLog,
         interval_seconds: float,
         clock: Callable[[], float] = time.monotonic,
@@ -573,7 +573,7 @@ class DcgmSource:
 
 
 def configured(
-    settings: DcgmSettings,
+    settings: DcgmConfig,
     errors: ErrorLog,
     interval_seconds: float,
     clock: Callable[[], float] = time.monotonic,

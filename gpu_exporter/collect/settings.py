@@ -9,12 +9,12 @@ from the validated sections themselves.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpu_exporter.model.activity import BY_DCGM_FIELD
-from gpu_exporter.support.validation import SettingsModel
+from gpu_exporter.support.validation import SettingsModel, split_commas
 
 # How long a tick waits for a GPU's reads when no deadline is set (`default_deadline`): most of
 # the default one-second interval, so that a slow GPU still makes its tick.
@@ -78,22 +78,75 @@ class NvmlConfig(SettingsModel):
 # activity table's (model/activity.py, which says why some are opt-in).
 DCGM_FIELDS = tuple(BY_DCGM_FIELD)
 DCGM_DEFAULT_FIELDS = tuple(f for f, activity in BY_DCGM_FIELD.items() if activity.dcgm_default)
-DCGM_MODES = ("off", "auto", "standalone", "embedded")  # config.DcgmConfig.mode spells them too
+DcgmMode = Literal["off", "auto", "standalone", "embedded"]
+DCGM_MODES: tuple[str, ...] = get_args(DcgmMode)
 
 
-@dataclass(frozen=True)
-class DcgmSettings:
-    # off: never; auto: a host engine at `address` for GPUs without GPM, if libdcgm and the host
-    # engine are there; standalone: the same, libdcgm required; embedded: a host engine inside
-    # this process (root and CAP_SYS_ADMIN).
-    mode: str = "off"
-    # nv-hostengine's address: host, host:port (DCGM_HE_PORT_NUMBER 5555 by default) or
-    # unix:/path/to/socket.
-    address: str = "localhost:5555"
-    fields: tuple[int, ...] = DCGM_DEFAULT_FIELDS
-    connect_timeout_seconds: float = 1.0
-    reconnect_initial_backoff_seconds: float = 2.0
-    reconnect_max_backoff_seconds: float = 60.0
+class DcgmConfig(SettingsModel):
+    """`dcgm:`, DCGM's profiling fields for GPUs without GPM (collect/dcgm.py,
+    docs/kubernetes.md)."""
+
+    # off: never (the default, opt-in: a GPU has one profiler at a time, and DCGM watching its
+    # profiling fields keeps Nsight and other CUPTI tools from it); auto: a host engine at
+    # `address` for GPUs without GPM, if libdcgm and the host engine are there; standalone:
+    # the same, libdcgm required; embedded: a host engine inside this process (root and
+    # CAP_SYS_ADMIN).
+    mode: DcgmMode = "off"
+    # nv-hostengine's address: host, host:port (DCGM_HE_PORT_NUMBER 5555 by default),
+    # [ipv6]:port or unix:/path/to/socket.
+    address: str = Field(default="localhost:5555", min_length=1, max_length=4096)
+    fields: tuple[int, ...] = Field(default=DCGM_DEFAULT_FIELDS, min_length=1)
+
+    # Not settings (no key in the file): how the source keeps its host-engine session. A
+    # connect is given a second; a failed session is made again after 2 s, doubling up to a
+    # minute, so a host engine that is gone costs one attempt a minute.
+    connect_timeout_seconds: ClassVar[float] = 1.0
+    reconnect_initial_backoff_seconds: ClassVar[float] = 2.0
+    reconnect_max_backoff_seconds: ClassVar[float] = 60.0
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        # YAML 1.1 reads an unquoted `off` as false (and `on` as true).
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError(
+                "a YAML boolean (on/yes/true): write off, auto, standalone or embedded"
+            )
+        return value
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value.startswith("unix:"):
+            if not value.removeprefix("unix:").removeprefix("//").startswith("/"):
+                raise ValueError("a unix socket address is unix:/absolute/path")
+            return value
+        if value.startswith("["):  # [ipv6]:port
+            port = value.partition("]")[2].removeprefix(":")
+        elif value.count(":") > 1:  # DCGM's own parser refuses a bare IPv6 address
+            raise ValueError(f"write an IPv6 address in brackets: [{value}]:5555")
+        else:  # host:port or host
+            port = value.partition(":")[2]
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"port {port!r} is not a number from 1 to 65535")
+        if any(c.isspace() for c in value) or "/" in value:
+            raise ValueError("expected host, host:port, [ipv6]:port or unix:/path")
+        return value
+
+    _split_fields = field_validator("fields", mode="before")(split_commas)
+
+    @field_validator("fields")
+    @classmethod
+    def _known_fields(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        unknown = [v for v in value if v not in DCGM_FIELDS]
+        if unknown:
+            known = ", ".join(map(str, DCGM_FIELDS))
+            raise ValueError(f"unknown DCGM field id(s) {unknown} (known: {known})")
+        if len(set(value)) != len(value):
+            raise ValueError("a field id is given twice")
+        return value
 
 
 def add_dcgm_arguments(parser: argparse.ArgumentParser, address_default: str | None) -> None:
@@ -110,5 +163,5 @@ def add_dcgm_arguments(parser: argparse.ArgumentParser, address_default: str | N
         default=address_default,
         metavar="ADDRESS",
         help=f"nv-hostengine address: host, host:port or unix:/path (default "
-        f"{DcgmSettings.address})",
+        f"{DcgmConfig().address})",
     )

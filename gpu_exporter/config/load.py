@@ -29,7 +29,7 @@ from gpu_exporter.alerting.rules.pack import default_rule_files
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
 from gpu_exporter.collect.classify import Thresholds
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
-from gpu_exporter.collect.settings import DCGM_FIELDS, DcgmSettings, NvmlConfig
+from gpu_exporter.collect.settings import DcgmConfig, NvmlConfig
 from gpu_exporter.model.defaults import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_LISTEN_ADDRESS,
@@ -64,7 +64,6 @@ class ConfigError(ValueError):
 
 # Every default below comes from the dataclass the setting ends up in; tests/test_config.py
 # fails if a literal creeps back in and drifts.
-_DCGM = DcgmSettings()
 _THRESHOLDS = Thresholds()
 _WEB = WebSettings()
 # RuleSettings, AlertmanagerTarget and NotifierSettings defaults are read as class attributes:
@@ -73,64 +72,6 @@ _WEB = WebSettings()
 
 # `Field(default=...)` by keyword throughout: type checkers read a field's default from that
 # keyword only (PEP 681), so a positional default would make the field look required.
-
-
-class DcgmConfig(SettingsModel):
-    """DCGM's profiling fields for GPUs without GPM (collect/dcgm.py, docs/kubernetes.md)."""
-
-    mode: Literal["off", "auto", "standalone", "embedded"] = _DCGM.mode  # type: ignore[assignment]
-    address: str = Field(default=_DCGM.address, min_length=1, max_length=4096)
-    fields: tuple[int, ...] = Field(default=_DCGM.fields, min_length=1)
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _mode(cls, value: Any) -> Any:
-        # YAML 1.1 reads an unquoted `off` as false (and `on` as true).
-        if value is False:
-            return "off"
-        if value is True:
-            raise ValueError(
-                "a YAML boolean (on/yes/true): write off, auto, standalone or embedded"
-            )
-        return value
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, value: str) -> str:
-        if value.startswith("unix:"):
-            if not value.removeprefix("unix:").removeprefix("//").startswith("/"):
-                raise ValueError("a unix socket address is unix:/absolute/path")
-            return value
-        if value.startswith("["):  # [ipv6]:port
-            port = value.partition("]")[2].removeprefix(":")
-        elif value.count(":") > 1:  # DCGM's own parser refuses a bare IPv6 address
-            raise ValueError(f"write an IPv6 address in brackets: [{value}]:5555")
-        else:  # host:port or host
-            port = value.partition(":")[2]
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError(f"port {port!r} is not a number from 1 to 65535")
-        if any(c.isspace() for c in value) or "/" in value:
-            raise ValueError("expected host, host:port, [ipv6]:port or unix:/path")
-        return value
-
-    @field_validator("fields", mode="before")
-    @classmethod
-    def _split_fields(cls, value: Any) -> Any:
-        return split_commas(value)
-
-    @field_validator("fields")
-    @classmethod
-    def _known_fields(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        unknown = [v for v in value if v not in DCGM_FIELDS]
-        if unknown:
-            known = ", ".join(map(str, DCGM_FIELDS))
-            raise ValueError(f"unknown DCGM field id(s) {unknown} (known: {known})")
-        if len(set(value)) != len(value):
-            raise ValueError("a field id is given twice")
-        return value
-
-    def settings(self) -> DcgmSettings:
-        return DcgmSettings(mode=self.mode, address=self.address, fields=tuple(self.fields))
 
 
 def _parse_pairs(value: Any) -> Any:

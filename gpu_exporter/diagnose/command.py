@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import TextIO
 
+from pydantic import ValidationError
+
 from gpu_exporter import __version__
 from gpu_exporter.collect.classify import Classifier, Thresholds
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
 from gpu_exporter.collect.nvml.topology import Topology, read_topology
-from gpu_exporter.collect.settings import DcgmSettings, NvmlConfig, add_dcgm_arguments
+from gpu_exporter.collect.settings import DcgmConfig, NvmlConfig, add_dcgm_arguments
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.diagnose.exit_status import EXIT_NO_DRIVER, EXIT_USAGE
 from gpu_exporter.diagnose.health import HealthRules
@@ -82,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rule files whose gpu-health group defines an unhealthy GPU (default: the "
         "shipped rule pack; repeat for several)",
     )
-    add_dcgm_arguments(parser, DcgmSettings.address)
+    add_dcgm_arguments(parser, DcgmConfig().address)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-color", action="store_true", help="never colour the output")
 
@@ -111,6 +113,10 @@ def check_arguments(args: argparse.Namespace) -> str:
             f"--start-timeout must be > 0 and at most {MAX_START_TIMEOUT_SECONDS:g} seconds, "
             f"got {args.start_timeout:g}"
         )
+    try:
+        DcgmConfig(address=args.dcgm_address)
+    except ValidationError as exc:  # as serve refuses it, in its words
+        return f"--dcgm-address: {exc.errors()[0]['msg'].removeprefix('Value error, ')}"
     return ""
 
 
@@ -208,7 +214,7 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
     errors = ErrorLog()
     try:
         dcgm_source = dcgm.configured(
-            DcgmSettings(mode=args.dcgm or "off", address=args.dcgm_address), errors, args.interval
+            DcgmConfig(mode=args.dcgm or "off", address=args.dcgm_address), errors, args.interval
         )
     except SourceUnavailableError as exc:
         print(f"gpu-exporter diagnose: {exc}", file=sys.stderr)
