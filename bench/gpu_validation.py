@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pynvml as N
 
-from gpu_exporter.collect.classify import Classifier, default_window_seconds
+from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
-from gpu_exporter.collect.settings import default_deadline
+from gpu_exporter.collect.settings import default_deadline, default_window_seconds
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.model.series import DeviceView, SeriesBuilder
 from gpu_exporter.model.snapshot import Snapshot

@@ -9,10 +9,10 @@ import pytest
 from gpu_exporter.collect.classify import (
     CLASSES,
     Classifier,
-    Thresholds,
     nvlink_capacity,
     pcie_capacity,
 )
+from gpu_exporter.collect.settings import ClassifierConfig
 from gpu_exporter.model.snapshot import DeviceSample, Reading
 
 GEN5_X16 = 32e9 * 128 / 130 / 8 * 16  # 63 GB/s per direction
@@ -162,24 +162,24 @@ def test_throttle_fraction_over_the_window() -> None:
 def test_thresholds_are_respected() -> None:
     values = {"sm": 0.9, "tensor": 0.1, "dram": 0.65}
     assert classify(**values) == "compute_bound"
-    assert classify(Classifier(Thresholds(dram_active_high=0.6)), **values) == "memory_bound"
-    assert classify(Classifier(Thresholds(idle_utilization=0.99)), **values) == "idle"
+    assert classify(Classifier(ClassifierConfig(dram_active_high=0.6)), **values) == "memory_bound"
+    assert classify(Classifier(ClassifierConfig(idle_utilization=0.99)), **values) == "idle"
     assert classify(sm=0.45, dram=0.1) == "launch_bound"
-    assert classify(Classifier(Thresholds(sm_active_low=0.4)), sm=0.45, dram=0.1) == (
+    assert classify(Classifier(ClassifierConfig(sm_active_low=0.4)), sm=0.45, dram=0.1) == (
         "compute_bound"
     )
     assert classify(sm=0.9, tensor=0.4) == "compute_bound"
-    assert classify(Classifier(Thresholds(tensor_active_high=0.3)), sm=0.9, tensor=0.4) == (
+    assert classify(Classifier(ClassifierConfig(tensor_active_high=0.3)), sm=0.9, tensor=0.4) == (
         "tensor_bound"
     )
     link = {"sm": 0.2, "dram": 0.1, "pcie_rate": 30e9}  # 48 % of Gen5 x16
     assert classify(**link) == "launch_bound"
-    assert classify(Classifier(Thresholds(link_utilization_high=0.4)), **link) == "link_bound"
+    assert classify(Classifier(ClassifierConfig(link_utilization_high=0.4)), **link) == "link_bound"
 
 
 def test_invalid_thresholds_are_refused() -> None:
     with pytest.raises(ValueError, match="sm_active_low"):
-        Thresholds(sm_active_low=1.5)
+        ClassifierConfig(sm_active_low=1.5)
     with pytest.raises(ValueError, match="window_seconds"):
         Classifier(window_seconds=0)
 

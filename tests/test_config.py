@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from gpu_exporter.alerting.notify.alertmanager import AlertmanagerTarget, NotifierSettings
 from gpu_exporter.alerting.rules.manager import RuleSettings
-from gpu_exporter.collect.classify import Classifier, Thresholds, default_window_seconds
+from gpu_exporter.collect.classify import Classifier
+from gpu_exporter.collect.settings import ClassifierConfig, default_window_seconds
 from gpu_exporter.config.load import (
     AlertingConfig,
     AlertmanagerConfig,
-    ClassifierConfig,
     ConfigError,
     KubernetesConfig,
     RulesConfig,
@@ -148,10 +148,8 @@ def _defaults(model: type) -> dict[str, object]:
     }
 
 
-def test_classifier_defaults_are_the_thresholds_own() -> None:
-    config = _defaults(ClassifierConfig)
-    assert config.pop("window_seconds") is None  # classify.default_window_seconds(interval)
-    assert config == dataclasses.asdict(Thresholds())
+def test_the_classifier_window_defaults_to_the_intervals() -> None:
+    assert ClassifierConfig().window_seconds is None  # default_window_seconds(interval)
     assert default_window_seconds(1.0) == Classifier().window_seconds
 
 

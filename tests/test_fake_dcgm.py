@@ -20,7 +20,8 @@ import pytest
 
 from gpu_exporter import sim
 from gpu_exporter.collect import dcgm_api
-from gpu_exporter.collect.classify import Thresholds, decide, nvlink_capacity, pcie_capacity
+from gpu_exporter.collect.classify import decide, nvlink_capacity, pcie_capacity
+from gpu_exporter.collect.settings import ClassifierConfig
 from gpu_exporter.model.verdict import WindowStats
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_dcgm import FakeDcgmLib, implemented_functions
@@ -749,7 +750,7 @@ def test_the_pre_hopper_dcgm_builtin_classifies_as_mixed_does(
             nvlink_utilization=None,
             link_utilization=link,
         )
-        classes.append(decide(stats, Thresholds())[0])
+        classes.append(decide(stats, ClassifierConfig())[0])
     assert classes == ["compute_bound", "idle", "launch_bound", "memory_bound"]
     assert {p.device_id for p in s.pods} == {d.uuid for d in s.devices}  # every GPU held
     assert fake.internal_errors == []

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from types import MappingProxyType
 
+from gpu_exporter.collect.settings import MIN_WINDOW_SECONDS, ClassifierConfig
 from gpu_exporter.model.nvml_facts import (
     COMBINED_THERMAL_REASON,
     HW_POWER_BRAKE_SLOWDOWN,
@@ -137,55 +138,6 @@ NVLINK_LINK_BYTES_PER_SECOND: Mapping[str, float] = {
 }
 
 
-# The window is never shorter (see `default_window_seconds`).
-MIN_WINDOW_SECONDS = 5.0
-
-
-def default_window_seconds(interval_seconds: float) -> float:
-    """The window when none is configured: 5 s, or three intervals if longer, so that counter
-    rates always have at least two points in it."""
-    return max(MIN_WINDOW_SECONDS, 3 * interval_seconds)
-
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Where one class ends and the next begins. All ratios are 0..1.
-
-    idle_utilization: NVML utilization is the share of time *any* kernel ran; under 5 % the
-        GPU is not running a workload (the gpu_idle clock event is set at such loads too).
-    throttle_fraction: HW slowdown cuts clocks by half or more (nvml.h), so clocks held for
-        20 % of the window cost at least 10 % throughput; the shipped HW-slowdown alert fires at
-        the same share (rules/gpu-exporter.rules.yaml, avg_over_time(...) > 0.2).
-    sm_active_low: NVIDIA's DCGM guidance: SM activity >= 0.8 is necessary for efficient use,
-        < 0.5 likely means ineffective use. Below 0.5 the SMs are mostly empty (launch, link);
-        at or above it the SMs are the busy unit (compute/tensor). 0.5-0.8 still has headroom,
-        which `diagnose` says in its advice.
-    dram_active_high: DRAM_BW_UTIL is bandwidth as a fraction of peak; STREAM-like kernels
-        reach about 80-90 % of peak, so at 70 % the workload sits on the memory roof of the
-        roofline (P <= I x BW); the same bound as the shipped memory-bound alert.
-    tensor_active_high: Tensor pipes active in half of all cycles or more make the matrix units
-        the busiest unit; well-tuned LLM training reaches about 0.5-0.7. Below that, time goes
-        to non-tensor work even if Tensor Cores are used (compute_bound).
-    link_utilization_high: observed bytes/s per direction over the link's theoretical payload
-        rate (see PCIE_LANE_BYTES_PER_SECOND, NVLINK_LINK_BYTES_PER_SECOND). Practical peaks
-        are about 80-90 % of theoretical (protocol overhead), so 60 % of theoretical is about
-        70 % of what the link can actually move: near capacity.
-    """
-
-    idle_utilization: float = 0.05
-    throttle_fraction: float = 0.2
-    sm_active_low: float = 0.5
-    dram_active_high: float = 0.7
-    tensor_active_high: float = 0.5
-    link_utilization_high: float = 0.6
-
-    def __post_init__(self) -> None:
-        for item in dataclasses.fields(self):
-            value = getattr(self, item.name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"classifier threshold {item.name} must be 0..1, got {value}")
-
-
 @dataclass(slots=True)
 class _Point:
     """The classifier's inputs from one DeviceSample."""
@@ -217,17 +169,19 @@ class _DeviceState:
 class Classifier:
     """Adds `gpu_bottleneck{class}` and `gpu_bottleneck_seconds_total{class}` to each sample.
 
-    `window_seconds` is how far back the checks look; it also caps the seconds attributed at
-    one call, since nothing is known about a longer gap. Keep it at least two sampling
-    intervals, so that counter rates have two points.
+    `settings` holds the thresholds. `window_seconds` is how far back the checks look (the
+    settings' own, or their default for the sampling interval: ClassifierConfig.window;
+    diagnose looks at its whole profile); it also caps the seconds attributed at one call,
+    since nothing is known about a longer gap. Keep it at least two sampling intervals, so
+    that counter rates have two points.
     """
 
     def __init__(
-        self, thresholds: Thresholds | None = None, window_seconds: float = MIN_WINDOW_SECONDS
+        self, settings: ClassifierConfig | None = None, window_seconds: float = MIN_WINDOW_SECONDS
     ) -> None:
         if not window_seconds > 0:
             raise ValueError(f"window_seconds must be > 0, got {window_seconds}")
-        self.thresholds = thresholds or Thresholds()
+        self.settings = settings or ClassifierConfig()
         self.window_seconds = window_seconds
         self._devices: dict[str, _DeviceState] = {}
 
@@ -298,7 +252,7 @@ class Classifier:
         state.window.append(point)
         self._trim(state.window, now)
         stats = window_stats(state.window, now, self.window_seconds)
-        cls, why = decide(stats, self.thresholds)
+        cls, why = decide(stats, self.settings)
         state.verdict = Verdict(cls, why, stats)
         if state.last_call is not None:
             step = min(max(now - state.last_call, 0.0), self.window_seconds)
@@ -507,7 +461,7 @@ def window_stats(points: Sequence[_Point], now: float, window_seconds: float) ->
 # -- the checks -------------------------------------------------------------------------------
 
 
-def decide(s: WindowStats, t: Thresholds) -> tuple[str, str]:
+def decide(s: WindowStats, t: ClassifierConfig) -> tuple[str, str]:
     """The ordered checks; returns (class, why). `why` is one line for people (the status page,
     `diagnose`): the conclusion first, then the measured numbers it rests on."""
     if s.utilization is not None and s.utilization < t.idle_utilization:

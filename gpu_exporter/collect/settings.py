@@ -9,7 +9,7 @@ from the validated sections themselves.
 from __future__ import annotations
 
 import argparse
-from typing import Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -147,6 +147,59 @@ class DcgmConfig(SettingsModel):
         if len(set(value)) != len(value):
             raise ValueError("a field id is given twice")
         return value
+
+
+# The classifier's window is never shorter by default (`default_window_seconds`).
+MIN_WINDOW_SECONDS = 5.0
+
+
+def default_window_seconds(interval_seconds: float) -> float:
+    """The classifier's window when none is configured: 5 s, or three intervals if longer, so
+    that counter rates always have at least two points in it."""
+    return max(MIN_WINDOW_SECONDS, 3 * interval_seconds)
+
+
+Ratio = Annotated[float, Field(ge=0, le=1)]
+
+
+class ClassifierConfig(SettingsModel):
+    """`classifier:`, where one bottleneck class ends and the next begins
+    (gpu_exporter/collect/classify.py). All thresholds are ratios, 0..1."""
+
+    # NVML utilization is the share of time *any* kernel ran; under 5 % the GPU is not running
+    # a workload (the gpu_idle clock event is set at such loads too).
+    idle_utilization: Ratio = 0.05
+    # HW slowdown cuts clocks by half or more (nvml.h), so clocks held for 20 % of the window
+    # cost at least 10 % throughput; the shipped HW-slowdown alert fires at the same share
+    # (rules/gpu-exporter.rules.yaml, avg_over_time(...) > 0.2).
+    throttle_fraction: Ratio = 0.2
+    # NVIDIA's DCGM guidance: SM activity >= 0.8 is necessary for efficient use, < 0.5 likely
+    # means ineffective use. Below 0.5 the SMs are mostly empty (launch, link); at or above it
+    # the SMs are the busy unit (compute/tensor). 0.5-0.8 still has headroom, which `diagnose`
+    # says in its advice.
+    sm_active_low: Ratio = 0.5
+    # DRAM_BW_UTIL is bandwidth as a fraction of peak; STREAM-like kernels reach about 80-90 %
+    # of peak, so at 70 % the workload sits on the memory roof of the roofline (P <= I x BW);
+    # the same bound as the shipped memory-bound alert.
+    dram_active_high: Ratio = 0.7
+    # Tensor pipes active in half of all cycles or more make the matrix units the busiest unit;
+    # well-tuned LLM training reaches about 0.5-0.7. Below that, time goes to non-tensor work
+    # even if Tensor Cores are used (compute_bound).
+    tensor_active_high: Ratio = 0.5
+    # Observed bytes/s per direction over the link's theoretical payload rate
+    # (classify.PCIE_LANE_BYTES_PER_SECOND, NVLINK_LINK_BYTES_PER_SECOND). Practical peaks are
+    # about 80-90 % of theoretical (protocol overhead), so 60 % of theoretical is about 70 % of
+    # what the link can actually move: near capacity.
+    link_utilization_high: Ratio = 0.6
+    # How far back the checks look. None: `default_window_seconds` of the sampling interval
+    # (`window`).
+    window_seconds: float | None = Field(default=None, gt=0, le=3600)
+
+    def window(self, interval_seconds: float) -> float:
+        """The window at this sampling interval: the one set, else the default."""
+        if self.window_seconds is not None:
+            return self.window_seconds
+        return default_window_seconds(interval_seconds)
 
 
 def add_dcgm_arguments(parser: argparse.ArgumentParser, address_default: str | None) -> None:

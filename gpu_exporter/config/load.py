@@ -27,9 +27,8 @@ from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.manager import RuleSettings
 from gpu_exporter.alerting.rules.pack import default_rule_files
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
-from gpu_exporter.collect.classify import Thresholds
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
-from gpu_exporter.collect.settings import DcgmConfig, NvmlConfig
+from gpu_exporter.collect.settings import ClassifierConfig, DcgmConfig, NvmlConfig
 from gpu_exporter.model.defaults import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_LISTEN_ADDRESS,
@@ -64,7 +63,6 @@ class ConfigError(ValueError):
 
 # Every default below comes from the dataclass the setting ends up in; tests/test_config.py
 # fails if a literal creeps back in and drifts.
-_THRESHOLDS = Thresholds()
 _WEB = WebSettings()
 # RuleSettings, AlertmanagerTarget and NotifierSettings defaults are read as class attributes:
 # the last two cannot be built without arguments (a url, the targets).
@@ -232,19 +230,6 @@ class WebConfig(SettingsModel):
     idle_timeout_seconds: float = Field(default=_WEB.idle_timeout_seconds, gt=0, le=3600)
     max_connections: int = Field(default=_WEB.max_connections, ge=4, le=65536)
     probes_without_auth: bool = _WEB.probes_without_auth
-
-
-class ClassifierConfig(SettingsModel):
-    """Bottleneck-class thresholds; the defaults and their reasons are in classify.Thresholds."""
-
-    idle_utilization: float = Field(default=_THRESHOLDS.idle_utilization, ge=0, le=1)
-    throttle_fraction: float = Field(default=_THRESHOLDS.throttle_fraction, ge=0, le=1)
-    sm_active_low: float = Field(default=_THRESHOLDS.sm_active_low, ge=0, le=1)
-    dram_active_high: float = Field(default=_THRESHOLDS.dram_active_high, ge=0, le=1)
-    tensor_active_high: float = Field(default=_THRESHOLDS.tensor_active_high, ge=0, le=1)
-    link_utilization_high: float = Field(default=_THRESHOLDS.link_utilization_high, ge=0, le=1)
-    # Default: classify.default_window_seconds (5 s, or 3 intervals when that is longer).
-    window_seconds: float | None = Field(default=None, gt=0, le=3600)
 
 
 class DcgmCompatConfig(SettingsModel):

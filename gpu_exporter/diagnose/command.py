@@ -16,7 +16,7 @@ from typing import TextIO
 from pydantic import ValidationError
 
 from gpu_exporter import __version__
-from gpu_exporter.collect.classify import Classifier, Thresholds
+from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.k8s import defaults as k8s_defaults
 from gpu_exporter.collect.nvml.topology import Topology, read_topology
 from gpu_exporter.collect.settings import DcgmConfig, NvmlConfig, add_dcgm_arguments
@@ -286,7 +286,7 @@ def _run_profile(
     pods: Processor | None = None,
 ) -> Profile:
     # One window over the whole profile: the class describes all of it, not its last seconds.
-    classifier = Classifier(Thresholds(), window_seconds=duration + interval)
+    classifier = Classifier(window_seconds=duration + interval)
     profile = Profile(classifier, health)
     builder = SeriesBuilder()  # the daemon's own series model: diagnose reads what it exports
     ticks = max(2, round(duration / interval) + 1)  # GPM needs two samples for one window

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.alerting.notify import Notifier, NotifierSettings
 from gpu_exporter.alerting.rules.manager import RuleManager
-from gpu_exporter.collect.classify import Classifier, Thresholds, default_window_seconds
+from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
 from gpu_exporter.config.load import rule_settings
@@ -112,9 +112,8 @@ def assemble(
 
 
 def classifier(config: Any) -> Classifier:
-    settings = config.classifier.model_dump()
-    window = settings.pop("window_seconds") or default_window_seconds(config.interval_seconds)
-    return Classifier(Thresholds(**settings), window_seconds=window)
+    settings = config.classifier
+    return Classifier(settings, window_seconds=settings.window(config.interval_seconds))
 
 
 def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | None:
