@@ -16,13 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpu_exporter.collect.k8s.attribution import (
-    AttributionSettings,
-    PodAttribution,
-    PodRef,
-    normalize_device_id,
-)
+from gpu_exporter.collect.k8s.attribution import PodAttribution, PodRef, normalize_device_id
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.collect.settings import KubernetesConfig
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
 
 GPU0 = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"
@@ -52,9 +48,12 @@ def make(
     **settings,
 ) -> PodAttribution:
     settings.setdefault("timeout_seconds", 1.0)
-    return PodAttribution(
-        AttributionSettings(socket_path=kubelet.socket_path, **settings), clock, monotonic
-    )
+    # The refresh thread's tests refresh faster than the setting's 1 s minimum allows.
+    refresh = settings.pop("refresh_seconds", None)
+    validated = KubernetesConfig(socket_path=kubelet.socket_path, **settings)
+    if refresh is not None:
+        validated = validated.model_copy(update={"refresh_seconds": refresh})
+    return PodAttribution(validated, clock, monotonic)
 
 
 def wait_until(condition: Callable[[], bool], seconds: float = 3.0) -> bool:
@@ -227,7 +226,7 @@ def test_snapshots_are_read_only_and_replaced_not_mutated(kubelet):
 
 
 def test_missing_socket_gives_no_labels_and_counts_an_error():
-    settings = AttributionSettings(socket_path="/tmp/kl-does-not-exist/kubelet.sock")
+    settings = KubernetesConfig(socket_path="/tmp/kl-does-not-exist/kubelet.sock")
     attribution = PodAttribution(settings)
 
     assert attribution.refresh() is False
@@ -373,15 +372,15 @@ def test_a_refresh_that_succeeds_in_between_restarts_the_grace(kubelet, clock):
 
 
 def test_no_success_yet_means_no_labels_to_keep():
-    settings = AttributionSettings(socket_path="/tmp/kl-does-not-exist/kubelet.sock")
+    settings = KubernetesConfig(socket_path="/tmp/kl-does-not-exist/kubelet.sock")
     attribution = PodAttribution(settings)
     assert attribution.refresh() is False
     assert attribution.pods_by_device() == {}
 
 
 def test_a_negative_grace_is_refused():
-    with pytest.raises(ValueError, match="stale_after_seconds must be >= 0"):
-        AttributionSettings(stale_after_seconds=-1)
+    with pytest.raises(ValueError, match="stale_after_seconds"):
+        KubernetesConfig(stale_after_seconds=-1)
 
 
 def test_kubelet_without_the_v1_api_is_an_error(caplog):

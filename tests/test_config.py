@@ -17,7 +17,6 @@ from gpu_exporter.config.load import (
     AlertingConfig,
     AlertmanagerConfig,
     ConfigError,
-    KubernetesConfig,
     RulesConfig,
     TlsConfig,
     load_config,
@@ -151,14 +150,6 @@ def _defaults(model: type) -> dict[str, object]:
 def test_the_classifier_window_defaults_to_the_intervals() -> None:
     assert ClassifierConfig().window_seconds is None  # default_window_seconds(interval)
     assert default_window_seconds(1.0) == Classifier().window_seconds
-
-
-def test_kubernetes_defaults_are_the_attribution_settings_own() -> None:
-    from gpu_exporter.collect.k8s.attribution import AttributionSettings
-
-    k8s = KubernetesConfig()
-    fields = {f.name for f in dataclasses.fields(AttributionSettings)}
-    assert AttributionSettings(**k8s.model_dump(include=fields)) == AttributionSettings()
 
 
 def test_rule_defaults_are_the_rule_managers_own() -> None:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.collect.k8s.attribution import AttributionSettings, PodRef, map_devices
+from gpu_exporter.collect.k8s.attribution import PodRef, map_devices
 from gpu_exporter.collect.k8s.labels import PodsOfTick
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2
 from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.collect.settings import KubernetesConfig
 from gpu_exporter.model.series import SeriesBuilder
 from gpu_exporter.model.snapshot import DeviceSample, Snapshot
 from gpu_exporter.sim.clock import ManualClock
@@ -21,7 +22,7 @@ class Kubelet:
     """Stands in for PodAttribution: PodsOfTick reads only its latest map."""
 
     def __init__(self, pods: list[api_pb2.PodResources]) -> None:
-        self.map = map_devices(pods, AttributionSettings())
+        self.map = map_devices(pods, KubernetesConfig())
 
     def pods_by_device(self) -> dict[str, tuple[PodRef, ...]]:
         return self.map

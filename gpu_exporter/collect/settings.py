@@ -9,6 +9,7 @@ from the validated sections themselves.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
@@ -147,6 +148,59 @@ class DcgmConfig(SettingsModel):
         if len(set(value)) != len(value):
             raise ValueError("a field id is given twice")
         return value
+
+
+# After a failed refresh the last known pods stay on their GPUs until this many refresh
+# intervals after the last success: one kubelet hiccup must not drop every pod label at once
+# (each series would end and start again), while a pod that finished during a long outage
+# must not stay attributed for long.
+STALE_AFTER_REFRESHES = 3
+
+
+class KubernetesConfig(SettingsModel):
+    """`kubernetes:`, pod attribution from the kubelet's PodResources API
+    (gpu_exporter/collect/k8s/attribution.py)."""
+
+    # auto: on when the kubelet socket exists at start (a DaemonSet), off elsewhere.
+    enabled: Literal["auto", "true", "false"] | bool = "auto"
+    socket_path: str = "/var/lib/kubelet/pod-resources/kubelet.sock"  # the kubelet's default
+    # How often the kubelet is asked: a finished pod's labels disappear at the next refresh.
+    refresh_seconds: float = Field(default=10.0, ge=1, le=3600)
+    # How long one kubelet call may take (a hung kubelet must not hold the refresh thread).
+    timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    # Extended resources whose devices are GPUs (device plugins that advertise other names add
+    # theirs, e.g. a time-slicing `nvidia.com/gpu.shared`), and resource name prefixes whose
+    # devices are GPUs: every MIG profile's resource (MIG strategy "mixed").
+    resource_names: list[str] = Field(default=["nvidia.com/gpu"])
+    resource_prefixes: list[str] = Field(default=["nvidia.com/mig-"])
+    # labels: namespace/pod/container on every per-GPU series; info: only gpu_pod_info.
+    mode: Literal["labels", "info"] = "labels"
+    # How long a failing kubelet's last pod labels are kept after its last success (None:
+    # STALE_AFTER_REFRESHES refresh intervals); 0 clears them at the first failure.
+    stale_after_seconds: float | None = Field(default=None, ge=0, le=86400)
+
+    _lists = field_validator("resource_names", "resource_prefixes", mode="before")(split_commas)
+
+    def active(self) -> bool:
+        """Whether pods are attributed: `auto` asks whether the kubelet socket is there."""
+        if self.enabled in (True, "true"):
+            return True
+        if self.enabled in (False, "false"):
+            return False
+        return os.path.exists(self.socket_path)
+
+    @property
+    def grace_seconds(self) -> float:
+        """How long after the last success a failing kubelet's last pods are kept."""
+        if self.stale_after_seconds is not None:
+            return self.stale_after_seconds
+        return STALE_AFTER_REFRESHES * self.refresh_seconds
+
+    def wants(self, resource_name: str) -> bool:
+        """Whether the devices of this extended resource are GPUs."""
+        return resource_name in self.resource_names or resource_name.startswith(
+            tuple(self.resource_prefixes)
+        )
 
 
 # The classifier's window is never shorter by default (`default_window_seconds`).

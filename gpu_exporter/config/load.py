@@ -27,8 +27,12 @@ from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.manager import RuleSettings
 from gpu_exporter.alerting.rules.pack import default_rule_files
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
-from gpu_exporter.collect.k8s import defaults as k8s_defaults
-from gpu_exporter.collect.settings import ClassifierConfig, DcgmConfig, NvmlConfig
+from gpu_exporter.collect.settings import (
+    ClassifierConfig,
+    DcgmConfig,
+    KubernetesConfig,
+    NvmlConfig,
+)
 from gpu_exporter.model.defaults import (
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_LISTEN_ADDRESS,
@@ -195,30 +199,6 @@ class AlertingConfig(SettingsModel):
         for am in self.alertmanagers:
             am.target()  # the notifier's own checks: scheme, auth combinations, files
         return self
-
-
-class KubernetesConfig(SettingsModel):
-    # auto: on when the kubelet socket exists at start (a DaemonSet), off elsewhere.
-    enabled: Literal["auto", "true", "false"] | bool = "auto"
-    socket_path: str = k8s_defaults.SOCKET_PATH
-    refresh_seconds: float = Field(default=k8s_defaults.REFRESH_SECONDS, ge=1, le=3600)
-    timeout_seconds: float = Field(default=k8s_defaults.TIMEOUT_SECONDS, gt=0, le=60)
-    resource_names: list[str] = Field(default=list(k8s_defaults.RESOURCE_NAMES))
-    resource_prefixes: list[str] = Field(default=list(k8s_defaults.RESOURCE_PREFIXES))
-    # labels: namespace/pod/container on every per-GPU series; info: only gpu_pod_info.
-    mode: Literal["labels", "info"] = "labels"
-    # How long a failing kubelet's last pod labels are kept after its last success (default:
-    # k8s.defaults.STALE_AFTER_REFRESHES refresh intervals); 0 clears them at the first failure.
-    stale_after_seconds: float | None = Field(default=None, ge=0, le=86400)
-
-    _lists = field_validator("resource_names", "resource_prefixes", mode="before")(split_commas)
-
-    def active(self) -> bool:
-        if self.enabled in (True, "true"):
-            return True
-        if self.enabled in (False, "false"):
-            return False
-        return os.path.exists(self.socket_path)
 
 
 class WebConfig(SettingsModel):

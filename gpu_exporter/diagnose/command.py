@@ -17,9 +17,13 @@ from pydantic import ValidationError
 
 from gpu_exporter import __version__
 from gpu_exporter.collect.classify import Classifier
-from gpu_exporter.collect.k8s import defaults as k8s_defaults
 from gpu_exporter.collect.nvml.topology import Topology, read_topology
-from gpu_exporter.collect.settings import DcgmConfig, NvmlConfig, add_dcgm_arguments
+from gpu_exporter.collect.settings import (
+    DcgmConfig,
+    KubernetesConfig,
+    NvmlConfig,
+    add_dcgm_arguments,
+)
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.diagnose.exit_status import EXIT_NO_DRIVER, EXIT_USAGE
 from gpu_exporter.diagnose.health import HealthRules
@@ -32,6 +36,7 @@ from gpu_exporter.model.snapshot import DeviceSample, Snapshot, TickStats
 # call before it counts it hung (nvmlInit without persistence mode takes seconds per GPU).
 DEFAULT_START_TIMEOUT_SECONDS = NvmlConfig().hang_quarantine_seconds
 MAX_START_TIMEOUT_SECONDS = 3600.0
+KUBELET_SOCKET = KubernetesConfig().socket_path  # where the daemon looks by default
 _SIMULATE_HINT = "run `gpu-exporter diagnose --simulate` to see a report on a simulated node"
 
 Processor = Callable[[list[DeviceSample], float], list[DeviceSample]]
@@ -74,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubelet-socket",
         metavar="PATH",
         help="the kubelet's PodResources socket, to name the pod holding each GPU and MIG "
-        f"instance (default: {k8s_defaults.SOCKET_PATH} when it exists and the node is not "
+        f"instance (default: {KUBELET_SOCKET} when it exists and the node is not "
         "simulated)",
     )
     parser.add_argument(
@@ -177,14 +182,14 @@ def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, Processor | None]:
     the processor that adds gpu_pod_info to each tick's samples (None: no pods)."""
     socket = args.kubelet_socket
     if socket is None:
-        if args.simulate or not os.path.exists(k8s_defaults.SOCKET_PATH):
+        if args.simulate or not os.path.exists(KUBELET_SOCKET):
             return PodsRead(None, False), None
-        socket = k8s_defaults.SOCKET_PATH
+        socket = KUBELET_SOCKET
     # grpc and protobuf only when pods are read
-    from gpu_exporter.collect.k8s.attribution import AttributionSettings, PodAttribution
+    from gpu_exporter.collect.k8s.attribution import PodAttribution
     from gpu_exporter.collect.k8s.labels import PodsOfTick
 
-    attribution = PodAttribution(AttributionSettings(socket_path=socket))
+    attribution = PodAttribution(KubernetesConfig(socket_path=socket))
     if not attribution.refresh():
         return PodsRead(socket, False), None
     pods = PodsRead(socket, True, len(attribution.pods_by_device()))

@@ -120,20 +120,10 @@ def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | No
     """kubelet PodResources client (refreshed on its own thread once started)."""
     if not config.kubernetes.active():
         return None
-    from gpu_exporter.collect.k8s.attribution import AttributionSettings, PodAttribution
+    from gpu_exporter.collect.k8s.attribution import PodAttribution
 
     k8s = config.kubernetes
-    attribution = PodAttribution(
-        AttributionSettings(
-            socket_path=k8s.socket_path,
-            resource_names=tuple(k8s.resource_names),
-            resource_prefixes=tuple(k8s.resource_prefixes),
-            refresh_seconds=k8s.refresh_seconds,
-            timeout_seconds=k8s.timeout_seconds,
-            stale_after_seconds=k8s.stale_after_seconds,
-        ),
-        clock=clock,
-    )
+    attribution = PodAttribution(k8s, clock=clock)
     log.info("pod attribution from %s (%s mode)", k8s.socket_path, k8s.mode)
     return attribution
 

@@ -34,8 +34,8 @@ from types import MappingProxyType
 
 import grpc
 
-from gpu_exporter.collect.k8s import defaults
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.collect.settings import KubernetesConfig
 from gpu_exporter.model.series import Producer, Series, series
 
 log = logging.getLogger(__name__)
@@ -57,38 +57,6 @@ class PodRef:
     container: str
 
 
-@dataclass
-class AttributionSettings:
-    socket_path: str = defaults.SOCKET_PATH
-    resource_names: tuple[str, ...] = defaults.RESOURCE_NAMES
-    resource_prefixes: tuple[str, ...] = defaults.RESOURCE_PREFIXES
-    refresh_seconds: float = defaults.REFRESH_SECONDS
-    timeout_seconds: float = defaults.TIMEOUT_SECONDS
-    # How long after the last success a failing kubelet's last map is kept; None:
-    # defaults.STALE_AFTER_REFRESHES refresh intervals; 0: cleared at the first failure.
-    stale_after_seconds: float | None = None
-
-    def __post_init__(self) -> None:
-        # The config layer hands over lists; tuples keep the settings hashable and unshared.
-        self.resource_names = tuple(self.resource_names)
-        self.resource_prefixes = tuple(self.resource_prefixes)
-        if self.stale_after_seconds is not None and not self.stale_after_seconds >= 0:
-            raise ValueError(
-                f"kubernetes.stale_after_seconds must be >= 0, got {self.stale_after_seconds}"
-            )
-
-    @property
-    def grace_seconds(self) -> float:
-        if self.stale_after_seconds is not None:
-            return self.stale_after_seconds
-        return defaults.STALE_AFTER_REFRESHES * self.refresh_seconds
-
-    def wants(self, resource_name: str) -> bool:
-        return resource_name in self.resource_names or resource_name.startswith(
-            self.resource_prefixes
-        )
-
-
 DeviceMap = Mapping[str, tuple[PodRef, ...]]
 _NO_PODS: DeviceMap = MappingProxyType({})
 
@@ -99,7 +67,7 @@ def normalize_device_id(device_id: str) -> str:
 
 
 def map_devices(
-    pods: Iterable[api_pb2.PodResources], settings: AttributionSettings
+    pods: Iterable[api_pb2.PodResources], settings: KubernetesConfig
 ) -> dict[str, tuple[PodRef, ...]]:
     """Device id -> every container holding it, sorted (shared devices have several)."""
     holders: defaultdict[str, set[PodRef]] = defaultdict(set)
@@ -150,7 +118,7 @@ class PodAttribution:
 
     def __init__(
         self,
-        settings: AttributionSettings,
+        settings: KubernetesConfig,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
