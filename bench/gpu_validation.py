@@ -407,13 +407,13 @@ def probe_calls(handle: Any) -> dict[str, Any]:
 def probe_compat(source: NvmlSource) -> dict[str, Any]:
     """/metrics/dcgm of two ticks a second apart, as the daemon would write it: which
     dcgm-exporter families this GPU gives, and GPU 0's line of each."""
-    from gpu_exporter.web.dcgm_compat.render import CompatSettings, Counters, render
+    from gpu_exporter.web.dcgm_compat.render import Counters, render
 
     builder = SeriesBuilder()
     first = builder.build(Snapshot(time.time(), tuple(source.sample())))
     time.sleep(1.0)
     second = builder.build(Snapshot(time.time(), tuple(source.sample())))
-    text = render(second, Counters.of(first), CompatSettings("hostname", platform.node()))
+    text = render(second, Counters.of(first), ("hostname", platform.node()))
     lines = text.decode().splitlines()
     families = [line.split(" ")[2] for line in lines if line.startswith("# TYPE ")]
     gpu0 = {}

@@ -287,10 +287,10 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
     (1, or 2 for more GPUs than nvml.max_devices), one still running after
     `INIT_GRACE_SECONDS` is waited for (and later failures retried) while /readyz says why."""
     from gpu_exporter.collect.source import TooManyDevicesError
-    from gpu_exporter.config.load import split_host_port
     from gpu_exporter.pipeline.assembly import assemble
     from gpu_exporter.web import http_server
     from gpu_exporter.web.api import create_app, create_compat_app
+    from gpu_exporter.web.settings import split_host_port
     from gpu_exporter.web.web_config import WebConfigError
 
     host, port = split_host_port(config.listen_address)
@@ -299,7 +299,7 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
         if problem:
             print(f"cannot listen on {address}: {problem}", file=sys.stderr)
             return EXIT_USAGE
-    problem = http_server.web_config_problem(config.web_settings())
+    problem = http_server.web_config_problem(config.web_config_file)
     if problem:
         print(f"web config error: {problem}", file=sys.stderr)
         return EXIT_USAGE
@@ -327,7 +327,7 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
             compat_host, compat_port = split_host_port(config.dcgm_compat.listen_address)
             compat_app = create_compat_app(assembly.sampler, compat, source.progress)
             also = (compat_host, compat_port, compat_app)
-        http_server.run(app, host, port, config.web_settings(), config.log_level, also)
+        http_server.run(app, host, port, config.web, config.web_config_file, config.log_level, also)
     except WebConfigError as exc:  # the web-config file changed since it was checked above
         print(f"web config error: {exc}", file=sys.stderr)
         return EXIT_USAGE

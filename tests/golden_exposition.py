@@ -30,7 +30,6 @@ from gpu_exporter.model.series import SeriesSet
 from gpu_exporter.pipeline.assembly import Assembly, assemble
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
 from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
-from gpu_exporter.web.dcgm_compat.render import CompatSettings
 from tests.conftest import ManualClock
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -124,14 +123,14 @@ def render(mode: str) -> dict[str, str]:
 
 # The dcgm-exporter compatible output (/metrics/dcgm) of the same daemon, pods in labels mode.
 COMPAT_PATH = GOLDEN / f"{SCENARIO}-labels.dcgm.txt"
-COMPAT_SETTINGS = CompatSettings("hostname", "node-a")
+COMPAT_HOSTNAME = ("hostname", "node-a")
 
 
 @contextmanager
 def running_compat(mode: str = "labels") -> Iterator[tuple[SeriesSet, str]]:
     """The published series after TICKS ticks, and their /metrics/dcgm (rates from the last
     two), for attribution `mode`."""
-    compat = DcgmCompat(COMPAT_SETTINGS)
+    compat = DcgmCompat(COMPAT_HOSTNAME)
     with running(mode, lambda assembly: assembly.sampler.add_listener(compat)) as assembly:
         published = assembly.sampler.series
         assert published is not None

@@ -20,8 +20,8 @@ from gpu_exporter.config.load import (
     RulesConfig,
     TlsConfig,
     load_config,
-    split_host_port,
 )
+from gpu_exporter.web.settings import split_host_port
 
 
 def write(tmp_path: Path, text: str) -> Path:

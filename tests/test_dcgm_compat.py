@@ -20,13 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.config.load import ConfigError, load_config
 from gpu_exporter.model.series import Series, SeriesSet, series
+from gpu_exporter.pipeline.assembly import compat_hostname
 from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.web.dcgm_compat.fields import BY_NAME, FIELDS, markdown_table
-from gpu_exporter.web.dcgm_compat.render import CompatSettings, Counters, dcgm_bus_id, render
+from gpu_exporter.web.dcgm_compat.render import Counters, dcgm_bus_id, render
 from gpu_exporter.web.dcgm_compat.xid_messages import message
-from tests.golden_exposition import COMPAT_SETTINGS, running_compat
+from tests.golden_exposition import COMPAT_HOSTNAME, running_compat
 
-SETTINGS = COMPAT_SETTINGS  # hostname="node-a"
+HOSTNAME = COMPAT_HOSTNAME  # hostname="node-a"
 
 # dcgm-exporter's counter file, active rows and the commented-out rows users enable:
 # name -> (TYPE, HELP), verbatim.
@@ -300,7 +301,7 @@ def test_unit_conversions_spelled_out() -> None:
         series("gpu_tensor_active_ratio", 0.25, _gpu(0)),
         series("gpu_clock_event_seconds_total", 1.5, (*_gpu(0), ("reason", "sw_power_cap"))),
     ]
-    text = render(_set(1.0, up, _info(0), *rows), None, SETTINGS).decode()
+    text = render(_set(1.0, up, _info(0), *rows), None, HOSTNAME).decode()
     values = {name: value for name, _, value in parse(text)}
     assert values["DCGM_FI_DEV_SM_CLOCK"] == "1980"
     assert values["DCGM_FI_DEV_FB_USED"] == "3072"  # MiB, rounded down as DCGM divides
@@ -322,7 +323,7 @@ def test_xid_is_the_newest_one_with_dcgm_exporters_text() -> None:
         series("gpu_xid_last_timestamp_seconds", 50.0, (*_gpu(0), ("xid", "13"))),
     ]
     pods = [series("gpu_pod_info", 1.0, (*_gpu(0), *_pod("ml", "train-0", "main")))]
-    hostname = CompatSettings("Hostname", "node-a")
+    hostname = ("Hostname", "node-a")
     text = render(_set(1.0, up, _info(0), *xids, *pods), None, hostname).decode()
     (line,) = [sample for sample in parse(text) if sample[0] == "DCGM_FI_DEV_XID_ERRORS"]
     _, labels, value = line
@@ -343,7 +344,7 @@ def test_clock_event_bitmask_and_thermal_violation() -> None:
         series("gpu_clock_event_seconds_total", 0.5, (*_gpu(0), ("reason", "hw_thermal_slowdown"))),
     ]
     values = {
-        n: v for n, _, v in parse(render(_set(1.0, up, _info(0), *rows), None, SETTINGS).decode())
+        n: v for n, _, v in parse(render(_set(1.0, up, _info(0), *rows), None, HOSTNAME).decode())
     }
     assert values["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"] == str(0x04 | 0x40)
     assert values["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"] == str(0x04 | 0x40)
@@ -363,16 +364,16 @@ def test_rates_come_from_two_ticks_and_are_absent_before() -> None:
 
     first = tick(10.0, 1_000.0, (0.0, 0.0))
     second = tick(12.0, 5_001_000.0, (2_048_000_000.0, 1_024_000_000.0))
-    alone = {n: v for n, _, v in parse(render(first, None, SETTINGS).decode())}
+    alone = {n: v for n, _, v in parse(render(first, None, HOSTNAME).decode())}
     assert not {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"} & set(alone)
-    values = {n: v for n, _, v in parse(render(second, Counters.of(first), SETTINGS).decode())}
+    values = {n: v for n, _, v in parse(render(second, Counters.of(first), HOSTNAME).decode())}
     assert values["DCGM_FI_PROF_PCIE_TX_BYTES"] == "2500000"  # bytes/s
     assert values["DCGM_FI_PROF_NVLINK_TX_BYTES"] == "1024000000"
     assert values["DCGM_FI_PROF_NVLINK_RX_BYTES"] == "512000000"
     # DCGM's NVLINK_BANDWIDTH_TOTAL: both directions, KiB/s / 1000.
     assert values["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"] == "1500"
     reset = tick(13.0, 10.0, (3_000_000_000.0, 1_024_000_000.0))
-    after_reset = {n: v for n, _, v in parse(render(reset, Counters.of(second), SETTINGS).decode())}
+    after_reset = {n: v for n, _, v in parse(render(reset, Counters.of(second), HOSTNAME).decode())}
     assert "DCGM_FI_PROF_PCIE_TX_BYTES" not in after_reset  # a counter reset is no rate
     assert after_reset["DCGM_FI_PROF_NVLINK_TX_BYTES"] == "952000000"
 
@@ -394,7 +395,7 @@ def test_mig_gpu_instances_carry_the_parents_identity() -> None:
             "gpu_pod_info", 1.0, (*parent, *_mig(3, None, "MIG-a", "3g.71gb"), *_pod("a", "p", "c"))
         ),
     ]
-    samples = parse(render(_set(1.0, *rows), None, SETTINGS).decode())
+    samples = parse(render(_set(1.0, *rows), None, HOSTNAME).decode())
     by_name: dict[str, list[dict[str, str]]] = {}
     for name, labels, value in samples:
         by_name.setdefault(name, []).append({**dict(labels), "value": value})
@@ -420,13 +421,13 @@ def test_a_shared_gpu_gives_one_series_per_pod() -> None:
         series("gpu_pod_info", 1.0, (*_gpu(0), *_pod("batch", "job-a", "work"))),
         series("gpu_pod_info", 1.0, (*_gpu(0), *_pod("batch", "job-b", "work"))),
     ]
-    samples = parse(render(_set(1.0, *rows), None, SETTINGS).decode())
+    samples = parse(render(_set(1.0, *rows), None, HOSTNAME).decode())
     utils = [dict(labels)["pod"] for name, labels, _ in samples if name == "DCGM_FI_DEV_GPU_UTIL"]
     assert utils == ["job-a", "job-b"]
 
 
 def test_a_lost_gpu_has_no_values() -> None:
-    text = render(_set(1.0, series("gpu_up", 0.0, _gpu(0)), _info(0)), None, SETTINGS).decode()
+    text = render(_set(1.0, series("gpu_up", 0.0, _gpu(0)), _info(0)), None, HOSTNAME).decode()
     assert parse(text) == []
 
 
@@ -439,14 +440,14 @@ def test_bus_id_is_nvmls_busid_form() -> None:
 def test_the_hostname_label_is_configurable() -> None:
     rows = (series("gpu_up", 1.0, _gpu(0)), _info(0), series("gpu_power_watts", 1.0, _gpu(0)))
     for label, expect in (("Hostname", ["Hostname"]), ("hostname", ["hostname"]), ("", [])):
-        text = render(_set(1.0, *rows), None, CompatSettings(label, "n1")).decode()
+        text = render(_set(1.0, *rows), None, (label, "n1") if label else None).decode()
         (line,) = [sample for sample in parse(text) if sample[0] == "DCGM_FI_DEV_POWER_USAGE"]
         names = [name for name, _ in line[1]]
         assert [n for n in names if n.lower() == "hostname"] == expect
 
 
 def test_cached_per_tick_and_the_previous_tick_gives_rates() -> None:
-    compat = DcgmCompat(SETTINGS)
+    compat = DcgmCompat(HOSTNAME)
     sets = [
         _set(t, series("gpu_up", 1.0, _gpu(0)), _info(0),
              series("gpu_pcie_bytes_total", 1000.0 * t * t, (*_gpu(0), ("direction", "rx"))))
@@ -520,7 +521,7 @@ def test_pcie_rate_falls_back_to_nvmls_throughput_sample() -> None:
     values = {
         n: v
         for n, _, v in parse(
-            render(_set(2.0, *rows), Counters.of(_set(1.0, *rows)), SETTINGS).decode()
+            render(_set(2.0, *rows), Counters.of(_set(1.0, *rows)), HOSTNAME).decode()
         )
     }
     assert values["DCGM_FI_PROF_PCIE_RX_BYTES"] == "3500000000"
@@ -563,9 +564,9 @@ def test_environment_and_node_name() -> None:
     env = {"GPU_EXPORTER_DCGM_COMPAT__ENABLED": "true", "NODE_NAME": "gpu-node-7"}
     config = load_config(None, environ=env)
     assert config.dcgm_compat.enabled
-    assert config.dcgm_compat.settings(env) == CompatSettings("hostname", "gpu-node-7")
+    assert compat_hostname(config.dcgm_compat, env) == ("hostname", "gpu-node-7")
     hidden = config.dcgm_compat.model_copy(update={"hostname_label": "none"})
-    assert hidden.settings(env).hostname_label == ""
+    assert compat_hostname(hidden, env) is None
     assert load_config(None, environ={}).dcgm_compat.enabled is False  # off unless asked
 
 
@@ -580,7 +581,7 @@ def test_rates_survive_pods_coming_and_going() -> None:
         _info(0),
         series("gpu_pcie_bytes_total", 4096.0, held),
     )
-    values = {n: v for n, _, v in parse(render(now, Counters.of(before), SETTINGS).decode())}
+    values = {n: v for n, _, v in parse(render(now, Counters.of(before), HOSTNAME).decode())}
     assert values["DCGM_FI_PROF_PCIE_TX_BYTES"] == "4096"
 
 
@@ -599,6 +600,6 @@ def test_a_pod_holding_two_compute_instances_of_a_gpu_instance_is_one_series() -
             "gpu_pod_info", 1.0, (*parent, *_mig(5, 1, "MIG-c", "1c.2g.35gb"), *_pod("a", "p", "c"))
         ),
     ]
-    samples = parse(render(_set(1.0, *rows), None, SETTINGS).decode())
+    samples = parse(render(_set(1.0, *rows), None, HOSTNAME).decode())
     temps = [dict(labels) for name, labels, _ in samples if name == "DCGM_FI_DEV_GPU_TEMP"]
     assert [(t["GPU_I_ID"], t["pod"]) for t in temps] == [("5", "p")]

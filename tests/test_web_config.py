@@ -21,7 +21,6 @@ from fastapi.responses import PlainTextResponse
 
 from gpu_exporter.web import http_server
 from gpu_exporter.web.auth import PasswordCheck, WebSecurity, basic_credentials
-from gpu_exporter.web.http_server import WebSettings
 from gpu_exporter.web.web_config import LiveWebConfig, WebConfigError, load_web_config
 from tests.daemon import serve
 from tests.support import wait_for
@@ -155,11 +154,9 @@ def test_an_empty_file_means_plain_http_without_auth(tmp_path: Path) -> None:
 
 
 def test_web_config_problem_for_the_command_line(tmp_path: Path) -> None:
-    assert http_server.web_config_problem(WebSettings()) == ""
+    assert http_server.web_config_problem(None) == ""
     bad = write(tmp_path, "nonsense: 1\n")
-    assert http_server.web_config_problem(WebSettings(web_config_file=str(bad))).startswith(
-        f"{bad}:1:"
-    )
+    assert http_server.web_config_problem(str(bad)).startswith(f"{bad}:1:")
 
 
 # --- basic auth ----------------------------------------------------------------------------

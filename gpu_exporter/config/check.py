@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -104,11 +103,10 @@ def _scenario_problems(config: Config) -> list[str]:
 def _web_config_problems(config: Config, root: Path | None) -> list[str]:
     from gpu_exporter.web.http_server import web_config_problem
 
-    settings = config.web_settings()
-    if settings.web_config_file is None:
+    if config.web_config_file is None:
         return []
-    with _rerooted(settings.web_config_file, root) as (readable, shown):
-        problem = web_config_problem(dataclasses.replace(settings, web_config_file=readable))
+    with _rerooted(config.web_config_file, root) as (readable, shown):
+        problem = web_config_problem(readable)
     return problem.replace(readable, shown).splitlines()
 
 

@@ -6,9 +6,7 @@ variable; or the flag.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -42,8 +40,7 @@ from gpu_exporter.model.promnames import label_name_problem
 from gpu_exporter.support.validation import SettingsModel, Wording, explain, split_commas
 from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
 from gpu_exporter.web import http_server
-from gpu_exporter.web.dcgm_compat.render import CompatSettings
-from gpu_exporter.web.http_server import WebSettings
+from gpu_exporter.web.settings import DcgmCompatConfig, WebConfig, split_host_port
 
 ENV_PREFIX = "GPU_EXPORTER_"
 ENV_CONFIG_FILE = "GPU_EXPORTER_CONFIG"
@@ -67,7 +64,6 @@ class ConfigError(ValueError):
 
 # Every default below comes from the dataclass the setting ends up in; tests/test_config.py
 # fails if a literal creeps back in and drifts.
-_WEB = WebSettings()
 # RuleSettings, AlertmanagerTarget and NotifierSettings defaults are read as class attributes:
 # the last two cannot be built without arguments (a url, the targets).
 
@@ -201,50 +197,6 @@ class AlertingConfig(SettingsModel):
         return self
 
 
-class WebConfig(SettingsModel):
-    """HTTP limits; the defaults and their reasons are in http_server.WebSettings."""
-
-    header_read_timeout_seconds: float = Field(
-        default=_WEB.header_read_timeout_seconds, gt=0, le=300
-    )
-    idle_timeout_seconds: float = Field(default=_WEB.idle_timeout_seconds, gt=0, le=3600)
-    max_connections: int = Field(default=_WEB.max_connections, ge=4, le=65536)
-    probes_without_auth: bool = _WEB.probes_without_auth
-
-
-class DcgmCompatConfig(SettingsModel):
-    """/metrics/dcgm: dcgm-exporter 4.8's names, labels and units (gpu_exporter/web/dcgm_compat)."""
-
-    enabled: bool = False
-    # dcgm-exporter 4.8.3 and later write `hostname`, earlier ones `Hostname`; "none" leaves
-    # the label out (its -n). The value is $NODE_NAME, else the host's name.
-    hostname_label: Literal["hostname", "Hostname", "none"] = "hostname"
-    # HOST:PORT of a second listener serving the compat output at /metrics, for scrape
-    # configs and tools that assume dcgm-exporter's port (9400) and path.
-    listen_address: str | None = None
-
-    @field_validator("listen_address")
-    @classmethod
-    def _host_port(cls, value: str | None) -> str | None:
-        if value is not None:
-            split_host_port(value)
-        return value
-
-    @model_validator(mode="after")
-    def _enabled_for_port(self) -> DcgmCompatConfig:
-        if self.listen_address is not None and not self.enabled:
-            raise ValueError(
-                "listen_address serves the compat output, which is off: set enabled: true "
-                "(flag --dcgm-compat) too"
-            )
-        return self
-
-    def settings(self, environ: Mapping[str, str] | None = None) -> CompatSettings:
-        environ = os.environ if environ is None else environ
-        label = "" if self.hostname_label == "none" else self.hostname_label
-        return CompatSettings(label, node_name(environ) or socket.gethostname())
-
-
 class Config(SettingsModel):
     listen_address: str = DEFAULT_LISTEN_ADDRESS
     # 0.2 s at least: GPM needs windows of 100 ms or more.
@@ -261,9 +213,6 @@ class Config(SettingsModel):
     web_config_file: str | None = None
     web: WebConfig = WebConfig()
     dcgm_compat: DcgmCompatConfig = DcgmCompatConfig()
-
-    def web_settings(self) -> WebSettings:
-        return WebSettings(web_config_file=self.web_config_file, **self.web.model_dump())
 
     def runbook_base_url(
         self, tls: Callable[[], bool], environ: Mapping[str, str] | None = None
@@ -309,22 +258,6 @@ class Config(SettingsModel):
 def node_name(environ: Mapping[str, str]) -> str:
     """The node's name, from $NODE_NAME (the DaemonSet's downward API); "" when unset."""
     return environ.get("NODE_NAME", "")
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """`HOST:PORT` or `[IPV6]:PORT` -> (host, port); ValueError with the reason otherwise."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(f"expected HOST:PORT, got {address!r}")
-    port = int(port_text)
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} is outside 1-65535")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-        ipaddress.IPv6Address(host)
-    elif not host:
-        raise ValueError(f"expected HOST:PORT, got {address!r} (no host)")
-    return host, port
 
 
 # Setting path (as pydantic's error `loc`) -> (precedence, where its value came from).
@@ -445,7 +378,7 @@ def rule_settings(config: Config) -> RuleSettings:
         external_labels=config.external_labels(),
         external_url=config.alerting.external_url,
         runbook_base_url=config.runbook_base_url(
-            lambda: http_server.serves_tls(config.web_settings())
+            lambda: http_server.serves_tls(config.web_config_file)
         ),
         reload_check_seconds=config.rules.reload_check_seconds,
         max_range_seconds=config.rules.max_range_seconds,

@@ -8,10 +8,12 @@ they measure or pin is what runs in production.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +22,9 @@ from gpu_exporter.alerting.rules.manager import RuleManager
 from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
-from gpu_exporter.config.load import rule_settings
+from gpu_exporter.config.load import node_name, rule_settings
 from gpu_exporter.pipeline.sampler import Sampler
+from gpu_exporter.web.settings import DcgmCompatConfig
 
 if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
     from gpu_exporter.collect.k8s.attribution import PodAttribution
@@ -106,7 +109,7 @@ def assemble(
     if config.dcgm_compat.enabled:
         from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 
-        compat = DcgmCompat(config.dcgm_compat.settings())
+        compat = DcgmCompat(compat_hostname(config.dcgm_compat))
         sampler.add_listener(compat)
     return Assembly(sampler, attribution, rules, notifier, compat)
 
@@ -114,6 +117,17 @@ def assemble(
 def classifier(config: Any) -> Classifier:
     settings = config.classifier
     return Classifier(settings, window_seconds=settings.window(config.interval_seconds))
+
+
+def compat_hostname(
+    settings: DcgmCompatConfig, environ: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
+    """The node's label on /metrics/dcgm, as (name, value): the configured name, and
+    $NODE_NAME, else the host's name, as its value; None when the label is left out."""
+    if settings.hostname_label == "none":
+        return None
+    environ = os.environ if environ is None else environ
+    return settings.hostname_label, node_name(environ) or socket.gethostname()
 
 
 def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | None:

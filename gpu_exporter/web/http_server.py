@@ -1,7 +1,7 @@
 """The HTTP server: uvicorn, with our signal handling, idle wake-ups and connection limits.
 
-`run` serves an ASGI app until SIGTERM/SIGINT; `WebSettings` holds the HTTP limits and the
-web-config file (TLS, basic auth), with their defaults written once. The limits are
+`run` serves an ASGI app until SIGTERM/SIGINT with the `web:` settings' limits
+(gpu_exporter/web/settings.py) and the web-config file's TLS and basic auth. The limits are
 gpu_exporter/web/http_limits.py's, TLS and basic auth gpu_exporter/web/web_config.py's and
 web_auth.py's; the web config is reloaded when one of its files changes (checked at each
 wake-up, once a second) and on SIGHUP.
@@ -17,45 +17,29 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import uvicorn
 
+    from gpu_exporter.web.settings import WebConfig
     from gpu_exporter.web.web_config import LiveWebConfig
 
 log = logging.getLogger("gpu_exporter.http")
-
-
-@dataclass(frozen=True)
-class WebSettings:
-    """HTTP limits and security; the README's "Limits, security and failure handling" says why."""
-
-    # exporter-toolkit web-configuration file (tls_server_config, basic_auth_users); None: plain
-    # HTTP without authentication.
-    web_config_file: str | None = None
-    # A connection must have sent a request's whole header within this time (slowloris).
-    header_read_timeout_seconds: float = 5.0
-    # A kept-alive connection with no request in flight is closed after this time.
-    idle_timeout_seconds: float = 60.0
-    # Open connections at most; past it, new ones get a fast 503 (and the oldest connection
-    # still sending its header is closed first, so probes get through a slowloris).
-    max_connections: int = 256
-    # /healthz and /readyz without basic auth, for kubelet probes (TLS still applies).
-    probes_without_auth: bool = True
 
 
 def run(
     app: Any,
     host: str,
     port: int,
-    settings: WebSettings,
+    settings: WebConfig,
+    web_config_file: str | None,
     log_level: str,
     also: tuple[str, int, Any] | None = None,
 ) -> None:
-    """Serve `app` on HOST:PORT until a signal or `should_exit`; with `also` (HOST, PORT,
-    APP), that app on a second listener of the same server (same limits, TLS and auth).
+    """Serve `app` on HOST:PORT until a signal or `should_exit`, with TLS and basic auth from
+    `web_config_file` (None: plain HTTP without authentication); with `also` (HOST, PORT, APP),
+    that app on a second listener of the same server (same limits, TLS and auth).
 
     Raises `web_config.WebConfigError` (a ValueError naming file, line and field) before
     serving anything when the web-config file cannot be used, and `ListenError` (naming the
@@ -67,7 +51,7 @@ def run(
     from gpu_exporter.web.auth import WebSecurity
     from gpu_exporter.web.web_config import LiveWebConfig
 
-    live = LiveWebConfig(settings.web_config_file)
+    live = LiveWebConfig(web_config_file)
     cap = http_limits.connection_cap(settings.max_connections)
     if cap < settings.max_connections:
         log.warning(
@@ -129,28 +113,29 @@ class ByPort:
         await target(scope, receive, send)
 
 
-def web_config_problem(settings: WebSettings) -> str:
-    """Why the web-config file cannot be used ("" when it can), to check before starting."""
+def web_config_problem(web_config_file: str | None) -> str:
+    """Why the web-config file cannot be used ("" when it can, or when there is none), to
+    check before starting."""
     from gpu_exporter.web.web_config import WebConfigError, load_web_config
 
-    if settings.web_config_file is None:
+    if web_config_file is None:
         return ""
     try:
-        load_web_config(settings.web_config_file)
+        load_web_config(web_config_file)
     except WebConfigError as exc:
         return str(exc)
     return ""
 
 
-def serves_tls(settings: WebSettings) -> bool:
+def serves_tls(web_config_file: str | None) -> bool:
     """Whether the daemon serves HTTPS: its web-config file turns TLS on (checked before by
     web_config_problem; an unreadable file counts as plain HTTP here)."""
     from gpu_exporter.web.web_config import WebConfigError, load_web_config
 
-    if settings.web_config_file is None:
+    if web_config_file is None:
         return False
     try:
-        return load_web_config(settings.web_config_file).ssl_context is not None
+        return load_web_config(web_config_file).ssl_context is not None
     except WebConfigError:
         return False
 

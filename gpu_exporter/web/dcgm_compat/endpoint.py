@@ -14,7 +14,7 @@ import threading
 from collections import deque
 
 from gpu_exporter.model.series import SeriesSet
-from gpu_exporter.web.dcgm_compat.render import CompatSettings, Counters, render
+from gpu_exporter.web.dcgm_compat.render import Counters, render
 from gpu_exporter.web.exposition import GZIP_LEVEL
 
 
@@ -23,8 +23,8 @@ class DcgmCompat:
 
     name = "dcgm_compat"
 
-    def __init__(self, settings: CompatSettings) -> None:
-        self.settings = settings
+    def __init__(self, hostname: tuple[str, str] | None) -> None:
+        self.hostname = hostname  # the node's label (name, value); None: none (render)
         self._lock = threading.Lock()
         # The last ticks' counters, newest last: the published tick's and the one before it
         # are among them (the sampler hands over a tick's list before it publishes the tick).
@@ -43,7 +43,7 @@ class DcgmCompat:
             cached = self._cached
             if cached is None or cached[0] != published.timestamp:
                 previous = self._previous(published.timestamp)
-                cached = (published.timestamp, {False: render(published, previous, self.settings)})
+                cached = (published.timestamp, {False: render(published, previous, self.hostname)})
                 self._cached = cached
             bodies = cached[1]
             if gzipped and True not in bodies:

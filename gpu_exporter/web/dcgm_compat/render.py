@@ -36,15 +36,6 @@ _COMPUTE_PREFIX = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance of 
 
 
 @dataclass(frozen=True)
-class CompatSettings:
-    """`hostname_label`: "hostname" (dcgm-exporter 4.8.3 and later), "Hostname" (before), or
-    "" to leave it out (its `-n`); `hostname` its value, the node's name."""
-
-    hostname_label: str = "hostname"
-    hostname: str = ""
-
-
-@dataclass(frozen=True)
 class Counters:
     """One tick's series of the RATE_FAMILIES (references to its rows, not copies): what the
     next tick's rates need of it."""
@@ -66,10 +57,14 @@ class _Target:
     pods: tuple[tuple[str, str, str], ...]
 
 
-def render(current: SeriesSet, previous: Counters | None, settings: CompatSettings) -> bytes:
-    """The compat exposition of `current`; rates from `previous`, the tick before it."""
+def render(
+    current: SeriesSet, previous: Counters | None, hostname: tuple[str, str] | None
+) -> bytes:
+    """The compat exposition of `current`; rates from `previous`, the tick before it.
+    `hostname`: the node's label as (name, value), "hostname" (dcgm-exporter 4.8.3 and later)
+    or "Hostname" (before) and the node's name; None leaves it out (dcgm-exporter's `-n`)."""
     rates = _rates(current, previous)
-    targets = [target for view in current.devices() for target in _targets(view, rates, settings)]
+    targets = [target for view in current.devices() for target in _targets(view, rates, hostname)]
     parts: list[str] = []
     for field in FIELDS:
         lines = _field_lines(field, targets)
@@ -114,16 +109,16 @@ def _number(value: float, field: CompatField) -> str:
 def _targets(
     view: DeviceView,
     rates: Mapping[int, Mapping[tuple[str, Labels], float]],
-    settings: CompatSettings,
+    hostname: tuple[str, str] | None,
 ) -> Iterable[_Target]:
     """A GPU's compat entities: itself, or with MIG instances, one per GPU instance plus its
     own additive quantities (see fields.Of)."""
     parent, own_rates = index(view.readings), rates.get(view.index, {})
     if not view.instances:
         entity = Entity(parent, parent, own_rates)
-        yield _Target(entity, _prefix(view, settings), _pods(view.readings))
+        yield _Target(entity, _prefix(view, hostname), _pods(view.readings))
         return
-    yield _Target(Entity({}, parent, own_rates, parent_only=True), _prefix(view, settings), ())
+    yield _Target(Entity({}, parent, own_rates, parent_only=True), _prefix(view, hostname), ())
     by_gi: dict[int, list[InstanceView]] = {}
     for instance in view.instances:
         if instance.gpu_instance_id is not None:
@@ -137,10 +132,12 @@ def _targets(
         profile = _COMPUTE_PREFIX.sub("", instances[0].identity.get("mig_profile", ""))
         pods = _pods(reading for instance in instances for reading in instance.readings)
         entity = Entity(own, parent, own_rates, instance=True)
-        yield _Target(entity, _prefix(view, settings, (profile, str(gi))), pods)
+        yield _Target(entity, _prefix(view, hostname, (profile, str(gi))), pods)
 
 
-def _prefix(view: DeviceView, settings: CompatSettings, mig: tuple[str, str] | None = None) -> str:
+def _prefix(
+    view: DeviceView, hostname: tuple[str, str] | None, mig: tuple[str, str] | None = None
+) -> str:
     labels = [
         ("gpu", str(view.index)),
         ("UUID", view.uuid),
@@ -150,8 +147,8 @@ def _prefix(view: DeviceView, settings: CompatSettings, mig: tuple[str, str] | N
     ]
     if mig is not None:
         labels += [("GPU_I_PROFILE", mig[0]), ("GPU_I_ID", mig[1])]
-    if settings.hostname_label and settings.hostname:
-        labels.append((settings.hostname_label, settings.hostname))
+    if hostname is not None:
+        labels.append(hostname)
     labels.append(("DCGM_FI_DRIVER_VERSION", view.info.get("driver_version", "")))
     # dcgm-exporter writes its fixed labels even when blank; a blank driver version (a label
     # row DCGM left blank) it drops. Here every blank is dropped: Prometheus reads an empty

@@ -1,0 +1,86 @@
+"""The settings of what is served over HTTP, one pydantic model per section of the
+configuration, each default with its reason: `web:` (the server's limits) and `dcgm_compat:`
+(the dcgm-exporter compatible endpoint).
+
+Light on purpose (pydantic only, no uvicorn): the configuration (`gpu_exporter/config/load.py`)
+composes these models, and the HTTP server and the compat endpoint are built from the validated
+sections themselves. The README's "Limits, security and failure handling" says more.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from gpu_exporter.support.validation import SettingsModel
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPV6]:PORT` -> (host, port); ValueError with the reason otherwise."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is outside 1-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ipaddress.IPv6Address(host)
+    elif not host:
+        raise ValueError(f"expected HOST:PORT, got {address!r} (no host)")
+    return host, port
+
+
+# `Field(default=...)` by keyword throughout: type checkers read a field's default from that
+# keyword only (PEP 681), so a positional default would make the field look required.
+
+
+class WebConfig(SettingsModel):
+    """`web:`, the HTTP server's limits (gpu_exporter/web/http_limits.py). TLS and basic auth
+    come from the web-config file, a top-level setting (`web_config_file`), which once loaded
+    is web_config.WebConfig, another class."""
+
+    # A connection must have sent a request's whole header (or finished its TLS handshake)
+    # within this time: a slowloris client cannot hold a connection open for ever.
+    header_read_timeout_seconds: float = Field(default=5.0, gt=0, le=300)
+    # A kept-alive connection with no request in flight is closed after this time.
+    idle_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    # Open connections at most (lowered to the open-file limit less http_limits.FD_RESERVE);
+    # past it, new ones get a fast 503, and the oldest connection still sending its header is
+    # closed first, so probes get through a slowloris.
+    max_connections: int = Field(default=256, ge=4, le=65536)
+    # /healthz and /readyz without basic auth, for kubelet probes (TLS still applies).
+    probes_without_auth: bool = True
+
+
+class DcgmCompatConfig(SettingsModel):
+    """`dcgm_compat:`, /metrics/dcgm: dcgm-exporter 4.8's names, labels and units
+    (gpu_exporter/web/dcgm_compat)."""
+
+    # Off unless asked: a bridge for dashboards and rules written against dcgm-exporter, to
+    # be turned off once they read the native metrics (docs/migrating-from-dcgm-exporter.md).
+    enabled: bool = False
+    # dcgm-exporter 4.8.3 and later write `hostname`, earlier ones `Hostname`; "none" leaves
+    # the label out (its -n). The value is $NODE_NAME, else the host's name.
+    hostname_label: Literal["hostname", "Hostname", "none"] = "hostname"
+    # HOST:PORT of a second listener serving the compat output at /metrics, for scrape
+    # configs and tools that assume dcgm-exporter's port (9400) and path.
+    listen_address: str | None = None
+
+    @field_validator("listen_address")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+    @model_validator(mode="after")
+    def _enabled_for_port(self) -> DcgmCompatConfig:
+        if self.listen_address is not None and not self.enabled:
+            raise ValueError(
+                "listen_address serves the compat output, which is off: set enabled: true "
+                "(flag --dcgm-compat) too"
+            )
+        return self
