@@ -47,7 +47,7 @@ def prefill_at_second_tick(seconds: float) -> None:
         original(self, series_set, *args, **kwargs)
         calls += 1
         if calls == 2:
-            backfill(self.store, series_set, seconds, self.settings.evaluation_interval)
+            backfill(self.store, series_set, seconds, self.evaluation_interval)
 
     RuleManager.on_series = on_series  # type: ignore[method-assign]
 

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.alerting.notify.alertmanager import AlertmanagerTarget, NotifierSettings
-from gpu_exporter.alerting.rules.manager import RuleSettings
 from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.settings import ClassifierConfig, default_window_seconds
-from gpu_exporter.config.load import (
-    AlertingConfig,
-    AlertmanagerConfig,
-    ConfigError,
-    RulesConfig,
-    TlsConfig,
-    load_config,
-)
+from gpu_exporter.config.load import ConfigError, load_config
 from gpu_exporter.web.settings import split_host_port
 
 
@@ -138,59 +128,9 @@ def test_default_deadline_follows_a_short_interval() -> None:
     assert load_config(environ={}).nvml.deadline(1.0) == 0.8
 
 
-# -- one definition per default: the config layer takes its defaults from the dataclasses ---
-
-
-def _defaults(model: type) -> dict[str, object]:
-    return {
-        name: f.get_default(call_default_factory=True) for name, f in model.model_fields.items()
-    }
-
-
 def test_the_classifier_window_defaults_to_the_intervals() -> None:
     assert ClassifierConfig().window_seconds is None  # default_window_seconds(interval)
     assert default_window_seconds(1.0) == Classifier().window_seconds
-
-
-def test_rule_defaults_are_the_rule_managers_own() -> None:
-    config = load_config(environ={})
-    # What assembly.py hands the rule manager, from the defaults alone.
-    settings = RuleSettings(
-        files=config.rules.files,
-        evaluation_interval=RuleSettings.evaluation_interval,  # config: None, the interval
-        resend_delay=config.alerting.resend_delay_seconds,
-        external_labels=config.alerting.external_labels,
-        external_url=config.alerting.external_url,
-        reload_check_seconds=config.rules.reload_check_seconds,
-    )
-    assert settings == RuleSettings()
-
-
-def test_alerting_defaults_are_the_notifiers_own() -> None:
-    target = AlertmanagerConfig(url="http://am:9093")
-    assert target.target() == AlertmanagerTarget(url="http://am:9093")
-    assert TlsConfig().insecure_skip_verify == AlertmanagerTarget("http://am").insecure_skip_verify
-    assert AlertingConfig().queue_capacity == NotifierSettings(targets=()).queue_capacity
-
-
-@pytest.mark.parametrize(
-    ("model", "name", "dataclass", "field"),
-    [
-        (RulesConfig, "reload_check_seconds", RuleSettings, "reload_check_seconds"),
-        (AlertingConfig, "resend_delay_seconds", RuleSettings, "resend_delay"),
-        (AlertingConfig, "external_url", RuleSettings, "external_url"),
-        (AlertingConfig, "queue_capacity", NotifierSettings, "queue_capacity"),
-        (AlertmanagerConfig, "timeout_seconds", AlertmanagerTarget, "timeout_seconds"),
-        (TlsConfig, "insecure_skip_verify", AlertmanagerTarget, "insecure_skip_verify"),
-    ],
-    ids=lambda value: getattr(value, "__name__", value),
-)
-def test_a_config_default_is_its_dataclass_field_default(
-    model: type, name: str, dataclass: type, field: str
-) -> None:
-    """Read from the dataclass field itself: a default written twice that drifts fails."""
-    defaults = {f.name: f.default for f in dataclasses.fields(dataclass)}
-    assert _defaults(model)[name] == defaults[field]
 
 
 def test_the_validation_scripts_deadline_is_the_daemons() -> None:

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from gpu_exporter import diagnose
+from gpu_exporter.alerting.pack import HEALTH_GROUP, default_rule_files
 from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.loader import load_rule_files
-from gpu_exporter.alerting.rules.pack import HEALTH_GROUP, default_rule_files
 from gpu_exporter.diagnose import health
 from gpu_exporter.model.catalog import BY_NAME
 

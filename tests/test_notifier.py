@@ -16,13 +16,9 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.alerting.notify import (
-    AlertmanagerTarget,
-    Notifier,
-    NotifierSettings,
-    OutgoingAlert,
-)
+from gpu_exporter.alerting.notify import Delivery, Notifier, OutgoingAlert
 from gpu_exporter.alerting.notify.alertmanager import USER_AGENT, format_timestamp
+from gpu_exporter.alerting.settings import AlertingConfig, AlertmanagerConfig
 from tests.daemon import free_port
 from tests.servers import (
     Received,
@@ -57,15 +53,30 @@ def alert(name: str, ends_at: float | None = None, **labels: str) -> OutgoingAle
     )
 
 
+def am(url: str, **settings: Any) -> AlertmanagerConfig:
+    """One Alertmanager's settings, as an `alerting.alertmanagers` entry gives them."""
+    return AlertmanagerConfig.model_validate({"url": url, **settings})
+
+
+def notifier_to(
+    targets: Sequence[AlertmanagerConfig],
+    external_labels: dict[str, str] | None = None,
+    **settings: Any,
+) -> Notifier:
+    """A notifier for `targets`; `settings`: the `alerting:` section's (queue_capacity) and
+    the delivery tunables."""
+    section = {n: settings.pop(n) for n in list(settings) if n in AlertingConfig.model_fields}
+    alerting = AlertingConfig(alertmanagers=list(targets), **section)
+    return Notifier(alerting, external_labels or {}, delivery=Delivery(**settings))
+
+
 @contextlib.contextmanager
 def running(
-    targets: Sequence[AlertmanagerTarget],
+    targets: Sequence[AlertmanagerConfig],
     external_labels: dict[str, str] | None = None,
     **settings: Any,
 ) -> Iterator[Notifier]:
-    notifier = Notifier(
-        NotifierSettings(tuple(targets), **{**FAST, **settings}), external_labels or {}
-    )
+    notifier = notifier_to(targets, external_labels, **{**FAST, **settings})
     notifier.start()
     try:
         yield notifier
@@ -80,7 +91,7 @@ def names(received: Received) -> list[str]:
 def test_firing_then_resolved_through_real_alertmanager(tmp_path: Path) -> None:
     with Recorder() as hook, alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url:
         external = {"cluster": "lab", "severity": "overridden-by-alert"}
-        with running([AlertmanagerTarget(am_url)], external) as notifier:
+        with running([am(am_url)], external) as notifier:
             firing = OutgoingAlert(
                 labels={"alertname": "GPUBusyButIdle", "gpu": "0", "severity": "warning"},
                 annotations={"summary": "GPU 0 busy but idle", "runbook": "look at SM activity"},
@@ -116,7 +127,7 @@ def test_alerts_wait_while_alertmanager_is_down_and_arrive_when_it_starts(
     tmp_path: Path,
 ) -> None:
     port = free_port()
-    target = AlertmanagerTarget(f"http://127.0.0.1:{port}", timeout_seconds=1.0)
+    target = am(f"http://127.0.0.1:{port}", timeout_seconds=1.0)
     with Recorder() as hook, running([target], {"cluster": "lab"}) as notifier:
         notifier.send([alert(f"Down{i}", ends_at=time.time() + 300) for i in range(3)])
         notifier.send([alert(f"Down{i}", ends_at=time.time() + 300) for i in range(3, 5)])
@@ -140,7 +151,7 @@ def test_alerts_wait_while_alertmanager_is_down_and_arrive_when_it_starts(
 
 def test_full_queue_drops_the_oldest_and_delivers_the_newest_later() -> None:
     port = free_port()
-    target = AlertmanagerTarget(f"http://127.0.0.1:{port}")
+    target = am(f"http://127.0.0.1:{port}")
     with running([target], queue_capacity=3) as notifier:
         for i in range(5):
             notifier.send([alert(f"A{i}")])
@@ -157,8 +168,8 @@ def test_full_queue_drops_the_oldest_and_delivers_the_newest_later() -> None:
 
 
 def test_a_down_alertmanager_does_not_hold_back_another() -> None:
-    down = AlertmanagerTarget(f"http://127.0.0.1:{free_port()}")
-    with Recorder() as up_server, running([down, AlertmanagerTarget(up_server.url)]) as notifier:
+    down = am(f"http://127.0.0.1:{free_port()}")
+    with Recorder() as up_server, running([down, am(up_server.url)]) as notifier:
         notifier.send([alert("Independent")])
         assert names(up_server.wait_for(1)[0]) == ["Independent"]
         wait_until(lambda: notifier.stats().targets[up_server.url].sent_total == 1, "accounting")
@@ -169,7 +180,7 @@ def test_a_down_alertmanager_does_not_hold_back_another() -> None:
 
 def test_batches_are_capped_and_keep_order() -> None:
     with Recorder() as server:
-        notifier = Notifier(NotifierSettings((AlertmanagerTarget(server.url),), max_batch_size=2))
+        notifier = notifier_to([am(server.url)], max_batch_size=2)
         notifier.send([alert(f"B{i}") for i in range(5)])  # queued before start: one backlog
         notifier.start()
         notifier.stop(timeout=2.0)
@@ -178,13 +189,13 @@ def test_batches_are_capped_and_keep_order() -> None:
 
 def test_stop_flushes_then_ends_threads_and_is_prompt_when_target_is_down() -> None:
     with Recorder() as server:
-        notifier = Notifier(NotifierSettings((AlertmanagerTarget(server.url),)))
+        notifier = notifier_to([am(server.url)])
         notifier.start()
         notifier.send([alert("Flushed")])
         notifier.stop(timeout=2.0)
         assert [names(r) for r in server.requests] == [["Flushed"]]
 
-    notifier = Notifier(NotifierSettings((AlertmanagerTarget(f"http://127.0.0.1:{free_port()}"),)))
+    notifier = notifier_to([am(f"http://127.0.0.1:{free_port()}")])
     notifier.start()
     notifier.send([alert("Undeliverable")])
     started = time.monotonic()
@@ -201,10 +212,9 @@ def test_payload_headers_and_basic_auth_from_password_file(tmp_path: Path) -> No
     password_file = tmp_path / "password"
     password_file.write_text("s3cret\n")
     with Recorder() as server:
-        target = AlertmanagerTarget(
+        target = am(
             server.url + "/prefix/",
-            basic_auth_username="gpu",
-            basic_auth_password_file=str(password_file),
+            basic_auth={"username": "gpu", "password_file": str(password_file)},
         )
         external = {"cluster": "lab", "gpu": "external-loses", "node": "n1"}
         with running([target], external) as notifier:
@@ -230,7 +240,7 @@ def test_bearer_token_file_is_reread_on_each_request(tmp_path: Path) -> None:
     token_file = tmp_path / "token"
     token_file.write_text("token-one\n")
     with Recorder() as server:
-        target = AlertmanagerTarget(server.url, bearer_token_file=str(token_file))
+        target = am(server.url, bearer_token_file=str(token_file))
         with running([target]) as notifier:
             notifier.send([alert("First")])
             server.wait_for(1)
@@ -246,7 +256,7 @@ def test_bearer_token_file_is_reread_on_each_request(tmp_path: Path) -> None:
 def test_static_bearer_token() -> None:
     with (
         Recorder() as server,
-        running([AlertmanagerTarget(server.url, bearer_token="abc")]) as notifier,
+        running([am(server.url, bearer_token="abc")]) as notifier,
     ):
         notifier.send([alert("Bearer")])
         [request] = server.wait_for(1)
@@ -256,7 +266,7 @@ def test_static_bearer_token() -> None:
 def test_400_drops_the_batch_while_503_is_retried() -> None:
     with (
         Recorder(statuses=[400, 503, 503]) as server,
-        running([AlertmanagerTarget(server.url)]) as notifier,
+        running([am(server.url)]) as notifier,
     ):
         notifier.send([alert("Invalid")])
         wait_until(lambda: notifier.stats().rejected_total == 1, "the rejection")
@@ -306,14 +316,14 @@ def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSL
 def test_https_with_ca_file_and_failure_without(tls_files: tuple[str, str]) -> None:
     cert, key = tls_files
     with Recorder(tls=server_context(cert, key)) as server:
-        untrusted = AlertmanagerTarget(server.url + "/untrusted", timeout_seconds=2)
+        untrusted = am(server.url + "/untrusted", timeout_seconds=2)
         with running([untrusted]) as notifier:
             notifier.send([alert("Untrusted")])
             wait_until(lambda: notifier.stats().failed_total > 0, "a failed handshake")
             assert notifier.stats().sent_total == 0
         for target in (
-            AlertmanagerTarget(server.url + "/ca", ca_file=cert),
-            AlertmanagerTarget(server.url + "/insecure", insecure_skip_verify=True),
+            am(server.url + "/ca", tls={"ca_file": cert}),
+            am(server.url + "/insecure", tls={"insecure_skip_verify": True}),
         ):
             with running([target]) as notifier:
                 notifier.send([alert("Trusted")])
@@ -324,10 +334,10 @@ def test_https_with_ca_file_and_failure_without(tls_files: tuple[str, str]) -> N
 def test_client_certificate(tls_files: tuple[str, str]) -> None:
     cert, key = tls_files
     with Recorder(tls=server_context(cert, key, client_ca=cert)) as server:
-        with running([AlertmanagerTarget(server.url, ca_file=cert, timeout_seconds=2)]) as n:
+        with running([am(server.url, tls={"ca_file": cert}, timeout_seconds=2)]) as n:
             n.send([alert("NoClientCert")])
             wait_until(lambda: n.stats().failed_total > 0, "a refused client")
-        target = AlertmanagerTarget(server.url, ca_file=cert, cert_file=cert, key_file=key)
+        target = am(server.url, tls={"ca_file": cert, "cert_file": cert, "key_file": key})
         with running([target]) as n:
             n.send([alert("ClientCert")])
             [request] = server.wait_for(1)
@@ -344,38 +354,31 @@ def test_client_certificate(tls_files: tuple[str, str]) -> None:
         ({"url": "127.0.0.1:9093"}, "scheme must be http or https"),
         ({"url": "http://user:pw@127.0.0.1:9093"}, "basic_auth_username"),
         ({"url": "http://127.0.0.1:99999"}, "out of range"),
-        ({"basic_auth_username": "u", "bearer_token": "t"}, "not both"),
-        (
-            {
-                "basic_auth_username": "u",
-                "basic_auth_password": "p",
-                "basic_auth_password_file": "f",
-            },
-            "not both",
-        ),
-        ({"basic_auth_password": "p"}, "needs basic_auth_username"),
+        ({"basic_auth": {"username": "u"}, "bearer_token": "t"}, "not both"),
+        ({"basic_auth": {"username": "u", "password": "p", "password_file": "f"}}, "not both"),
+        ({"basic_auth": {"password": "p"}}, "basic_auth.username"),
         ({"bearer_token": "t", "bearer_token_file": "f"}, "not both"),
         ({"bearer_token_file": "/nonexistent/token"}, "not a readable file"),
-        ({"cert_file": "c.pem"}, "set together"),
+        ({"tls": {"cert_file": "c.pem"}}, "set together"),
         ({"timeout_seconds": 0}, "timeout_seconds"),
     ],
 )
 def test_invalid_targets_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        AlertmanagerTarget(**{"url": "http://127.0.0.1:9093", **kwargs})
+        AlertingConfig(alertmanagers=[{"url": "http://127.0.0.1:9093", **kwargs}])
 
 
 def test_invalid_settings_are_refused(tmp_path: Path) -> None:
-    target = AlertmanagerTarget("http://127.0.0.1:9093")
+    target = am("http://127.0.0.1:9093")
     with pytest.raises(ValueError, match="more than once"):
-        NotifierSettings((target, AlertmanagerTarget("http://127.0.0.1:9093/")))
+        notifier_to([target, am("http://127.0.0.1:9093/")])
     with pytest.raises(ValueError, match="queue_capacity"):
-        NotifierSettings((target,), queue_capacity=0)
+        notifier_to([target], queue_capacity=0)
     with pytest.raises(ValueError, match="retry_max_backoff"):
-        NotifierSettings((target,), retry_initial_backoff_seconds=2, retry_max_backoff_seconds=1)
-    bad_ca = AlertmanagerTarget("https://127.0.0.1:9093", ca_file=str(tmp_path / "missing.pem"))
+        notifier_to([target], retry_initial_backoff_seconds=2, retry_max_backoff_seconds=1)
+    bad_ca = am("https://127.0.0.1:9093", tls={"ca_file": str(tmp_path / "missing.pem")})
     with pytest.raises(ValueError, match="cannot load TLS files"):
-        Notifier(NotifierSettings((bad_ca,)))
+        notifier_to([bad_ca])
 
 
 def test_timestamps_are_rfc3339_utc_with_milliseconds() -> None:

@@ -18,22 +18,17 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.alerting.notify import (
-    AlertmanagerTarget,
-    Notifier,
-    NotifierSettings,
-    OutgoingAlert,
-    TargetStats,
-    answers,
-)
+from gpu_exporter.alerting.notify import Notifier, OutgoingAlert, TargetStats, answers
 from gpu_exporter.alerting.notify import alertmanager as notifier_module
 from gpu_exporter.alerting.notify.answers import Verdict
 from gpu_exporter.alerting.notify.metrics import notifier_series
 from gpu_exporter.alerting.notify.validation import payload_problem
+from gpu_exporter.alerting.settings import AlertmanagerConfig
 from gpu_exporter.model.catalog import FAMILIES
 from tests.localserver import LocalServer
 from tests.servers import Recorder, alertmanager, am_alerts
 from tests.support import wait_for
+from tests.test_notifier import am, notifier_to
 
 FAST = {"retry_initial_backoff_seconds": 0.02, "retry_max_backoff_seconds": 0.1}
 LOGGER = "gpu_exporter.alerting.notify.alertmanager"
@@ -104,9 +99,9 @@ class ScriptedServer:
 
 
 @contextlib.contextmanager
-def running(target: AlertmanagerTarget, **settings: Any) -> Iterator[Notifier]:
+def running(target: AlertmanagerConfig, **settings: Any) -> Iterator[Notifier]:
     external = settings.pop("external_labels", {})
-    notifier = Notifier(NotifierSettings((target,), **{**FAST, **settings}), external)
+    notifier = notifier_to([target], external, **{**FAST, **settings})
     notifier.start()
     try:
         yield notifier
@@ -142,9 +137,7 @@ def test_401_keeps_the_alerts_until_the_password_file_is_fixed(
 
     caplog.set_level(logging.ERROR, logger=LOGGER)
     with ScriptedServer(answer) as server:
-        target = AlertmanagerTarget(
-            server.url, basic_auth_username="gpu", basic_auth_password_file=str(password)
-        )
+        target = am(server.url, basic_auth={"username": "gpu", "password_file": str(password)})
         with running(target) as notifier:
             notifier.send([alert("NeedsAuth0"), alert("NeedsAuth1")])
             wait_for(
@@ -174,7 +167,7 @@ def test_403_with_a_full_queue_drops_only_the_oldest_and_counts_them() -> None:
 
     with (
         ScriptedServer(answer) as server,
-        running(AlertmanagerTarget(server.url), queue_capacity=3) as n,
+        running(am(server.url), queue_capacity=3) as n,
     ):
         for i in range(5):
             n.send([alert(f"F{i}")])
@@ -196,7 +189,7 @@ def test_413_above_five_alerts_delivers_all_in_smaller_batches_none_twice() -> N
         return (413, "Request Entity Too Large") if len(alerts) > limit else (200, "")
 
     names = [f"Big{i:02d}" for i in range(23)]
-    with ScriptedServer(answer) as server, running(AlertmanagerTarget(server.url)) as notifier:
+    with ScriptedServer(answer) as server, running(am(server.url)) as notifier:
         notifier.send([alert(n) for n in names])
         wait_for(lambda: stats_of(notifier, server.url).sent_total == 23, 5, "delivery")
         learned = stats_of(notifier, server.url).batch_limit
@@ -221,7 +214,7 @@ def test_the_full_batch_size_is_tried_again_after_the_reset_time() -> None:
 
     with (
         ScriptedServer(answer) as server,
-        running(AlertmanagerTarget(server.url), batch_limit_reset_seconds=0.3) as notifier,
+        running(am(server.url), batch_limit_reset_seconds=0.3) as notifier,
     ):
         notifier.send([alert(f"R{i}") for i in range(4)])
         wait_for(lambda: stats_of(notifier, server.url).sent_total == 4, 5, "delivery")
@@ -248,7 +241,7 @@ def test_a_single_alert_still_too_large_is_dropped_loudly_and_the_rest_delivered
 
     caplog.set_level(logging.ERROR, logger=LOGGER)
     others = [f"Small{i}" for i in range(7)]
-    with ScriptedServer(answer) as server, running(AlertmanagerTarget(server.url)) as notifier:
+    with ScriptedServer(answer) as server, running(am(server.url)) as notifier:
         notifier.send([alert(n) for n in others[:3]] + [huge] + [alert(n) for n in others[3:]])
         wait_for(lambda: stats_of(notifier, server.url).rejected_total == 1, 5, "the drop")
         wait_for(lambda: stats_of(notifier, server.url).sent_total == 7, 5, "delivery")
@@ -280,7 +273,7 @@ def test_400_for_one_alert_of_a_batch_delivers_the_others_and_drops_that_one(
     caplog.set_level(logging.WARNING, logger=LOGGER)
     names = [f"Batch{i:02d}" for i in range(16)]
     batch = [alert(n, poison="1") if n == "Batch11" else alert(n) for n in names]
-    with ScriptedServer(poisoned) as server, running(AlertmanagerTarget(server.url)) as notifier:
+    with ScriptedServer(poisoned) as server, running(am(server.url)) as notifier:
         notifier.send(batch)
         wait_for(lambda: stats_of(notifier, server.url).rejected_total == 1, 5, "the drop")
         wait_for(lambda: stats_of(notifier, server.url).sent_total == 15, 5, "delivery")
@@ -317,7 +310,7 @@ def test_several_refused_alerts_and_503s_lose_and_duplicate_nothing() -> None:
     poison = {f"P{i:03d}" for i in rng.sample(range(300), 12)}
     with (
         ScriptedServer(answer) as server,
-        running(AlertmanagerTarget(server.url), queue_capacity=120, max_batch_size=32) as n,
+        running(am(server.url), queue_capacity=120, max_batch_size=32) as n,
     ):
         for start in range(0, 300, 30):
             n.send(
@@ -350,7 +343,7 @@ def test_a_half_delivered_is_not_sent_again_when_the_other_half_fails() -> None:
             return 503, ""
         return 200, ""
 
-    with ScriptedServer(answer) as server, running(AlertmanagerTarget(server.url)) as notifier:
+    with ScriptedServer(answer) as server, running(am(server.url)) as notifier:
         notifier.send([alert(f"H{i}") for i in range(8)])
         wait_for(lambda: stats_of(notifier, server.url).sent_total == 8, 5, "delivery")
     assert [(p.names, p.status) for p in server.posts] == [
@@ -372,7 +365,7 @@ def test_real_alertmanager_400_drops_only_the_refused_alert(
     monkeypatch.setattr(notifier_module, "payload_problem", lambda payload: None)
     caplog.set_level(logging.ERROR, logger=LOGGER)
     with Recorder() as hook, alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url:
-        with running(AlertmanagerTarget(am_url)) as notifier:
+        with running(am(am_url)) as notifier:
             notifier.send([alert("Good0"), alert("Bad", **{"k8s-cluster": "prod"}), alert("Good1")])
             wait_for(lambda: stats_of(notifier, am_url).rejected_total == 1, 8, "the drop")
             wait_for(lambda: stats_of(notifier, am_url).queue_length == 0, 8, "an empty queue")
@@ -397,7 +390,7 @@ def test_real_alertmanager_gets_the_valid_alerts_and_invalid_ones_are_refused_be
         ends_at=None,
     )
     with Recorder() as hook, alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url:
-        with running(AlertmanagerTarget(am_url)) as notifier:
+        with running(am(am_url)) as notifier:
             notifier.send([alert("Valid"), bad_annotation, alert("BadLabel", **{"1x": "y"})])
             wait_for(lambda: stats_of(notifier, am_url).sent_total == 1, 8, "delivery")
             stats = stats_of(notifier, am_url)
@@ -418,9 +411,7 @@ def test_an_invalid_external_label_refuses_every_alert_before_sending(
     caplog.set_level(logging.ERROR, logger=LOGGER)
     with (
         Recorder() as server,
-        running(
-            AlertmanagerTarget(server.url), external_labels={"k8s-cluster": "prod"}
-        ) as notifier,
+        running(am(server.url), external_labels={"k8s-cluster": "prod"}) as notifier,
     ):
         notifier.send([alert("A"), alert("B")])
         stats = stats_of(notifier, server.url)
@@ -431,7 +422,7 @@ def test_an_invalid_external_label_refuses_every_alert_before_sending(
 
 def test_dropped_alert_logs_are_capped_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.ERROR, logger=LOGGER)
-    with Recorder() as server, running(AlertmanagerTarget(server.url)) as notifier:
+    with Recorder() as server, running(am(server.url)) as notifier:
         notifier.send([alert(f"Bad{i}", **{"bad-name": "x"}) for i in range(25)])
         stats = stats_of(notifier, server.url)
     logged = [r for r in caplog.records if "not sending alert" in r.getMessage()]
@@ -506,7 +497,7 @@ def test_client_side_checks_match_alertmanager(
 
 def test_every_reason_is_a_series_from_the_start_and_named_in_the_catalog() -> None:
     url = "http://127.0.0.1:9"
-    notifier = Notifier(NotifierSettings((AlertmanagerTarget(url),)))
+    notifier = notifier_to([am(url)])
     rows = {(s.name, s.labels): s.value for s in notifier_series(notifier)}
     help_of = {f.name: f.help for f in FAMILIES}
     for family, reasons in (

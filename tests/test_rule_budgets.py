@@ -14,7 +14,8 @@ import pytest
 
 from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.loader import RuleFileError
-from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.settings import RulesConfig
 from gpu_exporter.model.series import SeriesSet, series
 from tests.daemon import command, free_port
 
@@ -60,7 +61,7 @@ def metric(manager: RuleManager, name: str, **labels: str) -> float:
 
 def test_a_7d_range_is_refused_at_load_by_the_1h_default(tmp_path: Path) -> None:
     path = write(tmp_path, WEEK_RULE)
-    manager = RuleManager(RuleSettings(files=[str(path)]))
+    manager = RuleManager(RulesConfig(files=[str(path)]))
     with pytest.raises(RuleFileError) as caught:
         manager.load()
     (problem,) = caught.value.problems
@@ -80,7 +81,7 @@ groups:
       - record: past_it
         expr: g offset 56m
 """
-    manager = RuleManager(RuleSettings(files=[str(write(tmp_path, text))]))
+    manager = RuleManager(RulesConfig(files=[str(write(tmp_path, text))]))
     with pytest.raises(RuleFileError) as caught:
         manager.load()
     (problem,) = caught.value.problems
@@ -89,14 +90,14 @@ groups:
 
 def test_raising_the_limit_loads_the_rule(tmp_path: Path) -> None:
     path = write(tmp_path, WEEK_RULE)
-    manager = RuleManager(RuleSettings(files=[str(path)], max_range_seconds=WEEK))
+    manager = RuleManager(RulesConfig(files=[str(path)], max_range_seconds=WEEK))
     manager.load()
     assert [r["name"] for r in manager.rules_json()[0]["rules"]] == ["Hot", "HotAllWeek"]
 
 
 def test_a_reload_past_the_limit_is_refused_and_the_old_rules_stay(tmp_path: Path) -> None:
     path = write(tmp_path, WEEK_RULE.split("      - alert: HotAllWeek")[0])
-    manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=3600))
+    manager = RuleManager(RulesConfig(files=[str(path)], reload_check_seconds=3600))
     manager.load()
     manager.on_series(node(1000.0))
     path.write_text(WEEK_RULE)
@@ -187,7 +188,7 @@ def test_a_group_past_its_budget_stops_is_counted_and_the_tick_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write(tmp_path, HEAVY)
-    settings = RuleSettings(files=[str(path)], group_time_budget_seconds=0.05)
+    settings = RulesConfig(files=[str(path)], group_time_budget_seconds=0.05)
     manager = RuleManager(settings)
     manager.load()
     started = time.perf_counter()
@@ -212,18 +213,19 @@ def test_a_group_past_its_budget_stops_is_counted_and_the_tick_goes_on(
 
 def test_a_stopped_evaluation_keeps_firing_alerts_firing(tmp_path: Path) -> None:
     path = write(tmp_path, HEAVY.split("  - name: light")[0])
-    settings = RuleSettings(files=[str(path)], group_time_budget_seconds=60)
+    settings = RulesConfig(files=[str(path)], group_time_budget_seconds=60)
     manager = RuleManager(settings)
     manager.load()
     manager.on_series(node(1000.0, gpus=4))
     firing = manager.alerts_json()
     assert {a["labels"]["alertname"] for a in firing} == {"Hot", "After"}
     assert {a["state"] for a in firing} == {"firing"}
-    settings.group_time_budget_seconds = 1e-9  # spent before the first rule starts
+    # Spent before the first rule starts.
+    manager.settings = settings.model_copy(update={"group_time_budget_seconds": 1e-9})
     manager.on_series(node(1001.0, gpus=4, value=20.0))  # would resolve every alert
     assert manager.evaluator.groups[0].last_stopped == 3
     assert manager.alerts_json() == firing  # same alerts, states, activeAt and values
-    settings.group_time_budget_seconds = 60
+    manager.settings = settings
     manager.on_series(node(1002.0, gpus=4, value=20.0))  # evaluated again: now they resolve
     assert manager.alerts_json() == []
     rules = {r["name"]: r for g in manager.rules_json() for r in g["rules"]}
@@ -231,8 +233,9 @@ def test_a_stopped_evaluation_keeps_firing_alerts_firing(tmp_path: Path) -> None
 
 
 def test_the_default_budget_is_half_the_evaluation_interval() -> None:
-    assert RuleSettings(evaluation_interval=1.0).group_budget == 0.5
-    assert RuleSettings(evaluation_interval=1.0, group_time_budget_seconds=0.2).group_budget == 0.2
+    assert RuleManager(RulesConfig(), interval_seconds=1.0).group_budget == 0.5
+    budget = RulesConfig(group_time_budget_seconds=0.2)
+    assert RuleManager(budget, interval_seconds=1.0).group_budget == 0.2
 
 
 # --- history memory -----------------------------------------------------------------------------
@@ -250,7 +253,7 @@ def test_a_7d_rule_on_8_gpus_stays_under_the_history_cap(tmp_path: Path) -> None
     path = write(tmp_path, WEEK_OF_ALL)
     cap = 1 << 20
     manager = RuleManager(
-        RuleSettings(files=[str(path)], max_range_seconds=WEEK, history_max_bytes=cap)
+        RulesConfig(files=[str(path)], max_range_seconds=WEEK, history_max_bytes=cap)
     )
     manager.load()
     peak = 0.0
@@ -272,7 +275,7 @@ def test_a_7d_rule_on_8_gpus_stays_under_the_history_cap(tmp_path: Path) -> None
 def test_a_reload_whose_history_cannot_fit_the_node_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, WEEK_RULE.split("      - alert: HotAllWeek")[0])
     manager = RuleManager(
-        RuleSettings(
+        RulesConfig(
             files=[str(path)], max_range_seconds=WEEK, history_max_bytes=1 << 20,
             reload_check_seconds=3600,
         )

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter.alerting.rules.loader import RuleFileError, load_rule_files, parse_duration
-from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.settings import RulesConfig
 from gpu_exporter.model.series import SeriesBuilder, SeriesSet
 from gpu_exporter.model.snapshot import DeviceSample, Reading, Snapshot, TickStats
 
@@ -96,7 +97,7 @@ def test_a_glob_matching_nothing_is_an_error(tmp_path: Path) -> None:
 def test_alert_goes_pending_then_firing_and_is_sent_then_resolved(tmp_path: Path) -> None:
     sink = Sink()
     manager = RuleManager(
-        RuleSettings(files=[str(write(tmp_path, GOOD))], evaluation_interval=1.0), sink
+        RulesConfig(files=[str(write(tmp_path, GOOD))], evaluation_interval_seconds=1.0), sink
     )
     manager.load()
     manager.on_series(series_of(snapshot(1000.0, 90)))
@@ -124,7 +125,7 @@ def test_alert_goes_pending_then_firing_and_is_sent_then_resolved(tmp_path: Path
 
 def test_a_broken_reload_keeps_the_last_good_rules(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
-    manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=0.01))
+    manager = RuleManager(RulesConfig(files=[str(path)], reload_check_seconds=0.01))
     manager.load()
     manager.on_series(series_of(snapshot(1000.0, 90)))
     path.write_text(GOOD.replace("gpu_temperature_celsius > 80", "gpu_temperature_celsius >"))
@@ -142,7 +143,7 @@ def test_a_broken_reload_keeps_the_last_good_rules(tmp_path: Path) -> None:
 
 def test_reload_on_request_keeps_state_of_unchanged_rules(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
-    manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=3600))
+    manager = RuleManager(RulesConfig(files=[str(path)], reload_check_seconds=3600))
     manager.load()
     manager.on_series(series_of(snapshot(1000.0, 90)))
     path.write_text(GOOD + "      - alert: Cold\n        expr: gpu_temperature_celsius < 10\n")
@@ -197,7 +198,7 @@ def test_export_is_a_prometheusrule_promtool_accepts(tmp_path: Path) -> None:
         [require_tool("promtool"), "check", "rules", str(spec)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    from gpu_exporter.alerting.rules.pack import all_pack_files
+    from gpu_exporter.alerting.pack import all_pack_files
 
     shipped = sum(len(group.rules) for group in load_rule_files(all_pack_files()))
     assert f"SUCCESS: {shipped} rules found" in checked.stdout

@@ -13,7 +13,8 @@ from pathlib import Path
 from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.engine import RETENTION_MARGIN_SECONDS as MARGIN
 from gpu_exporter.alerting.rules.engine import GroupEvaluator
-from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.settings import RulesConfig
 from gpu_exporter.alerting.store import (
     Labels,
     Matcher,
@@ -47,7 +48,7 @@ S = make_labels("s", [("gpu", "0")])
 def manager_for(tmp_path: Path, text: str = RULES) -> RuleManager:
     path = tmp_path / "rules.yaml"
     path.write_text(text)
-    manager = RuleManager(RuleSettings(files=[str(path)]))
+    manager = RuleManager(RulesConfig(files=[str(path)]))
     manager.load()
     return manager
 

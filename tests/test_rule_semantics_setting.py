@@ -11,9 +11,10 @@ import pytest
 
 from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.loader import LoadLimits, RuleFileError, load_rule_files
-from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.settings import RulesConfig
 from gpu_exporter.alerting.store import SeriesStore
-from gpu_exporter.config.load import ConfigError, load_config, rule_settings
+from gpu_exporter.config.load import ConfigError, load_config, rule_manager
 from tests.support import gpu_exporter
 from tests.test_values_schema import rendered_config
 
@@ -38,14 +39,14 @@ groups:
 def test_the_default_is_prometheus_2_42_everywhere(tmp_path: Path) -> None:
     config = load_config(None, environ={})
     assert config.rules.semantics == promql.DEFAULT_SEMANTICS.name == "prometheus2"
-    assert rule_settings(config).semantics is promql.PROMETHEUS_2
-    assert RuleSettings().semantics is promql.PROMETHEUS_2
+    assert rule_manager(config).semantics is promql.PROMETHEUS_2
+    assert RuleManager(RulesConfig()).semantics is promql.PROMETHEUS_2
 
 
 def test_the_setting_reaches_the_rule_manager(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("rules:\n  semantics: prometheus3\n")
-    assert rule_settings(load_config(path, environ={})).semantics is promql.PROMETHEUS_3
+    assert rule_manager(load_config(path, environ={})).semantics is promql.PROMETHEUS_3
     environ = {"GPU_EXPORTER_RULES__SEMANTICS": "prometheus3"}
     assert load_config(None, environ=environ).rules.semantics == "prometheus3"
 
@@ -74,7 +75,7 @@ def test_the_manager_evaluates_with_the_semantics(
 ) -> None:
     path = tmp_path / "rules.yaml"
     path.write_text(COUNTING)
-    settings = RuleSettings(files=[str(path)], semantics=promql.SEMANTICS[semantics])
+    settings = RulesConfig(files=[str(path)], semantics=semantics)
     manager = RuleManager(settings, SeriesStore(retention_seconds=math.inf))
     manager.load()
     labels = (("__name__", "x"),)

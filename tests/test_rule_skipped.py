@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from gpu_exporter.alerting.rules.loader import RuleFileError, load_rule_files, skipped_rules
-from gpu_exporter.alerting.rules.manager import NEVER_EVALUATED, RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import NEVER_EVALUATED, RuleManager
 from gpu_exporter.alerting.rules.runbook import with_runbook_base
+from gpu_exporter.alerting.settings import RulesConfig
 from tests.daemon import parse_samples, serve_with_live_rules
 from tests.support import gpu_exporter, promtool, wait_for
 from tests.test_rule_manager import Sink, series_of, snapshot
@@ -171,7 +172,7 @@ def test_the_manager_lists_counts_and_logs_the_skipped_rule_and_never_evaluates_
     caplog.set_level(logging.WARNING, logger="gpu_exporter.alerting.rules.manager")
     path = write(tmp_path, MIXED)
     sink = Sink()
-    manager = RuleManager(RuleSettings(files=[str(path)], evaluation_interval=1.0), sink)
+    manager = RuleManager(RulesConfig(files=[str(path)], evaluation_interval_seconds=1.0), sink)
     manager.load()
     for t in range(3):
         manager.on_series(series_of(snapshot(1000.0 + t, 90)))
@@ -208,7 +209,7 @@ def test_the_manager_lists_counts_and_logs_the_skipped_rule_and_never_evaluates_
 
 def test_a_reload_adding_or_removing_the_skipped_rule_updates_the_count(tmp_path: Path) -> None:
     path = write(tmp_path, WITHOUT_NATIVE)
-    manager = RuleManager(RuleSettings(files=[str(path)], reload_check_seconds=3600))
+    manager = RuleManager(RulesConfig(files=[str(path)], reload_check_seconds=3600))
     manager.load()
     assert skipped_metric(manager) == {"mixed": 0.0}
     path.write_text(MIXED)

@@ -25,7 +25,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpu_exporter import sim
-from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.settings import RulesConfig
 from gpu_exporter.collect.classify import CLASSES, Classifier
 from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.collect.source import ErrorLog
@@ -90,7 +91,7 @@ def api_json() -> Iterator[dict[str, Any]]:
     source = NvmlSource(errors=errors, clock=clock)
     try:
         source.start()
-        rules = RuleManager(RuleSettings(evaluation_interval=5.0))  # the shipped rule pack
+        rules = RuleManager(RulesConfig(evaluation_interval_seconds=5.0))  # the shipped rule pack
         rules.load()
         sampler = Sampler(source, errors, interval=5.0, wall_clock=lambda: 1.75e9 + clock.now)
         sampler.add_processor("classifier", Classifier().process)

@@ -24,7 +24,8 @@ from gpu_exporter.alerting.health import (
     RULES_DISABLED,
     HealthView,
 )
-from gpu_exporter.alerting.rules.manager import RuleManager, RuleSettings
+from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.settings import RulesConfig
 from gpu_exporter.collect.classify import class_kind
 from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.collect.source import ErrorLog
@@ -158,7 +159,7 @@ def test_without_in_daemon_rules_health_says_there_is_no_verdict(tmp_path: Path)
 
 
 def test_the_shipped_pack_defines_what_the_health_column_shows() -> None:
-    rules = RuleManager(RuleSettings())  # the shipped rule pack
+    rules = RuleManager(RulesConfig())  # the shipped rule pack
     rules.load()
     groups = {group["name"]: group for group in rules.rules_json()}
     assert HEALTH_GROUP in groups, sorted(groups)
@@ -198,7 +199,7 @@ def test_a_pending_health_alert_makes_the_gpu_pending_and_other_groups_do_not_co
     source = NvmlSource(errors=errors, clock=clock)
     try:
         source.start()
-        rules = RuleManager(RuleSettings(files=[str(rules_file)], evaluation_interval=5.0))
+        rules = RuleManager(RulesConfig(files=[str(rules_file)], evaluation_interval_seconds=5.0))
         rules.load()
         sampler = Sampler(source, errors, interval=5.0, wall_clock=lambda: 1.75e9 + clock.now)
         sampler.add_listener(rules)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from gpu_exporter.alerting.pack import HEALTH_GROUP  # the pack group that defines health
 from gpu_exporter.alerting.rules.manager import NEVER_EVALUATED
-from gpu_exporter.alerting.rules.pack import HEALTH_GROUP  # the pack group that defines health
 from gpu_exporter.model import xids
 
 RULES_DISABLED = "in-daemon rules are disabled (rules.enabled: false): no health verdict"

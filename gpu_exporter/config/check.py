@@ -113,11 +113,10 @@ def _web_config_problems(config: Config, root: Path | None) -> list[str]:
 def _rule_problems(config: Config) -> list[str]:
     if not config.rules.enabled:
         return []
-    from gpu_exporter.alerting.rules.manager import RuleManager
-    from gpu_exporter.config.load import rule_settings
+    from gpu_exporter.config.load import rule_manager
 
     try:
-        RuleManager(rule_settings(config)).load()  # what `serve` does before it starts
+        rule_manager(config).load()  # what `serve` does before it starts
     except ValueError as exc:  # RuleFileError: one line per problem
         return str(exc).splitlines()
     return []

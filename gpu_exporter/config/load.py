@@ -9,38 +9,25 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from gpu_exporter.alerting.notify.alertmanager import AlertmanagerTarget, NotifierSettings
-from gpu_exporter.alerting.rules import promql
-from gpu_exporter.alerting.rules.manager import RuleSettings
-from gpu_exporter.alerting.rules.pack import default_rule_files
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
+from gpu_exporter.alerting.settings import AlertingConfig, RulesConfig
 from gpu_exporter.collect.settings import (
     ClassifierConfig,
     DcgmConfig,
     KubernetesConfig,
     NvmlConfig,
 )
-from gpu_exporter.model.defaults import (
-    DEFAULT_INTERVAL_SECONDS,
-    DEFAULT_LISTEN_ADDRESS,
-    DEFAULT_RULE_SEMANTICS,
-)
-from gpu_exporter.model.promnames import label_name_problem
-from gpu_exporter.support.validation import SettingsModel, Wording, explain, split_commas
+from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+from gpu_exporter.support.validation import SettingsModel, Wording, explain
 from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
-from gpu_exporter.web import http_server
 from gpu_exporter.web.settings import DcgmCompatConfig, WebConfig, split_host_port
+
+if TYPE_CHECKING:  # the rule manager and the PromQL engine: imported when one is built
+    from gpu_exporter.alerting.rules.manager import AlertSink, RuleManager
 
 ENV_PREFIX = "GPU_EXPORTER_"
 ENV_CONFIG_FILE = "GPU_EXPORTER_CONFIG"
@@ -62,139 +49,8 @@ class ConfigError(ValueError):
     """Invalid settings; the message is ready to print (one line per problem)."""
 
 
-# Every default below comes from the dataclass the setting ends up in; tests/test_config.py
-# fails if a literal creeps back in and drifts.
-# RuleSettings, AlertmanagerTarget and NotifierSettings defaults are read as class attributes:
-# the last two cannot be built without arguments (a url, the targets).
-
-
 # `Field(default=...)` by keyword throughout: type checkers read a field's default from that
 # keyword only (PEP 681), so a positional default would make the field look required.
-
-
-def _parse_pairs(value: Any) -> Any:
-    """Label maps from the environment arrive as `k=v,k2=v2`."""
-    if isinstance(value, str):
-        pairs: dict[str, str] = {}
-        for part in filter(None, (p.strip() for p in value.split(","))):
-            key, sep, item = part.partition("=")
-            if not sep:
-                raise ValueError(f"expected key=value, got {part!r}")
-            if key.strip() in pairs:
-                raise ValueError(f"{key.strip()!r} is given twice")
-            pairs[key.strip()] = item.strip()
-        return pairs
-    return value
-
-
-def _label_name(name: str) -> str:
-    """Alertmanager's API answers 400 to an alert with an invalid label name: all are lost."""
-    problem = label_name_problem(name)
-    if problem:
-        raise ValueError(problem)
-    return name
-
-
-LabelName = Annotated[str, AfterValidator(_label_name)]
-LabelValue = Annotated[str, Field(min_length=1)]  # an empty value is no label at all
-
-
-class RulesConfig(SettingsModel):
-    enabled: bool = True
-    files: list[str] = Field(default_factory=default_rule_files)  # the shipped pack
-    evaluation_interval_seconds: float | None = Field(
-        default=None, ge=0.2, le=3600
-    )  # default: interval
-    reload_check_seconds: float = Field(default=RuleSettings.reload_check_seconds, gt=0, le=3600)
-    max_range_seconds: float = Field(default=RuleSettings.max_range_seconds, gt=0, le=7 * 86400)
-    # Default: half the evaluation interval.
-    group_time_budget_seconds: float | None = Field(default=None, gt=0, le=3600)
-    history_max_bytes: int = Field(default=RuleSettings.history_max_bytes, ge=1 << 20, le=1 << 34)
-    # Which Prometheus' PromQL the rules follow: match the cluster's Prometheus.
-    semantics: Literal["prometheus2", "prometheus3"] = DEFAULT_RULE_SEMANTICS  # type: ignore[assignment]
-
-    _lists = field_validator("files", mode="before")(split_commas)
-
-
-class BasicAuthConfig(SettingsModel):
-    username: str
-    password: str | None = None
-    password_file: str | None = None
-
-
-class TlsConfig(SettingsModel):
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    insecure_skip_verify: bool = AlertmanagerTarget.insecure_skip_verify
-
-
-class AlertmanagerConfig(SettingsModel):
-    url: str
-    basic_auth: BasicAuthConfig | None = None
-    bearer_token: str | None = None
-    bearer_token_file: str | None = None
-    tls: TlsConfig = TlsConfig()
-    timeout_seconds: float = Field(default=AlertmanagerTarget.timeout_seconds, gt=0, le=300)
-
-    def target(self) -> AlertmanagerTarget:
-        auth = self.basic_auth
-        return AlertmanagerTarget(
-            url=self.url,
-            basic_auth_username=auth.username if auth else None,
-            basic_auth_password=auth.password if auth else None,
-            basic_auth_password_file=auth.password_file if auth else None,
-            bearer_token=self.bearer_token,
-            bearer_token_file=self.bearer_token_file,
-            ca_file=self.tls.ca_file,
-            cert_file=self.tls.cert_file,
-            key_file=self.tls.key_file,
-            insecure_skip_verify=self.tls.insecure_skip_verify,
-            timeout_seconds=self.timeout_seconds,
-        )
-
-
-class AlertingConfig(SettingsModel):
-    alertmanagers: list[AlertmanagerConfig] = Field(default=[])
-    # Added to every alert sent; `node` defaults to $NODE_NAME (the DaemonSet's downward API).
-    external_labels: dict[LabelName, LabelValue] = Field(default={})
-    external_url: str = RuleSettings.external_url
-    resend_delay_seconds: float = Field(default=RuleSettings.resend_delay, gt=0, le=86400)
-    queue_capacity: int = Field(default=NotifierSettings.queue_capacity, ge=1, le=1_000_000)
-    # Where the alerts' runbook_url points (gpu_exporter/alerting/rules/runbook.py); None: this
-    # daemon's own /runbook (Config.runbook_base_url).
-    runbook_base_url: str | None = None
-
-    _pairs = field_validator("external_labels", mode="before")(_parse_pairs)
-
-    @field_validator("runbook_base_url")
-    @classmethod
-    def _absolute_url(cls, value: str | None) -> str | None:
-        if value is not None:
-            url = urlsplit(value)
-            if url.scheme not in ("http", "https") or not url.netloc:
-                raise ValueError(f"must be an absolute http(s) URL, got {value!r}")
-            if url.fragment:
-                raise ValueError(
-                    f"must not have a #fragment (the alert adds its own), got {value!r}"
-                )
-        return value
-
-    @field_validator("alertmanagers", mode="before")
-    @classmethod
-    def _urls(cls, value: Any) -> Any:
-        """URLs alone (flag or `GPU_EXPORTER_ALERTING__ALERTMANAGERS=http://a,http://b`)."""
-        if isinstance(value, str):
-            value = split_commas(value)
-        if isinstance(value, list):
-            return [{"url": item} if isinstance(item, str) else item for item in value]
-        return value
-
-    @model_validator(mode="after")
-    def _targets_valid(self) -> AlertingConfig:
-        for am in self.alertmanagers:
-            am.target()  # the notifier's own checks: scheme, auth combinations, files
-        return self
 
 
 class Config(SettingsModel):
@@ -369,20 +225,19 @@ def _describe(
     return f"config error: {format_path(path)}: {message}"
 
 
-def rule_settings(config: Config) -> RuleSettings:
-    """The rule manager's settings for `config`; `config check` loads the rules with these too."""
-    return RuleSettings(
-        files=config.rules.files,
-        evaluation_interval=config.rules.evaluation_interval_seconds or config.interval_seconds,
-        resend_delay=config.alerting.resend_delay_seconds,
+def rule_manager(config: Config, notifier: AlertSink | None = None) -> RuleManager:
+    """The rule manager `serve` runs for `config` (its rules not loaded yet); `config check`
+    loads the rules with it too. What it needs from other sections and the environment is
+    resolved here: the evaluation interval's default, the node's external label and the
+    runbook base URL."""
+    from gpu_exporter.alerting.rules.manager import RuleManager
+    from gpu_exporter.web.http_server import serves_tls
+
+    return RuleManager(
+        config.rules,
+        notifier,
+        alerting=config.alerting,
+        interval_seconds=config.interval_seconds,
         external_labels=config.external_labels(),
-        external_url=config.alerting.external_url,
-        runbook_base_url=config.runbook_base_url(
-            lambda: http_server.serves_tls(config.web_config_file)
-        ),
-        reload_check_seconds=config.rules.reload_check_seconds,
-        max_range_seconds=config.rules.max_range_seconds,
-        group_time_budget_seconds=config.rules.group_time_budget_seconds,
-        history_max_bytes=config.rules.history_max_bytes,
-        semantics=promql.SEMANTICS[config.rules.semantics],
+        runbook_base_url=config.runbook_base_url(lambda: serves_tls(config.web_config_file)),
     )

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from gpu_exporter.alerting.pack import HEALTH_GROUP, default_rule_files
 from gpu_exporter.alerting.rules.alerts import Alert, State
 from gpu_exporter.alerting.rules.engine import GroupEvaluator
 from gpu_exporter.alerting.rules.loader import LoadLimits, RuleFileError, load_rule_files
 from gpu_exporter.alerting.rules.manager import store_samples
-from gpu_exporter.alerting.rules.pack import HEALTH_GROUP, default_rule_files
 from gpu_exporter.alerting.store import Labels, SeriesStore
 from gpu_exporter.model import xids
 from gpu_exporter.model.series import SeriesSet

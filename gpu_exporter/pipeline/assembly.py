@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpu_exporter.alerting.notify import Notifier, NotifierSettings
+from gpu_exporter.alerting.notify import Notifier
 from gpu_exporter.alerting.rules.manager import RuleManager
 from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
-from gpu_exporter.config.load import node_name, rule_settings
+from gpu_exporter.config.load import node_name, rule_manager
 from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.web.settings import DcgmCompatConfig
 
@@ -149,14 +149,8 @@ def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifi
     notifier = None
     if config.alerting.alertmanagers:
         warn_label_mismatches(config.alerting.external_labels)
-        notifier = Notifier(
-            NotifierSettings(
-                targets=tuple(am.target() for am in config.alerting.alertmanagers),
-                queue_capacity=config.alerting.queue_capacity,
-            ),
-            external_labels=config.external_labels(),
-        )
-    manager = RuleManager(rule_settings(config), notifier)
+        notifier = Notifier(config.alerting, external_labels=config.external_labels())
+    manager = rule_manager(config, notifier)
     manager.load()
     sampler.add_listener(manager)
     sampler.add_late_producer(manager.producer())

@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_exporter import __version__
 from gpu_exporter.alerting.health import HealthView
+from gpu_exporter.alerting.pack import HEALTH_GROUP
 from gpu_exporter.alerting.rules import runbook
 from gpu_exporter.alerting.rules.loader import NOT_EVALUATED
-from gpu_exporter.alerting.rules.pack import HEALTH_GROUP
 from gpu_exporter.collect.classify import class_kind
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.model.catalog import BY_NAME

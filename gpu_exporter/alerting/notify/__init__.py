@@ -1,18 +1,16 @@
 """Delivery of the daemon's own alerts to Alertmanager (API v2)."""
 
 from gpu_exporter.alerting.notify.alertmanager import (
-    AlertmanagerTarget,
+    Delivery,
     Notifier,
-    NotifierSettings,
     NotifierStats,
     OutgoingAlert,
     TargetStats,
 )
 
 __all__ = [
-    "AlertmanagerTarget",
+    "Delivery",
     "Notifier",
-    "NotifierSettings",
     "NotifierStats",
     "OutgoingAlert",
     "TargetStats",

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from gpu_exporter import __version__
 from gpu_exporter.alerting.notify import answers
 from gpu_exporter.alerting.notify.answers import Answer, Verdict
 from gpu_exporter.alerting.notify.validation import payload_problem
+from gpu_exporter.alerting.settings import AlertingConfig, AlertmanagerConfig
 from gpu_exporter.support.ratelimit import RateLimit
 
 if TYPE_CHECKING:  # imported by _build_client, only when an Alertmanager is configured
@@ -60,63 +60,20 @@ class OutgoingAlert:
 
 
 @dataclass(frozen=True)
-class AlertmanagerTarget:
-    """One Alertmanager; alerts are POSTed to `{url}/api/v2/alerts`."""
+class Delivery:
+    """How alerts are delivered: tunables, not settings (the configuration has no key for
+    them; tests shorten them). At most 256 alerts go in one POST, as Prometheus' notifier
+    sends (notifier.go, maxBatchSize); a failed POST is retried after half a second, doubling
+    up to 30 s. After a 413 fewer alerts go in one POST; the full max_batch_size is tried
+    again `batch_limit_reset_seconds` after the last 413 (a proxy's limit may have been
+    raised)."""
 
-    url: str
-    basic_auth_username: str | None = None
-    basic_auth_password: str | None = None
-    basic_auth_password_file: str | None = None
-    bearer_token: str | None = None
-    bearer_token_file: str | None = None  # re-read on each request (token rotation)
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    insecure_skip_verify: bool = False
-    timeout_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        _validate_url(self.url)
-        where = f"alertmanager {self.url}"
-        has_basic = self.basic_auth_username is not None
-        has_bearer = self.bearer_token is not None or self.bearer_token_file is not None
-        if has_basic and has_bearer:
-            raise ValueError(f"{where}: set basic auth or a bearer token, not both")
-        if self.basic_auth_password is not None and self.basic_auth_password_file is not None:
-            raise ValueError(
-                f"{where}: set basic_auth_password or basic_auth_password_file, not both"
-            )
-        if not has_basic and (
-            self.basic_auth_password is not None or self.basic_auth_password_file is not None
-        ):
-            raise ValueError(f"{where}: a basic auth password needs basic_auth_username")
-        if self.bearer_token is not None and self.bearer_token_file is not None:
-            raise ValueError(f"{where}: set bearer_token or bearer_token_file, not both")
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError(f"{where}: cert_file and key_file must be set together")
-        if not self.timeout_seconds > 0:
-            raise ValueError(f"{where}: timeout_seconds must be > 0, got {self.timeout_seconds}")
-        for name in ("basic_auth_password_file", "bearer_token_file"):
-            path = getattr(self, name)
-            if path is not None and not Path(path).is_file():
-                raise ValueError(f"{where}: {name} {path!r} is not a readable file")
-
-
-@dataclass(frozen=True)
-class NotifierSettings:
-    targets: tuple[AlertmanagerTarget, ...]
-    queue_capacity: int = 10000  # per target
     max_batch_size: int = 256
     retry_initial_backoff_seconds: float = 0.5
     retry_max_backoff_seconds: float = 30.0
-    # After a 413 fewer alerts go in one POST; the full max_batch_size is tried again this long
-    # after the last 413 (a proxy's limit may have been raised).
     batch_limit_reset_seconds: float = 600.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "targets", tuple(self.targets))
-        if self.queue_capacity < 1:
-            raise ValueError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if not self.retry_initial_backoff_seconds > 0:
@@ -125,11 +82,6 @@ class NotifierSettings:
             raise ValueError("retry_max_backoff_seconds must be >= retry_initial_backoff_seconds")
         if not self.batch_limit_reset_seconds > 0:
             raise ValueError("batch_limit_reset_seconds must be > 0")
-        urls = [t.url.rstrip("/") for t in self.targets]
-        duplicates = sorted({u for u in urls if urls.count(u) > 1})
-        if duplicates:
-            # Stats and metrics are keyed by url, so each Alertmanager may appear once.
-            raise ValueError(f"alertmanager url listed more than once: {', '.join(duplicates)}")
 
 
 @dataclass(frozen=True)
@@ -189,10 +141,20 @@ class Notifier:
 
     def __init__(
         self,
-        settings: NotifierSettings,
+        settings: AlertingConfig,
         external_labels: Mapping[str, str] = _NO_LABELS,
         clock: Callable[[], float] = time.time,
+        delivery: Delivery = Delivery(),
     ) -> None:
+        """To `settings.alertmanagers`, with `external_labels` (the configured ones and the
+        node's, resolved by the caller) added to every alert."""
+        for target in settings.alertmanagers:
+            target.check()  # again: a secret file may have gone since the settings were read
+        urls = [t.url.rstrip("/") for t in settings.alertmanagers]
+        duplicates = sorted({u for u in urls if urls.count(u) > 1})
+        if duplicates:
+            # Stats and metrics are keyed by url, so each Alertmanager may appear once.
+            raise ValueError(f"alertmanager url listed more than once: {', '.join(duplicates)}")
         for name, value in external_labels.items():
             if not isinstance(name, str) or not isinstance(value, str):
                 raise ValueError(f"external label {name!r}={value!r}: names and values are strings")
@@ -202,7 +164,7 @@ class Notifier:
         self._stopped = False
         self._late_sends = RateLimit(WARN_INTERVAL_SECONDS)
         self._invalid_log = RateLimit(WARN_INTERVAL_SECONDS, burst=LOGGED_DROPS_PER_INTERVAL)
-        self._senders = _build_senders(settings, clock)
+        self._senders = _build_senders(settings, delivery, clock)
 
     def start(self) -> None:
         with self._lock:
@@ -267,12 +229,12 @@ class Notifier:
 
 
 def _build_senders(
-    settings: NotifierSettings, clock: Callable[[], float]
+    settings: AlertingConfig, delivery: Delivery, clock: Callable[[], float]
 ) -> tuple[_TargetSender, ...]:
     senders: list[_TargetSender] = []
     try:
-        for target in settings.targets:
-            senders.append(_TargetSender(target, settings, clock))
+        for target in settings.alertmanagers:
+            senders.append(_TargetSender(target, settings.queue_capacity, delivery, clock))
     except Exception:  # e.g. a bad TLS file: close the clients already made
         for sender in senders:
             sender.join(0.0)
@@ -328,16 +290,20 @@ class _TargetSender:
     """
 
     def __init__(
-        self, target: AlertmanagerTarget, settings: NotifierSettings, clock: Callable[[], float]
+        self,
+        target: AlertmanagerConfig,
+        capacity: int,
+        delivery: Delivery,
+        clock: Callable[[], float],
     ) -> None:
         self.url = target.url
         self._target = target
         self._endpoint = target.url.rstrip("/") + API_PATH
-        self._capacity = settings.queue_capacity
-        self._max_batch = settings.max_batch_size
-        self._initial_backoff = settings.retry_initial_backoff_seconds
-        self._max_backoff = settings.retry_max_backoff_seconds
-        self._limit_reset = settings.batch_limit_reset_seconds
+        self._capacity = capacity
+        self._max_batch = delivery.max_batch_size
+        self._initial_backoff = delivery.retry_initial_backoff_seconds
+        self._max_backoff = delivery.retry_max_backoff_seconds
+        self._limit_reset = delivery.batch_limit_reset_seconds
         self._clock = clock
         self._client = _build_client(target)
         self._cond = threading.Condition()
@@ -569,16 +535,16 @@ class _TargetSender:
 
     def _auth_headers(self) -> dict[str, str]:
         """Read per request so that rotated password and token files take effect."""
-        t = self._target
+        t, auth = self._target, self._target.basic_auth
         if t.bearer_token is not None:
             return {"Authorization": f"Bearer {t.bearer_token}"}
         if t.bearer_token_file is not None:
             return {"Authorization": f"Bearer {_read(t.bearer_token_file)}"}
-        if t.basic_auth_username is not None:
-            password = t.basic_auth_password or ""
-            if t.basic_auth_password_file is not None:
-                password = _read(t.basic_auth_password_file)
-            userpass = f"{t.basic_auth_username}:{password}".encode()
+        if auth is not None:
+            password = auth.password or ""
+            if auth.password_file is not None:
+                password = _read(auth.password_file)
+            userpass = f"{auth.username}:{password}".encode()
             return {"Authorization": "Basic " + base64.b64encode(userpass).decode("ascii")}
         return {}
 
@@ -661,10 +627,10 @@ class _TargetSender:
         )
 
 
-def _build_client(target: AlertmanagerTarget) -> httpx.Client:
+def _build_client(target: AlertmanagerConfig) -> httpx.Client:
     # Imported here, not at module level: httpx and what it pulls in (pygments, httpcore,
-    # certifi...) cost about 4 MiB and 20 ms at start-up, and config.py imports this module
-    # for the settings even when no Alertmanager is configured.
+    # certifi...) cost about 4 MiB and 20 ms at start-up, and the daemon imports this module
+    # even when no Alertmanager is configured.
     import httpx
 
     return httpx.Client(
@@ -677,34 +643,18 @@ def _build_client(target: AlertmanagerTarget) -> httpx.Client:
     )
 
 
-def _ssl_context(target: AlertmanagerTarget) -> ssl.SSLContext:
+def _ssl_context(target: AlertmanagerConfig) -> ssl.SSLContext:
+    tls = target.tls
     try:
-        context = ssl.create_default_context(cafile=target.ca_file)
-        if target.cert_file is not None:
-            context.load_cert_chain(target.cert_file, target.key_file)
+        context = ssl.create_default_context(cafile=tls.ca_file)
+        if tls.cert_file is not None:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
     except OSError as exc:  # includes ssl.SSLError: unreadable or invalid PEM
         raise ValueError(f"alertmanager {target.url}: cannot load TLS files: {exc}") from exc
-    if target.insecure_skip_verify:
+    if tls.insecure_skip_verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     return context
-
-
-def _validate_url(url: str) -> None:
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # raises ValueError for a bad port
-    except ValueError as exc:
-        raise ValueError(f"alertmanager url {url!r}: {exc}") from exc
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"alertmanager url {url!r}: the scheme must be http or https")
-    if not parts.hostname:
-        raise ValueError(f"alertmanager url {url!r}: no host")
-    if parts.username is not None or parts.password is not None:
-        # Credentials in the url would end up in logs and metric labels.
-        raise ValueError(f"alertmanager url {url!r}: use basic_auth_username, not user@host")
-    if parts.query or parts.fragment:
-        raise ValueError(f"alertmanager url {url!r}: no query or fragment allowed")
 
 
 def _read(path: str) -> str:

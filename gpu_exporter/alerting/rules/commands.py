@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
+from gpu_exporter.alerting.pack import all_pack_files
 from gpu_exporter.alerting.rules import promql, runbook
 from gpu_exporter.alerting.rules.loader import (
-    DEFAULT_MAX_RANGE_SECONDS,
     MAX_RANGE_SETTING,
     LoadLimits,
     RuleFileError,
@@ -19,8 +19,8 @@ from gpu_exporter.alerting.rules.loader import (
     load_rule_files,
     skipped_rules,
 )
-from gpu_exporter.alerting.rules.pack import all_pack_files
 from gpu_exporter.alerting.rules.unit_tests import run_test_files
+from gpu_exporter.alerting.settings import DEFAULT_MAX_RANGE_SECONDS
 from gpu_exporter.support.yamlfile import YamlFileError, load_yaml_file
 
 # `rules check`'s word for the loader's skipped rules.

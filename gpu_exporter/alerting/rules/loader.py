@@ -39,9 +39,6 @@ _DURATION = re.compile(
     r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$"
 )
 _UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
-# How far back a rule may read (range + offset) unless `rules.max_range_seconds` says otherwise:
-# the rule store keeps each metric's history that long, at the sampling interval.
-DEFAULT_MAX_RANGE_SECONDS = 3600.0
 MAX_RANGE_SETTING = "rules.max_range_seconds"
 # Only the functions of native histograms (promql.NATIVE_HISTOGRAM_FUNCTIONS: the daemon has
 # none; each takes an instant vector last and returns one) make a rule skipped rather than

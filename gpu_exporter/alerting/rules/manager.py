@@ -22,8 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,7 +30,6 @@ from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.alerts import Alert, AlertingRule, State, ends_at
 from gpu_exporter.alerting.rules.engine import GroupEvaluator, GroupState, RuleState
 from gpu_exporter.alerting.rules.loader import (
-    DEFAULT_MAX_RANGE_SECONDS,
     LoadLimits,
     Rule,
     RuleFileError,
@@ -40,8 +38,8 @@ from gpu_exporter.alerting.rules.loader import (
     load_rule_files,
     skipped_rules,
 )
-from gpu_exporter.alerting.rules.pack import default_rule_files
 from gpu_exporter.alerting.rules.runbook import with_runbook_base
+from gpu_exporter.alerting.settings import AlertingConfig, RulesConfig
 from gpu_exporter.alerting.store import Labels, SeriesStore, make_labels
 from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.model.series import Producer, Series, SeriesSet, series
@@ -52,30 +50,6 @@ log = logging.getLogger(__name__)
 
 class AlertSink(Protocol):
     def send(self, alerts: Sequence[Any]) -> None: ...
-
-
-@dataclass
-class RuleSettings:
-    files: list[str] = field(default_factory=default_rule_files)
-    evaluation_interval: float = DEFAULT_INTERVAL_SECONDS
-    resend_delay: float = 60.0
-    external_labels: dict[str, str] = field(default_factory=dict)
-    external_url: str = ""
-    # Shipped runbook links (docs/runbook.md#...) are made absolute under this; "": as written.
-    runbook_base_url: str = ""
-    reload_check_seconds: float = 5.0
-    # Budgets: a rule's range or offset reaching further back than this is
-    # refused at load; one group's evaluation running longer than this is stopped and counted
-    # (None: half the evaluation interval); the rule history's memory is capped at this size.
-    max_range_seconds: float = DEFAULT_MAX_RANGE_SECONDS
-    group_time_budget_seconds: float | None = None
-    history_max_bytes: int = 64 * 1024 * 1024
-    # Which Prometheus' PromQL the rules are evaluated as (`rules.semantics`).
-    semantics: promql.Semantics = promql.DEFAULT_SEMANTICS
-
-    @property
-    def group_budget(self) -> float:
-        return self.group_time_budget_seconds or self.evaluation_interval / 2
 
 
 # A group over its time budget is logged at most this often (each time counted).
@@ -123,11 +97,28 @@ class RuleManager:
 
     def __init__(
         self,
-        settings: RuleSettings,
+        settings: RulesConfig,
         notifier: AlertSink | None = None,
         store: SeriesStore | None = None,
+        *,
+        alerting: AlertingConfig | None = None,
+        interval_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        external_labels: Mapping[str, str] | None = None,
+        runbook_base_url: str = "",
     ) -> None:
+        """`settings` and `alerting` as configured; the rest resolved from other settings and
+        the environment (gpu_exporter/config/load.py's rule_manager): `interval_seconds`, the
+        sampling interval, is the evaluation interval unless `settings` sets one;
+        `external_labels` are the alerts' (None: alerting's as configured);
+        `runbook_base_url` makes the shipped runbook links absolute ("": as written)."""
         self.settings = settings
+        self.alerting = alerting or AlertingConfig()
+        self.evaluation_interval = settings.evaluation_interval_seconds or interval_seconds
+        self.external_labels = dict(
+            self.alerting.external_labels if external_labels is None else external_labels
+        )
+        self.runbook_base_url = runbook_base_url
+        self.semantics = promql.SEMANTICS[settings.semantics]
         self.notifier = notifier
         self.store = store or SeriesStore()
         self.store.limit_bytes(settings.history_max_bytes)
@@ -148,6 +139,11 @@ class RuleManager:
         self.reloads_failed_total = 0
         self._reload_requested = threading.Event()
 
+    @property
+    def group_budget(self) -> float:
+        """How long one group's evaluation may take: the setting, else half the interval."""
+        return self.settings.group_time_budget_seconds or self.evaluation_interval / 2
+
     # -- loading -------------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -158,14 +154,14 @@ class RuleManager:
         """The rule files as an evaluator, carrying over the current rules' state; raises
         RuleFileError for a broken file, or for rules whose history cannot fit the cap."""
         groups = load_rule_files(self.settings.files, self._limits())
-        groups = with_runbook_base(groups, self.settings.runbook_base_url)
+        groups = with_runbook_base(groups, self.runbook_base_url)
         evaluator = GroupEvaluator(
             groups,
             self.store,
-            external_labels=self.settings.external_labels,
-            external_url=self.settings.external_url,
+            external_labels=self.external_labels,
+            external_url=self.alerting.external_url,
             previous=self.evaluator,
-            semantics=self.settings.semantics,
+            semantics=self.semantics,
         )
         problem = self._history_problem(evaluator)
         if problem:
@@ -210,7 +206,7 @@ class RuleManager:
 
     def _limits(self) -> LoadLimits:
         return LoadLimits(
-            max_range_seconds=self.settings.max_range_seconds, semantics=self.settings.semantics
+            max_range_seconds=self.settings.max_range_seconds, semantics=self.semantics
         )
 
     def reload(self) -> bool:
@@ -278,7 +274,7 @@ class RuleManager:
         self.reload_if_changed(time.monotonic())
         samples = self._store_labels.samples(series_set, self.store.names, "tick")
         self.store.ingest(now, samples, group="tick")
-        budget = self.settings.group_budget
+        budget = self.group_budget
         with self._lock:
             evaluator = self.evaluator
             for group in evaluator.groups:
@@ -317,11 +313,11 @@ class RuleManager:
         return Producer("rules", lambda: self.series(), frozenset({"rules"}))
 
     def _interval(self, group: GroupState) -> float:
-        return group.group.interval_seconds or self.settings.evaluation_interval
+        return group.group.interval_seconds or self.evaluation_interval
 
     def _due(self, group: GroupState, now: float) -> bool:
         # Half a tick of slack: a group on the sampling interval runs every tick despite jitter.
-        slack = self.settings.evaluation_interval / 2
+        slack = self.evaluation_interval / 2
         return (
             not group.last_evaluation
             or now >= group.last_evaluation + self._interval(group) - slack
@@ -337,14 +333,14 @@ class RuleManager:
         for rule in group.rules:
             if not isinstance(rule, AlertingRule) or rule.last_error:
                 continue  # as Prometheus: a failed evaluation sends nothing
-            for alert in rule.to_send(now, self.settings.resend_delay, interval):
+            for alert in rule.to_send(now, self.alerting.resend_delay_seconds, interval):
                 outgoing.append(
                     OutgoingAlert(
                         labels=dict(alert.labels),
                         annotations=dict(alert.annotations),
                         starts_at=alert.fired_at or alert.active_at,
-                        ends_at=ends_at(alert, now, self.settings.resend_delay, interval),
-                        generator_url=f"{self.settings.external_url}/api/v1/alerts",
+                        ends_at=ends_at(alert, now, self.alerting.resend_delay_seconds, interval),
+                        generator_url=f"{self.alerting.external_url}/api/v1/alerts",
                     )
                 )
         if outgoing:

@@ -64,8 +64,8 @@ from gpu_exporter.alerting.rules.promql_values import (
     drop_name,
     unique,
 )
+from gpu_exporter.alerting.settings import DEFAULT_RULE_SEMANTICS, RULE_SEMANTICS
 from gpu_exporter.alerting.store import CHECK_EVERY, Labels, Matcher, SeriesStore, Window, is_stale
-from gpu_exporter.model.defaults import DEFAULT_RULE_SEMANTICS, RULE_SEMANTICS
 from gpu_exporter.support.regex import RegexError, check_label_matcher
 
 __all__ = [

@@ -15,8 +15,10 @@ import re
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from gpu_exporter.alerting.rules.loader import Group, Rule
+if TYPE_CHECKING:  # the loader brings the PromQL engine; the configuration reads this module
+    from gpu_exporter.alerting.rules.loader import Group, Rule
 
 # What the shipped rules' runbook_url values start with (the file's path in this repository).
 RUNBOOK_SOURCE = "docs/runbook.md"

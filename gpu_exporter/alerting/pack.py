@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PACK_DIR = Path(__file__).resolve().parent.parent / "rulepack"  # a link to ../../rules in the tree
+PACK_DIR = Path(__file__).resolve().parent / "rulepack"  # a link to ../../rules in the tree
 # The pack's group whose alerts define an unhealthy GPU (diagnose and the status page read it).
 HEALTH_GROUP = "gpu-health"
 
