@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_exporter import __version__
 from gpu_exporter.alerting.settings import DEFAULT_RULE_SEMANTICS, RULE_SEMANTICS
-from gpu_exporter.collect.settings import add_dcgm_arguments
-from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
+from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS, add_dcgm_arguments
+from gpu_exporter.web.settings import DEFAULT_LISTEN_ADDRESS
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
     from gpu_exporter.collect.nvml.source import NvmlSource

@@ -17,6 +17,9 @@ from pydantic import Field, field_validator, model_validator
 from gpu_exporter.model.activity import BY_DCGM_FIELD
 from gpu_exporter.support.validation import SettingsModel, split_commas
 
+# How often every source is read, one snapshot per interval (the top-level interval_seconds),
+# and the rules evaluated unless they have an interval of their own.
+DEFAULT_INTERVAL_SECONDS = 1.0
 # How long a tick waits for a GPU's reads when no deadline is set (`default_deadline`): most of
 # the default one-second interval, so that a slow GPU still makes its tick.
 DEFAULT_DEVICE_DEADLINE_SECONDS = 0.8

@@ -1,7 +1,9 @@
 """Settings from one YAML file, environment variables and flags (flags win, then environment).
 
-Every error names where the bad value came from: the file, field and line; the environment
-variable; or the flag.
+Each section is the model of the folder that reads it (collect/settings.py, alerting/settings.py,
+web/settings.py); `Config` composes them with the top-level settings and checks what spans
+sections. Every error names where the bad value came from: the file, field and line; the
+environment variable; or the flag.
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
 from gpu_exporter.alerting.settings import AlertingConfig, RulesConfig
 from gpu_exporter.collect.settings import (
+    DEFAULT_INTERVAL_SECONDS,
     ClassifierConfig,
     DcgmConfig,
     KubernetesConfig,
     NvmlConfig,
 )
-from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS, DEFAULT_LISTEN_ADDRESS
 from gpu_exporter.support.validation import SettingsModel, Wording, explain
 from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, format_path, load_yaml_file
-from gpu_exporter.web.settings import DcgmCompatConfig, WebConfig, split_host_port
+from gpu_exporter.web.settings import (
+    DEFAULT_LISTEN_ADDRESS,
+    DcgmCompatConfig,
+    WebConfig,
+    split_host_port,
+)
 
 if TYPE_CHECKING:  # the rule manager and the PromQL engine: imported when one is built
     from gpu_exporter.alerting.rules.manager import AlertSink, RuleManager
@@ -54,6 +61,8 @@ class ConfigError(ValueError):
 
 
 class Config(SettingsModel):
+    """The whole configuration: the top-level settings and every folder's section."""
+
     listen_address: str = DEFAULT_LISTEN_ADDRESS
     # 0.2 s at least: GPM needs windows of 100 ms or more.
     interval_seconds: float = Field(default=DEFAULT_INTERVAL_SECONDS, ge=0.2, le=3600)

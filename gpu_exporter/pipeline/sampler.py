@@ -36,8 +36,8 @@ from typing import Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.collect.source import ErrorLog, Source
-from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.model.guard import Guard
 from gpu_exporter.model.series import Producer, SeriesBuilder, SeriesSet, with_collector_series
 from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample, Labels, Snapshot, TickStats

@@ -16,6 +16,10 @@ from pydantic import Field, field_validator, model_validator
 
 from gpu_exporter.support.validation import SettingsModel
 
+# Where the daemon serves HTTP (the top-level listen_address): every interface, since
+# Prometheus scrapes it from another host.
+DEFAULT_LISTEN_ADDRESS = "0.0.0.0:9449"
+
 
 def split_host_port(address: str) -> tuple[str, int]:
     """`HOST:PORT` or `[IPV6]:PORT` -> (host, port); ValueError with the reason otherwise."""

@@ -41,7 +41,7 @@ from gpu_exporter.alerting.rules.loader import (
 from gpu_exporter.alerting.rules.runbook import with_runbook_base
 from gpu_exporter.alerting.settings import AlertingConfig, RulesConfig
 from gpu_exporter.alerting.store import Labels, SeriesStore, make_labels
-from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS
+from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.model.series import Producer, Series, SeriesSet, series
 from gpu_exporter.support.ratelimit import RateLimit
 

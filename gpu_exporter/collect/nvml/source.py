@@ -55,12 +55,11 @@ from gpu_exporter.collect.nvml.calls import (
 from gpu_exporter.collect.nvml.device import DeviceReader, TickResult
 from gpu_exporter.collect.nvml.values import error_name
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
-from gpu_exporter.collect.settings import NvmlConfig
+from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS, NvmlConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError, TooManyDevicesError
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.collect.worker import Worker, on_own_thread
 from gpu_exporter.model import guard
-from gpu_exporter.model.defaults import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.model.guard import Guard
 from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample
 
