@@ -49,6 +49,9 @@ fault: on the roofline, low-intensity work (LLM decode, elementwise ops) is memo
 nature; idle, tensor_bound and compute_bound are not problems, and unknown means missing data,
 not a fault. Notes (XIDs the pack does not alert on, ECC errors from before the run, setting
 notes, topology notes) never change the exit status.
+
+Imports `collect`, `alerting`, `sim`, `model` and `support`; not `config` (what it needs comes
+from its own flags) nor `pipeline` (checked in CI: `lint-imports`).
 """
 
 from __future__ import annotations
