@@ -217,7 +217,9 @@ def test_mig_config_ticks_with_series_per_instance() -> None:
     finally:
         pipeline.close()
     used = [line for line in text.splitlines() if line.startswith("gpu_memory_used_bytes{")]
-    engine = [line for line in text.splitlines() if line.startswith("gpu_graphics_engine_active")]
+    engine = [
+        line for line in text.splitlines() if line.startswith("gpu_graphics_engine_active_ratio{")
+    ]
     assert sum('mig_uuid="' in line for line in used) == 56
     assert sum('mig_uuid="' in line for line in engine) == 56
     assert not any(line.startswith("gpu_utilization_ratio{") for line in text.splitlines())

@@ -81,11 +81,13 @@ def test_mig_ids_of_every_form_reach_their_instance(devices: list[DeviceSample])
     assert holders(gke.mig_uuid) == [("gke", "small")]
     assert holders(shared[0].mig_uuid) == [("a", "ci0")]
     assert holders(shared[1].mig_uuid) == [("a", "ci1")]
-    # Every series of an instance carries its (first) pod; instances no pod holds carry none.
+    # Every series of an instance carries its pod, or all of them when several share it (no
+    # one of them alone); instances no pod holds carry none.
     sm = {
         dict(r.labels).get("mig_uuid", ""): dict(r.labels) for r in rows.of("gpu_sm_active_ratio")
     }
-    assert sm[launch.mig_uuid]["pod"] == "spin-a"
+    assert "pod" not in sm[launch.mig_uuid]
+    assert sm[launch.mig_uuid]["holders"] == "infer/spin-a/main,infer/spin-b/main"
     assert (sm[legacy.mig_uuid]["pod"], sm[gke.mig_uuid]["pod"]) == ("big", "small")
     held = {launch.mig_uuid, legacy.mig_uuid, gke.mig_uuid, "", *(i.mig_uuid for i in shared)}
     free = [labels for uuid, labels in sm.items() if uuid not in held]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_exporter.sim.scenario import load_scenario
 from tests.daemon import serve
@@ -30,15 +31,14 @@ def fast_reconfiguration(tmp_path: Path) -> Path:
 
 
 def series(text: str, family: str) -> list[dict[str, str]]:
-    """Label sets of `family`'s samples in a text exposition."""
-    out = []
-    for line in text.splitlines():
-        name, brace, rest = line.partition("{")
-        if name != family or not brace:
-            continue
-        labels = rest.rsplit("}", 1)[0]
-        out.append(dict(pair.split("=", 1) for pair in labels.replace('"', "").split(",")))
-    return out
+    """Label sets of `family`'s samples in a text exposition (parsed as Prometheus does: a label
+    value may hold commas, as `holders` does)."""
+    return [
+        dict(sample.labels)
+        for metrics in text_string_to_metric_families(text)
+        for sample in metrics.samples
+        if sample.name == family
+    ]
 
 
 def test_mig_node_serves_valid_metrics_and_follows_the_reconfiguration(tmp_path: Path) -> None:
@@ -78,9 +78,14 @@ def test_mig_node_serves_valid_metrics_and_follows_the_reconfiguration(tmp_path:
         assert not [s for s in sm if s["gpu"] == "3"]  # A100: no GPM, activity absent
         shared = [s for s in series(text, "gpu_mig_instance_info") if s["gpu"] == "3"]
         assert sorted(s.get("compute_instance", "-") for s in shared) == ["-", "-", "0", "1", "2"]
-        # The scenario's pods, from the fake kubelet serve runs for them: on their instances.
+        # The scenario's pods, from the fake kubelet serve runs for them: on their instances;
+        # the two sharing one are both named on its series (neither alone).
         launch = next(s for s in sm if s.get("gpu_instance") == "9" and s["gpu"] == "0")
-        assert (launch["namespace"], launch["pod"]) == ("infer", "chat-small-0")
+        assert "pod" not in launch
+        assert [h.split("/")[:2] for h in launch["holders"].split(",")] == [
+            ["infer", "chat-small-0"],
+            ["infer", "chat-small-1"],
+        ]
         held = {(p.get("gpu_instance"), p["pod"]) for p in series(text, "gpu_pod_info")}
         assert {("9", "chat-small-0"), ("9", "chat-small-1"), (None, "pretrain-0")} <= held
         assert not [s for s in power if "pod" in s and s["gpu"] != "2"]  # MIG parents: none

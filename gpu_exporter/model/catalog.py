@@ -8,8 +8,10 @@ family is added or renamed in exactly one place.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from types import MappingProxyType
 
 
 class Kind(StrEnum):
@@ -26,6 +28,9 @@ class Scope(StrEnum):
     GPU_AND_INSTANCE = "gpu, instance"
     INSTANCE = "instance"
 
+
+# The labels that name a pod's container: on gpu_pod_info and the per-pod families as their own.
+POD_LABELS = ("namespace", "pod", "container")
 
 # Labels of a MIG instance's series, after the parent GPU's gpu and uuid (series.py says when
 # each is present).
@@ -62,6 +67,21 @@ class Family:
 
 
 G, C = Kind.GAUGE, Kind.COUNTER
+
+# Activity ratio -> (its counter of active seconds, what is active), for the activity families
+# without labels of their own.
+_ACTIVITY_SECONDS: dict[str, tuple[str, str]] = {
+    "gpu_sm_active_ratio": ("gpu_sm_active_seconds_total", "SMs"),
+    "gpu_tensor_active_ratio": ("gpu_tensor_active_seconds_total", "Tensor Cores"),
+    "gpu_dram_active_ratio": ("gpu_dram_active_seconds_total", "DRAM interface"),
+    "gpu_graphics_engine_active_ratio": (
+        "gpu_graphics_engine_active_seconds_total",
+        "graphics/compute engine",
+    ),
+}
+ACTIVITY_SECONDS: Mapping[str, str] = MappingProxyType(
+    {ratio: counter for ratio, (counter, _) in _ACTIVITY_SECONDS.items()}
+)
 BOTH = Scope.GPU_AND_INSTANCE
 
 FAMILIES: tuple[Family, ...] = (
@@ -422,9 +442,110 @@ FAMILIES: tuple[Family, ...] = (
         Kind.INFO,
         "Pod and container the GPU or MIG instance is allocated to (kubelet PodResources); "
         "value is always 1.",
-        ("namespace", "pod", "container"),
+        POD_LABELS,
         source="kubernetes",
         scope=BOTH,
+    ),
+    # Activity as counters: the ratio of each tick times the tick's interval, summed.
+    *(
+        Family(
+            counter,
+            C,
+            f"Active time of the {what}: {ratio} integrated over each tick (ratio times the "
+            "time since the previous tick), so rate() gives the exact average over any window.",
+            unit="seconds",
+            source="activity",
+            scope=BOTH,
+        )
+        for ratio, (counter, what) in _ACTIVITY_SECONDS.items()
+    ),
+    # Per-process use, by the pod and container each process runs in (kubernetes.processes).
+    Family(
+        "gpu_pod_processes",
+        G,
+        "Processes of the container running on the GPU or MIG instance (NVML's running-process "
+        "lists); 0 for a container the kubelet allocated it to that runs none.",
+        POD_LABELS,
+        source="processes",
+        scope=BOTH,
+    ),
+    Family(
+        "gpu_pod_memory_used_bytes",
+        G,
+        "GPU memory used by the container's processes, summed from NVML's per-process figures "
+        "(measured).",
+        POD_LABELS,
+        unit="bytes",
+        source="processes",
+        scope=BOTH,
+    ),
+    Family(
+        "gpu_pod_utilization_ratio",
+        G,
+        "Share of the last tick the container's kernels ran on the GPU, summed from NVML's "
+        "per-process SM samples (measured; bounded by gpu_utilization_ratio). NVML has none under "
+        "MIG.",
+        POD_LABELS,
+        unit="ratio",
+        source="processes",
+    ),
+    Family(
+        "gpu_pod_encoder_utilization_ratio",
+        G,
+        "Share of the last tick the GPU's video encoders worked for the container (NVML's "
+        "per-process samples, measured).",
+        POD_LABELS,
+        unit="ratio",
+        source="processes",
+    ),
+    Family(
+        "gpu_pod_decoder_utilization_ratio",
+        G,
+        "Share of the last tick the GPU's video decoders worked for the container (NVML's "
+        "per-process samples, measured).",
+        POD_LABELS,
+        unit="ratio",
+        source="processes",
+    ),
+    Family(
+        "gpu_pod_energy_joules_total",
+        C,
+        "GPU energy charged to the container: all of it while the container alone runs on the GPU "
+        "(attribution=\"exclusive\", measured), else each tick's energy times the container's "
+        'share of the SM time its processes used (attribution="apportioned": an estimate, NVML '
+        "measures no per-process energy). Never more than gpu_energy_joules_total over all "
+        "containers.",
+        (*POD_LABELS, "attribution"),
+        unit="joules",
+        source="processes",
+    ),
+    Family(
+        "gpu_unattributed_processes",
+        G,
+        'Processes on the GPU or MIG instance that no container is known for: reason="host" (it '
+        'runs outside Kubernetes), "unknown" (its container could not be found: see '
+        "gpu_exporter_process_attribution_up).",
+        ("reason",),
+        source="processes",
+        scope=BOTH,
+    ),
+    Family(
+        "gpu_unattributed_memory_used_bytes",
+        G,
+        "GPU memory used by the processes of gpu_unattributed_processes, by reason (measured).",
+        ("reason",),
+        unit="bytes",
+        source="processes",
+        scope=BOTH,
+    ),
+    Family(
+        "gpu_unattributed_utilization_ratio",
+        G,
+        "Share of the last tick the kernels of the processes of gpu_unattributed_processes ran, by "
+        "reason (measured).",
+        ("reason",),
+        unit="ratio",
+        source="processes",
     ),
     # Self-telemetry.
     Family(
@@ -630,6 +751,24 @@ FAMILIES: tuple[Family, ...] = (
         "1 when the last kubelet PodResources refresh succeeded; while 0 the last known pod"
         " labels are kept until a grace period after the last success, then removed.",
         source="kubernetes",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_process_attribution_up",
+        G,
+        "1 when the last mapping of GPU processes to containers could read the processes' "
+        "cgroups and the container runtime answered; while 0 their use is counted unattributed "
+        '(reason="unknown").',
+        source="processes",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_process_attribution_errors_total",
+        C,
+        "Failures mapping GPU processes to containers, by what failed (proc: a process's cgroup "
+        "or stat could not be read; runtime: the container runtime's CRI API failed).",
+        ("reason",),
+        source="processes",
         per_device=False,
     ),
     Family(

@@ -12,11 +12,14 @@ Labels of a per-GPU series (the exposition and the store sort them by name):
     (memory, activity, classes, pods, size); a whole GPU's never carry instance labels;
   - the family's own labels from the catalog (`clock`, `reason`, `peer_gpu`, ...);
   - with pod attribution in `labels` mode, the GPU's (or instance's) `namespace`, `pod` and
-    `container` — on EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an alert on a
-    lost GPU names the pod it hit, and a rule over any family keeps the same labels on both
-    alert paths. The one exception is `gpu_pod_info`, whose own namespace/pod/container (one
-    series per pod sharing the GPU) win. A MIG parent's own series have none (pods hold its
-    instances). In `info` mode (and without attribution) only `gpu_pod_info` has them.
+    `container` when one container holds it, or `holders` ("ns/pod/container,...") when
+    several share it (time-slicing, MPS) — on EVERY per-GPU family, `gpu_up` and `gpu_info`
+    included, so an alert on a lost GPU names the pod it hit (or every pod sharing it, never
+    one of them alone), and a rule over any family keeps the same labels on both alert
+    paths. The exceptions are the families that name a container themselves (`gpu_pod_info`,
+    one series per pod holding the GPU; the per-pod use `gpu_pod_*`): they carry only their
+    own. A MIG parent's own series have none (pods hold its instances). In `info` mode (and
+    without attribution) only those families have them.
 Empty label values are dropped, as Prometheus reads an empty label as absent.
 
 Every series is checked against the catalog: its family exists, its sample name belongs to the
@@ -45,12 +48,16 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from gpu_exporter import __version__
-from gpu_exporter.model.catalog import BY_NAME, FAMILIES, INSTANCE_LABELS, Family, Kind
+from gpu_exporter.model.catalog import BY_NAME, FAMILIES, INSTANCE_LABELS, POD_LABELS, Family, Kind
 from gpu_exporter.model.guard import Guard, merge
 from gpu_exporter.model.snapshot import CollectorStatus, Labels, Reading, Snapshot, find_value
 
 DEVICE_LABELS = ("gpu", "uuid")
-ATTRIBUTION_LABELS = ("namespace", "pod", "container")
+# What pod attribution adds to a GPU's series in `labels` mode: the pod's namespace, pod and
+# container when one container holds the GPU, `holders` (each "namespace/pod/container") when
+# several share it, so that no one of them is blamed for the whole GPU.
+HOLDERS_LABEL = "holders"
+ATTRIBUTION_LABELS = (*POD_LABELS, HOLDERS_LABEL)
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 COLLECTOR_SUCCESS = "gpu_exporter_collector_success"
 COLLECTOR_DURATION = "gpu_exporter_collector_duration_seconds"
@@ -464,11 +471,11 @@ def with_collector_series(
 
 
 def _reading_series(reading: Reading, base: Labels, pods: Labels) -> Series:
-    if not pods:
+    # A reading that names a container itself (gpu_pod_info, the per-pod families) keeps only
+    # its own: the GPU's attribution labels describe the GPU, not that container.
+    if not pods or any(name in POD_LABELS for name, _ in reading.labels):
         return Series(reading.family, reading.family, (*base, *reading.labels), reading.value)
-    own = {name for name, _ in reading.labels}
-    extra = tuple(pair for pair in pods if pair[0] not in own)
-    labels = (*base, *reading.labels, *extra)
+    labels = (*base, *reading.labels, *pods)
     return Series(reading.family, reading.family, labels, reading.value)
 
 

@@ -38,6 +38,28 @@ def find_value(readings: Iterable[Reading], family: str, labels: Mapping[str, st
     return None
 
 
+# The engines NVML samples per process (nvmlProcessUtilizationInfo_v1_t: smUtil, memUtil,
+# encUtil, decUtil, jpgUtil, ofaUtil), by the name the exporter uses for each.
+PROCESS_ENGINES = ("sm", "memory", "encoder", "decoder", "jpeg", "ofa")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """One process on a GPU (or MIG instance) in one tick, as NVML lists it: its host PID, the
+    memory it uses, and its share of each engine's time over the tick.
+
+    `utilization` maps a PROCESS_ENGINES name to a ratio 0..1 over the tick; an engine is
+    absent when NVML had no sample of the process for it (NVML samples a process only when it
+    used the engine: absent means 0). It is None where per-process utilization was not
+    measured: under MIG, where NVML has none, or when this tick's read failed.
+    `mps` marks an MPS client (listed by nvmlDeviceGetMPSComputeRunningProcesses)."""
+
+    pid: int
+    memory_bytes: float | None = None  # None: NVML_VALUE_NOT_AVAILABLE
+    utilization: Mapping[str, float] | None = None
+    mps: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class InstanceSample:
     """One MIG device (a compute instance of a GPU instance) of a GPU, in one tick.
@@ -55,6 +77,8 @@ class InstanceSample:
     shared: bool = False
     readings: tuple[Reading, ...] = ()
     verdict: Verdict | None = None  # the classifier's, with its reason and numbers
+    # Its processes this tick; None: not read (per-process reads off, or the read failed).
+    processes: tuple[ProcessSample, ...] | None = None
 
     @property
     def labels(self) -> Labels:
@@ -93,6 +117,8 @@ class DeviceSample:
     instances: tuple[InstanceSample, ...] = ()
     mig_enabled: bool = False
     verdict: Verdict | None = None  # the classifier's, with its reason and numbers
+    # Its processes this tick (a MIG GPU's are its instances'); None: not read.
+    processes: tuple[ProcessSample, ...] | None = None
 
     @property
     def labels(self) -> Labels:

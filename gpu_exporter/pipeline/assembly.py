@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.alerting.notify import Notifier
 from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.collect.activity_time import ActivityTime
 from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
@@ -91,6 +92,7 @@ def assemble(
     Raises ValueError (RuleFileError, bad Alertmanager settings) for broken rule input.
     """
     sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
+    sampler.add_processor("activity_time", ActivityTime().process)
     sampler.add_processor("classifier", classifier(config).process)
     dcgm = getattr(source, "dcgm", None)  # the NVML source's DCGM supplement, if any
     if dcgm is not None:

@@ -6,16 +6,27 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gpu_exporter.collect.k8s.attribution import DeviceMap, PodAttribution, PodRef
+from gpu_exporter.model.series import HOLDERS_LABEL
 from gpu_exporter.model.snapshot import MINOR_NUMBER, DeviceSample, InstanceSample, Labels, Reading
+
+# A shared GPU's `holders` label names at most this many containers, then "+N more": the label
+# must stay a label (gpu_pod_info lists every holder, one series each).
+MAX_HOLDERS_NAMED = 8
 
 
 def pod_labels(pods: tuple[PodRef, ...]) -> Labels:
-    """Labels for every series of a GPU. A GPU shared by several pods (time-slicing) gets the
-    first one in sorted order; gpu_pod_info lists them all."""
+    """Labels for every series of a GPU: the pod's, when one container holds it; `holders`
+    naming them all when several share it (time-slicing, MPS), so that an alert on the GPU
+    blames none of them alone; gpu_pod_info lists each."""
     if not pods:
         return ()
-    first = pods[0]
-    return (("namespace", first.namespace), ("pod", first.pod), ("container", first.container))
+    if len(pods) == 1:
+        only = pods[0]
+        return (("namespace", only.namespace), ("pod", only.pod), ("container", only.container))
+    named = [f"{p.namespace}/{p.pod}/{p.container}" for p in pods[:MAX_HOLDERS_NAMED]]
+    if len(pods) > MAX_HOLDERS_NAMED:
+        named.append(f"+{len(pods) - MAX_HOLDERS_NAMED} more")
+    return ((HOLDERS_LABEL, ",".join(named)),)
 
 
 class PodsOfTick:
