@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NODE = "gpu-node-7"
 # Alerts the default scenario raises within seconds once windows are short.
 EXPECTED = {
+    "GpuAllocatedButIdle",
     "GpuBusyButIdle",
     "GpuLinkBound",
     "GpuMemoryBandwidthBound",
@@ -128,6 +129,13 @@ def test_every_alert_in_alertmanager_links_its_runbook_and_names_node_and_pod(
         assert "{{" not in annotations["summary"] + annotations["description"], annotations
     # The default scenario's pods hold the GPUs these alerts are about.
     assert with_pods, [a["labels"] for a in alerts]
+    # Its idle notebook, and nothing else, holds a GPU it does nothing with.
+    idle = {
+        (a["labels"]["namespace"], a["labels"]["pod"])
+        for a in alerts
+        if a["labels"]["alertname"] == "GpuAllocatedButIdle"
+    }
+    assert idle == {("research", "notebook-alice-0")}, idle
     by_gpu: dict[str, set[str]] = {}
     for alert in alerts:
         by_gpu.setdefault(alert["labels"].get("gpu", ""), set()).add(alert["labels"]["alertname"])

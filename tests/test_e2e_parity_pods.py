@@ -60,13 +60,15 @@ SHIPPED_FIRING = {
     },
     # GpuXidCritical on 1 and 2; GpuActivityMetricsUnavailable on 3 (no GPM) and on 1 while it
     # is lost; GpuLost on 1 from about 17 s to 30 s.
-    "faults": {"GpuActivityMetricsUnavailable", "GpuLost", "GpuXidCritical"},
+    # GpuAllocatedButIdle: the scenario's idle GPU 0 is held by a pod.
+    "faults": {"GpuActivityMetricsUnavailable", "GpuAllocatedButIdle", "GpuLost", "GpuXidCritical"},
     # GpuBusyButIdle on GPU 0's launch-bound GI 9 only; GpuActivityMetricsUnavailable on the
     # A100's instances that hold memory (no GPM: no activity).
     "mig": {"GpuActivityMetricsUnavailable", "GpuBusyButIdle"},
     # The A100s' activity from the simulated DCGM host engine: GpuBusyButIdle on launch-bound
-    # GPU 2, GpuMemoryBandwidthBound on GPU 3, exactly as on Hopper with GPM.
-    "pre-hopper-dcgm": {"GpuBusyButIdle", "GpuMemoryBandwidthBound"},
+    # GPU 2, GpuMemoryBandwidthBound on GPU 3, exactly as on Hopper with GPM; GpuAllocatedButIdle
+    # on its idle GPU, which a pod holds.
+    "pre-hopper-dcgm": {"GpuAllocatedButIdle", "GpuBusyButIdle", "GpuMemoryBandwidthBound"},
 }
 # Alerts whose two copies differ by design, with the labels only the daemon's copy has: an
 # aggregation that drops `node` sums over every node in Prometheus, while the daemon's sum is

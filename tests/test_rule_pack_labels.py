@@ -134,6 +134,24 @@ SCENARIOS = [
         (('gpu_bottleneck{class="link_bound"}', "1x40"),),
     ),
     Scenario(
+        "GpuAllocatedButIdle",
+        "35m",
+        (("gpu_pod_info", "1x40"), ('gpu_bottleneck{class="idle"}', "1x40")),
+        branch="device-idle",
+    ),
+    Scenario(
+        "GpuAllocatedButIdle",
+        "35m",
+        (("gpu_pod_utilization_ratio", "0x40"),),
+        branch="share-idle",
+    ),
+    Scenario(
+        "GpuAllocatedButIdle",
+        "35m",
+        ((f"gpu_pod_processes{{{MIG}}}", "0x40"),),
+        branch="mig-no-process",
+    ),
+    Scenario(
         "GpuBusyButIdle",
         "10m",
         (
