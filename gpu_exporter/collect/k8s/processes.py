@@ -1,0 +1,159 @@
+"""Which container a GPU process runs in: its host PID -> pod UID and container id -> pod.
+
+NVML lists processes by host PID. `<proc root>/<pid>/cgroup` names the process's cgroups
+(cgroups(7): `hierarchy-ID:controllers:path` lines under cgroup v1, the single `0::path` under
+v2); the kubelet puts every pod in a cgroup named `pod<UID>` and the runtime every container
+in a leaf named by its id (kubernetes pkg/kubelet/cm):
+
+    systemd:  /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid, - as _>.slice
+              /cri-containerd-<id>.scope  (CRI-O: crio-<id>.scope; Docker: docker-<id>.scope)
+    cgroupfs: /kubepods/burstable/pod<uid>/<id>  (Guaranteed pods: no QoS level)
+
+A process under no `kubepods` cgroup runs outside Kubernetes (a host job, a burn-in, an MPS
+daemon started on the host): reason `host`. The container id then becomes namespace/pod/container
+through the container runtime (`containers`, the CRI client of `cri.py`).
+
+Each PID is read once per process: the result is cached by (PID, start time) from
+`<proc root>/<pid>/stat` (field 22, clock ticks since boot), so a PID the kernel reuses for a
+new process is read again and never inherits the old one's pod; entries of PIDs no longer on
+any GPU are dropped. A process that cannot be read (it exited mid-read, or the daemon may not
+read its /proc entry) or whose container the runtime does not know (yet) is `unknown` this
+tick, counted in `gpu_exporter_process_attribution_errors_total`, and read again next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_exporter.collect.k8s.attribution import PodRef
+from gpu_exporter.collect.k8s.pod_use import HOST, UNKNOWN, Owner
+
+log = logging.getLogger(__name__)
+
+# `pod<uid>` in a cgroup path component; the systemd driver writes the UID's dashes as `_`.
+_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+# The container's leaf: a 64-hex id, bare (cgroupfs) or in a runtime's scope (systemd).
+_CONTAINER = re.compile(
+    r"^(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$"
+)
+
+
+@dataclass(frozen=True)
+class CgroupOwner:
+    """What a process's cgroup says: the pod UID and container id, or neither (a host process)."""
+
+    pod_uid: str = ""
+    container_id: str = ""
+
+
+def parse_cgroup(text: str) -> CgroupOwner:
+    """The pod UID and container id a `/proc/<pid>/cgroup` names (cgroup v1, v2 or hybrid;
+    systemd or cgroupfs driver; containerd, CRI-O or Docker naming); empty for a process in no
+    pod. The unified (v2) line wins over v1 lines where both are there."""
+    unified: list[str] = []
+    per_controller: list[str] = []
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        _, _, path = rest.partition(":")
+        if path:
+            (unified if hierarchy == "0" else per_controller).append(path)
+    paths = unified + per_controller
+    for path in paths:
+        parts = path.strip("/").split("/")
+        pod = next((m for m in map(_POD.search, parts) if m), None)
+        if pod is None or "kubepods" not in path:
+            continue
+        uid = pod.group(1).replace("_", "-")
+        container = _CONTAINER.match(parts[-1])
+        return CgroupOwner(uid, container.group(1) if container else "")
+    return CgroupOwner()
+
+
+def start_time(stat: str) -> int:
+    """Field 22 of `/proc/<pid>/stat` (starttime); the command, field 2, may hold spaces and
+    parentheses, so fields are counted after its last `)`."""
+    after = stat[stat.rindex(")") + 2 :].split()
+    return int(after[19])  # fields 3.. follow: starttime is field 22
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    """A container as the runtime knows it."""
+
+    pod: PodRef
+    pod_uid: str
+
+
+class ProcessOwners:
+    """`owners(pids)` for `PodUse`: each PID's container, read from /proc and the runtime."""
+
+    def __init__(
+        self,
+        proc_root: str | Path,
+        containers: Callable[[str], ContainerRef | None],
+        errors: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.proc_root = Path(proc_root)
+        self.containers = containers  # container id -> its ref (None: unknown to the runtime)
+        self.errors = errors  # counts a failure by reason ("proc", "runtime")
+        self._cache: dict[tuple[int, int], CgroupOwner] = {}  # (pid, start time)
+        self._failing: dict[str, str] = {}  # reason -> message, this tick
+        self._failed_before: set[str] = set()  # reasons that failed last tick
+
+    def owners(self, pids: Iterable[int]) -> Mapping[int, Owner]:
+        out: dict[int, Owner] = {}
+        kept: dict[tuple[int, int], CgroupOwner] = {}
+        for pid in pids:
+            found = self._cgroup_owner(pid)
+            if found is None:
+                out[pid] = Owner(reason=UNKNOWN)
+                continue
+            key, cgroup = found
+            kept[key] = cgroup
+            out[pid] = self._owner(cgroup)
+        self._cache = kept  # PIDs gone from every GPU drop out here
+        self._log_changes()
+        return out
+
+    def _log_changes(self) -> None:
+        """One log line when a kind of failure starts, one when it stops: never one per PID."""
+        failing, self._failing = self._failing, {}
+        for reason in sorted(failing.keys() - self._failed_before):
+            log.warning("process attribution: %s (counted unattributed, reason unknown)",
+                        failing[reason])  # fmt: skip
+        for reason in sorted(self._failed_before - failing.keys()):
+            log.info("process attribution: the %s lookups work again", reason)
+        self._failed_before = set(failing)
+
+    def _cgroup_owner(self, pid: int) -> tuple[tuple[int, int], CgroupOwner] | None:
+        directory = self.proc_root / str(pid)
+        try:
+            started = start_time((directory / "stat").read_text())
+            key = (pid, started)
+            cached = self._cache.get(key)
+            if cached is None:
+                cached = parse_cgroup((directory / "cgroup").read_text())
+        except FileNotFoundError:
+            return None  # it exited since NVML listed it: nobody's to count, no error
+        except (OSError, ValueError, IndexError) as exc:
+            self._failed("proc", f"cannot read {directory}: {exc}")
+            return None
+        return key, cached
+
+    def _owner(self, cgroup: CgroupOwner) -> Owner:
+        if not cgroup.pod_uid:
+            return Owner(reason=HOST)
+        ref = self.containers(cgroup.container_id) if cgroup.container_id else None
+        if ref is None or ref.pod_uid != cgroup.pod_uid:
+            self._failed("runtime", f"no container {cgroup.container_id or '(none)'} of pod "
+                         f"{cgroup.pod_uid} in the container runtime")  # fmt: skip
+            return Owner(reason=UNKNOWN)
+        return Owner(ref.pod)
+
+    def _failed(self, reason: str, message: str) -> None:
+        self.errors(reason)
+        self._failing.setdefault(reason, message)
