@@ -60,6 +60,10 @@ class NvmlConfig(SettingsModel):
     # The pcie collector's 20 ms throughput call, on drivers without PCIe byte counters.
     pcie_throughput_fallback: bool = True
     xid_events: bool = True  # the xid collector and its event thread
+    # The processes collector: NVML's per-process lists and samples, every tick. On with
+    # kubernetes.processes.enabled (which maps them to pods); on alone, every process is
+    # unattributed.
+    processes: bool = False
     # More GPUs than this is refused at start with a clear error (each GPU costs a reader thread).
     max_devices: int = Field(default=64, ge=1, le=4096)
 
@@ -160,6 +164,24 @@ class DcgmConfig(SettingsModel):
 STALE_AFTER_REFRESHES = 3
 
 
+class ProcessesConfig(SettingsModel):
+    """`kubernetes.processes:`, per-process attribution: which container each GPU process runs
+    in (gpu_exporter/collect/k8s/processes.py and runtime.py; docs/workloads.md)."""
+
+    # Off by default: it needs the host's PIDs (hostPID, or the host's /proc mounted) and the
+    # container runtime's socket, which the default DaemonSet does not get.
+    enabled: bool = False
+    # Where the host's /proc is: /proc itself with hostPID, else where it is mounted.
+    proc_root: str = Field(default="/proc", min_length=1)
+    # The container runtime's CRI socket; auto: the first of containerd's, CRI-O's and
+    # cri-dockerd's default paths that exists.
+    runtime_socket: str = Field(default="auto", min_length=1)
+    # How often the runtime is asked for its containers (sooner when a process of an unknown
+    # container appears), and how long one answer may take.
+    refresh_seconds: float = Field(default=10.0, ge=1, le=3600)
+    timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+
+
 class KubernetesConfig(SettingsModel):
     """`kubernetes:`, pod attribution from the kubelet's PodResources API
     (gpu_exporter/collect/k8s/attribution.py)."""
@@ -181,6 +203,7 @@ class KubernetesConfig(SettingsModel):
     # How long a failing kubelet's last pod labels are kept after its last success (None:
     # STALE_AFTER_REFRESHES refresh intervals); 0 clears them at the first failure.
     stale_after_seconds: float | None = Field(default=None, ge=0, le=86400)
+    processes: ProcessesConfig = ProcessesConfig()
 
     _lists = field_validator("resource_names", "resource_prefixes", mode="before")(split_commas)
 

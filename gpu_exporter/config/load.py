@@ -119,6 +119,14 @@ class Config(SettingsModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _processes_read_for_attribution(self) -> Config:
+        """Per-process attribution maps NVML's per-process reads: it turns them on."""
+        if self.kubernetes.processes.enabled and not self.nvml.processes:
+            nvml = self.nvml.model_copy(update={"processes": True})
+            return self.model_copy(update={"nvml": nvml})
+        return self
+
 
 def node_name(environ: Mapping[str, str]) -> str:
     """The node's name, from $NODE_NAME (the DaemonSet's downward API); "" when unset."""

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +46,7 @@ from gpu_exporter.collect.settings import NvmlConfig
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.model import catalog
 from gpu_exporter.model.guard import Guard
-from gpu_exporter.model.snapshot import CollectorStatus, InstanceSample, Reading
+from gpu_exporter.model.snapshot import CollectorStatus, InstanceSample, ProcessSample, Reading
 
 if TYPE_CHECKING:
     from gpu_exporter.collect.nvml.collectors.base import Collector, Device, FieldSpec
@@ -75,11 +75,13 @@ class UndeclaredFamilyError(InvalidReadingError):
 
 @dataclass(frozen=True, slots=True)
 class TickResult:
-    """One GPU's tick: its readings, its MIG instances' and how each collector did."""
+    """One GPU's tick: its readings, its MIG instances', how each collector did, and the
+    processes on it (None: not read)."""
 
     readings: tuple[Reading, ...]
     statuses: tuple[CollectorStatus, ...]
     instances: tuple[InstanceSample, ...] = ()
+    processes: tuple[ProcessSample, ...] | None = None
 
 
 # How a collector's phase is run: guarded in the daemon, plainly in the bare benchmark loop.
@@ -186,6 +188,8 @@ class DeviceReader:
     topology: Topology | None = None
     mig_enabled: bool = False  # as the mig collector last read it
     _instances: tuple[InstanceSample, ...] = ()  # reported in this tick
+    _mig_handles: Mapping[str, Any] = field(default_factory=dict)  # this tick's, by MIG UUID
+    _processes: tuple[ProcessSample, ...] | None = None  # reported in this tick
     _fields: FieldBatch | None = None
     _local: threading.local = field(default_factory=threading.local)
 
@@ -273,7 +277,12 @@ class DeviceReader:
         self.uuid = uuid or self.uuid
         self.info = dict(info)
 
-    def report_mig(self, enabled: bool, instances: tuple[InstanceSample, ...] = ()) -> None:
+    def report_mig(
+        self,
+        enabled: bool,
+        instances: tuple[InstanceSample, ...] = (),
+        handles: Mapping[str, Any] | None = None,
+    ) -> None:
         """The mig collector's result (from its read: after the tick's commit point). A change
         of mode forgets what was learned about the calls that answer differently with MIG on
         and off (the collectors' `mig_dependent` keys). Instance readings are checked as a
@@ -287,6 +296,25 @@ class DeviceReader:
                 self.unsupported.difference_update(collector.mig_dependent)
         self.mig_enabled = enabled
         self._instances = instances
+        self._mig_handles = dict(handles or {})
+
+    @property
+    def mig_handles(self) -> Mapping[str, Any]:
+        return self._mig_handles
+
+    def report_processes(
+        self,
+        processes: tuple[ProcessSample, ...] | None,
+        by_instance: Mapping[str, tuple[ProcessSample, ...]] | None = None,
+    ) -> None:
+        """The processes collector's result: kept for the tick's result, each MIG instance's
+        on its InstanceSample."""
+        self._processes = processes
+        if by_instance:
+            self._instances = tuple(
+                replace(i, processes=by_instance[i.mig_uuid]) if i.mig_uuid in by_instance else i
+                for i in self._instances
+            )
 
     def _check_owner(self) -> None:
         tick = getattr(self._local, "tick", None)
@@ -314,6 +342,8 @@ class DeviceReader:
         """
         self._fields = FieldBatch(self.collectors)
         self._instances = ()
+        self._mig_handles = {}
+        self._processes = None
         statuses: dict[str, CollectorStatus] = {}
         refreshed: list[tuple[Collector, list[Reading]]] = []
         every = self.settings.slow_refresh_seconds
@@ -336,7 +366,7 @@ class DeviceReader:
             if status.success:
                 out += [*collector.static, *readings]
         self._fields.share_time(statuses)
-        return TickResult(tuple(out), tuple(statuses.values()), self._instances)
+        return TickResult(tuple(out), tuple(statuses.values()), self._instances, self._processes)
 
     def read_offline(self) -> TickResult:
         """What needs no NVML call (XID counts), for a GPU that is down this tick."""

@@ -805,6 +805,7 @@ class NvmlSource:
             "",
             result.instances,
             reader.mig_enabled,
+            processes=result.processes,
         )
 
     def _down(self, device: _Device, reason: str) -> DeviceSample:

@@ -17,6 +17,7 @@ from gpu_exporter.collect.nvml.collectors.mig import Mig
 from gpu_exporter.collect.nvml.collectors.nvlink import NvLink
 from gpu_exporter.collect.nvml.collectors.pcie import Pcie
 from gpu_exporter.collect.nvml.collectors.power import Power
+from gpu_exporter.collect.nvml.collectors.processes import Processes
 from gpu_exporter.collect.nvml.collectors.temperature import Temperature
 from gpu_exporter.collect.nvml.collectors.topology import Topology
 from gpu_exporter.collect.nvml.collectors.utilization import Utilization
@@ -39,6 +40,7 @@ COLLECTORS: tuple[type[Collector], ...] = (
     Identity,
     Mig,
     Utilization,
+    Processes,
     Memory,
     Power,
     Temperature,

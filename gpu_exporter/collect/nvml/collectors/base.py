@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from gpu_exporter.collect.settings import NvmlConfig
 from gpu_exporter.collect.source import ErrorLog
-from gpu_exporter.model.snapshot import InstanceSample, Labels, Reading
+from gpu_exporter.model.snapshot import InstanceSample, Labels, ProcessSample, Reading
 
 if TYPE_CHECKING:
     import pynvml as N
@@ -119,8 +119,26 @@ class Device(Protocol):
     def identify(self, uuid: str | None, info: Mapping[str, str]) -> None:
         """The identity collector's result: the UUID (None: keep) and the gpu_info labels."""
 
-    def report_mig(self, enabled: bool, instances: tuple[InstanceSample, ...] = ()) -> None:
-        """The mig collector's result: MIG mode and this tick's MIG instances."""
+    def report_mig(
+        self,
+        enabled: bool,
+        instances: tuple[InstanceSample, ...] = (),
+        handles: Mapping[str, Any] | None = None,
+    ) -> None:
+        """The mig collector's result: MIG mode, this tick's MIG instances and their device
+        handles by MIG UUID (for the collectors after it that read per instance)."""
+
+    @property
+    def mig_handles(self) -> Mapping[str, Any]:
+        """This tick's MIG device handles by MIG UUID, as the mig collector reported them."""
+
+    def report_processes(
+        self,
+        processes: tuple[ProcessSample, ...] | None,
+        by_instance: Mapping[str, tuple[ProcessSample, ...]] | None = None,
+    ) -> None:
+        """The processes collector's result: the GPU's processes (None on a MIG GPU or when
+        the lists could not be read) and each MIG instance's, by MIG UUID."""
 
 
 class Collector:

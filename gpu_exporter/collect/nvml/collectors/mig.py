@@ -187,7 +187,11 @@ class Mig(Collector):
         if changes != self.changes_seen or not self._layout_holds(nvml):
             self.changes_seen = changes  # nvmlEventMigConfigChange, or a handle gone/reused
             self.devices = self._enumerate(nvml)
-        nvml.report_mig(True, tuple(self._instance(nvml, device) for device in self.devices))
+        nvml.report_mig(
+            True,
+            tuple(self._instance(nvml, device) for device in self.devices),
+            {device.mig_uuid: device.handle for device in self.devices},
+        )
         return []
 
     def _layout_holds(self, nvml: Device) -> bool:
