@@ -1,0 +1,1 @@
+"""Generated CRI (Container Runtime Interface) API stubs (see scripts/gen-cri.sh)."""
