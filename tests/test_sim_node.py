@@ -24,6 +24,7 @@ from gpu_exporter.sim.cri import EXITED_KEPT_S
 from gpu_exporter.sim.node import SimulatedNode
 from gpu_exporter.sim.processes import container_id, pod_uid, sandbox_id, start_ticks
 from gpu_exporter.sim.procfs import entries
+from tests.daemon import parse_samples, serve
 
 SCENARIO: dict[str, Any] = {
     "name": "node",
@@ -396,3 +397,62 @@ def test_installing_again_replaces_the_node(clock) -> None:
         assert second.proc_root is not None and os.path.isdir(second.proc_root)
     finally:
         sim.uninstall()
+
+
+def test_serve_simulate_shared_runs_with_its_node(tmp_path: Path) -> None:
+    """Today's daemon shows the shared scenario's GPUs and pods; the node starts and stops with
+    it (the daemon's attribution of processes reads it once wired)."""
+    with serve(tmp_path, "--simulate", "shared", "--interval", "0.5") as daemon:
+        daemon.wait_ready(30)
+        samples = parse_samples(daemon.metrics_text())
+        uuids = {
+            series.split('uuid="')[1].split('"')[0]
+            for series in samples
+            if series.startswith("gpu_up{") and 'uuid="GPU-' in series
+        }
+        assert len(uuids) == 5
+        assert any('pod="llm-finetune-0"' in series for series in samples), daemon.output()
+    assert "Traceback" not in daemon.output()
+
+
+# -- the built-in `shared` scenario ----------------------------------------------------------------
+
+
+def test_the_shared_scenario_shows_what_its_comments_say(clock) -> None:
+    for node in installed(sim.load_scenario("shared"), clock):
+        gpus = [N.nvmlDeviceGetHandleByIndex(i) for i in range(5)]
+        compute = [{p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)} for h in gpus]
+        mps = [{p.pid for p in N.nvmlDeviceGetMPSComputeRunningProcesses(h)} for h in gpus]
+        assert compute == [{48121, 48877, 51004}, {39012}, {60233}, {73310, 2291}, {81442, 81990}]
+        assert mps == [set(), {40517, 40533}, set(), set(), set()]
+        at(node, clock, 30.5)
+        # Time-sliced: the idle notebook is never sampled; the fourth share has no process.
+        busy = {s.pid for s in N.nvmlDeviceGetProcessesUtilizationInfo(gpus[0], 0)}
+        assert busy == {48121, 48877}
+        assert {s.pid for s in N.nvmlDeviceGetProcessesUtilizationInfo(gpus[1], 0)} == {
+            40517,
+            40533,
+        }
+        with pytest.raises(N.NVMLError_NotSupported):  # MIG on
+            N.nvmlDeviceGetProcessesUtilizationInfo(gpus[4], 0)
+        assert {
+            (p.pid, p.gpuInstanceId) for p in N.nvmlDeviceGetComputeRunningProcesses(gpus[4])
+        } == {
+            (81442, 1),
+            (81990, 5),
+        }
+        # The PID of ocr-0 is gone between 90 and 120 s, then ocr-1's.
+        first = read(node, 73310, "cgroup")
+        at(node, clock, 100)
+        assert {p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(gpus[3])} == {2291}
+        assert 73310 not in entries(node.proc_root)
+        at(node, clock, 120)
+        assert read(node, 73310, "cgroup") != first
+        assert read(node, 2291, "cgroup") == "0::/system.slice/ollama.service\n"
+        pods = {pod for pod, _, _ in containers(node)}
+        assert {
+            "notebook-ben",
+            "ocr-0",
+            "ocr-1",
+            "nvidia-device-plugin-mps-control-daemon-x7k2p",
+        } <= pods
