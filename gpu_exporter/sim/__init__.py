@@ -18,8 +18,8 @@ machine is never picked up in simulation.
 
 See docs/scenarios.md for the scenario format.
 
-Imports `collect` (the DCGM binding's structs, the PodResources stubs), `model` and `support`;
-never `alerting`, `web`, `config` or `pipeline` (checked in CI: `lint-imports`).
+Imports `collect` (the DCGM binding's structs, the PodResources and CRI stubs), `model` and
+`support`; never `alerting`, `web`, `config` or `pipeline` (checked in CI: `lint-imports`).
 
 The fake plugs in under pynvml's public API through a few of its private attributes
 (`BINDING_PRIVATES`); pyproject.toml bounds nvidia-ml-py to releases known to keep them, and
