@@ -362,3 +362,13 @@ def test_every_per_process_call_tells_its_listeners_the_time_first(install, cloc
         heard.clear()
         call(handle(0))
         assert heard and set(heard) == {4.0 + i}  # pynvml's sizing call and the reading one
+
+
+def test_the_mps_list_is_volta_and_newer(install) -> None:
+    pascal = {"model": "Tesla P100", "architecture": "pascal"}
+    volta = {"model": "Tesla V100", "architecture": "volta"}
+    install(scenario(devices=[pascal, volta, mig_gpu(True)]))
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetMPSComputeRunningProcesses(handle(0))
+    assert N.nvmlDeviceGetComputeRunningProcesses(handle(0))  # compute: any architecture
+    assert N.nvmlDeviceGetMPSComputeRunningProcesses(handle(1)) == []

@@ -76,8 +76,9 @@ _PROCESS_SAMPLES_KEPT = 20
 # nvml.h: nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1),
 # the struct's size (24) | 1 << 24; the fake's own copy (tests check pynvml's).
 PROCESSES_UTILIZATION_INFO_V1 = 0x01000018
-# What each running-process list shows: nvml.h's compute list has every compute context (the
-# MPS server's among them, as nvidia-smi lists it), the MPS list the MPS clients.
+# What each running-process list shows: nvml.h's compute list has the compute contexts, its MPS
+# list the processes "utilizing MPS" (the clients). That the MPS server is on the compute list,
+# as nvidia-smi shows it beside its clients, is assumed.
 _COMPUTE = frozenset({"compute", "mps_server"})
 _GRAPHICS = frozenset({"graphics"})
 _MPS = frozenset({"mps"})
@@ -1402,6 +1403,8 @@ class FakeNvmlLib:
 
     @_nvml("nvmlDeviceGetMPSComputeRunningProcesses_v3")
     def _mps_processes(self, dev: _Device, t: float, count: Any, infos: Any) -> int:
+        if not dev.spec.at_least("volta"):
+            return NOT_SUPPORTED  # nvml.h: "For Volta or newer fully supported devices"
         return self._running(dev, t, None, _MPS, count, infos)
 
     @_on_mig("nvmlDeviceGetMPSComputeRunningProcesses_v3")
