@@ -7,7 +7,7 @@ every container of every pod a process names (`processes:`) and of the `pods:` s
 the labels the kubelet puts on them (pkg/kubelet/types/labels.go: `io.kubernetes.pod.name`,
 `io.kubernetes.pod.namespace`, `io.kubernetes.pod.uid`, `io.kubernetes.container.name`), under
 the ids the fake /proc's cgroups name (`sim/processes.py` derives both). Filters are honoured
-as containerd does (pkg/cri/server/container_list.go, sandbox_list.go): an id or sandbox id
+as containerd's CRI plugin does (container_list.go, sandbox_list.go): an id or sandbox id
 may be a unique prefix, `state` and `label_selector` (every pair must match) are ANDed.
 
 Over scenario time: a container runs from the first `from` to the last `until` of the
