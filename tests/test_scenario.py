@@ -35,7 +35,14 @@ def _spec(quantity: str, spec: object) -> ValueSpec:
 
 
 def test_builtin_names() -> None:
-    assert sim.builtin_scenarios() == ["faults", "mig", "mixed", "pre-hopper", "pre-hopper-dcgm"]
+    assert sim.builtin_scenarios() == [
+        "faults",
+        "mig",
+        "mixed",
+        "pre-hopper",
+        "pre-hopper-dcgm",
+        "shared",
+    ]
 
 
 @pytest.mark.parametrize("name", sim.builtin_scenarios())
@@ -83,7 +90,7 @@ def test_load_from_path_and_unknown_name(tmp_path: Path) -> None:
     path.write_text("name: mine\ndevices: [{}]\n")
     assert load_scenario(path).name == "mine"
     assert load_scenario(str(path)).source == str(path)
-    builtins = r"\(built-ins: faults, mig, mixed, pre-hopper, pre-hopper-dcgm\)$"
+    builtins = r"\(built-ins: faults, mig, mixed, pre-hopper, pre-hopper-dcgm, shared\)$"
     with pytest.raises(ScenarioError, match=builtins):
         load_scenario("no-such-scenario")
 

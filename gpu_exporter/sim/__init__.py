@@ -5,6 +5,12 @@
     ...                                  # production code: import pynvml; pynvml.nvmlInit() ...
     sim.uninstall()
 
+A scenario with `processes:` also gets the node around its GPUs (`sim.node.SimulatedNode`): a
+fake /proc tree and a fake CRI runtime on a unix socket, kept in step with the scenario's clock
+and closed by `uninstall`; the installed fake's `proc_root` and `cri_socket_path` say where they
+are (None without processes), `installed_node()` returns the node (tests make faults with it).
+gRPC is imported only then.
+
 A scenario with a `dcgm:` section also gets a fake libdcgm (`FakeDcgmLib`, on the same clock),
 which the DCGM binding then uses instead of libdcgm.so.4 (`installed_dcgm()` returns it); one
 without makes the binding behave as if libdcgm.so.4 were not installed, so a real one on this
@@ -12,8 +18,8 @@ machine is never picked up in simulation.
 
 See docs/scenarios.md for the scenario format.
 
-Imports `collect` (the DCGM binding's structs, the PodResources stubs), `model` and `support`;
-never `alerting`, `web`, `config` or `pipeline` (checked in CI: `lint-imports`).
+Imports `collect` (the DCGM binding's structs, the PodResources and CRI stubs), `model` and
+`support`; never `alerting`, `web`, `config` or `pipeline` (checked in CI: `lint-imports`).
 
 The fake plugs in under pynvml's public API through a few of its private attributes
 (`BINDING_PRIVATES`); pyproject.toml bounds nvidia-ml-py to releases known to keep them, and
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pynvml
 
@@ -32,6 +38,9 @@ from gpu_exporter.collect import dcgm_api
 from gpu_exporter.sim.fake_dcgm import FakeDcgmLib
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib
 from gpu_exporter.sim.scenario import Scenario, ScenarioError, builtin_scenarios, load_scenario
+
+if TYPE_CHECKING:
+    from gpu_exporter.sim.node import SimulatedNode
 
 __all__ = [
     "BINDING_PRIVATES",
@@ -44,6 +53,7 @@ __all__ = [
     "builtin_scenarios",
     "install",
     "installed_dcgm",
+    "installed_node",
     "load_scenario",
     "uninstall",
 ]
@@ -105,7 +115,13 @@ def install(
         )
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
+    _close_node()
     fake = FakeNvmlLib(scenario, clock)
+    if scenario.processes:
+        from gpu_exporter.sim.node import SimulatedNode  # gRPC: only for a node with processes
+
+        global _node
+        _node = SimulatedNode(scenario, fake)
     _swap(fake)
     _use_dcgm(FakeDcgmLib(scenario, fake.clock) if scenario.dcgm is not None else None)
     return fake
@@ -118,6 +134,7 @@ def uninstall() -> None:
     global _dcgm
     _dcgm = None
     dcgm_api.use_library(None)
+    _close_node()
 
 
 def installed_dcgm() -> FakeDcgmLib | None:
@@ -125,7 +142,21 @@ def installed_dcgm() -> FakeDcgmLib | None:
     return _dcgm
 
 
+def installed_node() -> SimulatedNode | None:
+    """The simulated node (fake /proc and CRI runtime) of the installed scenario (None: none
+    installed, or no `processes:`)."""
+    return _node
+
+
 _dcgm: FakeDcgmLib | None = None
+_node: SimulatedNode | None = None
+
+
+def _close_node() -> None:
+    global _node
+    if _node is not None:
+        _node.close()
+        _node = None
 
 
 def _use_dcgm(lib: FakeDcgmLib | None) -> None:

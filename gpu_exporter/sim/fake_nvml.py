@@ -30,10 +30,16 @@ import pynvml
 from gpu_exporter.model.activity import ACTIVITY
 from gpu_exporter.sim import activity as sim_activity
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
+from gpu_exporter.sim.processes import by_gpu
 from gpu_exporter.sim.spec import COMPUTE_MODES, DeviceSpec, Scenario, normalize_bus_id
 from gpu_exporter.sim.values import ValueSpec
 
-__all__ = ["THROTTLE_FIELDS", "FakeNvmlLib", "implemented_functions"]
+__all__ = [
+    "PROCESSES_UTILIZATION_INFO_V1",
+    "THROTTLE_FIELDS",
+    "FakeNvmlLib",
+    "implemented_functions",
+]
 
 # NVML return codes used here (nvml.h / pynvml).
 SUCCESS = pynvml.NVML_SUCCESS
@@ -61,6 +67,21 @@ _MIB = 1024 * 1024
 _MIG_RESERVED = 64 * 1024 * 1024  # memory a GPU instance reserves for the driver (assumed)
 _RAW_OVERHEAD = 1.0625  # NVLink raw bytes = data bytes + protocol overhead (assumed ratio)
 _CODEC_SAMPLING_US = 1_000_000  # encoder/decoder utilization's sampling period (assumed)
+# Per-process utilization: the driver's sample period and how many periods its buffer keeps.
+# nvml.h documents neither ("one utilization sample structure is returned per process running,
+# that had some non-zero utilization during the last sample period"; lastSeenTimeStamp 0 reads
+# "all the samples maintained by the driver's internal sample buffer"): both are assumed.
+_PROCESS_SAMPLE_US = 1_000_000
+_PROCESS_SAMPLES_KEPT = 20
+# nvml.h: nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1),
+# the struct's size (24) | 1 << 24; the fake's own copy (tests check pynvml's).
+PROCESSES_UTILIZATION_INFO_V1 = 0x01000018
+# What each running-process list shows: nvml.h's compute list has the compute contexts, its MPS
+# list the processes "utilizing MPS" (the clients). That the MPS server is on the compute list,
+# as nvidia-smi shows it beside its clients, is assumed.
+_COMPUTE = frozenset({"compute", "mps_server"})
+_GRAPHICS = frozenset({"graphics"})
+_MPS = frozenset({"mps"})
 
 # Handle tokens stored in the opaque NVML pointers; distinct ranges catch mixed-up handles.
 _DEVICE_TOKEN_BASE = 0x6E760000
@@ -168,6 +189,11 @@ def _lookup(table: Mapping[int, _V], token: int | None) -> _V | None:
 def _release(table: dict[int, _V], token: int | None) -> _V | None:
     """Remove and return the object a handle's token names (None as for `_lookup`)."""
     return None if token is None else table.pop(token, None)
+
+
+def _slots(arg: Any) -> Any:
+    """An out-parameter array of structs, indexable: an array, a pointer, or byref(array)."""
+    return arg._obj if hasattr(arg, "_obj") else arg
 
 
 def _c_string(arg: Any) -> str:
@@ -393,6 +419,15 @@ class FakeNvmlLib:
         self._faults = list(enumerate(scenario.faults))
         self._event_sets: dict[int, _EventSet] = {}
         self._samples: dict[int, _GpmSample] = {}
+        self._processes = by_gpu(scenario.processes)
+        self._epoch_us = round(time.time() * 1e6)  # process samples' timestamps: this + t
+        # Called with the scenario time by each per-process call, before it answers: the fake
+        # /proc syncs there, so what the caller maps next is what the call just listed.
+        self.process_listeners: list[Callable[[float], None]] = []
+        # Where the simulated node's /proc and CRI runtime socket are (sim.install sets them
+        # for a scenario with processes; None otherwise).
+        self.proc_root: str | None = None
+        self.cri_socket_path: str | None = None
         for name, fn in _FUNCTIONS.items():
             if name not in scenario.driver.missing_functions:
                 setattr(self, name, self._entry(name, fn))
@@ -1284,6 +1319,172 @@ class FakeNvmlLib:
         mask, since = event_set.registered.get(device, (0, math.inf))
         # NVML does not record events that happened before registration.
         return bool(mask & event_type) and at >= since
+
+    # -- processes --------------------------------------------------------------------------
+    # nvml.h's semantics: the running-process lists' sizing protocol ("call this function with
+    # *infoCount = 0 ... NVML_ERROR_INSUFFICIENT_SIZE, or NVML_SUCCESS if none are running"),
+    # nvmlProcessInfo_v2_t's instance ids (0xFFFFFFFF "otherwise", i.e. MIG off), MIG ("if
+    # device handle is provided, the API returns aggregate information, only if the caller has
+    # appropriate privileges": the `monitor_capability`, else NO_PERMISSION; a MIG device
+    # handle lists its own), per-process utilization ("one utilization sample structure ...
+    # per process running, that had some non-zero utilization during the last sample period",
+    # CPU timestamps in microseconds, only samples newer than lastSeenTimeStamp, NOT_FOUND
+    # "if sample entries are not found", "not currently supported" on MIG-enabled GPUs).
+    # Assumed, not compared with a real driver: the sample period and buffer (above), that MPS
+    # clients are sampled under their own PIDs, that the struct version is checked before
+    # MIG mode, and that a sizing call answers NOT_FOUND before INSUFFICIENT_SIZE.
+
+    def _processes_read(self, t: float) -> None:
+        for listener in self.process_listeners:
+            listener(t)
+
+    def _running(
+        self,
+        dev: _Device,
+        t: float,
+        mig: _MigDevice | None,
+        kinds: frozenset[str],
+        count: Any,
+        infos: Any,
+    ) -> int:
+        """One running-process list (nvmlProcessInfo_v2_t entries) of a GPU or MIG device."""
+        self._processes_read(t)
+        if count is None:
+            return INVALID_ARGUMENT
+        spec_mig = dev.spec.mig
+        parent_of_mig = mig is None and spec_mig is not None and spec_mig.enabled
+        if parent_of_mig and spec_mig is not None and not spec_mig.monitor_capability:
+            return NO_PERMISSION
+        procs = [
+            p
+            for p in self._processes.get(dev.index, ())
+            if p.kind in kinds
+            and p.running(t)
+            and (
+                mig is None
+                or (p.gpu_instance, p.compute_instance or 0)
+                == (mig.instance.gpu_instance, mig.compute_instance)
+            )
+        ]
+        box = _target(count)
+        capacity = box.value
+        box.value = len(procs)
+        if not procs:
+            return SUCCESS
+        if capacity < len(procs):
+            return INSUFFICIENT_SIZE
+        if infos is None:
+            return INVALID_ARGUMENT  # "either of infoCount or infos is NULL"
+        entries = _slots(infos)
+        for i, proc in enumerate(procs):
+            entry = entries[i]
+            entry.pid = proc.pid
+            entry.usedGpuMemory = int(proc.memory_bytes.value_at(t))
+            on_mig = proc.gpu_instance is not None
+            entry.gpuInstanceId = proc.gpu_instance if on_mig else _ALL_ONES_32
+            entry.computeInstanceId = (proc.compute_instance or 0) if on_mig else _ALL_ONES_32
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetComputeRunningProcesses_v3")
+    def _compute_processes(self, dev: _Device, t: float, count: Any, infos: Any) -> int:
+        return self._running(dev, t, None, _COMPUTE, count, infos)
+
+    @_on_mig("nvmlDeviceGetComputeRunningProcesses_v3")
+    def _compute_processes_mig(self, mig: _MigDevice, t: float, count: Any, infos: Any) -> int:
+        return self._running(mig.parent, t, mig, _COMPUTE, count, infos)
+
+    @_nvml("nvmlDeviceGetGraphicsRunningProcesses_v3")
+    def _graphics_processes(self, dev: _Device, t: float, count: Any, infos: Any) -> int:
+        return self._running(dev, t, None, _GRAPHICS, count, infos)
+
+    @_on_mig("nvmlDeviceGetGraphicsRunningProcesses_v3")
+    def _graphics_processes_mig(self, mig: _MigDevice, t: float, count: Any, infos: Any) -> int:
+        return self._running(mig.parent, t, mig, _GRAPHICS, count, infos)
+
+    @_nvml("nvmlDeviceGetMPSComputeRunningProcesses_v3")
+    def _mps_processes(self, dev: _Device, t: float, count: Any, infos: Any) -> int:
+        if not dev.spec.at_least("volta"):
+            return NOT_SUPPORTED  # nvml.h: "For Volta or newer fully supported devices"
+        return self._running(dev, t, None, _MPS, count, infos)
+
+    @_on_mig("nvmlDeviceGetMPSComputeRunningProcesses_v3")
+    def _mps_processes_mig(self, mig: _MigDevice, t: float, count: Any, infos: Any) -> int:
+        return self._running(mig.parent, t, mig, _MPS, count, infos)
+
+    def _process_samples(
+        self, dev: _Device, t: float, last_seen: int
+    ) -> list[tuple[int, int, tuple[int, ...]]]:
+        """(pid, timestamp, percents) of each process with non-zero utilization in each sample
+        period the buffer keeps, newer than `last_seen`; oldest first. Period k covers scenario
+        time [(k - 1) P, k P), is judged at its middle and stamped at its end; a PID with two
+        contexts on the GPU (two entries) is one process: its percents add up (at most 100)."""
+        period_s = _PROCESS_SAMPLE_US / 1e6
+        newest = math.floor(t / period_s + 1e-9)
+        samples = []
+        for k in range(max(1, newest - _PROCESS_SAMPLES_KEPT + 1), newest + 1):
+            stamp = self._epoch_us + k * _PROCESS_SAMPLE_US
+            if stamp <= last_seen:
+                continue
+            middle = (k - 0.5) * period_s
+            by_pid: dict[int, tuple[int, ...]] = {}
+            for proc in self._processes.get(dev.index, ()):
+                if proc.running(middle):
+                    percents = proc.utilization.percents(middle)
+                    before = by_pid.get(proc.pid, (0,) * len(percents))
+                    by_pid[proc.pid] = tuple(
+                        min(100, a + b) for a, b in zip(before, percents, strict=True)
+                    )
+            samples += [(pid, stamp, pc) for pid, pc in by_pid.items() if any(pc)]
+        return samples
+
+    @_nvml("nvmlDeviceGetProcessesUtilizationInfo", feature="process_utilization")
+    def _processes_utilization_info(self, dev: _Device, t: float, arg: Any) -> int:
+        self._processes_read(t)
+        if arg is None:
+            return INVALID_ARGUMENT
+        info = _target(arg)
+        if info.version != PROCESSES_UTILIZATION_INFO_V1:
+            return ARGUMENT_VERSION_MISMATCH
+        if dev.spec.mig_enabled:
+            return NOT_SUPPORTED
+        samples = self._process_samples(dev, t, info.lastSeenTimeStamp)
+        if not samples:
+            return NOT_FOUND
+        capacity = info.processSamplesCount
+        info.processSamplesCount = len(samples)  # "the recommended minimal buffer size"
+        if not info.procUtilArray or capacity < len(samples):
+            return INSUFFICIENT_SIZE
+        for i, (pid, stamp, percents) in enumerate(samples):
+            entry = info.procUtilArray[i]
+            entry.timeStamp, entry.pid = stamp, pid
+            (entry.smUtil, entry.memUtil, entry.encUtil, entry.decUtil, entry.jpgUtil,
+             entry.ofaUtil) = percents  # fmt: skip
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetProcessUtilization", feature="process_utilization")
+    def _process_utilization(
+        self, dev: _Device, t: float, utilization: Any, count: Any, last_seen: Any
+    ) -> int:
+        """The older call: nvmlProcessUtilizationSample_t (SM, memory, encoder, decoder)."""
+        self._processes_read(t)
+        if count is None:
+            return INVALID_ARGUMENT
+        if dev.spec.mig_enabled:
+            return NOT_SUPPORTED
+        samples = self._process_samples(dev, t, _int(last_seen))
+        if not samples:
+            return NOT_FOUND
+        box = _target(count)
+        capacity = box.value
+        box.value = len(samples)
+        if utilization is None or capacity < len(samples):
+            return INSUFFICIENT_SIZE
+        entries = _slots(utilization)
+        for i, (pid, stamp, percents) in enumerate(samples):
+            entry = entries[i]
+            entry.pid, entry.timeStamp = pid, stamp
+            entry.smUtil, entry.memUtil, entry.encUtil, entry.decUtil = percents[:4]
+        return SUCCESS
 
     # -- GPM --------------------------------------------------------------------------------
 

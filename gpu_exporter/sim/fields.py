@@ -25,6 +25,7 @@ from gpu_exporter.support.yamlfile import Path_
 
 __all__ = [
     "WORDING",
+    "DeviceIndex",
     "Flag",
     "Info",
     "Integer",
@@ -204,6 +205,12 @@ def choice(value: Any, options: Collection[str]) -> str:
     return name
 
 
+def _device_index(value: Any, info: Info) -> int:
+    # Unknown while the devices do not validate (their problems are reported).
+    devices = context_of(info).get("devices")
+    return integer(value, lo=0, hi=len(devices) - 1 if devices is not None else None)
+
+
 def number_in(lo: float | None = None, hi: float | None = None) -> PlainValidator:
     return PlainValidator(lambda value: number(value, lo, hi))
 
@@ -247,3 +254,5 @@ NonNegative = Annotated[float, number_in(lo=0)]
 Integer = Annotated[int, int_in()]
 Text = Annotated[str, PlainValidator(string)]
 Flag = Annotated[bool, PlainValidator(flag)]
+# A GPU of the scenario, by index (the devices are validated first and put in the context).
+DeviceIndex = Annotated[int, PlainValidator(_device_index)]

@@ -10,8 +10,8 @@ every device ends up with a complete `values` table, so the fakes never guess.
 What a model is checked against but cannot know by itself comes in the validation context,
 which `sim.scenario.load_scenario` passes: the functions and fields the fakes implement (the
 loader sits above both the models and the fakes, so nothing here imports a fake), and, since
-the devices are validated before the faults, topology and pods (field order), the devices
-those look GPUs up in.
+the devices are validated before the faults, topology, pods and processes (field order), the
+devices those look GPUs up in. A scenario's processes are modelled in `sim.processes`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pydantic_core import PydanticCustomError
 from gpu_exporter.collect.nvml.device_config import COMPUTE_MODE_NAMES
 from gpu_exporter.model import nvml_facts as facts
 from gpu_exporter.sim.fields import (
+    DeviceIndex,
     Flag,
     Info,
     Integer,
@@ -64,6 +65,7 @@ from gpu_exporter.sim.fields import (
     string,
 )
 from gpu_exporter.sim.mig import MIG_PROFILES, MigSpec
+from gpu_exporter.sim.processes import PID_MAX, PROC_FILES, ProcessSpec, validate_processes
 from gpu_exporter.sim.values import GIB, MIB, QUANTITIES, ValueSpec, complete, value_table
 from gpu_exporter.support.validation import kind_of
 from gpu_exporter.support.yamlfile import Path_
@@ -83,6 +85,7 @@ __all__ = [
     "LatencySpec",
     "PcieSpec",
     "PodSpec",
+    "ProcessSpec",
     "Scenario",
     "TopologyGroup",
     "mig_capable",
@@ -123,6 +126,7 @@ FEATURES: frozenset[str] = frozenset(
         "numa",
         "topology",
         "applications_clocks",
+        "process_utilization",
     }
 )
 
@@ -259,15 +263,8 @@ def _latency_function(value: Any, info: Info) -> str:
     return str(value)
 
 
-def _device_index(value: Any, info: Info) -> int:
-    # Unknown while the devices do not validate (their problems are reported).
-    devices = context_of(info).get("devices")
-    return integer(value, lo=0, hi=len(devices) - 1 if devices is not None else None)
-
-
 NvmlFunction = Annotated[str, PlainValidator(_nvml_function)]
 DcgmFunction = Annotated[str, PlainValidator(_dcgm_function)]
-DeviceIndex = Annotated[int, PlainValidator(_device_index)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -654,6 +651,8 @@ class DeviceSpec(Strict):
             return self.at_least("ampere")
         if feature == "nvlink":
             return self.nvlink_links > 0
+        if feature == "process_utilization":  # nvml.h: "For Maxwell or newer"
+            return self.at_least("maxwell")
         return True
 
     def value(self, quantity: str, t: float) -> float:
@@ -670,7 +669,8 @@ class FaultSpec(Strict):
     fault alike."""
 
     # xid | gpu_lost | hang | no_permission | gpm_nan (NVML);
-    # dcgm_down | dcgm_blank | dcgm_paused | dcgm_hang (DCGM)
+    # dcgm_down | dcgm_blank | dcgm_paused | dcgm_hang (DCGM);
+    # proc_vanished | proc_unreadable (the fake /proc); cri_down | cri_hang | cri_garbage (CRI)
     kind: str
     at: NonNegative
 
@@ -682,6 +682,8 @@ class FaultSpec(Strict):
         duration: float
         metric: int
         field: int  # dcgm_blank: the DCGM field id
+        pid: int  # proc_vanished, proc_unreadable: the process
+        files: frozenset[str]  # proc_vanished, proc_unreadable: which of /proc/<pid>'s files
 
     @field_validator("until", check_fields=False)
     @classmethod
@@ -708,9 +710,9 @@ class FaultSpec(Strict):
 
 _FAULT_DEFAULTS: dict[str, Any] = {
     "device": NO_DEVICE, "xid": 0, "until": None, "function": "", "duration": 0.0, "metric": 0,
-    "field": 0,
+    "field": 0, "pid": 0, "files": frozenset(),
 }  # fmt: skip
-_TIMED_KINDS = frozenset({"hang", "dcgm_hang"})
+_TIMED_KINDS = frozenset({"hang", "dcgm_hang", "cri_hang"})
 
 
 def _positive(value: Any) -> float:
@@ -782,6 +784,40 @@ class _DcgmHang(FaultSpec):
     duration: _Duration
 
 
+# The fake /proc's faults: a process's entry, or some of its files, gone or unreadable.
+_ProcFiles = Annotated[frozenset[Annotated[str, one_of(PROC_FILES)]], nonempty]
+
+
+class _ProcVanished(FaultSpec):
+    kind: Literal["proc_vanished"]
+    pid: Annotated[int, int_in(1, PID_MAX)]
+    files: _ProcFiles = frozenset(PROC_FILES)  # all: the whole /proc/<pid> is gone
+    until: _Until = None
+
+
+class _ProcUnreadable(FaultSpec):
+    kind: Literal["proc_unreadable"]
+    pid: Annotated[int, int_in(1, PID_MAX)]
+    files: _ProcFiles = frozenset(PROC_FILES)
+    until: _Until = None
+
+
+# The fake CRI runtime's faults: the node's, no `device`.
+class _CriDown(FaultSpec):
+    kind: Literal["cri_down"]
+    until: _Until = None
+
+
+class _CriHang(FaultSpec):
+    kind: Literal["cri_hang"]
+    duration: _Duration
+
+
+class _CriGarbage(FaultSpec):
+    kind: Literal["cri_garbage"]
+    until: _Until = None
+
+
 _FAULT_KINDS: dict[str, type[FaultSpec]] = {
     "xid": _Xid,
     "gpu_lost": _GpuLost,
@@ -792,8 +828,14 @@ _FAULT_KINDS: dict[str, type[FaultSpec]] = {
     "dcgm_blank": _DcgmBlank,
     "dcgm_paused": _DcgmPaused,
     "dcgm_hang": _DcgmHang,
+    "proc_vanished": _ProcVanished,
+    "proc_unreadable": _ProcUnreadable,
+    "cri_down": _CriDown,
+    "cri_hang": _CriHang,
+    "cri_garbage": _CriGarbage,
 }
 _DCGM_FAULTS = frozenset(kind for kind in _FAULT_KINDS if kind.startswith("dcgm_"))
+_PROCESS_FAULTS = frozenset(kind for kind in _FAULT_KINDS if kind.startswith(("proc_", "cri_")))
 
 
 def _fault(value: Any, info: Info) -> FaultSpec:
@@ -930,6 +972,7 @@ class Scenario(Strict):
     faults: Annotated[tuple[Fault, ...], OrNone] = ()
     topology: Annotated[tuple[TopologyGroup, ...], OrNone] = ()
     pods: Annotated[tuple[PodSpec, ...], OrNone] = ()
+    processes: Annotated[tuple[ProcessSpec, ...], PlainValidator(validate_processes)] = ()
 
     if TYPE_CHECKING:  # set at validation, not written in the file
         source: str  # the file, "<dict>" for a mapping
@@ -953,6 +996,7 @@ class Scenario(Strict):
             ) from None
         scenario._refuse_shared_ids(data)
         scenario._refuse_dcgm_faults_without_dcgm()
+        scenario._refuse_process_faults_without_processes()
         settle(scenario, source=context_of(info).get("source", "<dict>"))
         return scenario
 
@@ -979,6 +1023,18 @@ class Scenario(Strict):
                 raise error_at(
                     ("faults", i, "kind"), f"{fault.kind} needs a top-level `dcgm:` section"
                 )
+
+    def _refuse_process_faults_without_processes(self) -> None:
+        """A /proc or CRI fault with nothing to act on would silently do nothing: the fake /proc
+        and CRI runtime run for a scenario with `processes:`, a /proc fault names one's PID."""
+        pids = {proc.pid for proc in self.processes}
+        for i, fault in enumerate(self.faults):
+            if fault.kind not in _PROCESS_FAULTS:
+                continue
+            if not self.processes:
+                raise error_at(("faults", i, "kind"), f"{fault.kind} needs `processes:`")
+            if fault.kind.startswith("proc_") and fault.pid not in pids:
+                raise error_at(("faults", i, "pid"), f"no process has PID {fault.pid}", fault.pid)
 
     def topology_level(self, a: int, b: int) -> int:
         """PCIe common-ancestor level of two GPUs: explicit groups, else by NUMA node."""

@@ -51,6 +51,8 @@ __all__ = [
     "QUANTITIES",
     "ValueSpec",
     "complete",
+    "constant",
+    "value_spec",
     "value_table",
 ]
 
@@ -123,6 +125,11 @@ QUANTITIES: dict[str, _Quantity] = {
     "retired_pages_dbe": _NONNEG,
     "retired_pages_pending": _Quantity(0.0, 1.0),
 }
+
+# Value specs outside a device's `values` (a process's memory and utilization, sim/processes.py),
+# by kind: not device quantities, so a device's `values` refuses their names.
+_OTHER: dict[str, _Quantity] = {"process_bytes": _NONNEG, "process_ratio": _RATIO}
+_BOUNDS: Mapping[str, _Quantity] = MappingProxyType({**QUANTITIES, **_OTHER})
 
 _REASONS = "clock_event_reasons"  # takes lists of reason names where others take numbers
 
@@ -206,6 +213,12 @@ def _pattern_at(points: tuple[tuple[float, float], ...], t: float) -> float:
     return points[-1][1]
 
 
+def constant(value: float, kind: str) -> ValueSpec:
+    """A constant of that kind of value spec (`value_spec`'s), as a file writing it would get."""
+    bounds = _BOUNDS[kind]
+    return _constant(value, bounds.lo, bounds.hi)
+
+
 @functools.lru_cache(maxsize=1024)
 def _constant(value: float, lo: float | None = None, hi: float | None = None) -> ValueSpec:
     """Constants are shared: every GPU of a scenario has some fifty, mostly the same."""
@@ -231,7 +244,7 @@ def _point_value(value: Any, info: Info) -> float:
     quantity = context_of(info)["quantity"]
     if quantity == _REASONS:
         return _reason_mask(value)
-    bounds = QUANTITIES[quantity]
+    bounds = _BOUNDS[quantity]
     return number(value, bounds.lo, bounds.hi)
 
 
@@ -313,7 +326,7 @@ class _Form(Strict):
         return self
 
     def spec(self, quantity: str, noise_key: str) -> ValueSpec:
-        bounds = QUANTITIES[quantity]
+        bounds = _BOUNDS[quantity]
         lo, hi = bounds.lo, bounds.hi
         if self.lo is not None:
             lo = self.lo if lo is None else max(lo, self.lo)
@@ -335,13 +348,15 @@ class _Form(Strict):
         return ValueSpec(form, points=points, **common)
 
 
-def _spec_of(quantity: str) -> PlainValidator:
-    bounds = QUANTITIES[quantity]
+def _spec_of(quantity: str, name: str | None = None) -> PlainValidator:
+    """A spec of `quantity` (a device quantity or a kind of `_OTHER`); `name` keys its noise
+    (default: the quantity's name)."""
+    bounds = _BOUNDS[quantity]
 
     def check(value: Any, info: Info) -> ValueSpec:
         if isinstance(value, dict):
             form = nested(_Form, value, {"quantity": quantity})
-            return form.spec(quantity, f"{context_of(info)['noise_prefix']}:{quantity}")
+            return form.spec(quantity, f"{context_of(info)['noise_prefix']}:{name or quantity}")
         if quantity == _REASONS:
             if not isinstance(value, list):
                 raise error("expected a list of reason names or a steps/pattern mapping")
@@ -349,6 +364,12 @@ def _spec_of(quantity: str) -> PlainValidator:
         return _constant(number(value, bounds.lo, bounds.hi), bounds.lo, bounds.hi)
 
     return PlainValidator(check)
+
+
+def value_spec(kind: str, name: str) -> PlainValidator:
+    """One value spec outside a device's `values`: `kind` gives its bounds ("process_bytes",
+    "process_ratio"), `name` keys its noise beside the context's `noise_prefix`."""
+    return _spec_of(kind, name)
 
 
 def _table_model(quantities: Collection[str]) -> type[BaseModel]:
