@@ -216,6 +216,7 @@ def serve(args: argparse.Namespace) -> int:
         log.info("simulating scenario %r", config.simulate)
         kubelet, config = _simulated_kubelet(scenario, config, simulator.clock)
         config = _simulated_dcgm(scenario, config)
+        config = _simulated_processes(simulator, config)
     errors = ErrorLog()
     from gpu_exporter.collect import dcgm
     from gpu_exporter.collect.nvml.topology import read_topology
@@ -275,6 +276,24 @@ def _simulated_kubelet(
     )
     log.info("simulated kubelet with %d pod devices at %s", len(scenario.pods), kubelet.socket_path)
     return kubelet, config.model_copy(update={"kubernetes": kubernetes})
+
+
+def _simulated_processes(simulator: Any, config: Config) -> Config:
+    """A scenario with `processes:` is a node whose exporter may see the host's PIDs and the
+    container runtime: per-process attribution reads the simulator's /proc and CRI runtime,
+    unless `kubernetes.processes.enabled` was set."""
+    proc_root = getattr(simulator, "proc_root", None)
+    socket = getattr(simulator, "cri_socket_path", None)
+    processes = config.kubernetes.processes
+    if proc_root is None or socket is None or "enabled" in processes.model_fields_set:
+        return config
+    processes = processes.model_copy(
+        update={"enabled": True, "proc_root": str(proc_root), "runtime_socket": str(socket)}
+    )
+    log.info("simulated processes: /proc at %s, container runtime at %s", proc_root, socket)
+    kubernetes = config.kubernetes.model_copy(update={"processes": processes})
+    nvml = config.nvml.model_copy(update={"processes": True})
+    return config.model_copy(update={"kubernetes": kubernetes, "nvml": nvml})
 
 
 def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: float) -> int:

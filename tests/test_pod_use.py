@@ -73,7 +73,7 @@ SHARED = (
 
 def test_each_container_gets_its_processes_memory_and_shares_and_the_rest_is_unattributed() -> None:
     use = PodUse(owner_of, holders=lambda: {"GPU-a": (BUSY, IDLE, LIGHT)})
-    (device,) = use.process([gpu((*SHARED, proc(999, GIB, 0.0)))], 0.0)
+    (device,) = use.process([gpu(SHARED)], 0.0)
     assert values(device, "gpu_pod_processes") == {pod(BUSY): 2, pod(LIGHT): 1, pod(IDLE): 0}
     assert values(device, "gpu_pod_memory_used_bytes") == {
         pod(BUSY): 6 * GIB,
@@ -86,11 +86,19 @@ def test_each_container_gets_its_processes_memory_and_shares_and_the_rest_is_una
     # An idle holder is measured at zero: NVML lists no process of it.
     assert values(device, "gpu_pod_encoder_utilization_ratio")[pod(IDLE)] == 0.0
     reason = lambda r: (("reason", r),)  # noqa: E731
+    assert values(device, "gpu_unattributed_processes") == {reason(HOST): 1}
+    assert values(device, "gpu_unattributed_memory_used_bytes") == {reason(HOST): GIB}
+
+
+def test_with_a_process_of_no_known_container_an_idle_holders_use_is_not_known() -> None:
+    use = PodUse(owner_of, holders=lambda: {"GPU-a": (BUSY, IDLE)})
+    (device,) = use.process([gpu((*SHARED, proc(999, GIB, 0.0)))], 0.0)
+    reason = lambda r: (("reason", r),)  # noqa: E731
     assert values(device, "gpu_unattributed_processes") == {reason(HOST): 1, reason(UNKNOWN): 1}
-    assert values(device, "gpu_unattributed_memory_used_bytes") == {
-        reason(HOST): GIB,
-        reason(UNKNOWN): GIB,
-    }
+    # PID 999 may be IDLE's: its zero would be a guess, so it has no figure at all.
+    assert pod(IDLE) not in values(device, "gpu_pod_processes")
+    assert pod(IDLE) not in values(device, "gpu_pod_utilization_ratio")
+    assert values(device, "gpu_pod_processes")[pod(BUSY)] == 2
 
 
 def test_shares_never_add_up_to_more_than_the_gpus_utilization() -> None:

@@ -12,13 +12,13 @@ Labels of a per-GPU series (the exposition and the store sort them by name):
     (memory, activity, classes, pods, size); a whole GPU's never carry instance labels;
   - the family's own labels from the catalog (`clock`, `reason`, `peer_gpu`, ...);
   - with pod attribution in `labels` mode, the GPU's (or instance's) `namespace`, `pod` and
-    `container` when one container holds it, or `holders` ("ns/pod/container,...") when
-    several share it (time-slicing, MPS) — on EVERY per-GPU family, `gpu_up` and `gpu_info`
-    included, so an alert on a lost GPU names the pod it hit (or every pod sharing it, never
-    one of them alone), and a rule over any family keeps the same labels on both alert
-    paths. The exceptions are the families that name a container themselves (`gpu_pod_info`,
-    one series per pod holding the GPU; the per-pod use `gpu_pod_*`): they carry only their
-    own. A MIG parent's own series have none (pods hold its instances). In `info` mode (and
+    `container` when one container holds it, or `holders` ("ns/pod/container,...") when several
+    share it (time-slicing, MPS) — on EVERY per-GPU family, `gpu_up` and `gpu_info` included, so an
+    alert on a lost GPU names the pod it hit (or every pod sharing it, never one of them alone), and
+    a rule over any family keeps the same labels on both alert paths. The exceptions are the
+    families that say whose they are themselves (`gpu_pod_info`, one series per pod holding the GPU;
+    the per-pod use `gpu_pod_*`; `gpu_unattributed_*`, the use of no known pod): they carry only
+    their own. A MIG parent's own series have none (pods hold its instances). In `info` mode (and
     without attribution) only those families have them.
 Empty label values are dropped, as Prometheus reads an empty label as absent.
 
@@ -470,10 +470,15 @@ def with_collector_series(
     return SeriesSet(late.timestamp, _in_catalog_order(families), own)
 
 
+# Families whose series say themselves whose they are (gpu_pod_info, the per-pod use, the use of
+# no known pod): the GPU's attribution labels describe the GPU, not them.
+_OWN_ATTRIBUTION = frozenset(
+    fam.name for fam in FAMILIES if set(POD_LABELS) <= set(fam.labels) or fam.source == "processes"
+)
+
+
 def _reading_series(reading: Reading, base: Labels, pods: Labels) -> Series:
-    # A reading that names a container itself (gpu_pod_info, the per-pod families) keeps only
-    # its own: the GPU's attribution labels describe the GPU, not that container.
-    if not pods or any(name in POD_LABELS for name, _ in reading.labels):
+    if not pods or reading.family in _OWN_ATTRIBUTION:
         return Series(reading.family, reading.family, (*base, *reading.labels), reading.value)
     labels = (*base, *reading.labels, *pods)
     return Series(reading.family, reading.family, labels, reading.value)

@@ -29,6 +29,7 @@ from gpu_exporter.web.settings import DcgmCompatConfig
 
 if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
     from gpu_exporter.collect.k8s.attribution import PodAttribution
+    from gpu_exporter.collect.k8s.process_attribution import ProcessAttribution
     from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 
 log = logging.getLogger("gpu_exporter")
@@ -41,6 +42,7 @@ class Assembly:
     rules: RuleManager | None = None
     notifier: Notifier | None = None
     dcgm_compat: DcgmCompat | None = None  # /metrics/dcgm, when dcgm_compat.enabled
+    processes: ProcessAttribution | None = None  # when kubernetes.processes.enabled
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopped: threading.Event = field(default_factory=threading.Event)
 
@@ -68,6 +70,8 @@ class Assembly:
     def _start_helpers(self) -> None:
         if self.attribution is not None:
             self.attribution.start()
+        if self.processes is not None:
+            self.processes.start()
         if self.notifier is not None:
             self.notifier.start()
 
@@ -75,6 +79,8 @@ class Assembly:
         with self._lock:
             self._stopped.set()
         self.sampler.stop()
+        if self.processes is not None:
+            self.processes.stop()
         if self.notifier is not None:
             self.notifier.stop()
         if self.attribution is not None:
@@ -98,6 +104,7 @@ def assemble(
     if dcgm is not None:
         sampler.add_producer(dcgm.producer())
     attribution = _attribution(config, wall_clock)
+    pods = None
     if attribution is not None:
         from gpu_exporter.collect.k8s.labels import PodsOfTick
 
@@ -106,6 +113,21 @@ def assemble(
         sampler.add_producer(attribution.producer())
         if config.kubernetes.mode == "labels":
             sampler.set_device_labels(pods.labels)
+    processes = None
+    if config.kubernetes.processes.enabled:
+        from gpu_exporter.collect.k8s.process_attribution import ProcessAttribution
+
+        # After pod_info: the holders are the ones this tick's pod labels come from.
+        processes = ProcessAttribution(
+            config.kubernetes.processes, pods.holders if pods is not None else dict
+        )
+        sampler.add_processor("pod_use", processes.process)
+        sampler.add_producer(processes.producer())
+        log.info(
+            "per-process attribution from %s and the container runtime at %s",
+            config.kubernetes.processes.proc_root,
+            processes.runtime.socket,
+        )
     rules, notifier = _alerting(config, sampler)
     compat = None
     if config.dcgm_compat.enabled:
@@ -113,7 +135,7 @@ def assemble(
 
         compat = DcgmCompat(compat_hostname(config.dcgm_compat))
         sampler.add_listener(compat)
-    return Assembly(sampler, attribution, rules, notifier, compat)
+    return Assembly(sampler, attribution, rules, notifier, compat, processes)
 
 
 def classifier(config: Any) -> Classifier:

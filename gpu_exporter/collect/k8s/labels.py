@@ -64,6 +64,10 @@ class PodsOfTick:
             out.append(device)
         return out
 
+    def holders(self) -> Mapping[str, tuple[PodRef, ...]]:
+        """GPU UUID or MIG UUID -> the containers holding it, from this tick's kubelet map."""
+        return {**self._by_device, **self._by_instance}
+
     def labels(self) -> Mapping[str, Labels]:
         """GPU UUID or MIG UUID -> the pod labels of its series."""
         labels = {uuid: pod_labels(pods) for uuid, pods in self._by_device.items()}

@@ -11,8 +11,10 @@ The physics, stated where it is used:
 - Memory and the utilization shares are NVML's per-process figures (measured). NVML samples a
   process only when it used an engine, so a process without a sample used none of it; a
   container that holds a share of the GPU (the kubelet's PodResources say so) but runs no
-  process used none of it either: 0 is then a measurement, not a default. Where per-process
-  utilization was not measured (the read failed, or MIG, where NVML has none) it is absent.
+  process used none of it either: 0 is then a measurement, not a default (unless a process on
+  the device could not be mapped: it may be that container's, whose use is then absent). Where
+  per-process utilization was not measured (the read failed, or MIG, where NVML has none) it is
+  absent.
 - The shares come from NVML's per-process sample periods and the device's utilization from its
   own; when the shares add up to more than `gpu_utilization_ratio`, they are scaled down to it,
   so a sum over containers never exceeds the GPU's own figure.
@@ -179,11 +181,15 @@ class PodUse:
 def _group(
     processes: Iterable[ProcessSample], owners: Mapping[int, Owner], held: tuple[PodRef, ...]
 ) -> dict[Owner, _Use]:
-    """Each owner's use; a holder without processes used nothing (all of it measured zero)."""
+    """Each owner's use; a holder without processes used nothing (all of it measured zero),
+    unless a process on the device is of no known container: it may be the holder's, whose use
+    is then not known (absent)."""
     uses: dict[Owner, _Use] = {Owner(pod): _Use(memory=0.0) for pod in held}
     for process in processes:
         owner = owners.get(process.pid, Owner(reason=UNKNOWN))
         uses.setdefault(owner, _Use()).add(process)
+    if Owner(reason=UNKNOWN) in uses:
+        uses = {owner: use for owner, use in uses.items() if use.processes or owner.pod is None}
     return uses
 
 
