@@ -110,6 +110,11 @@ def test_shares_never_add_up_to_more_than_the_gpus_utilization() -> None:
     assert values(device, "gpu_pod_utilization_ratio")[pod(BUSY)] == pytest.approx(0.6 * 0.5 / 0.85)
 
 
+def test_shares_repeated_while_the_gpu_went_idle_fall_to_zero_with_it() -> None:
+    (device,) = PodUse(owner_of).process([gpu(SHARED, utilization=0.0)], 0.0)
+    assert set(values(device, "gpu_pod_utilization_ratio").values()) == {0.0}
+
+
 def test_unmeasured_utilization_is_absent_never_zero() -> None:
     use = PodUse(owner_of)
     unmeasured = (ProcessSample(101, GIB, None),)

@@ -98,6 +98,15 @@ def test_each_pod_sharing_a_gpu_has_its_own_use_and_no_sum_exceeds_the_gpus(node
     assert sum(mps_share.values()) <= (gpus[1].value("gpu_utilization_ratio") or 0) + 1e-9
 
 
+def test_ticks_shorter_than_the_drivers_sample_period_repeat_its_shares(node: Node) -> None:
+    # The fake driver's period is 1 s (assumed, as nvml.h does not say): a tick that reads no
+    # newer period must not report every process idle (the alert would flap on a busy pod).
+    node.tick(10.0)
+    ended = per_pod(node.tick(11.0)[0].readings, "gpu_pod_utilization_ratio")
+    within = per_pod(node.tick(11.5)[0].readings, "gpu_pod_utilization_ratio")
+    assert ended["llm-finetune-0"] > 0 and within == pytest.approx(ended)
+
+
 def test_a_host_process_is_nobodys_and_an_exclusive_pod_gets_exact_energy(node: Node) -> None:
     node.tick(10.0)
     gpus = node.tick(20.0)

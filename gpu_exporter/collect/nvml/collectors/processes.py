@@ -13,9 +13,13 @@ What NVML gives (nvml.h), and how it is read:
   `lastSeenTimeStamp`, one sample per process that used an engine (SM, memory, encoder,
   decoder, JPEG, OFA, in percent); the time stamp of the newest sample is kept per GPU, so every
   sample is used once. Drivers without it answer `nvmlDeviceGetProcessUtilization` (SM, memory,
-  encoder, decoder). NOT_FOUND means no sample is newer: not an error. A process's share of an
-  engine over the tick is the mean of its samples; one without a sample used none of it. NVML
-  has no per-process utilization under MIG: instances' processes have none (never 0).
+  encoder, decoder). A process's share of an engine is the mean of its samples read in the
+  tick; one without a sample used none of it. NOT_FOUND means no sample is newer: not an error,
+  and not "all idle" either, since it is also the answer between two ends of the driver's sample
+  period when ticks are shorter than it; the tick repeats the newest period's shares. (When every
+  process did go idle, the device's utilization falls to 0 and the pod-use processor, which
+  bounds the shares by it, brings them to 0.) NVML has no per-process utilization under MIG:
+  instances' processes have none (never 0).
 Every failure is handled at the choke point as any call's: counted, learned when it will not
 change (NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION), never a crash; the lists then
 stay unread for the tick (None), which the pod-use processor reports as nothing rather than 0.
@@ -63,6 +67,7 @@ class Processes(Collector):
     def __init__(self) -> None:
         super().__init__()
         self.last_seen = 0  # the newest utilization sample's time stamp (microseconds)
+        self.newest: dict[int, dict[str, float]] = {}  # the shares last read, per PID
 
     def read(self, nvml: Device) -> list[Reading]:
         if nvml.mig_enabled:
@@ -101,8 +106,8 @@ class Processes(Collector):
                 samples = nvml.call(
                     key, function, nvml.handle, self.last_seen, gone=(N.NVMLError_NotFound,)
                 )
-            except GoneError:  # NOT_FOUND: no sample is newer than the last one read
-                return {}
+            except GoneError:  # NOT_FOUND: no sample period ended since the last read
+                return self.newest
             if samples is not None or not nvml.is_unsupported(key):
                 break
         if samples is None:
@@ -117,10 +122,11 @@ class Processes(Collector):
                 value = getattr(sample, field, None)
                 if value is not None:
                     sums[pid][engine] = sums[pid].get(engine, 0.0) + min(100, int(value)) / 100
-        return {
+        self.newest = {
             pid: {engine: total / counts[pid] for engine, total in engines.items() if total > 0}
             for pid, engines in sums.items()
         }
+        return self.newest
 
 
 def _listed(nvml: Device, handle: Any) -> dict[int, tuple[float | None, bool]] | None:
