@@ -142,13 +142,13 @@ SCENARIOS = [
     Scenario(
         "GpuAllocatedButIdle",
         "35m",
-        (("gpu_pod_utilization_ratio", "0x40"),),
+        (("gpu_pod_utilization_ratio", "0x40"), ("gpu_pod_info", "1x40")),
         branch="share-idle",
     ),
     Scenario(
         "GpuAllocatedButIdle",
         "35m",
-        ((f"gpu_pod_processes{{{MIG}}}", "0x40"),),
+        ((f"gpu_pod_processes{{{MIG}}}", "0x40"), (f"gpu_pod_info{{{MIG}}}", "1x40")),
         branch="mig-no-process",
     ),
     Scenario(

@@ -1,0 +1,153 @@
+"""`serve --simulate shared`, end to end: per-process attribution as a real node runs it (the
+simulated node's /proc and CRI runtime), through /metrics, promtool, a real Prometheus and a
+real Alertmanager.
+
+What must show (docs/workloads.md): on the time-sliced GPU several pods each with their memory
+and utilization share, summing to no more than the GPU's own figures, and the GPU's series naming
+all holders, none alone; MPS clients as pods of their own; the host process unattributed; the
+activity counters growing by ratio times elapsed time; and GpuAllocatedButIdle for the idle
+shares, with the same labels from the daemon and from Prometheus.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.daemon import Daemon, serve
+from tests.servers import Recorder, alertmanager, am_alerts, prometheus
+from tests.support import promtool_check_metrics, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE = "gpu-node-3"
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def samples(text: str) -> Samples:
+    out: Samples = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name].append((dict(sample.labels), sample.value))
+    return out
+
+
+def on_gpu(found: Samples, name: str, gpu: str) -> list[tuple[dict[str, str], float]]:
+    return [(labels, value) for labels, value in found[name] if labels.get("gpu") == gpu]
+
+
+def by_pod(found: Samples, name: str, gpu: str) -> dict[str, float]:
+    return {labels["pod"]: value for labels, value in on_gpu(found, name, gpu)}
+
+
+def scrape_with_pods(daemon: Daemon) -> Samples:
+    """A scrape taken once the driver's first per-process sample period has ended (before
+    it, every process has used nothing yet: measured, all 0)."""
+
+    def ready() -> Samples | None:
+        found = samples(daemon.metrics_text())
+        return found if any(by_pod(found, "gpu_pod_utilization_ratio", "0").values()) else None
+
+    found = wait_for(ready, 30, "per-pod utilization")
+    assert found is not None, daemon.output()
+    return found
+
+
+def test_shared_gpus_show_each_pods_use_and_no_sum_exceeds_the_gpus(tmp_path: Path) -> None:
+    with serve(tmp_path, "--simulate", "shared", "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+        found = scrape_with_pods(daemon)
+        text = daemon.metrics_text()
+        checked = promtool_check_metrics(text.encode())
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # GPU 0, time-sliced: several pods with memory and a share; sums bounded by the GPU's own.
+    memory = by_pod(found, "gpu_pod_memory_used_bytes", "0")
+    share = by_pod(found, "gpu_pod_utilization_ratio", "0")
+    assert sum(1 for pod, value in share.items() if value > 0 and memory[pod] > 0) >= 2, share
+    ((gpu_labels, utilization),) = on_gpu(found, "gpu_utilization_ratio", "0")
+    ((_, used),) = on_gpu(found, "gpu_memory_used_bytes", "0")
+    assert sum(share.values()) <= utilization + 1e-9 and sum(memory.values()) <= used
+    # Its device series name every holder and no single pod.
+    assert "pod" not in gpu_labels, gpu_labels
+    assert {h.split("/")[1] for h in gpu_labels["holders"].split(",")} == set(share)
+    # GPU 1, MPS: each client a pod of its own.
+    mps = by_pod(found, "gpu_pod_processes", "1")
+    assert mps["asr-0"] == mps["tts-0"] == 1.0, mps
+    # GPU 3: the host process is nobody's, and no pod is charged with it.
+    host = on_gpu(found, "gpu_unattributed_processes", "3")
+    assert [(labels["reason"], value) for labels, value in host] == [("host", 1.0)]
+    assert all("pod" not in labels for labels, _ in host)
+    assert set(by_pod(found, "gpu_pod_processes", "3")) == {"ocr-0"}
+
+
+def test_activity_counters_grow_by_ratio_times_elapsed_time(tmp_path: Path) -> None:
+    # GPU 4's 2g instance (GI 5) has a constant SM activity of 0.55 in the scenario.
+    def instance(found: Samples, name: str) -> float:
+        (value,) = [v for labels, v in found[name] if labels.get("gpu_instance") == "5"]
+        return value
+
+    def tick(found: Samples) -> float:
+        ((_, value),) = found["gpu_exporter_last_tick_timestamp_seconds"]
+        return value
+
+    with serve(tmp_path, "--simulate", "shared", "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+        first = scrape_with_pods(daemon)
+        second = wait_for(
+            lambda: (s := samples(daemon.metrics_text())) and tick(s) >= tick(first) + 2 and s,
+            15,
+            "two seconds of ticks",
+        )
+    assert second
+    for found in (first, second):
+        assert abs(instance(found, "gpu_sm_active_ratio") - 0.55) < 1e-9
+    grown = instance(second, "gpu_sm_active_seconds_total") - instance(
+        first, "gpu_sm_active_seconds_total"
+    )
+    assert abs(grown - 0.55 * (tick(second) - tick(first))) < 1e-6
+
+
+def test_allocated_but_idle_names_the_idle_shares_on_both_alert_paths(tmp_path: Path) -> None:
+    rules = tmp_path / "fast.rules.yaml"
+    text = (ROOT / "rules/gpu-exporter.rules.yaml").read_text()
+    text = re.sub(r"\[(\d+)m\]", "[20s]", text)
+    text = re.sub(r"for: \d+[mh]", "for: 5s", text)
+    rules.write_text(re.sub(r"interval: \d+s", "interval: 1s", text))
+    with (
+        Recorder() as hook,
+        alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url,
+        serve(
+            tmp_path, "--simulate", "shared", "--interval", "0.5", "--rules", str(rules),
+            "--alertmanager-url", am_url, "--external-label", f"node={NODE}",
+        ) as daemon,
+    ):  # fmt: skip
+        daemon.wait_ready()
+        with prometheus(tmp_path / "prom", f"127.0.0.1:{daemon.port}", rules, am_url, NODE) as url:
+
+            def idle(base: str) -> set[frozenset[tuple[str, str]]]:
+                alerts = httpx.get(f"{base}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
+                return {
+                    frozenset({**a["labels"], "node": NODE}.items())
+                    for a in alerts
+                    if a["labels"]["alertname"] == "GpuAllocatedButIdle" and a["state"] == "firing"
+                }
+
+            def agreed() -> set[frozenset[tuple[str, str]]] | None:
+                daemon_side, prometheus_side = idle(daemon.url), idle(url)
+                return daemon_side if daemon_side and daemon_side == prometheus_side else None
+
+            try:
+                both = wait_for(agreed, 60, "both paths to fire GpuAllocatedButIdle alike")
+            except AssertionError:
+                raise AssertionError((idle(daemon.url), idle(url))) from None
+            held = wait_for(
+                lambda: len(am_alerts(am_url, "GpuAllocatedButIdle")) == len(both), 30, "AM"
+            )
+            assert held, am_alerts(am_url, "GpuAllocatedButIdle")
+    pods = {dict(labels)["pod"] for labels in both}
+    # The idle notebook, the share held with no process, and the MIG instance held with none.
+    assert pods == {"notebook-ana", "notebook-ben", "chat-small-1"}, pods
