@@ -103,7 +103,9 @@ def test_declarations_name_real_calls_fields_and_settings() -> None:
     field_ids = Counter(spec.field_id for c in COLLECTORS for spec in c.fields)
     assert {fid: n for fid, n in field_ids.items() if n > 1} == {}
     for c in COLLECTORS:
-        assert c.families, c.name
+        # processes emits nothing itself: its processes go on the tick's samples, and the
+        # pod-use processor makes them per-pod families.
+        assert c.families or c.name == "processes", c.name
         assert [call for call in c.calls if not hasattr(N, call)] == [], c.name
         assert {spec.family for spec in c.fields} <= set(c.families), c.name
         for flag in (c.setting, *c.options):
@@ -113,8 +115,9 @@ def test_declarations_name_real_calls_fields_and_settings() -> None:
 @pytest.mark.parametrize(
     ("overrides", "topology", "missing"),
     [
-        ({}, True, set()),
-        ({"gpm": False, "xid_events": False}, False, {"gpm", "xid", "topology"}),
+        ({}, True, {"processes"}),  # off by default (kubernetes.processes turns it on)
+        ({"gpm": False, "xid_events": False}, False, {"gpm", "xid", "topology", "processes"}),
+        ({"processes": True}, True, set()),
     ],
 )
 def test_settings_turn_collectors_on_and_off(
@@ -216,7 +219,7 @@ def test_normal_ticks_report_every_enabled_collector_as_successful(
         tick(source, clock)
         statuses = source.collector_status()
         assert [s.collector for s in statuses] == sorted(
-            c.name for c in COLLECTORS if c.name != "xid"
+            c.name for c in COLLECTORS if c.name not in ("xid", "processes")
         )
         assert all(s.success for s in statuses)
         assert all(s.duration_seconds >= 0 for s in statuses)

@@ -426,7 +426,11 @@ def test_collector_names_are_the_enabled_collectors_in_order(fake_nvml, clock: M
     fake_nvml.install(PCIE_ONLY, clock=clock)
     with_topology = NvmlSource(errors=ErrorLog(), clock=clock, topology_reader=read_topology)
     plain = NvmlSource(errors=ErrorLog(), clock=clock, settings=_settings(gpm=False))
-    assert with_topology.collector_names() == tuple(c.name for c in collectors.COLLECTORS)
+    assert with_topology.collector_names() == tuple(
+        c.name
+        for c in collectors.COLLECTORS
+        if c.name != "processes"  # off by default
+    )
     names = plain.collector_names()
     assert "topology" not in names and "gpm" not in names and "xid" not in names
     assert names == tuple(c.name for c in collectors.COLLECTORS if c.name in names)
