@@ -86,29 +86,49 @@ def test_shared_gpus_show_each_pods_use_and_no_sum_exceeds_the_gpus(tmp_path: Pa
 
 def test_activity_counters_grow_by_ratio_times_elapsed_time(tmp_path: Path) -> None:
     # GPU 4's 2g instance (GI 5) has a constant SM activity of 0.55 in the scenario.
-    def instance(found: Samples, name: str) -> float:
-        (value,) = [v for labels, v in found[name] if labels.get("gpu_instance") == "5"]
-        return value
+    def instance(found: Samples, name: str) -> float | None:
+        values = [v for labels, v in found[name] if labels.get("gpu_instance") == "5"]
+        return values[0] if values else None
 
-    def tick(found: Samples) -> float:
-        ((_, value),) = found["gpu_exporter_last_tick_timestamp_seconds"]
+    def only(found: Samples, name: str) -> float:
+        ((_, value),) = found[name]
         return value
 
     with serve(tmp_path, "--simulate", "shared", "--interval", "0.5") as daemon:
         daemon.wait_ready()
-        first = scrape_with_pods(daemon)
-        second = wait_for(
-            lambda: (s := samples(daemon.metrics_text())) and tick(s) >= tick(first) + 2 and s,
-            15,
-            "two seconds of ticks",
-        )
-    assert second
+        scrapes: dict[float, Samples] = {}  # tick number -> its scrape
+
+        def consecutive() -> tuple[Samples, Samples] | None:
+            found = samples(daemon.metrics_text())
+            if instance(found, "gpu_sm_active_seconds_total") is not None:
+                scrapes[only(found, "gpu_exporter_ticks_total")] = found
+            return next(
+                ((scrapes[n - 1], scrapes[n]) for n in sorted(scrapes) if n - 1 in scrapes), None
+            )
+
+        pair = wait_for(consecutive, 30, "two consecutive ticks, both scraped", interval=0.05)
+    # Two consecutive ticks with the ratio: the counter grew by ratio x the time between them.
+    first, second = pair
     for found in (first, second):
-        assert abs(instance(found, "gpu_sm_active_ratio") - 0.55) < 1e-9
-    grown = instance(second, "gpu_sm_active_seconds_total") - instance(
-        first, "gpu_sm_active_seconds_total"
+        assert abs((instance(found, "gpu_sm_active_ratio") or 0) - 0.55) < 1e-9
+    elapsed = only(second, "gpu_exporter_last_tick_timestamp_seconds") - only(
+        first, "gpu_exporter_last_tick_timestamp_seconds"
     )
-    assert abs(grown - 0.55 * (tick(second) - tick(first))) < 1e-6
+    grown = (instance(second, "gpu_sm_active_seconds_total") or 0) - (
+        instance(first, "gpu_sm_active_seconds_total") or 0
+    )
+    assert elapsed > 0 and abs(grown - 0.55 * elapsed) < 1e-6, (grown, elapsed)
+    # Over every tick scraped: never more than the ratio times the time (a tick whose reading
+    # was missing, as a GPU late for its deadline, adds nothing).
+    ticks = sorted(scrapes)
+    whole = [scrapes[ticks[0]], scrapes[ticks[-1]]]
+    total = (instance(whole[1], "gpu_sm_active_seconds_total") or 0) - (
+        instance(whole[0], "gpu_sm_active_seconds_total") or 0
+    )
+    span = only(whole[1], "gpu_exporter_last_tick_timestamp_seconds") - only(
+        whole[0], "gpu_exporter_last_tick_timestamp_seconds"
+    )
+    assert total <= 0.55 * span + 1e-6
 
 
 def test_allocated_but_idle_names_the_idle_shares_on_both_alert_paths(tmp_path: Path) -> None:
