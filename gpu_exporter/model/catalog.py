@@ -482,9 +482,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_pod_utilization_ratio",
         G,
-        "Share of the last tick the container's kernels ran on the GPU, summed from NVML's "
-        "per-process SM samples (measured; bounded by gpu_utilization_ratio). NVML has none under "
-        "MIG.",
+        "Share of time the container's kernels ran on the GPU in the driver's newest per-process "
+        "sample periods, summed over its processes (measured; bounded by gpu_utilization_ratio). "
+        "NVML has none under MIG.",
         POD_LABELS,
         unit="ratio",
         source="processes",
@@ -492,8 +492,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_pod_encoder_utilization_ratio",
         G,
-        "Share of the last tick the GPU's video encoders worked for the container (NVML's "
-        "per-process samples, measured).",
+        "Share of time the GPU's video encoders worked for the container in the driver's newest "
+        "per-process sample periods (measured).",
         POD_LABELS,
         unit="ratio",
         source="processes",
@@ -501,8 +501,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_pod_decoder_utilization_ratio",
         G,
-        "Share of the last tick the GPU's video decoders worked for the container (NVML's "
-        "per-process samples, measured).",
+        "Share of time the GPU's video decoders worked for the container in the driver's newest "
+        "per-process sample periods (measured).",
         POD_LABELS,
         unit="ratio",
         source="processes",
@@ -541,8 +541,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_unattributed_utilization_ratio",
         G,
-        "Share of the last tick the kernels of the processes of gpu_unattributed_processes ran, by "
-        "reason (measured).",
+        "Share of time the kernels of the processes of gpu_unattributed_processes ran in the "
+        "driver's newest per-process sample periods, by reason (measured).",
         ("reason",),
         unit="ratio",
         source="processes",
