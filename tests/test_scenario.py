@@ -196,6 +196,27 @@ BAD_FILES = {
         """,
         "colour: unknown key 'colour'",
     ),
+    "mig instance ends before it starts": (
+        """
+        name: t
+        devices:
+          - model: NVIDIA H200
+            architecture: hopper
+            mig:
+              instances:
+                - {profile: 1g.18gb, from: 30, until: 30}  # <-
+        """,
+        "devices[0].mig.instances[0].until: `until` must be after `from`",
+    ),
+    "pod ends before it starts": (
+        """
+        name: t
+        devices: [{}]
+        pods:
+          - {namespace: a, pod: b, gpu: 0, from: 20, until: 10}  # <-
+        """,
+        "pods[0].until: `until` must be after `from`",
+    ),
     "bad steps pair": (
         """
         name: t

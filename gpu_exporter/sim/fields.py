@@ -95,6 +95,14 @@ def error(message: str) -> PydanticCustomError:
     return PydanticCustomError("scenario", message)
 
 
+def until_after_from(until: float | None, info: Info) -> float | None:
+    """A field validator of `until`: an entry that ends must end after it starts (`from`)."""
+    start = info.data.get("start")
+    if until is not None and start is not None and until <= start:
+        raise error("`until` must be after `from`")
+    return until
+
+
 def error_at(loc: Path_, message: str, value: Any = None) -> ValidationError:
     """A problem at `loc` below the value being validated (a sibling key, a list item)."""
     return errors([(loc, message, value)])

@@ -34,6 +34,7 @@ from gpu_exporter.sim.fields import (
     integer,
     number_in,
     settle,
+    until_after_from,
 )
 from gpu_exporter.sim.values import ValueSpec, complete, value_table
 
@@ -155,13 +156,7 @@ class MigInstanceSpec(Strict):
             raise error(f"expected {count} slots, one per compute instance")
         return slots
 
-    @field_validator("until")
-    @classmethod
-    def _after_start(cls, until: float | None, info: Info) -> float | None:
-        start = info.data.get("start")
-        if until is not None and start is not None and until <= start:
-            raise error("`until` must be after `from`")
-        return until
+    _after_start = field_validator("until")(until_after_from)
 
     @model_validator(mode="after")
     def _identify(self, info: Info) -> MigInstanceSpec:

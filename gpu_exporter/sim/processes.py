@@ -42,6 +42,7 @@ from gpu_exporter.sim.fields import (
     one_of,
     settle,
     string,
+    until_after_from,
 )
 from gpu_exporter.sim.mig import MigSpec
 from gpu_exporter.sim.values import ValueSpec, constant, value_spec
@@ -231,13 +232,7 @@ class ProcessSpec(Strict):
     if TYPE_CHECKING:  # set at validation, not written in the file
         position: int  # in the scenario's list
 
-    @field_validator("until")
-    @classmethod
-    def _after_start(cls, until: float | None, info: Info) -> float | None:
-        start = info.data.get("start")
-        if until is not None and start is not None and until <= start:
-            raise error("`until` must be after `from`")
-        return until
+    _after_start = field_validator("until")(until_after_from)
 
     @model_validator(mode="after")
     def _derive(self, info: Info) -> ProcessSpec:

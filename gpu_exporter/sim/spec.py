@@ -63,6 +63,7 @@ from gpu_exporter.sim.fields import (
     reworded,
     settle,
     string,
+    until_after_from,
 )
 from gpu_exporter.sim.mig import MIG_PROFILES, MigSpec
 from gpu_exporter.sim.processes import PID_MAX, PROC_FILES, ProcessSpec, validate_processes
@@ -889,13 +890,7 @@ class PodSpec(Strict):
         # the device plugin's id: GPU or MIG UUID, `::<n>` for a time-slice replica
         device_id: str
 
-    @field_validator("until")
-    @classmethod
-    def _after_start(cls, until: float | None, info: Info) -> float | None:
-        start = info.data.get("start")
-        if until is not None and start is not None and until <= start:
-            raise error("`until` must be after `from`")
-        return until
+    _after_start = field_validator("until")(until_after_from)
 
     @model_validator(mode="after")
     def _device(self, info: Info) -> PodSpec:
