@@ -46,7 +46,7 @@ def test_committed_stubs_match_the_proto(tmp_path):
     assert protoc.main(args) == 0
     for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
         generated = (tmp_path / os.path.dirname(proto) / name).read_text()
-        assert generated == (CRI_DIR / name).read_text(), f"{name}: run scripts/gen-cri.sh"
+        assert generated == (CRI_DIR / name).read_text(), f"{name}: run scripts/gen-grpc-stubs.sh"
 
 
 def test_both_vendored_apis_load_side_by_side():

@@ -1,1 +1,1 @@
-"""Generated CRI (Container Runtime Interface) API stubs (see scripts/gen-cri.sh)."""
+"""Generated CRI (Container Runtime Interface) API stubs (see scripts/gen-grpc-stubs.sh)."""

@@ -1,1 +1,1 @@
-"""Generated kubelet PodResources API stubs (see scripts/gen-podresources.sh)."""
+"""Generated kubelet PodResources API stubs (see scripts/gen-grpc-stubs.sh)."""
