@@ -16,7 +16,7 @@ these tests read what the daemon will publish once the sampler runs that code; o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 
 from gpu_exporter.collect.k8s.attribution import PodRef
@@ -30,6 +30,7 @@ from gpu_exporter.model.snapshot import (
     ProcessSample,
     Reading,
     Snapshot,
+    TickStats,
 )
 
 GIB = float(1 << 30)
@@ -56,8 +57,9 @@ HOLDERS: dict[str, tuple[PodRef, ...]] = {
     "MIG-7": (EMBED,),
     "GPU-3": (SOLO,),
 }
-# GPU 0's and GPU 1's energy counters at the two ticks: 700 J in between.
-ENERGY = {"GPU-0": (10_000.0, 10_700.0), "GPU-1": (20_000.0, 20_700.0)}
+# GPU 0's and GPU 1's energy counters at tick 0; each tick adds 700 J.
+ENERGY = {"GPU-0": 10_000.0, "GPU-1": 20_000.0}
+JOULES_PER_TICK = 700.0
 INFO = {"model": "NVIDIA H200", "architecture": "hopper", "driver_version": "570.124.06"}
 
 
@@ -84,7 +86,7 @@ def _whole(
         Reading("gpu_power_watts", 350.0),
     ]
     if uuid in ENERGY:
-        readings.append(Reading("gpu_energy_joules_total", ENERGY[uuid][tick]))
+        readings.append(Reading("gpu_energy_joules_total", ENERGY[uuid] + JOULES_PER_TICK * tick))
     info = {**INFO, "pci_bus_id": f"0000:{0x18 + index:02x}:00.0"}
     readings += _pod_info(HOLDERS.get(uuid, ()))
     return DeviceSample(index, uuid, info, True, tuple(readings), processes=processes)
@@ -102,7 +104,7 @@ def _instance(gi: int, processes: tuple[ProcessSample, ...]) -> InstanceSample:
 
 
 def devices(tick: int) -> list[DeviceSample]:
-    """The node's samples at `tick` (0 or 1), as the NVML source and pod attribution give them."""
+    """The node's samples at `tick`, as the NVML source and pod attribution give them."""
     sm = {"sm": 0.3, "encoder": 0.0, "decoder": 0.1}
     gpu0 = (
         ProcessSample(101, 20 * GIB, sm),
@@ -129,17 +131,26 @@ def devices(tick: int) -> list[DeviceSample]:
     ]
 
 
-def shared_node(mode: str = "labels") -> tuple[Snapshot, SeriesSet]:
-    """The node's second tick (energy needs two) and its series; `mode`: pod attribution's
-    labels or info mode."""
-    use = PodUse(_owner_of, lambda: HOLDERS)
-    use.process(devices(0), 1.0)
-    samples = use.process(devices(1), 2.0)
+def ticks(count: int, mode: str = "labels") -> Iterator[tuple[Snapshot, SeriesSet]]:
+    """The node's first `count` ticks, one second apart, and their series; `mode`: pod
+    attribution's labels or info mode."""
+    use, builder = PodUse(_owner_of, lambda: HOLDERS), SeriesBuilder()
     labels: dict[str, Labels] = {}
     if mode == "labels":
         labels = {uuid: pod_labels(pods) for uuid, pods in HOLDERS.items()}
-    snapshot = Snapshot(1.75e9, tuple(samples), device_labels=labels)
-    return snapshot, SeriesBuilder().build(snapshot)
+    for tick in range(count):
+        samples = use.process(devices(tick), 1.0 + tick)
+        now = 1.75e9 + tick
+        # The tick's own stats, as the sampler's: the exporter's own alerts see it sampling.
+        stats = TickStats(ticks=tick + 1, last_tick_timestamp=now)
+        snapshot = Snapshot(now, tuple(samples), device_labels=labels, stats=stats)
+        yield snapshot, builder.build(snapshot)
+
+
+def shared_node(mode: str = "labels") -> tuple[Snapshot, SeriesSet]:
+    """The node's second tick (energy needs two) and its series."""
+    *_, last = ticks(2, mode)
+    return last
 
 
 def with_readings(snapshot: Snapshot, index: int, *more: Reading) -> Snapshot:
