@@ -13,10 +13,13 @@ unset where they are written. Besides the SDK, only `gpu_exporter.model` (nvml_f
 standard library only) is imported: the clock-event reason names and XID lists come from there.
 
 Three dashboards:
-- gpu-efficiency.json  is each GPU doing useful work, and if not, why (bottleneck class)?
+- gpu-efficiency.json  is each GPU doing useful work, and if not, why (bottleneck class)? Its
+                       workloads row: each pod's utilization share, memory and power charged,
+                       and idle allocations (GpuAllocatedButIdle, pods at a 0 share);
 - gpu-health.json      throttling, clocks, power, temperature, links, errors, exporter health;
-- gpu-fleet.json       cluster-wide efficiency, waste by namespace, top offenders, down GPUs;
-                       built on rules/gpu-exporter.recording.yaml.
+- gpu-fleet.json       cluster-wide efficiency, waste by namespace, top offenders, down GPUs,
+                       and per namespace GPU-hours allocated and used, energy, idle
+                       allocations; built on rules/gpu-exporter.recording.yaml.
 
 Conventions every panel follows (tests/test_dashboards.py checks them):
 - queries go to the `${datasource}` variable; every panel has a unit and a description;
@@ -146,6 +149,18 @@ INFORMATIONAL_REASONS = "|".join(
 )
 
 
+# Per-pod use (per-process attribution): the gpu_pod_* families carry their own namespace, pod
+# and container in both attribution modes, so they are selected by the variables directly.
+POD_VARIABLES = ('namespace=~"$namespace"', 'pod=~"$pod"')
+POD_LEGEND = "{{namespace}}/{{pod}}/{{container}}"
+BY_POD_DEVICE = "cluster, node, gpu, gpu_instance, mig_profile, namespace, pod, container"
+ALLOCATED_BUT_IDLE = 'alertname="GpuAllocatedButIdle"'
+PER_POD_NOTE = (
+    "Per-pod use comes from the processes NVML lists, mapped to their containers (per-process "
+    "attribution, kubernetes.processes); without it these panels stay empty (unknown, not 0)."
+)
+
+
 def _xid_list(xids: Iterable[int]) -> str:
     return ", ".join(str(xid) for xid in sorted(xids))
 
@@ -266,6 +281,13 @@ def gpu_hours(recorded: str) -> str:
     return f"sum_over_time({recorded}[$__range]) * on (cluster) group_left () {interval} / 3600"
 
 
+def idle_alert_state(*matchers: str) -> str:
+    """Per container and device: 2 while GpuAllocatedButIdle fires for it, 1 while pending."""
+    firing = sel("ALERTS", ALLOCATED_BUT_IDLE, 'alertstate="firing"', *matchers)
+    pending = sel("ALERTS", ALLOCATED_BUT_IDLE, 'alertstate="pending"', *matchers)
+    return f"max by ({BY_POD_DEVICE}) ({firing} * 2 or {pending})"
+
+
 # --- Grafana's model, through grafana-foundation-sdk ----------------------------------------------
 
 
@@ -313,6 +335,8 @@ SLOWDOWN_MAP = value_map(
     + [(code, text, color) for code, (_, text, color) in enumerate(SLOWDOWN_REASONS, start=1)]
 )
 UP_MAP = value_map([(1, "up", "green"), (0, "down", "red")])
+# GpuAllocatedButIdle per container, as idle_alert_state() encodes it.
+IDLE_STATE_MAP = value_map([(1, "pending", "orange"), (2, "firing", "red")])
 OFF_ON_MAP = value_map([(0, "no", "green"), (1, "yes", "red")])
 
 Override = cogbuilder.Builder[grafana.DashboardFieldConfigSourceOverrides]
@@ -1210,6 +1234,94 @@ def efficiency() -> grafana.Dashboard:
         h=8,
     )
 
+    board.row("Workloads: use per pod")
+    board.add(
+        timeseries(
+            "Utilization share per pod",
+            "Share of each sample period the container's kernels ran on the GPU: its part of the "
+            "GPU's utilization when several pods share it (time-slicing, MPS), the GPU's own when "
+            "it is alone. Summed from NVML's per-process samples and never more than the GPU's "
+            f"utilization. NVML has none under MIG. {PER_POD_NOTE}",
+            [Q(sel("gpu_pod_utilization_ratio", *POD_VARIABLES), f"{GPU_LEGEND} {POD_LEGEND}")],
+            unit="percentunit",
+            limits=(0, 1),
+        ),
+        w=8,
+        h=8,
+    )
+    board.add(
+        timeseries(
+            "GPU memory per pod",
+            "GPU memory the container's processes use, per GPU and MIG instance (NVML's "
+            "per-process figures; a framework's caching allocator keeps what it freed). "
+            f"{PER_POD_NOTE}",
+            [Q(sel("gpu_pod_memory_used_bytes", *POD_VARIABLES), f"{DEVICE_LEGEND} {POD_LEGEND}")],
+            unit="bytes",
+            legend_calcs=("max",),
+        ),
+        w=8,
+        h=8,
+    )
+    pod_power = over("rate", sel("gpu_pod_energy_joules_total", *POD_VARIABLES), "$__rate_interval")
+    board.add(
+        timeseries(
+            "GPU power charged per pod",
+            "The GPU's power charged to each container: all of it while the container runs "
+            "alone on the GPU (exclusive, measured: solid), else the GPU's energy by its share "
+            "of the SM time its processes used (apportioned, an estimate: dashed). NVML "
+            f"measures no per-process energy, and none per MIG instance. {PER_POD_NOTE}",
+            [
+                Q(
+                    f"sum by (cluster, node, gpu, namespace, pod, container, attribution) "
+                    f"({pod_power})",
+                    f"{GPU_LEGEND} {POD_LEGEND} {{{{attribution}}}}",
+                )
+            ],
+            unit="watt",
+            overrides=[override(".* apportioned", DASHED, regexp=True)],
+        ),
+        w=8,
+        h=8,
+    )
+    board.add(
+        table(
+            "Idle allocations now",
+            "Containers holding a GPU, MIG instance or share of one and doing nothing with it: "
+            "the shipped GpuAllocatedButIdle alert (pending, or firing after 30 minutes: a "
+            "device the classifier calls idle while a pod holds it, no per-process data needed) "
+            "and, with per-process attribution, the containers whose utilization share is 0 "
+            "now (their processes ran no kernel) or that run no process on the device now. "
+            f"{PER_POD_NOTE}",
+            [
+                ("GpuAllocatedButIdle", Q(idle_alert_state(*POD_VARIABLES))),
+                (
+                    "Utilization share",
+                    Q(
+                        f"max by ({BY_POD_DEVICE}) "
+                        f"({sel('gpu_pod_utilization_ratio', *POD_VARIABLES)} == 0)"
+                    ),
+                ),
+                (
+                    "Processes",
+                    Q(
+                        f"max by ({BY_POD_DEVICE}) "
+                        f"({sel('gpu_pod_processes', *POD_VARIABLES)} == 0)"
+                    ),
+                ),
+            ],
+            unit="short",
+            overrides=[
+                override("GpuAllocatedButIdle", field_unit("none"), field_mappings(IDLE_STATE_MAP)),
+                override("Utilization share", field_unit("percentunit")),
+            ],
+            hide=("Time",),
+            sort_by="GpuAllocatedButIdle",
+            no_value="No idle allocations",
+        ),
+        w=24,
+        h=8,
+    )
+
     board.row("Alerts")
     board.add(
         table(
@@ -2050,6 +2162,83 @@ def fleet() -> grafana.Dashboard:
         ),
         w=10,
         h=9,
+    )
+
+    board.row("Workloads: allocation and use by namespace")
+    allocated = gpu_hours(f"namespace:gpu_allocated:sum{pods}")
+    used = gpu_hours(f"namespace:gpu_pod_utilization:sum{pods}")
+    energy = gpu_hours(f"namespace:gpu_pod_energy_joules:rate5m{pods}")
+    idle_now = (
+        f'count by (cluster, namespace) (ALERTS{{{ALLOCATED_BUT_IDLE}, alertstate="firing", '
+        f'{CLUSTER}, namespace=~"$namespace"}})'
+    )
+    board.add(
+        table(
+            "GPU-hours, use and energy by namespace (range)",
+            "Per namespace over the range: GPU-hours allocated (a GPU several pods share is "
+            "split equally among them, so namespaces add up to the held GPUs; a MIG instance's "
+            "hour counts as its share of a GPU-hour), GPU-hours its kernels actually ran "
+            "(per-process utilization, whole GPUs only: NVML has none under MIG), their ratio, "
+            "the energy charged to it (exclusive while a container ran alone, apportioned by "
+            "SM-time share otherwise) and its containers GpuAllocatedButIdle fires for now. "
+            f"{PER_POD_NOTE}",
+            [
+                ("Allocated GPU-hours", Q(allocated)),
+                ("Used GPU-hours", Q(used)),
+                ("Used share", Q(f"({used}) / ({allocated})")),
+                ("Energy", Q(f"sum by (cluster, namespace) ({energy}) / 1000")),
+                ("Idle allocations now", Q(idle_now)),
+            ],
+            unit="h",
+            overrides=[
+                override("Allocated GPU-hours", field_decimals(1)),
+                override("Used GPU-hours", field_decimals(1)),
+                colored_cells(
+                    "Used share", "percentunit", thresholds("red", (0.2, "orange"), (0.5, "green"))
+                ),
+                override("Energy", field_unit("kwatth"), field_decimals(2)),
+                colored_cells("Idle allocations now", "short", thresholds("green", (1, "orange"))),
+            ],
+            sort_by="Allocated GPU-hours",
+        ),
+        w=14,
+        h=9,
+    )
+    board.add(
+        timeseries(
+            "GPUs allocated and used by namespace",
+            "Full GPUs each namespace is allocated (a shared GPU split among the pods holding "
+            "it) against the GPUs' worth of time its kernels ran (dashed; per-process "
+            f"utilization, whole GPUs only). The gap is allocation nobody uses. {PER_POD_NOTE}",
+            [
+                Q(f"namespace:gpu_allocated:sum{pods}", "{{namespace}} allocated"),
+                Q(f"namespace:gpu_pod_utilization:sum{pods}", "{{namespace}} used"),
+            ],
+            unit="short",
+            legend_calcs=("mean",),
+            overrides=[override(".* used", DASHED, regexp=True)],
+        ),
+        w=10,
+        h=9,
+    )
+    board.add(
+        timeseries(
+            "GPU power charged by namespace",
+            "Watts charged to each namespace's containers over 5 minutes: measured while a "
+            "container runs alone on its GPU, apportioned by SM-time share on a shared one. "
+            f"{PER_POD_NOTE}",
+            [
+                Q(
+                    f"sum by (cluster, namespace) (namespace:gpu_pod_energy_joules:rate5m{pods})",
+                    "{{namespace}}",
+                )
+            ],
+            unit="watt",
+            stack=True,
+            legend_calcs=("mean", "max"),
+        ),
+        w=24,
+        h=8,
     )
 
     board.row("Health")

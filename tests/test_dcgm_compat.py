@@ -25,7 +25,8 @@ from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 from gpu_exporter.web.dcgm_compat.fields import BY_NAME, FIELDS, markdown_table
 from gpu_exporter.web.dcgm_compat.render import Counters, dcgm_bus_id, render
 from gpu_exporter.web.dcgm_compat.xid_messages import message
-from tests.golden_exposition import COMPAT_HOSTNAME, running_compat
+from tests.golden_exposition import COMPAT_HOSTNAME, COMPAT_PATH, running_compat
+from tests.shared_node import shared_node
 
 HOSTNAME = COMPAT_HOSTNAME  # hostname="node-a"
 
@@ -603,3 +604,94 @@ def test_a_pod_holding_two_compute_instances_of_a_gpu_instance_is_one_series() -
     samples = parse(render(_set(1.0, *rows), None, HOSTNAME).decode())
     temps = [dict(labels) for name, labels, _ in samples if name == "DCGM_FI_DEV_GPU_TEMP"]
     assert [(t["GPU_I_ID"], t["pod"]) for t in temps] == [("5", "p")]
+
+
+# -- shared GPUs with per-pod use (dcgm-exporter's --kubernetes-virtual-gpus) ---------------------
+
+
+def _lines(text: str, name: str) -> list[tuple[dict[str, str], str]]:
+    return [(dict(labels), value) for n, labels, value in parse(text) if n == name]
+
+
+def _pod_of(labels: dict[str, str]) -> str | None:
+    return labels.get("pod")
+
+
+def test_a_shared_gpu_with_per_pod_use_gives_the_device_then_each_pods_processes() -> None:
+    """GPU 0 of the shared node: ml/train-0 (two processes), research/notebook-0 (none) and a
+    host process. As dcgm-exporter with --kubernetes-virtual-gpus: the device's own series
+    without pod labels, then one per pod holding it, the sum over its processes (0 for none;
+    the host process is no pod's); no pod_uid (the kubelet does not say it) and no vgpu (the
+    replica number is not kept)."""
+    _, series = shared_node()
+    text = render(series, None, HOSTNAME).decode()
+    gpu0 = [(labels, value) for labels, value in _lines(text, "DCGM_FI_DEV_GPU_UTIL")
+            if labels["gpu"] == "0"]  # fmt: skip
+    assert [(_pod_of(labels), value) for labels, value in gpu0] == [
+        (None, "60"),
+        ("train-0", "55"),
+        ("notebook-0", "0"),
+    ]
+    assert [sorted(labels) for labels, _ in gpu0][1] == sorted(
+        [*FIXED_ORDER, "hostname", "DCGM_FI_DRIVER_VERSION", "container", "namespace", "pod"]
+    )
+    memory = [(_pod_of(labels), value) for labels, value in _lines(text, "DCGM_FI_DEV_FB_USED")
+              if labels["gpu"] == "0"]  # fmt: skip
+    assert memory == [(None, "40960"), ("train-0", "30720"), ("notebook-0", "0")]
+    # Every other field stays copied per pod, as before.
+    power = [_pod_of(labels) for labels, _ in _lines(text, "DCGM_FI_DEV_POWER_USAGE")
+             if labels["gpu"] == "0"]  # fmt: skip
+    assert power == ["train-0", "notebook-0"]
+    assert "pod_uid" not in text and "vgpu" not in text
+
+
+def test_one_pod_alone_keeps_the_devices_value_and_a_gpu_instance_shares_like_a_gpu() -> None:
+    _, series = shared_node()
+    text = render(series, None, HOSTNAME).decode()
+    gpu1 = [(_pod_of(labels), value) for labels, value in _lines(text, "DCGM_FI_DEV_GPU_UTIL")
+            if labels["gpu"] == "1"]  # fmt: skip
+    assert gpu1 == [("infer-0", "80")]  # exclusive: one series, the device's value, as before
+    by_gi: dict[str, list[tuple[str | None, str]]] = {}
+    for labels, value in _lines(text, "DCGM_FI_DEV_FB_USED"):
+        if "GPU_I_ID" in labels:
+            by_gi.setdefault(labels["GPU_I_ID"], []).append((_pod_of(labels), value))
+    assert by_gi == {
+        "7": [("embed-0", "6144")],
+        "9": [(None, "6144"), ("chat-0", "4096"), ("chat-1", "0")],
+    }
+
+
+def test_a_pods_containers_add_up_and_memory_is_rounded_down_once() -> None:
+    """dcgm-exporter maps processes to pods by pod UID: two containers of one pod on a shared
+    GPU each carry the pod's total. MiB are the sum's, rounded down (dcgm-exporter rounds each
+    process down first: it can be lower by under 1 MiB per process)."""
+    mib = 1024.0 * 1024.0
+    rows = [
+        series("gpu_up", 1.0, _gpu(0)),
+        _info(0),
+        series("gpu_utilization_ratio", 0.9, _gpu(0)),
+        series("gpu_memory_used_bytes", 100 * mib, _gpu(0)),
+        *(
+            series("gpu_pod_info", 1.0, (*_gpu(0), *_pod("ml", pod, container)))
+            for pod, container in (("a", "main"), ("a", "side"), ("b", "main"))
+        ),
+        series("gpu_pod_memory_used_bytes", 10.6 * mib, (*_gpu(0), *_pod("ml", "a", "main"))),
+        series("gpu_pod_memory_used_bytes", 20.6 * mib, (*_gpu(0), *_pod("ml", "a", "side"))),
+        series("gpu_pod_memory_used_bytes", 5.0 * mib, (*_gpu(0), *_pod("ml", "b", "main"))),
+        series("gpu_pod_utilization_ratio", 0.304, (*_gpu(0), *_pod("ml", "a", "main"))),
+        series("gpu_pod_utilization_ratio", 0.2, (*_gpu(0), *_pod("ml", "a", "side"))),
+    ]
+    text = render(_set(1.0, *rows), None, HOSTNAME).decode()
+    memory = [(labels.get("container"), value) for labels, value in
+              _lines(text, "DCGM_FI_DEV_FB_USED")]  # fmt: skip
+    assert memory == [(None, "100"), ("main", "31"), ("side", "31"), ("main", "5")]
+    util = [(labels.get("pod"), value) for labels, value in _lines(text, "DCGM_FI_DEV_GPU_UTIL")]
+    assert util == [(None, "90"), ("a", "50"), ("a", "50"), ("b", "0")]  # b: no kernel, 0
+
+
+def test_golden_compat_output_has_no_per_pod_use_yet() -> None:
+    """The golden node's GPU 5 is time-sliced, without per-process attribution: one copy per
+    pod, no device-level series (nothing changed until the per-pod families are emitted)."""
+    golden = COMPAT_PATH.read_text()
+    gpu5 = [labels for labels, _ in _lines(golden, "DCGM_FI_DEV_GPU_UTIL") if labels["gpu"] == "5"]
+    assert [labels.get("pod") for labels in gpu5] == ["job-a", "job-b"]

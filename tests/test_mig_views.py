@@ -210,7 +210,8 @@ def test_each_gpu_lists_its_mig_instances_with_identity_pods_class_memory_activi
     }
     assert set(whole) == {
         "index", "uuid", "up", "down_reason", "info", "labels", "bottleneck", "bottleneck_kind",
-        "bottleneck_reason", "links", "health", "metrics", "instances",
+        "bottleneck_reason", "links", "health", "shared", "pod_use", "unattributed", "metrics",
+        "instances",
     }  # fmt: skip
     # Each instance's class with its kind and the classifier's reason; the parent has none,
     # but its links (every instance reads the parent's) against their capacity.
@@ -261,7 +262,7 @@ def test_the_answer_is_exactly_its_model_and_the_schema_declares_instances(
     assert "instances" in device["required"]
     assert set(instance["properties"]) == {
         "identity", "labels", "pods", "bottleneck", "bottleneck_kind", "bottleneck_reason",
-        "memory", "activity", "size", "metrics",
+        "memory", "activity", "size", "shared", "pod_use", "unattributed", "metrics",
     }  # fmt: skip
     assert set(instance["required"]) == set(instance["properties"])
     assert set(schemas["InstanceActivity"]["properties"]) == {

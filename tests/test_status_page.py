@@ -174,7 +174,7 @@ class Dom(HTMLParser):
 
     def __init__(self, markup: str) -> None:
         super().__init__()
-        self.rows: dict[str, list[dict[str, Any]]] = {"gpus": [], "alerts": []}
+        self.rows: dict[str, list[dict[str, Any]]] = {"gpus": [], "alerts": [], "pods": []}
         self.tags: list[tuple[str, dict[str, str]]] = []
         self._table = ""
         self._row: dict[str, Any] | None = None
@@ -271,6 +271,9 @@ def test_browser_renders_every_gpu_and_the_firing_alerts(
     assert {("GpuThermalSlowdown", "5"), ("GpuBusyButIdle", "4")} <= firing, firing
     assert dom.attrs("div", id="error").get("hidden") is not None  # no error banner
     assert dom.attrs("time", id="updated").get("datetime")  # "last updated" was set
+    # No per-process data here: no per-pod table, not even its heading.
+    assert dom.attrs("section", id="pods-section").get("hidden") is not None
+    assert dom.rows["pods"] == []
 
     png = shot.read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000, len(png)

@@ -7,6 +7,9 @@ from pathlib import Path
 PACK_DIR = Path(__file__).resolve().parent / "rulepack"  # a link to ../../rules in the tree
 # The pack's group whose alerts define an unhealthy GPU (diagnose and the status page read it).
 HEALTH_GROUP = "gpu-health"
+# The pack's alert on a device (or share of one) a container holds and does nothing with: the
+# status page and /api/v1/devices mark the containers it fires for as waste.
+ALLOCATED_BUT_IDLE = "GpuAllocatedButIdle"
 
 
 def default_rule_files() -> list[str]:

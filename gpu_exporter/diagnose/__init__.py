@@ -33,6 +33,16 @@ generic "unknown".
 Pods: with the kubelet's PodResources socket (`--kubelet-socket`, by default the kubelet's
 own path when it exists and the node is not simulated), each GPU and MIG instance names the
 pods holding it, read once before the profile, as the daemon's pod attribution reads them.
+With per-process attribution (the gpu_pod_* families in the profile's series), each GPU and MIG
+instance also lists every container's use of it over the profile (`pod_use`: processes and
+memory at the end, utilization, encoder and decoder shares as means over the ticks that
+measured them, energy charged during the profile and how) and the processes of no known
+container (`unattributed`), in the JSON and in a per-pod table under the activity profile.
+Idle allocations (`idle_allocations`, `pod_profile.py`) are GpuAllocatedButIdle's condition
+over the profile instead of 30 minutes: a container holds a device classed idle over the
+profile, or runs no process on it, or its processes run no kernel on it. On a healthy GPU they
+need attention, as a cost rather than a fault of the GPU: they are listed under "Needs
+attention", not among the GPU's problems.
 
 Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario,
 health rule files); 3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the
@@ -43,12 +53,13 @@ that is down, a health finding (an alert of the gpu-health group pending or firi
 profile, about a GPU or the node), NVLink links down or P2P over NVLink unavailable, a setting
 warning (power limit below its default, persistence mode off, ECC or MIG mode change pending,
 application clocks changed, compute mode Prohibited), and on a healthy GPU clocks held down by
-a HW / thermal / power-brake reason or a class in ATTENTION_CLASSES: throttled, launch_bound
-and link_bound waste a GPU that is nominally busy. memory_bound is reported but is not a
-fault: on the roofline, low-intensity work (LLM decode, elementwise ops) is memory-bound by
-nature; idle, tensor_bound and compute_bound are not problems, and unknown means missing data,
-not a fault. Notes (XIDs the pack does not alert on, ECC errors from before the run, setting
-notes, topology notes) never change the exit status.
+a HW / thermal / power-brake reason, a class in ATTENTION_CLASSES (throttled, launch_bound and
+link_bound waste a GPU that is nominally busy) or an idle allocation. memory_bound is reported
+but is not a fault: on the roofline, low-intensity work (LLM decode, elementwise ops) is
+memory-bound by nature; idle (unless a pod holds the GPU: an idle allocation), tensor_bound and
+compute_bound are not problems, and unknown means missing data, not a fault. Notes (XIDs the
+pack does not alert on, ECC errors from before the run, setting notes, topology notes) never
+change the exit status.
 
 Imports `collect`, `alerting`, `sim`, `model` and `support`; not `config` (what it needs comes
 from its own flags) nor `pipeline` (checked in CI: `lint-imports`).

@@ -311,6 +311,8 @@ def _run_profile(
         health.observe(series_set)
         for view in series_set.devices():
             profile.last[view.index] = view
+            profile.pods.observe(view)
+        profile.pods.tick()
         profile.ticks += 1
     return profile
 

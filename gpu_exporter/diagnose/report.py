@@ -31,6 +31,12 @@ from gpu_exporter.diagnose.health import (
     HealthRules,
     merged_steps,
 )
+from gpu_exporter.diagnose.pod_profile import (
+    PodProfiles,
+    idle_allocations,
+    pod_use_json,
+    unattributed_json,
+)
 from gpu_exporter.diagnose.topology_notes import interpret
 from gpu_exporter.model import xids
 from gpu_exporter.model.nvml_facts import ARCHITECTURES
@@ -50,6 +56,7 @@ class Profile:
     last: dict[int, DeviceView] = field(default_factory=dict)  # as the last tick shows it
     ticks: int = 0
     config: dict[str, DeviceConfig | str] = field(default_factory=dict)  # by UUID
+    pods: PodProfiles = field(default_factory=PodProfiles)  # per-pod use, tick by tick
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,7 @@ def build_report(
         for view in sorted(profile.last.values(), key=lambda v: v.index)
     ]
     attention = bool(node_findings) or any(
-        d["problems"] or any(i["problems"] for i in d["instances"]) for d in devices
+        _needs_attention(d) or any(_needs_attention(i) for i in d["instances"]) for d in devices
     )
     return {
         "schema_version": SCHEMA_VERSION,
@@ -123,6 +130,11 @@ def build_report(
         "needs_attention": attention,
         "exit_status": EXIT_ATTENTION if attention else EXIT_OK,
     }
+
+
+def _needs_attention(entry: Mapping[str, Any]) -> bool:
+    """A GPU's or MIG instance's own problems, or a container idling on it."""
+    return bool(entry["problems"] or entry["idle_allocations"])
 
 
 def _device_report(
@@ -174,6 +186,13 @@ def _device_report(
         "activity_source": _activity_source(last.readings),
         "next_steps_for": steps_for if steps else None,
         "next_steps": steps,
+        # Who used how much of it over the profile (per-process attribution), and who held it
+        # and did nothing: health first, as for the class, so not on a broken GPU.
+        "pod_use": pod_use_json(profile.pods, (last.index, "")) if up else [],
+        "unattributed": unattributed_json(last.readings) if up else [],
+        "idle_allocations": (
+            idle_allocations(profile.pods, (last.index, ""), last, cls) if healthy else []
+        ),
         "instances": instances,
     }
     report["problems"] = _problems(last, verdict, state, topology, findings, config_findings)
@@ -273,6 +292,7 @@ def _instance_report(
     elif cls is not None:
         steps = NEXT_STEPS[cls]
     seconds = profile.classifier.seconds(parent.uuid, instance.mig_uuid)
+    device = (parent.index, instance.mig_uuid)
     return {
         "gpu_instance": instance.gpu_instance_id,
         "compute_instance": instance.compute_instance_id,
@@ -289,6 +309,11 @@ def _instance_report(
         "next_steps": list(steps) if cls and healthy else [],
         "problems": (
             _class_problems(verdict, state, own_clocks=False) if verdict and healthy else []
+        ),
+        "pod_use": pod_use_json(profile.pods, device),
+        "unattributed": unattributed_json(instance.readings),
+        "idle_allocations": (
+            idle_allocations(profile.pods, device, instance, cls) if healthy else []
         ),
     }
 

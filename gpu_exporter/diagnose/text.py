@@ -119,6 +119,16 @@ class Text:
                 "  MIG instances: util is graphics-engine activity (NVML has no utilization "
                 "under MIG); PCIe, NVLink and link are their GPU's."
             )
+        pods = _pod_table(devices)
+        if pods is not None:
+            self.line()
+            self._wrapped(
+                "Per pod, from the processes NVML lists (util, enc, dec: means over the "
+                "profile; energy: charged during it):",
+                "  ",
+                "  ",
+            )
+            self.table(*pods)
         self.section("5. Health (the rule pack's gpu-health alerts over the profile)")
         self._health(report)
         self.section("6. Settings")
@@ -218,6 +228,18 @@ class Text:
                 for problem in (instance or d)["problems"]:
                     found = True
                     self.line(f"  {_where(d, instance)}: {self.paint(problem, '31')}")
+        # Held and unused: a cost, not a fault of the GPU (GpuAllocatedButIdle's condition).
+        for d in report["devices"]:
+            for instance in (None, *d["instances"]):
+                for idle in (instance or d)["idle_allocations"]:
+                    found = True
+                    who = f"{idle['namespace']}/{idle['pod']} (container {idle['container']})"
+                    self._wrapped(
+                        f"{_where(d, instance)}: {self.paint('idle allocation', '33')}: {who} "
+                        f"{idle['why']}",
+                        "  ",
+                        "    ",
+                    )
         if not found:
             self.line("  nothing")
 
@@ -343,6 +365,57 @@ def _profile_table(devices: list[Mapping[str, Any]], pods: bool = False) -> _Tab
                 [""] * 8 + [CLASS_COLOURS.get(i["class"] or "", "31")] + ([""] if pods else [])
             )
     return header, rows, codes
+
+
+def _pod_table(devices: list[Mapping[str, Any]]) -> _Table | None:
+    """One row per container (and per reason of processes of no known container) on each GPU
+    and MIG instance with per-pod data; None when none has any (no per-process attribution)."""
+    header = ["GPU", "pod", "container", "procs", "util", "enc", "dec", "memory", "energy"]
+    header.append("charged")
+    rows: list[list[str]] = []
+    codes: list[list[str]] = []
+    for d in devices:
+        for instance in (None, *d["instances"]):
+            entry, where = instance or d, _where(d, instance)
+            for p in entry["pod_use"]:
+                rows.append(
+                    [
+                        where,
+                        f"{p['namespace']}/{p['pod']}",
+                        p["container"] or "-",
+                        _na(p["processes"], "{:.0f}"),
+                        _na(p["utilization"]),
+                        _na(p["encoder"]),
+                        _na(p["decoder"]),
+                        _gibibytes(p["memory_bytes"]),
+                        _na(None if p["energy_joules"] is None else p["energy_joules"] / 1e3,
+                            "{:.1f} kJ"),
+                        p["attribution"] or "-",
+                    ]
+                )  # fmt: skip
+                idle = "33" if p["idle"] else ""
+                codes.append(["", idle, "", idle, idle, "", "", "", "", ""])
+            for u in entry["unattributed"]:
+                rows.append(
+                    [
+                        where,
+                        f"({u['reason']} processes)",
+                        "-",
+                        _na(u["processes"], "{:.0f}"),
+                        _na(u["utilization"]),
+                        "n/a",
+                        "n/a",
+                        _gibibytes(u["memory_bytes"]),
+                        "-",
+                        "-",
+                    ]
+                )
+                codes.append([""] * len(header))
+    return (header, rows, codes) if rows else None
+
+
+def _gibibytes(value: float | None) -> str:
+    return _na(None if value is None else value / 2**30, "{:.1f} GiB")
 
 
 def _pod_names(pods: list[Mapping[str, str]]) -> str:

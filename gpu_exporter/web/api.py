@@ -30,6 +30,7 @@ from gpu_exporter.alerting.rules.loader import NOT_EVALUATED
 from gpu_exporter.collect.classify import class_kind
 from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.model.catalog import BY_NAME
+from gpu_exporter.model.pod_shares import is_shared
 from gpu_exporter.model.series import ACTIVITY_FAMILIES, DeviceView, InstanceView, SeriesSet
 from gpu_exporter.model.snapshot import DeviceSample, Reading, Snapshot
 from gpu_exporter.model.verdict import Verdict, WindowStats
@@ -42,6 +43,7 @@ from gpu_exporter.web.exposition import (
     wants_gzip,
     wants_openmetrics,
 )
+from gpu_exporter.web.pod_json import IdleAlerts, pod_use_json, unattributed_json
 from gpu_exporter.web.status_page import render_status_page, status_page_headers
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
@@ -191,6 +193,92 @@ class Health(_Body):
     problems: list[HealthProblem] = Field(description="firing first")
 
 
+_MEASURED = (
+    "per-process attribution (kubernetes.processes): null where not measured, never 0 for "
+    "unmeasured"
+)
+
+
+class PodUse(_Body):
+    """One container's use of the GPU or MIG instance in the last tick, from the processes
+    NVML lists (the gpu_pod_* families). Every number is null where it was not measured."""
+
+    namespace: str
+    pod: str
+    container: str
+    allocated: bool = Field(
+        description="the kubelet allocated it the device (gpu_pod_info); false for a container "
+        "that uses a GPU it was not allocated"
+    )
+    processes: int | None = Field(
+        description="gpu_pod_processes: its processes on the device; 0 for a container "
+        "allocated the device that runs none there"
+    )
+    memory_bytes: float | None = Field(
+        description="gpu_pod_memory_used_bytes: memory its processes use (NVML's per-process "
+        "figures)"
+    )
+    utilization: float | None = Field(
+        description="gpu_pod_utilization_ratio: share of the last tick its kernels ran, 0..1 "
+        "(its part of the GPU's utilization); null on MIG instances (NVML has none there)"
+    )
+    encoder: float | None = Field(
+        description="gpu_pod_encoder_utilization_ratio: share of the last tick the video "
+        "encoders worked for it; null on MIG instances"
+    )
+    decoder: float | None = Field(
+        description="gpu_pod_decoder_utilization_ratio: as encoder, for the video decoders"
+    )
+    energy_joules: float | None = Field(
+        description="gpu_pod_energy_joules_total (a counter, summed over its attributions): "
+        "GPU energy charged to it while it ran there; null before any was charged and on MIG "
+        "instances"
+    )
+    attribution: Literal["exclusive", "apportioned", "mixed"] | None = Field(
+        description="how energy_joules was charged: exclusive (measured: it was alone on the "
+        "GPU), apportioned (an estimate: the tick's energy by its share of the SM time), mixed "
+        "(both, at different times); null without energy"
+    )
+    idle_alert: Literal["pending", "firing"] | None = Field(
+        description="the shipped GpuAllocatedButIdle alert for this container on this device, "
+        "when active (null also when in-daemon rules are disabled)"
+    )
+    waste: bool = Field(
+        description="it holds the device and does nothing with it: GpuAllocatedButIdle fires "
+        "for it, or now it runs no process there or its processes ran no kernel in the last "
+        "tick (measured, never assumed)"
+    )
+    waste_reason: str | None = Field(description="why waste is true; null when it is false")
+
+
+class Unattributed(_Body):
+    """Processes on the device that no container is known for (gpu_unattributed_*)."""
+
+    reason: str = Field(
+        description="host: they run outside Kubernetes; unknown: their container could not be "
+        "found (see gpu_exporter_process_attribution_up)"
+    )
+    processes: int | None = Field(description="gpu_unattributed_processes")
+    memory_bytes: float | None = Field(description="gpu_unattributed_memory_used_bytes")
+    utilization: float | None = Field(
+        description="gpu_unattributed_utilization_ratio, 0..1; null on MIG instances"
+    )
+
+
+_POD_USE = (
+    "each container's use of it in the last tick, by namespace, pod and container "
+    f"({_MEASURED}); empty without per-process attribution"
+)
+_UNATTRIBUTED = (
+    "use by processes of no known container, by reason; empty without per-process attribution "
+    "or when every process has its container"
+)
+_SHARED = (
+    "several containers hold or use it (time-slicing, MPS, several pods on one MIG instance), "
+    "or a container and processes of no known container do"
+)
+
+
 class Instance(_Body):
     identity: dict[str, str] = Field(
         description="the labels that tell it apart on its series, after the parent's gpu and "
@@ -207,6 +295,12 @@ class Instance(_Body):
     memory: InstanceMemory
     activity: InstanceActivity
     size: InstanceSize | None = Field(description="null without gpu_mig_instance_info")
+    shared: bool = Field(description=_SHARED)
+    pod_use: list[PodUse] = Field(
+        description=f"{_POD_USE}. Under MIG NVML has processes and memory only: utilization, "
+        "encoder, decoder and energy are null"
+    )
+    unattributed: list[Unattributed] = Field(description=_UNATTRIBUTED)
     metrics: Metrics = Field(description=_METRICS)
 
 
@@ -228,6 +322,9 @@ class Device(_Body):
         "them (with MIG on, through its instances); null without classifier output"
     )
     health: Health
+    shared: bool = Field(description=f"{_SHARED}; false with MIG on (its instances say)")
+    pod_use: list[PodUse] = Field(description=_POD_USE)
+    unattributed: list[Unattributed] = Field(description=_UNATTRIBUTED)
     metrics: Metrics = Field(description=_METRICS)
     instances: list[Instance] = Field(
         description="its MIG instances (MIG devices), by GPU instance then compute instance; "
@@ -529,6 +626,7 @@ def create_app(
             return JSONResponse({"status": "error", "error": "no snapshot yet"}, 503)
         snapshot, series_set = published.snapshot, published.series
         health = HealthView(rules.rules_json(HEALTH_GROUP) if rules is not None else None)
+        idle = IdleAlerts(rules.alerts_json() if rules is not None else None)
         return JSONResponse(
             {
                 "status": "success",
@@ -537,7 +635,7 @@ def create_app(
                     "sequence": snapshot.sequence,
                     "node": dict(snapshot.node_info),
                     "devices": [
-                        device_json(view, snapshot.device(view.index), health)
+                        device_json(view, snapshot.device(view.index), health, idle)
                         for view in series_set.devices()
                     ],
                 },
@@ -583,12 +681,16 @@ def _openapi_schema(app: FastAPI) -> dict[str, Any]:
 
 
 def device_json(
-    device: DeviceView, sample: DeviceSample | None = None, health: HealthView | None = None
+    device: DeviceView,
+    sample: DeviceSample | None = None,
+    health: HealthView | None = None,
+    idle: IdleAlerts | None = None,
 ) -> dict[str, Any]:
     """One GPU as the tick's series show it: `labels` are its attribution labels (labels
     mode), `metrics` its families keyed by name, with their catalog labels, `instances` its
-    MIG instances. `sample` is the same tick's DeviceSample (the classifier's verdicts, which
-    are no series), `health` the rule engine's view (None: rules disabled)."""
+    MIG instances, `pod_use` and `unattributed` who uses how much of it. `sample` is the same
+    tick's DeviceSample (the classifier's verdicts, which are no series), `health` the rule
+    engine's view (None: rules disabled), `idle` its GpuAllocatedButIdle alerts."""
     verdicts = _instance_verdicts(sample)
     instances = sorted(device.instances, key=lambda instance: instance.order_key)
     verdict = sample.verdict if sample is not None else None
@@ -605,9 +707,13 @@ def device_json(
         **_class_json(bottleneck_class(device.readings), verdict, held),
         "links": _links_json(link_source.stats) if link_source is not None else None,
         "health": (health or HealthView(None)).of(device.index),
+        "shared": is_shared(device.readings),
+        "pod_use": pod_use_json(device.readings, device.index, "", idle),
+        "unattributed": unattributed_json(device.readings),
         "metrics": _metrics_json(device.readings),
         "instances": [
-            instance_json(instance, verdicts.get(instance.mig_uuid)) for instance in instances
+            instance_json(instance, device.index, verdicts.get(instance.mig_uuid), idle)
+            for instance in instances
         ],
     }
 
@@ -644,9 +750,12 @@ def _links_json(stats: WindowStats) -> dict[str, Any]:
     }
 
 
-def instance_json(instance: InstanceView, verdict: Verdict | None = None) -> dict[str, Any]:
+def instance_json(
+    instance: InstanceView, gpu: int, verdict: Verdict | None = None, idle: IdleAlerts | None = None
+) -> dict[str, Any]:
     """One MIG instance: its identity and pods, the quantities people look for first (class,
-    its kind and reason, memory, activity, size), and all its families as `metrics`."""
+    its kind and reason, memory, activity, size, who uses how much of it), and all its
+    families as `metrics`. `gpu`: its parent's index (to find its GpuAllocatedButIdle alerts)."""
 
     def finite(family: str) -> float | None:
         return _finite(instance.value(family))
@@ -666,6 +775,9 @@ def instance_json(instance: InstanceView, verdict: Verdict | None = None) -> dic
         },
         "activity": {key: finite(family) for key, family in ACTIVITY_FAMILIES.items()},
         "size": instance.size,
+        "shared": is_shared(instance.readings),
+        "pod_use": pod_use_json(instance.readings, gpu, instance.mig_uuid, idle),
+        "unattributed": unattributed_json(instance.readings),
         "metrics": _metrics_json(instance.readings),
     }
 

@@ -17,6 +17,14 @@ physical GPU's) saying "MIG: n instances" where a whole GPU shows its class, and
 row per MIG instance under it (its profile, GPU instance and compute instance, class, pods,
 memory and activity; its utilization is its graphics-engine activity, as NVML has no
 utilization under MIG).
+
+With per-process attribution, a table of its own lists, for each shared GPU and MIG instance
+(the API's `shared`: several containers hold or use it, or a container and processes of no
+known container), one row per container: processes, its share of the utilization, encoder and
+decoder, memory, energy and how it was charged (exclusive or apportioned); processes of no
+known container have a row per reason (host, unknown). A container the API marks waste (holds
+a share and does nothing with it) is painted as the waste classes are, with the API's reason.
+Without per-process data the table and its heading are not shown at all.
 """
 
 from __future__ import annotations
@@ -109,6 +117,11 @@ tr.instance > td, tr.instance > th { border-bottom-style: dashed; }
 .problem.pending { background: var(--warn-bg); border: 1px solid var(--warn); }
 .healthy { color: var(--ok); font-weight: 600; }
 td.why { white-space: normal; min-width: 13rem; max-width: 15rem; font-size: .9em; }
+/* A container that holds a share and does nothing with it: painted as the waste classes. */
+#pods tr.waste td, #pods tr.waste th { background: var(--waste-bg); }
+#pods tr.waste > th:first-child { box-shadow: inset 4px 0 var(--waste); }
+#pods tr.unattributed td.pod { font-style: italic; }
+#pods td.use { white-space: normal; min-width: 12rem; max-width: 18rem; font-size: .9em; }
 td.pod .line { max-width: 11rem; overflow: hidden; text-overflow: ellipsis; }
 .legend { margin: 0 0 .4rem; max-width: 80rem; }
 .firing { color: var(--bad); font-weight: 600; }
@@ -166,6 +179,34 @@ footer { margin-top: 1.5rem; font-size: .85em; }
 </table>
 </div>
 
+<section id="pods-section" hidden>
+<h2 id="pods-title">Use per pod on shared GPUs</h2>
+<p class="legend muted">GPUs and MIG instances that several containers share (time-slicing,
+  MPS), from the processes NVML lists. Utilization: the share of the last sample period the
+  container's kernels ran, its part of the GPU's utilization (NVML has none under MIG).
+  Memory: what its processes use. Energy: what was charged to it while it ran there:
+  exclusive (it was alone on the GPU: measured) or apportioned (the GPU's energy by its share
+  of the SM time: an estimate). <b>Orange</b>: waste, a container that holds a share and does
+  nothing with it. Processes of no known container are listed by reason: host (outside
+  Kubernetes) or unknown (their container could not be found).</p>
+<div class="scroll">
+<table id="pods" aria-labelledby="pods-title">
+  <thead><tr>
+    <th scope="col">GPU</th>
+    <th scope="col">Pod</th>
+    <th scope="col">Container</th>
+    <th scope="col">Processes</th>
+    <th scope="col">Utilization share</th>
+    <th scope="col">Encoder / decoder</th>
+    <th scope="col">Memory</th>
+    <th scope="col">Energy</th>
+    <th scope="col">Use</th>
+  </tr></thead>
+  <tbody></tbody>
+</table>
+</div>
+</section>
+
 <h2 id="alerts-title">Alerts <span id="alert-count" class="muted"></span></h2>
 <div class="scroll">
 <table id="alerts" aria-labelledby="alerts-title">
@@ -193,6 +234,8 @@ footer { margin-top: 1.5rem; font-size: .85em; }
   const GPU_COLS = ["gpu", "model", "state", "health", "pod", "bottleneck", "why", "util", "sm",
     "tensor", "dram", "pcie", "nvlink", "memory", "power", "clock", "temp", "throttle"];
   const ALERT_COLS = ["state", "alertname", "severity", "gpu", "summary"];
+  const POD_COLS = ["gpu", "pod", "container", "processes", "util", "codec", "memory", "energy",
+    "use"];
   let lastOk = null;  // when the device data last arrived
 
   // Every value goes through textContent: API data is never parsed as markup.
@@ -455,6 +498,112 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     return tr;
   }
 
+  // -- use per pod on shared GPUs and MIG instances ---------------------------------------
+  function countCell(v, cls) {
+    return v === null ? naCell(cls) : el("td", String(Math.round(v)), "num " + cls);
+  }
+  function codecCell(enc, dec, why) {
+    if (enc === null && dec === null) return naCell("codec", why);
+    const pct = (v) => (v === null ? "n/a" : Math.round(v * 100) + "%");
+    return el("td", "enc " + pct(enc) + " · dec " + pct(dec), "num codec");
+  }
+  function energyCell(joules, attribution, why) {
+    if (joules === null) return naCell("energy", why);
+    const td = el("td", null, "num energy");
+    const kj = joules / 1000;
+    const text = kj < 100 ? kj.toFixed(1) : Math.round(kj).toLocaleString("en-US");
+    td.append(el("span", text + " kJ", "val"));
+    if (typeof attribution === "string" && attribution) {
+      td.append(el("span", attribution, "line muted"));
+    }
+    return td;
+  }
+  // What the API says of the container's use: waste (orange, with the API's reason) or not.
+  function useCell(p) {
+    const td = el("td", null, "use");
+    if (p.waste === true) {
+      const chip = el("span", "idle", "class kind-waste");
+      chip.dataset.kind = "waste";
+      td.append(chip);
+      if (typeof p.waste_reason === "string" && p.waste_reason) {
+        td.append(el("span", p.waste_reason, "line"));
+        td.title = p.waste_reason;
+      }
+    } else if (p.allocated === false) {
+      td.append(el("span", "in use, not allocated to it", "muted"));
+      td.title = "the kubelet did not allocate it this GPU";
+    } else td.append(el("span", "in use", "muted"));
+    return td;
+  }
+  function shareRows(d, where, owner, total, mig) {
+    const rows = [];
+    const noUtil = mig ? "NVML has no per-process utilization under MIG" : undefined;
+    const noEnergy = mig ? "NVML measures no energy per MIG instance"
+      : "none charged to it yet: its processes ran no kernel";
+    const start = (cls, migUuid) => {
+      const tr = el("tr", null, cls);
+      tr.dataset.gpu = String(d.index);
+      if (migUuid) tr.dataset.migUuid = String(migUuid);
+      const th = el("th", where, "num index");
+      th.scope = "row";
+      tr.append(th);
+      return tr;
+    };
+    const migUuid = mig && owner.identity ? owner.identity.mig_uuid : "";
+    for (const p of Array.isArray(owner.pod_use) ? owner.pod_use : []) {
+      if (!p || typeof p !== "object") continue;
+      const tr = start(p.waste === true ? "waste" : "", migUuid);
+      tr.append(
+        el("td", String(p.namespace || "") + "/" + String(p.pod || ""), "pod"),
+        el("td", String(p.container || "—"), "container"),
+        countCell(num(p.processes), "processes"),
+        pctCell(num(p.utilization), "util", noUtil),
+        codecCell(num(p.encoder), num(p.decoder), noUtil),
+        memCell(num(p.memory_bytes), total),
+        energyCell(num(p.energy_joules), p.attribution, noEnergy),
+        useCell(p),
+      );
+      rows.push(tr);
+    }
+    for (const u of Array.isArray(owner.unattributed) ? owner.unattributed : []) {
+      if (!u || typeof u !== "object") continue;
+      const tr = start("unattributed", migUuid);
+      const use = el("td", null, "use");
+      use.append(el("span", "no known container", "muted"));
+      tr.append(
+        el("td", String(u.reason || "unknown") + " processes", "pod"),
+        el("td", "—", "container"),
+        countCell(num(u.processes), "processes"),
+        pctCell(num(u.utilization), "util", noUtil),
+        naCell("codec", "not split by reason"),
+        memCell(num(u.memory_bytes), total),
+        naCell("energy", "charged to no container"),
+        use,
+      );
+      rows.push(tr);
+    }
+    for (const tr of rows) POD_COLS.forEach((col, i) => { tr.children[i].dataset.col = col; });
+    return rows;
+  }
+  function podUseRows(devices) {
+    const rows = [];
+    for (const d of devices) {
+      const m = d.metrics && typeof d.metrics === "object" ? d.metrics : {};
+      if (d.shared === true) {
+        rows.push(...shareRows(d, String(d.index), d, num(m.gpu_memory_total_bytes), false));
+      }
+      for (const inst of Array.isArray(d.instances) ? d.instances : []) {
+        if (!inst || inst.shared !== true) continue;
+        const id = inst.identity && typeof inst.identity === "object" ? inst.identity : {};
+        let where = String(d.index) + " GI " + String(id.gpu_instance ?? "?");
+        if (id.compute_instance != null) where += " CI " + String(id.compute_instance);
+        const mem = inst.memory && typeof inst.memory === "object" ? inst.memory : {};
+        rows.push(...shareRows(d, where, inst, num(mem.total_bytes), true));
+      }
+    }
+    return rows;
+  }
+
   function messageRow(text, columns) {
     const td = el("td", text, "muted");
     td.colSpan = columns;
@@ -478,6 +627,10 @@ footer { margin-top: 1.5rem; font-size: .85em; }
     }
     if (rows.length === 0) rows.push(messageRow("No GPUs found.", GPU_COLS.length));
     body.replaceChildren(...rows);
+    // Per-pod use only where there is some: no heading, no empty table otherwise.
+    const shares = podUseRows(devices);
+    document.querySelector("#pods tbody").replaceChildren(...shares);
+    document.getElementById("pods-section").hidden = shares.length === 0;
     const node = data.node || {};
     const up = devices.filter((d) => d.up).length;
     let text = up + " of " + devices.length + " GPUs up";
@@ -563,6 +716,7 @@ footer { margin-top: 1.5rem; font-size: .85em; }
       }
       if (ok) node.dataset.loaded = "1";
     }
+    document.getElementById("pods").classList.toggle("stale", devices.status !== "fulfilled");
     if (devices.status === "fulfilled") {
       lastOk = new Date();
       const t = document.getElementById("updated");

@@ -12,6 +12,10 @@ internal/pkg/rendermetrics/render_metrics.go, and collector/gpu_collector.go):
   `err_code`, `err_msg`, `namespace`, `pod`;
 - one series per pod holding the device (several under time-slicing), none attributed when
   no pod holds it;
+- on a device several pods share, with per-pod use (per-process attribution), what
+  `--kubernetes-virtual-gpus` does to DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED
+  (internal/pkg/transformation/kubernetes.go and process_metrics.go): the device's own series
+  without pod labels, then one per pod holding it valued by that pod's processes (`_PER_POD`);
 - `%d` for DCGM's integer fields and `%f` for its doubles; a value DCGM would leave blank is
   absent, never 0.
 
@@ -21,6 +25,7 @@ exposition, the rules and the API read too, so the two endpoints cannot disagree
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +37,13 @@ from gpu_exporter.web.dcgm_compat.fields import FIELDS, RATE_FAMILIES, CompatFie
 from gpu_exporter.web.dcgm_compat.xid_messages import message
 
 _XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
+# The fields dcgm-exporter's virtual-GPU mode gives per sharing pod from its processes, and the
+# per-pod family each is computed from (the same unit as the field's native family).
+_PER_POD = {
+    "DCGM_FI_DEV_GPU_UTIL": "gpu_pod_utilization_ratio",
+    "DCGM_FI_DEV_FB_USED": "gpu_pod_memory_used_bytes",
+}
+PodKey = tuple[str, str]  # (namespace, pod): dcgm-exporter sums a pod's processes by pod UID
 _COMPUTE_PREFIX = re.compile(r"^\d+c\.")  # "1c.3g.40gb": a compute instance of a 3g.40gb
 
 
@@ -55,6 +67,16 @@ class _Target:
     entity: Entity
     prefix: str  # 'gpu="0",UUID="...",...' up to the driver version
     pods: tuple[tuple[str, str, str], ...]
+    # Per _PER_POD family, each pod's sum over its containers on the device (empty without
+    # per-process attribution).
+    pod_use: Mapping[str, Mapping[PodKey, float]] = dataclasses.field(default_factory=dict)
+
+    def per_pod(self, field_name: str) -> Mapping[PodKey, float] | None:
+        """The per-pod values of `field_name` when the device is shared and has them."""
+        family = _PER_POD.get(field_name)
+        if family is None or len(self.pods) < 2:
+            return None
+        return self.pod_use.get(family)
 
 
 def render(
@@ -83,6 +105,16 @@ def _field_lines(field: CompatField, targets: Sequence[_Target]) -> list[str]:
         if value is None or not math.isfinite(value):
             continue
         text = _number(value, field)
+        per_pod = target.per_pod(field.name)
+        if per_pod is not None:
+            # The device's own series, then each sharing pod's: the sum over its processes,
+            # 0 for a pod with none (as dcgm-exporter's buildIdlePodValues).
+            lines.append(f"{field.name}{{{target.prefix}}} {text}\n")
+            for namespace, pod, container in target.pods:
+                own = per_pod.get((namespace, pod), 0.0) * field.scale
+                labels = _attributes({"container": container, "namespace": namespace, "pod": pod})
+                lines.append(f"{field.name}{{{target.prefix}{labels}}} {_number(own, field)}\n")
+            continue
         extra: dict[str, str] = {}
         if field.name == _XID_FIELD:
             extra = {"err_code": text, "err_msg": message(int(text))}
@@ -93,11 +125,15 @@ def _field_lines(field: CompatField, targets: Sequence[_Target]) -> list[str]:
                 "namespace": namespace,
                 "pod": pod,
             }
-            labels = "".join(
-                f',{name}="{_escape(value)}"' for name, value in sorted(attributes.items()) if value
-            )
-            lines.append(f"{field.name}{{{target.prefix}{labels}}} {text}\n")
+            lines.append(f"{field.name}{{{target.prefix}{_attributes(attributes)}}} {text}\n")
     return lines
+
+
+def _attributes(attributes: Mapping[str, str]) -> str:
+    """The per-pod and XID labels, after the fixed ones: in name order, blanks left out."""
+    return "".join(
+        f',{name}="{_escape(value)}"' for name, value in sorted(attributes.items()) if value
+    )
 
 
 def _number(value: float, field: CompatField) -> str:
@@ -116,7 +152,8 @@ def _targets(
     parent, own_rates = index(view.readings), rates.get(view.index, {})
     if not view.instances:
         entity = Entity(parent, parent, own_rates)
-        yield _Target(entity, _prefix(view, hostname), _pods(view.readings))
+        pods = _pods(view.readings)
+        yield _Target(entity, _prefix(view, hostname), pods, _pod_use(view.readings))
         return
     yield _Target(Entity({}, parent, own_rates, parent_only=True), _prefix(view, hostname), ())
     by_gi: dict[int, list[InstanceView]] = {}
@@ -130,9 +167,10 @@ def _targets(
         alone = single is not None and single.compute_instance_id is None
         own = index(single.readings) if single is not None and alone else {}
         profile = _COMPUTE_PREFIX.sub("", instances[0].identity.get("mig_profile", ""))
-        pods = _pods(reading for instance in instances for reading in instance.readings)
+        readings = [reading for instance in instances for reading in instance.readings]
         entity = Entity(own, parent, own_rates, instance=True)
-        yield _Target(entity, _prefix(view, hostname, (profile, str(gi))), pods)
+        prefix = _prefix(view, hostname, (profile, str(gi)))
+        yield _Target(entity, prefix, _pods(readings), _pod_use(readings))
 
 
 def _prefix(
@@ -169,6 +207,20 @@ def dcgm_bus_id(bus_id: str) -> str:
 
 def _pods(readings: Iterable[Reading]) -> tuple[tuple[str, str, str], ...]:
     return tuple(dict.fromkeys(InstanceView.pods_of(readings)))
+
+
+def _pod_use(readings: Iterable[Reading]) -> dict[str, dict[PodKey, float]]:
+    """Per _PER_POD family, each pod's value summed over its containers (dcgm-exporter maps a
+    process to its pod by the pod UID in its cgroup, so a pod's containers add up)."""
+    families = set(_PER_POD.values())
+    use: dict[str, dict[PodKey, float]] = {}
+    for reading in readings:
+        if reading.family in families:
+            labels = dict(reading.labels)
+            key = (labels.get("namespace", ""), labels.get("pod", ""))
+            values = use.setdefault(reading.family, {})
+            values[key] = values.get(key, 0.0) + reading.value
+    return use
 
 
 def _rates(
