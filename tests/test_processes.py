@@ -89,6 +89,8 @@ def write_process(root: Path, pid: int, cgroup: str, started: int = 1000) -> Non
 
 
 def owners(root: Path, containers: dict[str, ContainerRef], errors: list[str]) -> ProcessOwners:
+    """The mapper over `root`, a host's /proc: its PID 1 is init, in no pod."""
+    write_process(root, 1, "0::/init.scope\n", started=1)
     return ProcessOwners(root, containers.get, errors.append)
 
 
@@ -178,3 +180,48 @@ def test_failures_are_logged_once_when_they_start_and_once_when_they_stop(
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2, messages
     assert "no container" in messages[0] and "work again" in messages[1]
+
+
+def test_a_pid_listed_twice_without_an_entry_is_hidden_not_exited(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """hidepid: /proc has no entry for other users' processes; NVML lists them all the same."""
+    errors: list[str] = []
+    mapper = owners(tmp_path, {}, errors)
+    with caplog.at_level(logging.WARNING, logger="gpu_exporter.collect.k8s.processes"):
+        assert mapper.owners([20, 21]) == {20: Owner(reason=UNKNOWN), 21: Owner(reason=UNKNOWN)}
+        assert errors == []  # the first time: they may have exited since NVML listed them
+        mapper.owners([20, 21])
+    assert errors == ["proc", "proc"]
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "no entry for PID 20 (2 such)" in message and "hidepid" in message
+
+
+@pytest.mark.parametrize(
+    ("init", "says"),
+    [
+        (
+            CGROUPS["containerd, systemd, v2"],
+            f"a container's /proc, not the host's (its PID 1 runs in pod {UID})",
+        ),
+        (None, "/1/cgroup (No such file or directory): is "),
+    ],
+)
+def test_a_proc_root_that_is_not_the_hosts_maps_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, init: str | None, says: str
+) -> None:
+    """Without the host's PID namespace, /proc numbers the container's own processes: PID 10
+    there is the exporter's own process, and must not be believed to be NVML's PID 10."""
+    errors: list[str] = []
+    mapper = owners(tmp_path, {CID: ContainerRef(TRAINER, UID)}, errors)
+    write_process(tmp_path, 10, CGROUPS["containerd, systemd, v2"])
+    if init is None:
+        (tmp_path / "1" / "cgroup").unlink()
+    else:
+        (tmp_path / "1" / "cgroup").write_text(init)
+    with caplog.at_level(logging.WARNING, logger="gpu_exporter.collect.k8s.processes"):
+        assert mapper.owners([10]) == {10: Owner(reason=UNKNOWN)}
+        mapper.owners([10])
+    assert errors == ["proc", "proc"]
+    (message,) = [r.getMessage() for r in caplog.records]  # logged once
+    assert says in message, message

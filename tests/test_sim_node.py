@@ -90,7 +90,10 @@ def start_time(stat: str) -> int:
 
 
 def test_the_tree_holds_the_running_processes_cgroup_and_stat(node, clock) -> None:
-    assert entries(node.proc_root) == [2291, 48121, 51004, 73310]
+    # The host's init as PID 1 (the exporter checks it runs in no pod), then the scenario's.
+    assert entries(node.proc_root) == [1, 2291, 48121, 51004, 73310]
+    assert read(node, 1, "cgroup") == "0::/init.scope\n"
+    assert start_time(read(node, 1, "stat")) == 1
     tune_t = container_id(TUNE, "t")
     assert read(node, 48121, "cgroup") == (
         "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"

@@ -46,6 +46,13 @@ class _File:
     denied: bool = False
 
 
+# PID 1 of a host: systemd, in the root of the cgroup tree's init.scope, started at boot.
+_INIT = {
+    "cgroup": _File("0::/init.scope\n"),
+    "stat": _File("1 (systemd) S 0 1 1 0 -1 4194560 " + " ".join(["0"] * 12) + " 1 0\n"),
+}
+
+
 def stat_line(proc: ProcessSpec) -> str:
     """/proc/<pid>/stat of a process, as proc(5) lays it out (52 fields); field 22 is its start
     time in clock ticks since boot. The other numbers are those of a sleeping multi-threaded
@@ -158,7 +165,11 @@ class FakeProcfs:
             if fault.kind in ("proc_vanished", "proc_unreadable") and fault.active(t):
                 into = vanished if fault.kind == "proc_vanished" else denied
                 into.setdefault(fault.pid, set()).update(fault.files)
-        wanted: dict[int, dict[str, _File]] = {}
+        # The host's init, as every host /proc has it (the exporter checks that its PID 1 runs
+        # in no pod), unless the scenario runs a process of its own as PID 1.
+        wanted: dict[int, dict[str, _File]] = {1: _INIT}
+        if any(proc.pid == 1 for proc in self._scenario.processes):
+            del wanted[1]
         for proc in self._scenario.processes:
             if not proc.running(t) or proc.pid in wanted:
                 continue  # one process per PID at a time (the scenario checks it)

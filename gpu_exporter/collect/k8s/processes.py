@@ -16,9 +16,18 @@ through the container runtime (`containers`, the CRI client of `cri.py`).
 Each PID is read once per process: the result is cached by (PID, start time) from
 `<proc root>/<pid>/stat` (field 22, clock ticks since boot), so a PID the kernel reuses for a
 new process is read again and never inherits the old one's pod; entries of PIDs no longer on
-any GPU are dropped. A process that cannot be read (it exited mid-read, or the daemon may not
-read its /proc entry) or whose container the runtime does not know (yet) is `unknown` this
-tick, counted in `gpu_exporter_process_attribution_errors_total`, and read again next tick.
+any GPU are dropped. A process that cannot be read (the daemon may not read its /proc entry)
+or whose container the runtime does not know (yet) is `unknown` this tick, counted in
+`gpu_exporter_process_attribution_errors_total`, and read again next tick. A process with no
+entry at all has exited since NVML listed it (no error), unless NVML lists it again the next
+tick: then the proc root does not show it (a `hidepid` mount hides other users' processes from
+a reader without CAP_SYS_PTRACE), which is counted.
+
+The proc root must be the host's: NVML lists host PIDs, and a container's own /proc numbers
+other processes with them (it may even show one of its own under a GPU process's PID). A PID
+namespace that is not the host's shows its own PID 1, which runs in a pod's cgroup; the host's
+PID 1 (init) runs in none. So before each mapping the proc root's PID 1 is read, and while it
+is not the host's init every process is `unknown`, counted, and the log says why.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ log = logging.getLogger(__name__)
 # `pod<uid>` in a cgroup path component; the systemd driver writes the UID's dashes as `_`.
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 # The container's leaf: a 64-hex id, bare (cgroupfs) or in a runtime's scope (systemd).
+_NO_ENTRY = "no entry"  # _cgroup_owner's answer for a PID /proc has no entry for
 _CONTAINER = re.compile(
     r"^(?:cri-containerd-|crio-|docker-|containerd-)?([0-9a-f]{64})(?:\.scope)?$"
 )
@@ -103,21 +113,58 @@ class ProcessOwners:
         self._cache: dict[tuple[int, int], CgroupOwner] = {}  # (pid, start time)
         self._failing: dict[str, str] = {}  # reason -> message, this tick
         self._failed_before: set[str] = set()  # reasons that failed last tick
+        self._missing: set[int] = set()  # listed PIDs without an entry, last tick
 
     def owners(self, pids: Iterable[int]) -> Mapping[int, Owner]:
+        pids = list(pids)
+        problem = self._not_the_hosts() if pids else ""
+        if problem:
+            self._failed("proc", problem)
+            self._cache, self._missing = {}, set()
+            self._log_changes()
+            return dict.fromkeys(pids, Owner(reason=UNKNOWN))
         out: dict[int, Owner] = {}
         kept: dict[tuple[int, int], CgroupOwner] = {}
+        missing: set[int] = set()
         for pid in pids:
             found = self._cgroup_owner(pid)
             if found is None:
                 out[pid] = Owner(reason=UNKNOWN)
                 continue
+            if isinstance(found, str):  # _NO_ENTRY
+                missing.add(pid)
+                out[pid] = Owner(reason=UNKNOWN)
+                continue
             key, cgroup = found
             kept[key] = cgroup
             out[pid] = self._owner(cgroup)
-        self._cache = kept  # PIDs gone from every GPU drop out here
+        hidden = missing & self._missing  # listed twice, never there: not an exit
+        if hidden:
+            self._failed(
+                "proc",
+                f"{self.proc_root} shows no entry for PID {min(hidden)} ({len(hidden)} such) "
+                "that NVML still lists: is it the host's /proc, mounted without hidepid?",
+            )
+            for _ in range(len(hidden) - 1):
+                self.errors("proc")
+        self._cache, self._missing = kept, missing  # PIDs gone from every GPU drop out here
         self._log_changes()
         return out
+
+    def _not_the_hosts(self) -> str:
+        """Why the proc root is not the host's PID namespace ("" when it may be)."""
+        path = self.proc_root / "1" / "cgroup"
+        try:
+            init = parse_cgroup(path.read_text())
+        except OSError as exc:
+            return f"cannot read {path} ({exc.strerror or exc}): is {self.proc_root} a /proc?"
+        if init.pod_uid:
+            return (
+                f"{self.proc_root} is a container's /proc, not the host's (its PID 1 runs in "
+                f"pod {init.pod_uid}), and NVML lists host PIDs: mount the host's /proc or "
+                "use the host's PID namespace"
+            )
+        return ""
 
     def _log_changes(self) -> None:
         """One log line when a kind of failure starts, one when it stops: never one per PID."""
@@ -129,7 +176,9 @@ class ProcessOwners:
             log.info("process attribution: the %s lookups work again", reason)
         self._failed_before = set(failing)
 
-    def _cgroup_owner(self, pid: int) -> tuple[tuple[int, int], CgroupOwner] | None:
+    def _cgroup_owner(self, pid: int) -> tuple[tuple[int, int], CgroupOwner] | str | None:
+        """(cache key, what its cgroup says); _NO_ENTRY when /proc has no entry for it (it
+        exited, or the proc root hides it); None when the entry could not be read."""
         directory = self.proc_root / str(pid)
         try:
             started = start_time((directory / "stat").read_text())
@@ -138,7 +187,7 @@ class ProcessOwners:
             if cached is None:
                 cached = parse_cgroup((directory / "cgroup").read_text())
         except FileNotFoundError:
-            return None  # it exited since NVML listed it: nobody's to count, no error
+            return _NO_ENTRY  # exited since NVML listed it, unless it stays so (owners)
         except (OSError, ValueError, IndexError) as exc:
             self._failed("proc", f"cannot read {directory}: {exc}")
             return None
