@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from gpu_exporter.diagnose.pod_profile import PodProfile, PodProfiles, idle_allo
 from gpu_exporter.diagnose.report import Profile, Run, build_report
 from gpu_exporter.diagnose.text import Text
 from tests.shared_node import GIB, JOULES_PER_TICK, ticks
-from tests.test_diagnose import parse
+from tests.test_diagnose import parse, run_json
 
 TICKS = 4
 
@@ -154,3 +155,47 @@ def test_mixed_names_the_notebook_holding_its_idle_gpu(capsys) -> None:
     others = [d for d in report["devices"] if d["index"] != 0]
     assert all(d["idle_allocations"] == [] for d in others)
     assert all(d["pod_use"] == [] and d["unattributed"] == [] for d in report["devices"])
+
+
+def test_diagnose_simulate_shared_maps_processes_through_proc_and_the_runtime(capsys) -> None:
+    # The whole path: the fake NVML's process lists, the simulated node's /proc and CRI runtime.
+    status, report = run_json(capsys, "--simulate", "shared", "--duration", "2.5")
+    assert status == diagnose.EXIT_ATTENTION
+    assert report["pods"]["runtime_read"] is True
+    gpu0, mps, exclusive, batch, _ = report["devices"]
+    share = {p: e["utilization"] for p, e in by_pod(gpu0["pod_use"]).items()}
+    assert share["research/llm-finetune-0"] > share["research/embed-batch-0"] > 0
+    assert share["research/notebook-ana"] == share["research/notebook-ben"] == 0
+    assert {"infer/asr-0", "infer/tts-0"} <= set(by_pod(mps["pod_use"]))
+    assert [e["attribution"] for e in exclusive["pod_use"]] == ["exclusive"]
+    assert [u["reason"] for u in batch["unattributed"]] == ["host"]
+    # The idle allocations are GpuAllocatedButIdle's: holders only (not the MPS daemon's pod).
+    idle = {
+        f"{a['namespace']}/{a['pod']}"
+        for d in report["devices"]
+        for a in [
+            *d["idle_allocations"],
+            *(a for i in d["instances"] for a in i["idle_allocations"]),
+        ]
+    }
+    assert idle == {"research/notebook-ana", "research/notebook-ben", "infer/chat-small-1"}
+
+
+def test_a_runtime_that_does_not_answer_leaves_processes_unattributed(
+    capsys, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "nothing.sock")
+    status, report = run_json(
+        capsys, "--simulate", "shared", "--duration", "1", "--runtime-socket", missing
+    )
+    assert status == diagnose.EXIT_ATTENTION
+    assert report["pods"]["runtime_socket"] == missing and report["pods"]["runtime_read"] is False
+    gpu0 = report["devices"][0]
+    assert not gpu0["pod_use"] or all(e["utilization"] is None for e in gpu0["pod_use"])
+    assert [u["reason"] for u in gpu0["unattributed"]] == ["unknown"]
+
+
+@pytest.mark.parametrize("flag", ["--proc-root", "--runtime-socket"])
+def test_an_empty_path_is_refused_naming_its_flag(capsys, flag: str) -> None:
+    assert diagnose.run(parse("--processes", flag, "")) == diagnose.EXIT_USAGE
+    assert capsys.readouterr().err.startswith(f"gpu-exporter diagnose: {flag}: ")

@@ -10,8 +10,9 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from importlib import metadata
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pydantic import ValidationError
 
@@ -22,6 +23,7 @@ from gpu_exporter.collect.settings import (
     DcgmConfig,
     KubernetesConfig,
     NvmlConfig,
+    ProcessesConfig,
     add_dcgm_arguments,
 )
 from gpu_exporter.collect.startup import StartupProgress
@@ -31,6 +33,10 @@ from gpu_exporter.diagnose.report import PodsRead, Profile, Run, build_report
 from gpu_exporter.diagnose.text import Text
 from gpu_exporter.model.series import SeriesBuilder
 from gpu_exporter.model.snapshot import DeviceSample, Snapshot, TickStats
+
+if TYPE_CHECKING:  # grpc and protobuf only when pods or processes are read
+    from gpu_exporter.collect.k8s.labels import PodsOfTick
+    from gpu_exporter.collect.k8s.process_attribution import ProcessAttribution
 
 # How long NVML's start may take before diagnose gives up: as long as the source waits for one
 # call before it counts it hung (nvmlInit without persistence mode takes seconds per GPU).
@@ -89,6 +95,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rule files whose gpu-health group defines an unhealthy GPU (default: the "
         "shipped rule pack; repeat for several)",
     )
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="per-pod use of shared GPUs: map each GPU process to its container through the "
+        "host's /proc and the container runtime (on by itself on a simulated node with "
+        "processes)",
+    )
+    parser.add_argument(
+        "--proc-root",
+        default=ProcessesConfig().proc_root,
+        metavar="PATH",
+        help="with --processes: the host's /proc (default /proc)",
+    )
+    parser.add_argument(
+        "--runtime-socket",
+        default=ProcessesConfig().runtime_socket,
+        metavar="PATH",
+        help="with --processes: the container runtime's CRI socket (default auto: "
+        "containerd's, CRI-O's or cri-dockerd's default, the first that exists)",
+    )
     add_dcgm_arguments(parser, DcgmConfig().address)
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-color", action="store_true", help="never colour the output")
@@ -122,6 +148,11 @@ def check_arguments(args: argparse.Namespace) -> str:
         DcgmConfig(address=args.dcgm_address)
     except ValidationError as exc:  # as serve refuses it, in its words
         return f"--dcgm-address: {exc.errors()[0]['msg'].removeprefix('Value error, ')}"
+    for flag, key in (("--proc-root", "proc_root"), ("--runtime-socket", "runtime_socket")):
+        try:
+            ProcessesConfig.model_validate({key: getattr(args, key)})
+        except ValidationError as exc:
+            return f"{flag}: {exc.errors()[0]['msg']}"
     return ""
 
 
@@ -157,6 +188,14 @@ def run(args: argparse.Namespace) -> int:
             # The scenario's pods as a kubelet reports them, on the fake NVML's clock.
             kubelet = start_for(scenario, fake.clock)
             args.kubelet_socket = kubelet.socket_path if kubelet is not None else None
+        node = sim.installed_node()
+        if node is not None:  # the scenario's /proc and runtime, where not given
+            defaults = ProcessesConfig()
+            args.processes = True
+            if args.proc_root == defaults.proc_root:
+                args.proc_root = str(node.proc_root)
+            if args.runtime_socket == defaults.runtime_socket:
+                args.runtime_socket = str(node.cri_socket_path)
     try:
         return _diagnose(args, sys.stdout)
     finally:
@@ -177,9 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- the diagnosis ----------------------------------------------------------------------------
 
 
-def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, Processor | None]:
+def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, PodsOfTick | None]:
     """The kubelet's pods, read once (a profile is short: pods do not move during it), and
-    the processor that adds gpu_pod_info to each tick's samples (None: no pods)."""
+    what adds gpu_pod_info to each tick's samples (None: no pods)."""
     socket = args.kubelet_socket
     if socket is None:
         if args.simulate or not os.path.exists(KUBELET_SOCKET):
@@ -193,7 +232,35 @@ def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, Processor | None]:
     if not attribution.refresh():
         return PodsRead(socket, False), None
     pods = PodsRead(socket, True, len(attribution.pods_by_device()))
-    return pods, PodsOfTick(attribution).process
+    return pods, PodsOfTick(attribution)
+
+
+def _processors(
+    args: argparse.Namespace, pods: PodsRead, of_tick: PodsOfTick | None
+) -> tuple[PodsRead, list[Processor], ProcessAttribution | None]:
+    """The pod processors of each tick: gpu_pod_info, then with --processes per-pod use
+    (its container runtime started: the caller stops it)."""
+    processors: list[Processor] = [] if of_tick is None else [of_tick.process]
+    if not args.processes:
+        return pods, processors, None
+    from gpu_exporter.collect.k8s.process_attribution import ProcessAttribution
+
+    settings = ProcessesConfig(
+        enabled=True, proc_root=args.proc_root, runtime_socket=args.runtime_socket
+    )
+    attribution = (
+        ProcessAttribution(settings)
+        if of_tick is None
+        else ProcessAttribution(settings, of_tick.holders)
+    )
+    attribution.start()  # one bounded refresh now, then on its thread
+    processors.append(attribution.process)
+    runtime = attribution.runtime
+    return (
+        replace(pods, runtime_socket=runtime.socket, runtime_read=runtime.up),
+        processors,
+        attribution,
+    )
 
 
 def _load_health_rules(args: argparse.Namespace) -> HealthRules | str:
@@ -226,7 +293,7 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_USAGE
     source = NvmlSource(
         # The static data once is enough for a short profile.
-        settings=NvmlConfig(slow_refresh_seconds=3600.0),
+        settings=NvmlConfig(slow_refresh_seconds=3600.0, processes=args.processes),
         interval_seconds=args.interval,
         errors=errors,
         topology_reader=read_topology,
@@ -247,11 +314,16 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
         else:
             note = f"the topology read did not finish within {args.start_timeout:g}s"
             topology = Topology((), (), (note,))
-        pods, processor = _read_pods(args)
+        pods, of_tick = _read_pods(args)
+        pods, processors, attribution = _processors(args, pods, of_tick)
         text = None if args.json else Text(out, colour)
         if text:
             text.header(args.simulate, versions, topology, args.duration, pods)
-        profile = _run_profile(source.sample, args.duration, args.interval, health, processor)
+        try:
+            profile = _run_profile(source.sample, args.duration, args.interval, health, processors)
+        finally:
+            if attribution is not None:
+                attribution.stop()
         # The settings once, after the profile: no extra NVML calls while it measures.
         profile.config = source.read_each_device(read_device_config, source.deadline_seconds)
         run = Run(args.simulate, args.duration, args.interval)
@@ -288,7 +360,7 @@ def _run_profile(
     duration: float,
     interval: float,
     health: HealthRules,
-    pods: Processor | None = None,
+    processors: Sequence[Processor] = (),
 ) -> Profile:
     # One window over the whole profile: the class describes all of it, not its last seconds.
     classifier = Classifier(window_seconds=duration + interval)
@@ -302,8 +374,8 @@ def _run_profile(
             time.sleep(delay)
         now = time.monotonic()
         devices = classifier.process(sample(), now)
-        if pods is not None:
-            devices = pods(devices, now)
+        for processor in processors:  # pod info, then per-pod use
+            devices = processor(devices, now)
         wall = time.time()
         # The tick's own stats, as the sampler's: the exporter's alerts see a live exporter.
         stats = TickStats(ticks=tick + 1, last_tick_timestamp=wall)

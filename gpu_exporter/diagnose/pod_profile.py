@@ -165,12 +165,15 @@ def idle_allocations(
     (GpuAllocatedButIdle's condition), each once, with why; `cls` is the device's class over
     the profile."""
     found: dict[Container, str] = {}
+    holders = InstanceView.pods_of(view.readings)  # gpu_pod_info: what the kubelet allocated
     if cls == "idle":
-        for holder in InstanceView.pods_of(view.readings):
+        for holder in holders:
             found.setdefault(holder, "held it while it ran no kernel (class idle)")
     for container, use in sorted(profiles.pods(device).items()):
         why = use.idle()
-        if why is not None:
+        # Only a holder wastes an allocation: a container that runs on the GPU without holding
+        # it (the MPS control daemon) is not GpuAllocatedButIdle's either.
+        if why is not None and container in holders:
             found.setdefault(container, why)
     return [
         {"namespace": namespace, "pod": pod, "container": container, "why": why}

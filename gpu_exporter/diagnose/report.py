@@ -67,9 +67,19 @@ class PodsRead:
     socket: str | None
     read: bool
     devices: int = 0  # device ids held by pods, as the kubelet listed them
+    # Per-process attribution (--processes): the container runtime's socket (None: off) and
+    # whether it answered at the start of the profile.
+    runtime_socket: str | None = None
+    runtime_read: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kubelet_socket": self.socket, "read": self.read, "devices_held": self.devices}
+        return {
+            "kubelet_socket": self.socket,
+            "read": self.read,
+            "devices_held": self.devices,
+            "runtime_socket": self.runtime_socket,
+            "runtime_read": self.runtime_read,
+        }
 
 
 @dataclass(frozen=True)

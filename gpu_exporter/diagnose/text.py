@@ -93,6 +93,16 @@ class Text:
                     f"Pods: {self.paint('not read', '33')}: the kubelet at {pods.socket} "
                     "did not answer"
                 )
+        if pods is not None and pods.runtime_socket is not None:
+            if pods.runtime_read:
+                self.line(
+                    f"Processes: their pods from the container runtime at {pods.runtime_socket}"
+                )
+            else:
+                self.line(
+                    f"Processes: {self.paint('not mapped', '33')}: the container runtime at "
+                    f"{pods.runtime_socket} did not answer (their use is unattributed)"
+                )
         self.line(f"Profiling for {duration:g} s ...")
         self.out.flush()
 
