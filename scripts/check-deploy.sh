@@ -4,7 +4,8 @@
 #   lint        helm lint --strict, with the default values and with ci/all-on-values.yaml
 #   render      helm template (defaults; ServiceMonitor + PrometheusRule on; every toggle on;
 #               pod attribution off; per-process attribution on) and kubectl kustomize
-#               (deploy/; + components/restricted; + components/no-operator) into OUT/*.yaml
+#               (deploy/; + components/restricted; + components/no-operator;
+#               + components/process-attribution) into OUT/*.yaml
 #   validate    kubernetes-validate --strict on every rendered file, for the oldest and newest
 #               Kubernetes the chart supports (Chart.yaml kubeVersion: 1.25 .. 1.37)
 #   rules       promtool check rules + test rules (rules/tests/*.yaml) on the PrometheusRule
@@ -103,6 +104,7 @@ step_render() {
   "$KUBECTL" kustomize deploy >"$out/deploy.yaml"
   kustomize_with restricted restricted
   kustomize_with no-operator no-operator
+  kustomize_with process-attribution process-attribution
 }
 
 step_validate() {

@@ -35,6 +35,7 @@ VARIANTS = [
     "deploy",
     "deploy-restricted",
     "deploy-no-operator",
+    "deploy-process-attribution",
     "chart-default",
     "chart-operator",
     "chart-all-on",
@@ -44,6 +45,7 @@ VARIANTS = [
 ATTRIBUTION_OFF = {"deploy-restricted", "chart-restricted"}
 # Per-process attribution on (the host's /proc and the CRI socket mounted): the socket each mounts.
 PROCESSES = {
+    "deploy-process-attribution": "/run/containerd/containerd.sock",
     "chart-process-attribution": "/run/containerd/containerd.sock",
     "chart-all-on": "/var/run/crio/crio.sock",  # given as unix:///var/run/crio/crio.sock
 }
@@ -272,6 +274,33 @@ def test_process_attribution_mounts_host_proc_and_the_runtime_socket_read_only(r
     assert container["securityContext"] == base_pod["containers"][0]["securityContext"]
     assert pod["securityContext"]["runAsUser"] == 0
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_process_attribution_component_is_the_base_configuration_plus_processes(rendered):
+    """components/process-attribution replaces deploy/configmap.yaml's file as a whole (a string
+    kustomize cannot patch inside): everything but kubernetes.processes must stay the same."""
+
+    def config(variant: str) -> dict[str, Any]:
+        text = one(docs(rendered, variant), "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+        return yaml.safe_load(text)
+
+    base, component = config("deploy"), config("deploy-process-attribution")
+    processes = component["kubernetes"].pop("processes")
+    assert component == base
+    assert processes == {
+        "enabled": True,
+        "proc_root": "/host/proc",
+        "runtime_socket": "/host/cri.sock",
+        "refresh_seconds": 10,
+        "timeout_seconds": 2,
+    }
+    # Everything else in the component's output is deploy/'s.
+    others = [o for o in docs(rendered, "deploy") if o["kind"] not in ("ConfigMap", "DaemonSet")]
+    assert others == [
+        o
+        for o in docs(rendered, "deploy-process-attribution")
+        if o["kind"] not in ("ConfigMap", "DaemonSet")
+    ]
 
 
 @pytest.mark.parametrize("socket", ["/run/k0s/containerd.sock", "unix:///run/k0s/containerd.sock"])
