@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -301,6 +302,46 @@ def test_process_attribution_component_is_the_base_configuration_plus_processes(
         for o in docs(rendered, "deploy-process-attribution")
         if o["kind"] not in ("ConfigMap", "DaemonSet")
     ]
+
+
+def _kustomize(directory: Path, kustomization: str) -> list[dict[str, Any]]:
+    (directory / "kustomization.yaml").write_text(kustomization)
+    result = subprocess.run(
+        [str(TOOLS / "kubectl"), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_process_attribution_component_takes_another_runtime_socket(tools, tmp_path):
+    """The by-name patch docs/kubernetes.md gives for another runtime's socket (CRI-O's)
+    replaces the volume's path and keeps the mount."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    (example,) = [yaml.safe_load(b) for b in blocks if "name: cri-socket" in b]
+    rel = os.path.relpath(ROOT / "deploy", tmp_path)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [rel],
+        "components": [f"{rel}/components/process-attribution"],
+        "patches": example["patches"],
+    }
+    objects = _kustomize(tmp_path, yaml.safe_dump(kustomization))
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    sockets = [v for v in pod["volumes"] if v["name"] == "cri-socket"]
+    assert sockets == [
+        {"name": "cri-socket", "hostPath": {"path": "/var/run/crio/crio.sock", "type": "Socket"}}
+    ]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["cri-socket"] == {
+        "name": "cri-socket",
+        "mountPath": "/host/cri.sock",
+        "readOnly": True,
+    }
 
 
 @pytest.mark.parametrize("socket", ["/run/k0s/containerd.sock", "unix:///run/k0s/containerd.sock"])
