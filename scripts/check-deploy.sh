@@ -3,8 +3,9 @@
 #   generated   deploy/prometheusrule.yaml, the chart's rule copy, values schema and README are up to date
 #   lint        helm lint --strict, with the default values and with ci/all-on-values.yaml
 #   render      helm template (defaults; ServiceMonitor + PrometheusRule on; every toggle on;
-#               pod attribution off) and kubectl kustomize (deploy/; + components/restricted;
-#               + components/no-operator) into OUT/*.yaml
+#               pod attribution off; per-process attribution on) and kubectl kustomize
+#               (deploy/; + components/restricted; + components/no-operator;
+#               + components/process-attribution) into OUT/*.yaml
 #   validate    kubernetes-validate --strict on every rendered file, for the oldest and newest
 #               Kubernetes the chart supports (Chart.yaml kubeVersion: 1.25 .. 1.37)
 #   rules       promtool check rules + test rules (rules/tests/*.yaml) on the PrometheusRule
@@ -98,9 +99,12 @@ step_render() {
   "$HELM" template gpu-exporter "$CHART" -n gpu-exporter -f "$ALL_ON" >"$out/chart-all-on.yaml"
   "$HELM" template gpu-exporter "$CHART" -n gpu-exporter --set podAttribution.enabled=false \
     >"$out/chart-restricted.yaml"
+  "$HELM" template gpu-exporter "$CHART" -n gpu-exporter --set processAttribution.enabled=true \
+    >"$out/chart-process-attribution.yaml"
   "$KUBECTL" kustomize deploy >"$out/deploy.yaml"
   kustomize_with restricted restricted
   kustomize_with no-operator no-operator
+  kustomize_with process-attribution process-attribution
 }
 
 step_validate() {

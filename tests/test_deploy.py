@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,12 +36,20 @@ VARIANTS = [
     "deploy",
     "deploy-restricted",
     "deploy-no-operator",
+    "deploy-process-attribution",
     "chart-default",
     "chart-operator",
     "chart-all-on",
     "chart-restricted",
+    "chart-process-attribution",
 ]
 ATTRIBUTION_OFF = {"deploy-restricted", "chart-restricted"}
+# Per-process attribution on (the host's /proc and the CRI socket mounted): the socket each mounts.
+PROCESSES = {
+    "deploy-process-attribution": "/run/containerd/containerd.sock",
+    "chart-process-attribution": "/run/containerd/containerd.sock",
+    "chart-all-on": "/var/run/crio/crio.sock",  # given as unix:///var/run/crio/crio.sock
+}
 OPERATOR = {"deploy", "chart-operator", "chart-all-on"}
 
 
@@ -179,8 +188,11 @@ def test_pod_attribution_mounts_pod_resources_read_only(rendered, variant):
     }
     assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
     assert mounts["pod-resources"]["readOnly"] is True
-    # Every other hostPath would be a surprise.
-    assert [v["name"] for v in pod["volumes"] if "hostPath" in v] == ["pod-resources"]
+    # Every other hostPath would be a surprise (per-process attribution's are checked below).
+    want = (
+        ["cri-socket", "host-proc", "pod-resources"] if variant in PROCESSES else ["pod-resources"]
+    )
+    assert sorted(v["name"] for v in pod["volumes"] if "hostPath" in v) == want
     # The kubelet's socket is root-only (directory 0750, socket 0755, root:root): UID 0, but
     # with no capabilities at all (asserted above), so it cannot bypass file permissions.
     assert pod["securityContext"]["runAsUser"] == 0
@@ -198,6 +210,175 @@ def test_without_attribution_runs_as_non_root_without_host_paths(rendered, varia
     assert not [v for v in pod["volumes"] if "hostPath" in v]
     config = yaml.safe_load(one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"])
     assert config["kubernetes"]["enabled"] is False
+
+
+def _loaded_config(rendered: Path, variant: str) -> Config:
+    """The variant's daemon configuration as the daemon loads it (credential files stood in)."""
+    from gpu_exporter.config.load import load_config
+
+    text = one(docs(rendered, variant), "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    secrets = rendered / f"{variant}.secrets" / "am"
+    secrets.mkdir(parents=True, exist_ok=True)
+    for name in ("password", "ca.crt", "token"):
+        (secrets / name).write_text("x\n")
+    path = rendered / f"{variant}.loaded.yaml"
+    path.write_text(text.replace("/etc/gpu-exporter/secrets/", f"{secrets.parent}/"))
+    return load_config(path, environ={})
+
+
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - set(PROCESSES)))
+def test_process_attribution_is_off_without_host_proc_or_runtime_socket(rendered, variant):
+    objects = docs(rendered, variant)
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    paths = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
+    assert not [p for p in paths if p == "/proc" or p.endswith(".sock")], paths
+    assert not [v for v in pod["volumes"] if v.get("hostPath", {}).get("type") == "Socket"]
+    mounts = [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
+    assert not [m for m in mounts if m.startswith("/host") or "proc" in m], mounts
+    assert pod.get("hostPID", False) is False
+    text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    assert "processes" not in yaml.safe_load(text)["kubernetes"]
+    config = _loaded_config(rendered, variant)
+    assert config.kubernetes.processes.enabled is False and config.nvml.processes is False
+
+
+@pytest.mark.parametrize("variant", sorted(PROCESSES))
+def test_process_attribution_mounts_host_proc_and_the_runtime_socket_read_only(rendered, variant):
+    """The host's /proc and the CRI socket, read-only, where the daemon's configuration (as
+    the daemon loads it) looks for them; the pod's own PID namespace and the security context
+    of pod attribution (UID 0, no capabilities) stay."""
+    objects = docs(rendered, variant)
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert volumes["host-proc"]["hostPath"] == {"path": "/proc", "type": "Directory"}
+    assert volumes["cri-socket"]["hostPath"] == {"path": PROCESSES[variant], "type": "Socket"}
+    for name in ("host-proc", "cri-socket"):
+        assert mounts[name]["readOnly"] is True, mounts[name]
+        assert "subPath" not in mounts[name] and "mountPropagation" not in mounts[name]
+    assert pod.get("hostPID", False) is False  # its own PID namespace: /proc is mounted
+
+    config = _loaded_config(rendered, variant)
+    processes = config.kubernetes.processes
+    assert processes.enabled is True and config.nvml.processes is True
+    assert processes.proc_root == mounts["host-proc"]["mountPath"] == "/host/proc"
+    assert processes.runtime_socket == mounts["cri-socket"]["mountPath"] == "/host/cri.sock"
+    assert config.kubernetes.active()  # the kubelet's holders, which the shares need
+    want = (5, 1) if variant == "chart-all-on" else (10, 2)
+    assert (processes.refresh_seconds, processes.timeout_seconds) == want
+
+    # The same posture as pod attribution without it: UID 0, no capabilities, read-only root.
+    base = "deploy" if variant.startswith("deploy") else "chart-default"
+    base_pod = one(docs(rendered, base), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == base_pod["securityContext"]
+    assert container["securityContext"] == base_pod["containers"][0]["securityContext"]
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_process_attribution_component_is_the_base_configuration_plus_processes(rendered):
+    """components/process-attribution replaces deploy/configmap.yaml's file as a whole (a string
+    kustomize cannot patch inside): everything but kubernetes.processes must stay the same."""
+
+    def config(variant: str) -> dict[str, Any]:
+        text = one(docs(rendered, variant), "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+        return yaml.safe_load(text)
+
+    base, component = config("deploy"), config("deploy-process-attribution")
+    processes = component["kubernetes"].pop("processes")
+    assert component == base
+    assert processes == {
+        "enabled": True,
+        "proc_root": "/host/proc",
+        "runtime_socket": "/host/cri.sock",
+        "refresh_seconds": 10,
+        "timeout_seconds": 2,
+    }
+    # Everything else in the component's output is deploy/'s.
+    others = [o for o in docs(rendered, "deploy") if o["kind"] not in ("ConfigMap", "DaemonSet")]
+    assert others == [
+        o
+        for o in docs(rendered, "deploy-process-attribution")
+        if o["kind"] not in ("ConfigMap", "DaemonSet")
+    ]
+
+
+def _kustomize(directory: Path, kustomization: str) -> list[dict[str, Any]]:
+    (directory / "kustomization.yaml").write_text(kustomization)
+    result = subprocess.run(
+        [str(TOOLS / "kubectl"), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_process_attribution_component_takes_another_runtime_socket(tools, tmp_path):
+    """The by-name patch docs/kubernetes.md gives for another runtime's socket (CRI-O's)
+    replaces the volume's path and keeps the mount."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    (example,) = [yaml.safe_load(b) for b in blocks if "name: cri-socket" in b]
+    rel = os.path.relpath(ROOT / "deploy", tmp_path)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [rel],
+        "components": [f"{rel}/components/process-attribution"],
+        "patches": example["patches"],
+    }
+    objects = _kustomize(tmp_path, yaml.safe_dump(kustomization))
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    sockets = [v for v in pod["volumes"] if v["name"] == "cri-socket"]
+    assert sockets == [
+        {"name": "cri-socket", "hostPath": {"path": "/var/run/crio/crio.sock", "type": "Socket"}}
+    ]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["cri-socket"] == {
+        "name": "cri-socket",
+        "mountPath": "/host/cri.sock",
+        "readOnly": True,
+    }
+
+
+@pytest.mark.parametrize("socket", ["/run/k0s/containerd.sock", "unix:///run/k0s/containerd.sock"])
+def test_chart_process_attribution_with_host_pid(tools, tmp_path, socket):
+    """procMount hostPID: the pod shares the host's PID namespace and reads its own /proc (no
+    /proc mount); the socket is mounted as with hostPath, unix:// or not."""
+    args = [
+        "--set",
+        "processAttribution.enabled=true",
+        "--set",
+        "processAttribution.procMount=hostPID",
+    ]
+    args += ["--set", f"processAttribution.runtimeSocket={socket}"]
+    objects = helm_template(*args)
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "host-proc" not in volumes
+    assert volumes["cri-socket"]["hostPath"] == {
+        "path": "/run/k0s/containerd.sock",
+        "type": "Socket",
+    }
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["cri-socket"]["readOnly"] is True and "host-proc" not in mounts
+    text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    processes = Config.model_validate(yaml.safe_load(text)).kubernetes.processes
+    assert (processes.enabled, processes.proc_root, processes.runtime_socket) == (
+        True,
+        "/proc",
+        mounts["cri-socket"]["mountPath"],
+    )
+    _, default_pod, default_container = _dcgm_render()
+    assert pod["securityContext"] == default_pod
+    assert pod["containers"][0]["securityContext"] == default_container
+    # hostPID alone, without per-process attribution, still works as before.
+    plain = one(helm_template("--set", "hostPID=true"), "DaemonSet")["spec"]["template"]["spec"]
+    assert plain["hostPID"] is True and "cri-socket" not in {v["name"] for v in plain["volumes"]}
 
 
 @pytest.mark.parametrize("variant", sorted(OPERATOR))
@@ -362,6 +543,13 @@ def test_rule_overrides_reach_the_prometheusrule(rendered):
         ("webConfig.enabled=true", "webConfig.enabled needs webConfig.inline"),
         ("serviceMonitor.scheme=ftp", "serviceMonitor.scheme"),
         ("webConfig.inline.basic_auth_users.alice=plaintext", "basic_auth_users"),
+        (
+            "processAttribution.enabled=true,podAttribution.enabled=false",
+            "processAttribution.enabled needs podAttribution.enabled",
+        ),
+        ("processAttribution.procMount=hostNetwork", "processAttribution.procMount"),
+        ("processAttribution.runtimeSocket=containerd.sock", "processAttribution.runtimeSocket"),
+        ("processAttribution.refreshSeconds=7200", "processAttribution.refreshSeconds"),
     ],
 )
 def test_bad_values_fail_the_render(tools, setting, message):
@@ -453,6 +641,7 @@ def render_notes(tmp_path: Path, *args: str) -> str:
             "monitoring.coreos.com/v1/ServiceMonitor",
         ],
         ["-f", str(CHART / "ci" / "all-on-values.yaml")],
+        ["--set", "processAttribution.enabled=true,processAttribution.procMount=hostPID"],
     ],
 )
 def test_notes_render(tools, tmp_path, args):
@@ -462,6 +651,14 @@ def test_notes_render(tools, tmp_path, args):
         assert "UID 65532" in text and "serviceMonitor.enabled=false" in text
     else:
         assert "UID 0 without capabilities" in text
+    if args and "processAttribution" in args[-1]:
+        assert "shares the host's PID namespace (hostPID)" in text
+        assert "socket /run/containerd/containerd.sock read-only at /host/cri.sock" in text
+    elif "-f" in args:  # all-on: the host's /proc mounted, CRI-O's socket
+        assert "the host's /proc is mounted read-only at /host/proc" in text
+        assert "socket /var/run/crio/crio.sock read-only" in text
+    else:
+        assert "Per-process attribution" not in text
 
 
 # --- DCGM (docs/kubernetes.md "DCGM: activity on GPUs before Hopper") ------------------------

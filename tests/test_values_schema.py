@@ -159,6 +159,15 @@ def test_config_extra_refuses_what_the_daemon_refuses(settings, accepted):
         ("dcgm.mode=sometimes", "dcgm.mode: dcgm.mode must be one of the following"),
         ("config.extra.dcgm.mode=sometimes", "config.extra.dcgm.mode: config.extra.dcgm.mode"),
         ("config.extra.dcgm.fields=1001", "config.extra.dcgm.fields: Invalid type"),
+        ("processAttribution.refreshSeconds=0", "processAttribution.refreshSeconds: Must be"),
+        ("processAttribution.timeoutSeconds=0", "processAttribution.timeoutSeconds: Must be"),
+        ("processAttribution.timeoutSeconds=soon", "processAttribution.timeoutSeconds: Does not"),
+        ("processAttribution.procMount=chroot", "processAttribution.procMount: processAttribution"),
+        (
+            "processAttribution.runtimeSocket=run/crio.sock",
+            "processAttribution.runtimeSocket: Does",
+        ),
+        ("processAttribution.socket=/run/x.sock", "Additional property socket is not allowed"),
     ],
 )
 def test_helm_refuses_a_bad_daemon_setting_naming_it(setting, message):
@@ -188,6 +197,30 @@ def test_set_gives_numbers_the_daemon_reads_as_numbers():
     assert (alerting["resend_delay_seconds"], alerting["queue_capacity"]) == (30.5, 500)
     assert alerting["alertmanagers"][0]["timeout_seconds"] == 2.5
     assert isinstance(alerting["queue_capacity"], int)
+
+
+def test_process_attribution_numbers_and_limits_are_the_daemons():
+    """processAttribution.refreshSeconds and timeoutSeconds are kubernetes.processes'
+    refresh_seconds and timeout_seconds, generated from the model, and --set numbers reach the
+    daemon as numbers."""
+    properties = schema()["properties"]
+    chart = properties["processAttribution"]["properties"]
+    model = properties["config"]["properties"]["extra"]["properties"]["kubernetes"]
+    setting = model["properties"]["processes"]["properties"]
+    for value, name in (
+        ("refreshSeconds", "refresh_seconds"),
+        ("timeoutSeconds", "timeout_seconds"),
+    ):
+        assert {k: v for k, v in chart[value].items() if k != "$comment"} == setting[name]
+    config = rendered_config(
+        "--set", "processAttribution.enabled=true",
+        "--set", "processAttribution.refreshSeconds=2.5",
+        "--set", "processAttribution.timeoutSeconds=0.5",
+    )  # fmt: skip
+    processes = config["kubernetes"]["processes"]
+    assert (processes["refresh_seconds"], processes["timeout_seconds"]) == (2.5, 0.5)
+    loaded = Config.model_validate(config).kubernetes.processes
+    assert (loaded.refresh_seconds, loaded.timeout_seconds) == (2.5, 0.5)
 
 
 def test_a_valid_extra_setting_reaches_the_daemon_and_may_replace_the_charts(tmp_path):
@@ -272,8 +305,18 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
         ],
         ["--set", "dcgm.mode=auto", "--set", "dcgm.address=unix:/run/dcgm/hostengine.sock"],
         ["--set", "dcgm.mode=embedded", "--set-json", "config.extra.dcgm.fields=[1001,1013]"],
+        ["--set", "processAttribution.enabled=true"],
+        ["--set", "processAttribution.enabled=true,processAttribution.procMount=hostPID"],
     ],
-    ids=["defaults", "all-on", "dcgm-standalone", "dcgm-auto-unix", "dcgm-embedded"],
+    ids=[
+        "defaults",
+        "all-on",
+        "dcgm-standalone",
+        "dcgm-auto-unix",
+        "dcgm-embedded",
+        "process-attribution",
+        "process-attribution-hostpid",
+    ],
 )
 def test_the_rendered_configuration_passes_config_check(values, tmp_path):
     root = tmp_path / "pod"

@@ -56,6 +56,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpu-exporter.secretsDir" -}}/etc/gpu-exporter/secrets{{- end }}
 {{- define "gpu-exporter.webDir" -}}/etc/gpu-exporter/web{{- end }}
 {{- define "gpu-exporter.podResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end }}
+{{- define "gpu-exporter.hostProcDir" -}}/host/proc{{- end }}
+{{- define "gpu-exporter.runtimeSocket" -}}/host/cri.sock{{- end }}
+
+{{/*
+Per-process attribution: "hostPath" or "hostPID" (processAttribution.procMount) when it is on,
+"" when off. It maps GPU processes to the containers the kubelet says hold the GPU: without pod
+attribution there are no holders to share the GPU among, so the render fails.
+*/}}
+{{- define "gpu-exporter.processAttribution" -}}
+{{- $p := .Values.processAttribution }}
+{{- if $p.enabled }}
+{{- if not .Values.podAttribution.enabled }}
+{{- fail "processAttribution.enabled needs podAttribution.enabled: per-pod GPU use is shared among the pods the kubelet says hold each GPU" }}
+{{- end }}
+{{- $p.procMount }}
+{{- end }}
+{{- end }}
 
 {{/*
 Security contexts: the defaults, with the user's values merged over them. Pod attribution needs
@@ -194,7 +211,9 @@ The daemon's configuration file. Numbers go through float64/int: `helm --set` gi
 string (values.schema.json admits numeric strings for that), the daemon's file must say 0.5.
 config.nvml and config.extra are passed as given (the daemon reads numeric strings as numbers).
 `dcgm:` is written only when dcgm.mode is not "off", its address only when set: with the
-defaults the file is what it was before the chart knew DCGM.
+defaults the file is what it was before the chart knew DCGM. `kubernetes.processes` likewise
+only with processAttribution on: its proc_root and runtime_socket are where the DaemonSet mounts
+them.
 */}}
 {{- define "gpu-exporter.config" -}}
 {{- $v := .Values }}
@@ -208,6 +227,10 @@ defaults the file is what it was before the chart knew DCGM.
 {{- $_ := set $k8s "resource_names" $v.podAttribution.resourceNames }}
 {{- $_ := set $k8s "resource_prefixes" $v.podAttribution.resourcePrefixes }}
 {{- $_ := set $k8s "mode" $v.podAttribution.mode }}
+{{- end }}
+{{- with include "gpu-exporter.processAttribution" . }}
+{{- $procRoot := ternary "/proc" (include "gpu-exporter.hostProcDir" $) (eq . "hostPID") }}
+{{- $_ := set $k8s "processes" (dict "enabled" true "proc_root" $procRoot "runtime_socket" (include "gpu-exporter.runtimeSocket" $) "refresh_seconds" (float64 $v.processAttribution.refreshSeconds) "timeout_seconds" (float64 $v.processAttribution.timeoutSeconds)) }}
 {{- end }}
 {{- $_ := set $config "kubernetes" $k8s }}
 {{- $rules := dict "enabled" $v.rules.enabled }}
