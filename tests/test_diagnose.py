@@ -358,6 +358,8 @@ def test_mig_lists_instances_under_their_parents_with_class_and_pod(
         "kubelet_socket": mig_kubelet.socket_path,
         "read": True,
         "devices_held": 5,
+        "runtime_socket": None,  # processes are not mapped without --processes
+        "runtime_read": False,
     }
     seven, mixed, whole, a100 = report["devices"]
     # MIG parents: no class of their own (not "unknown", not down), their instances listed.
@@ -493,6 +495,12 @@ def test_an_unanswering_kubelet_is_said_and_changes_nothing_else(capsys, tmp_pat
         capsys, "--simulate", "mig", "--duration", "0.5", "--interval", "0.5",
         "--kubelet-socket", missing,
     )  # fmt: skip
-    assert report["pods"] == {"kubelet_socket": missing, "read": False, "devices_held": 0}
+    assert report["pods"] == {
+        "kubelet_socket": missing,
+        "read": False,
+        "devices_held": 0,
+        "runtime_socket": None,
+        "runtime_read": False,
+    }
     assert all(not i["pods"] for d in report["devices"] for i in d["instances"])
     assert status == diagnose.EXIT_ATTENTION  # GI 9 is launch-bound, as with pods

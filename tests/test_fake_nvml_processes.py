@@ -303,6 +303,49 @@ def test_utilization_is_not_supported_with_mig_or_before_maxwell(install) -> Non
     assert N.nvmlDeviceGetComputeRunningProcesses(handle(3)) == []
 
 
+def test_device_utilization_samples_share_the_periods_and_their_stamps(install, clock) -> None:
+    install(scenario(devices=[{"values": {"utilization": 0.37}}, {}, mig_gpu(True)]))
+    clock.now = 12.5
+    value_type, samples = N.nvmlDeviceGetSamples(handle(0), N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    assert value_type == N.NVML_VALUE_TYPE_UNSIGNED_INT
+    assert [s.sampleValue.uiVal for s in samples] == [37] * 12  # one per period, in percent
+    stamps = [s.timeStamp for s in samples]
+    assert stamps == sorted({stamp for _, stamp, _ in sampled(handle(0))})  # the same periods
+    with pytest.raises(N.NVMLError_NotFound):  # none newer than the newest
+        N.nvmlDeviceGetSamples(handle(0), N.NVML_GPU_UTILIZATION_SAMPLES, stamps[-1])
+    clock.now = 14.0
+    _, newer = N.nvmlDeviceGetSamples(handle(0), N.NVML_GPU_UTILIZATION_SAMPLES, stamps[-1])
+    assert [s.timeStamp - stamps[-1] for s in newer] == [1_000_000, 2_000_000]
+    # Quantities the fake does not keep, and GPUs with MIG on, answer NOT_SUPPORTED.
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetSamples(handle(0), N.NVML_TOTAL_POWER_SAMPLES, 0)
+    with pytest.raises(N.NVMLError_NotSupported):
+        N.nvmlDeviceGetSamples(handle(2), N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+
+
+def test_a_device_samples_buffer_too_small_gets_the_oldest_that_fit(install, clock) -> None:
+    install(scenario())
+    clock.now = 6.0
+    count, value_type = ctypes.c_uint(0), ctypes.c_int(0)
+    args = (handle(0), N.NVML_GPU_UTILIZATION_SAMPLES, ctypes.c_ulonglong(0))
+    sizing = c_call(
+        "nvmlDeviceGetSamples", *args, ctypes.byref(value_type), ctypes.byref(count), None
+    )
+    assert (sizing, count.value) == (N.NVML_SUCCESS, 6)  # NULL samples: the count needed
+    count.value = 4
+    buffer = (N.c_nvmlSample_t * 4)()
+    ret = c_call(
+        "nvmlDeviceGetSamples", *args, ctypes.byref(value_type), ctypes.byref(count), buffer
+    )
+    assert (ret, count.value) == (N.NVML_SUCCESS, 4)
+    assert [b.timeStamp - buffer[0].timeStamp for b in buffer] == [
+        0,
+        1_000_000,
+        2_000_000,
+        3_000_000,
+    ]
+
+
 # -- faults and older drivers -------------------------------------------------------------------
 
 

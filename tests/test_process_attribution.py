@@ -77,7 +77,7 @@ def per_pod(readings: Any, family: str) -> dict[str, float]:
 
 def test_each_pod_sharing_a_gpu_has_its_own_use_and_no_sum_exceeds_the_gpus(node: Node) -> None:
     node.tick(10.0)
-    gpus = node.tick(20.0)
+    gpus = node.tick(20.0)  # a window of ten sample periods
     shared = gpus[0]
     memory = per_pod(shared.readings, "gpu_pod_memory_used_bytes")
     share = per_pod(shared.readings, "gpu_pod_utilization_ratio")

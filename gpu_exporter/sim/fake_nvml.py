@@ -73,6 +73,12 @@ _CODEC_SAMPLING_US = 1_000_000  # encoder/decoder utilization's sampling period 
 # "all the samples maintained by the driver's internal sample buffer"): both are assumed.
 _PROCESS_SAMPLE_US = 1_000_000
 _PROCESS_SAMPLES_KEPT = 20
+# nvmlDeviceGetSamples' sampling types the fake keeps, and the device quantity each samples.
+_SAMPLED = {
+    pynvml.NVML_GPU_UTILIZATION_SAMPLES: "utilization",
+    pynvml.NVML_ENC_UTILIZATION_SAMPLES: "encoder_utilization",
+    pynvml.NVML_DEC_UTILIZATION_SAMPLES: "decoder_utilization",
+}
 # nvml.h: nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1),
 # the struct's size (24) | 1 << 24; the fake's own copy (tests check pynvml's).
 PROCESSES_UTILIZATION_INFO_V1 = 0x01000018
@@ -1411,21 +1417,27 @@ class FakeNvmlLib:
     def _mps_processes_mig(self, mig: _MigDevice, t: float, count: Any, infos: Any) -> int:
         return self._running(mig.parent, t, mig, _MPS, count, infos)
 
+    def _periods(self, t: float, last_seen: int) -> list[tuple[int, float]]:
+        """(stamp, middle) of each sample period the buffer keeps that ended by `t` and is
+        stamped after `last_seen`, oldest first. Period k covers scenario time
+        [(k - 1) P, k P), is judged at its middle and stamped at its end."""
+        period_s = _PROCESS_SAMPLE_US / 1e6
+        newest = math.floor(t / period_s + 1e-9)
+        out = []
+        for k in range(max(1, newest - _PROCESS_SAMPLES_KEPT + 1), newest + 1):
+            stamp = self._epoch_us + k * _PROCESS_SAMPLE_US
+            if stamp > last_seen:
+                out.append((stamp, (k - 0.5) * period_s))
+        return out
+
     def _process_samples(
         self, dev: _Device, t: float, last_seen: int
     ) -> list[tuple[int, int, tuple[int, ...]]]:
         """(pid, timestamp, percents) of each process with non-zero utilization in each sample
-        period the buffer keeps, newer than `last_seen`; oldest first. Period k covers scenario
-        time [(k - 1) P, k P), is judged at its middle and stamped at its end; a PID with two
-        contexts on the GPU (two entries) is one process: its percents add up (at most 100)."""
-        period_s = _PROCESS_SAMPLE_US / 1e6
-        newest = math.floor(t / period_s + 1e-9)
+        period (`_periods`) newer than `last_seen`; oldest first. A PID with two contexts on the
+        GPU (two entries) is one process: its percents add up (at most 100)."""
         samples = []
-        for k in range(max(1, newest - _PROCESS_SAMPLES_KEPT + 1), newest + 1):
-            stamp = self._epoch_us + k * _PROCESS_SAMPLE_US
-            if stamp <= last_seen:
-                continue
-            middle = (k - 0.5) * period_s
+        for stamp, middle in self._periods(t, last_seen):
             by_pid: dict[int, tuple[int, ...]] = {}
             for proc in self._processes.get(dev.index, ()):
                 if proc.running(middle):
@@ -1484,6 +1496,43 @@ class FakeNvmlLib:
             entry = entries[i]
             entry.pid, entry.timeStamp = pid, stamp
             entry.smUtil, entry.memUtil, entry.encUtil, entry.decUtil = percents[:4]
+        return SUCCESS
+
+    @_nvml("nvmlDeviceGetSamples", feature="utilization")
+    def _utilization_samples(
+        self,
+        dev: _Device,
+        t: float,
+        sampling: Any,
+        last_seen: Any,
+        value_type: Any,
+        count: Any,
+        samples: Any,
+    ) -> int:
+        """The driver's buffer of utilization samples, one per sample period (the periods of the
+        per-process samples: same period, same stamps), newer than lastSeenTimeStamp; percent
+        as unsigned int. nvml.h: "samples set to NULL" sizes (samplesCount), NOT_FOUND "if
+        sample entries are not found". The fake keeps GPU, encoder and decoder utilization;
+        the other sampling types (power, clocks, memory utilization) answer NOT_SUPPORTED."""
+        quantity = _SAMPLED.get(_int(sampling))
+        if count is None or value_type is None:
+            return INVALID_ARGUMENT
+        if dev.spec.mig_enabled or quantity is None:
+            return NOT_SUPPORTED  # utilization: not on MIG-enabled GPUs, as the rates
+        periods = self._periods(t, _int(last_seen))
+        if not periods:
+            return NOT_FOUND
+        _set(value_type, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)
+        box = _target(count)
+        capacity = box.value
+        if samples is None:
+            box.value = len(periods)
+            return SUCCESS
+        box.value = min(capacity, len(periods))  # as many as fit, oldest first
+        entries = _slots(samples)
+        for i, (stamp, middle) in enumerate(periods[: box.value]):
+            entries[i].timeStamp = stamp
+            entries[i].sampleValue.uiVal = _percent(dev.value(quantity, middle))
         return SUCCESS
 
     # -- GPM --------------------------------------------------------------------------------

@@ -15,9 +15,9 @@ The physics, stated where it is used:
   the device could not be mapped: it may be that container's, whose use is then absent). Where
   per-process utilization was not measured (the read failed, or MIG, where NVML has none) it is
   absent.
-- The shares come from NVML's per-process sample periods and the device's utilization from its
-  own; when the shares add up to more than `gpu_utilization_ratio`, they are scaled down to it,
-  so a sum over containers never exceeds the GPU's own figure.
+- The shares cover the driver's sample periods that ended since the last tick, and are already
+  bounded by what the device did in them (the processes collector): the SM shares' sum by the
+  device's utilization over the same periods, each other engine's by 1.
 - NVML measures no per-process energy, SM activity or Tensor activity. A container alone on the
   GPU gets all of the GPU's energy of the tick (`attribution="exclusive"`); containers sharing
   it get the tick's energy times their share of the SM time the processes used
@@ -123,8 +123,8 @@ class PodUse:
             readings = list(device.readings)
             joules = self._energy_since_last_tick(device)
             if device.processes is not None:
-                uses = _group(device.processes, owners, held.get(device.uuid, ()))
-                _bound_by_device(uses, device.value("gpu_utilization_ratio"))
+                processes = _mps_clients_checked(device.processes)
+                uses = _group(processes, owners, held.get(device.uuid, ()))
                 readings += [r for o, u in uses.items() for r in _readings(o, u, True)]
                 self._charge(device.uuid, uses, joules, now)
                 readings += self._energy_readings(device.uuid, now)
@@ -132,17 +132,19 @@ class PodUse:
         self._forget_gone(now)
         return out
 
-    def _energy_since_last_tick(self, device: DeviceSample) -> float:
-        """The GPU's energy since the previous tick (0 when either reading is missing or the
-        counter went back, as after a driver reload)."""
+    def _energy_since_last_tick(self, device: DeviceSample) -> float | None:
+        """The GPU's energy since the previous tick; None when either reading is missing or
+        the counter went back, as after a driver reload (not known: nobody is charged)."""
         energy = device.value("gpu_energy_joules_total")
         previous = self._energy.pop(device.uuid, None)
         if energy is None:
-            return 0.0
+            return None
         self._energy[device.uuid] = energy
-        return energy - previous if previous is not None and energy >= previous else 0.0
+        return energy - previous if previous is not None and energy >= previous else None
 
-    def _charge(self, uuid: str, uses: Mapping[Owner, _Use], joules: float, now: float) -> None:
+    def _charge(
+        self, uuid: str, uses: Mapping[Owner, _Use], joules: float | None, now: float
+    ) -> None:
         pods = [owner for owner in uses if owner.pod is not None]
         shares: dict[Owner, tuple[str, float]] = {}
         if len(uses) == 1 and pods:  # one container and nothing else on the GPU
@@ -152,7 +154,7 @@ class PodUse:
             if busy > 0.0:  # some process was sampled busy
                 shares = {owner: (APPORTIONED, uses[owner].engine("sm") / busy) for owner in pods}
         for owner, (attribution, share) in shares.items():
-            if share > 0.0:  # no counter until something is charged
+            if share > 0.0 and joules is not None:  # no counter until something is charged
                 assert owner.pod is not None
                 key = (uuid, owner.pod, attribution)
                 self._charged.setdefault(key, _Charged(0.0, now)).joules += joules * share
@@ -178,6 +180,21 @@ class PodUse:
                 del self._charged[key]
 
 
+def _mps_clients_checked(processes: tuple[ProcessSample, ...]) -> tuple[ProcessSample, ...]:
+    """MPS clients' utilization, unless the driver seems to sample their work under the MPS
+    server instead: that clients are sampled under their own PIDs is assumed (not checked on
+    hardware), so where no client has a sample while a process that is not a client (the
+    server) has, the clients' use is not known (absent), rather than 0 for each."""
+    clients = [p for p in processes if p.mps]
+    if not clients or any(p.utilization is None for p in clients):
+        return processes
+    if any(p.utilization for p in clients):
+        return processes
+    if not any(p.utilization for p in processes if not p.mps):
+        return processes  # nothing ran on the GPU at all: every client's 0 is measured
+    return tuple(replace(p, utilization=None) if p.mps else p for p in processes)
+
+
 def _group(
     processes: Iterable[ProcessSample], owners: Mapping[int, Owner], held: tuple[PodRef, ...]
 ) -> dict[Owner, _Use]:
@@ -191,18 +208,6 @@ def _group(
     if Owner(reason=UNKNOWN) in uses:
         uses = {owner: use for owner, use in uses.items() if use.processes or owner.pod is None}
     return uses
-
-
-def _bound_by_device(uses: Mapping[Owner, _Use], device_utilization: float | None) -> None:
-    """Scale the SM shares down to the device's utilization when they add up to more."""
-    if device_utilization is None:
-        return
-    total = sum(use.engine("sm") for use in uses.values())
-    if total > device_utilization:
-        factor = device_utilization / total
-        for use in uses.values():
-            if use.engines is not None and "sm" in use.engines:
-                use.engines["sm"] *= factor
 
 
 def _readings(owner: Owner, use: _Use, utilization: bool) -> Iterable[Reading]:

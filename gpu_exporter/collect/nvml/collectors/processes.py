@@ -5,24 +5,36 @@ pod-use processor (collect/k8s/pod_use.py) turns them into per-pod readings.
 
 What NVML gives (nvml.h), and how it is read:
 - `nvmlDeviceGetComputeRunningProcesses_v3`, `..GraphicsRunningProcesses_v3` and
-  `..MPSComputeRunningProcesses_v3` (Volta and newer) list processes by host PID with the memory
+  `..MPSComputeRunningProcesses_v3` (Volta and newer) list processes by PID with the memory
   each uses ("all of the memory used by the application": a process on two lists is one process,
   its memory counted once); the MPS list names MPS clients, whose server is on the compute list.
-  On a MIG GPU each MIG device handle lists its own instance's processes.
-- `nvmlDeviceGetProcessesUtilizationInfo` returns, per driver sample period since
-  `lastSeenTimeStamp`, one sample per process that used an engine (SM, memory, encoder,
-  decoder, JPEG, OFA, in percent); the time stamp of the newest sample is kept per GPU, so every
-  sample is used once. Drivers without it answer `nvmlDeviceGetProcessUtilization` (SM, memory,
-  encoder, decoder). A process's share of an engine is the mean of its samples read in the
-  tick; one without a sample used none of it. NOT_FOUND means no sample is newer: not an error,
-  and not "all idle" either, since it is also the answer between two ends of the driver's sample
-  period when ticks are shorter than it; the tick repeats the newest period's shares. (When every
-  process did go idle, the device's utilization falls to 0 and the pod-use processor, which
-  bounds the shares by it, brings them to 0.) NVML has no per-process utilization under MIG:
-  instances' processes have none (never 0).
+  On a MIG GPU each MIG device handle lists its own instance's processes. The PIDs are those of
+  the caller's PID namespace: the driver leaves out processes the caller cannot see
+  (open-gpu-kernel-modules, `os_find_ns_pid`), so only a daemon in the host's PID namespace sees
+  other containers' processes (collect/k8s/process_attribution.py checks it).
+- The driver samples utilization once per sample period into a buffer: the device's
+  (`nvmlDeviceGetSamples`, NVML_GPU_UTILIZATION_SAMPLES: one sample per period) and each
+  process's (`nvmlDeviceGetProcessesUtilizationInfo`: SM, memory, encoder, decoder, JPEG, OFA in
+  percent; drivers without it answer `nvmlDeviceGetProcessUtilization`), the latter only "per
+  process running, that had some non-zero utilization during the last sample period". Both
+  take the CPU time stamp (microseconds) of the newest sample already read and return newer
+  ones; NOT_FOUND means none is newer (not an error).
+- The window of a tick is the device's sample periods that ended since the last read. A
+  process's share of an engine over it is the sum of its samples in the window divided by the
+  number of periods: a period without its sample is a period it did not use the engine, so a
+  process busy in one period of ten has 0.1, not the 1.0 of its one sample. Process samples
+  stamped after the window's last period wait for the next tick's window, so each sample counts
+  once, in one window. A tick in which no period ended (ticks shorter than the period) repeats
+  the newest window's shares: they are still the newest measurement.
+- The shares are bounded by what the device did in the same window: the SM shares' sum by the
+  mean of the device's utilization samples (kernels of MPS clients overlap, and each client's
+  samples count its own kernels: their sum may exceed the GPU's busy time; scaled down to it
+  they are each client's part of it), every other engine's sum by 1.
+- NVML has no per-process utilization under MIG: instances' processes have none (never 0).
 Every failure is handled at the choke point as any call's: counted, learned when it will not
 change (NOT_SUPPORTED, FUNCTION_NOT_FOUND, NO_PERMISSION), never a crash; the lists then
-stay unread for the tick (None), which the pod-use processor reports as nothing rather than 0.
+stay unread for the tick (None), and utilization that could not be read is None, which the
+pod-use processor reports as nothing rather than 0.
 """
 
 from __future__ import annotations
@@ -58,16 +70,24 @@ class Processes(Collector):
     families = ()
     calls = (
         *(function for _, function, _ in _LISTS),
+        "nvmlDeviceGetSamples",
         "nvmlDeviceGetProcessesUtilizationInfo",
         "nvmlDeviceGetProcessUtilization",  # drivers without the one above
     )
     setting = "processes"
-    mig_dependent = ("process_utilization", "process_utilization_info")
+    # What answers differently with MIG on: relearned when the mode changes.
+    mig_dependent = (
+        *(key for key, _, _ in _LISTS),
+        "utilization_samples",
+        "process_utilization",
+        "process_utilization_info",
+    )
 
     def __init__(self) -> None:
         super().__init__()
-        self.last_seen = 0  # the newest utilization sample's time stamp (microseconds)
-        self.newest: dict[int, dict[str, float]] = {}  # the shares last read, per PID
+        self.device_seen = 0  # the newest device utilization sample read (microseconds)
+        self.last_seen = 0  # the newest per-process sample counted in a window
+        self.newest: dict[int, dict[str, float]] = {}  # the newest window's shares, per PID
 
     def read(self, nvml: Device) -> list[Reading]:
         if nvml.mig_enabled:
@@ -95,9 +115,67 @@ class Processes(Collector):
         return []
 
     def _shares(self, nvml: Device) -> dict[int, dict[str, float]] | None:
-        """Each sampled process's mean share of each engine since the last read; None when
-        the samples could not be read this tick."""
-        samples = None
+        """Each process's share of each engine over the sample periods that ended since the
+        last read (the newest window's again when none did); None when unreadable."""
+        window = self._device_periods(nvml)
+        if window is None:
+            return None
+        if not window:
+            return self.newest
+        end = max(stamp for stamp, _ in window)
+        samples = self._process_samples(nvml)
+        if samples is None:
+            self.last_seen = max(self.last_seen, end)  # the next window starts after this one
+            return None
+        periods = len(window)
+        sums: defaultdict[int, dict[str, float]] = defaultdict(dict)
+        for sample in samples:  # ctypes structs into a buffer: copied out at once
+            pid, stamp = int(sample.pid), int(sample.timeStamp)
+            if stamp > end:
+                continue  # a period the device's samples have not reached: the next window's
+            self.last_seen = max(self.last_seen, stamp)
+            for engine, field in _ENGINES:
+                value = getattr(sample, field, None)
+                if value is not None:
+                    sums[pid][engine] = sums[pid].get(engine, 0.0) + min(100, int(value)) / 100
+        shares = {
+            pid: {engine: total / periods for engine, total in engines.items() if total > 0}
+            for pid, engines in sums.items()
+        }
+        device = sum(value for _, value in window) / periods
+        for engine, _ in _ENGINES:
+            _bound(shares, engine, device if engine == "sm" else 1.0)
+        self.newest = shares
+        return shares
+
+    def _device_periods(self, nvml: Device) -> list[tuple[int, float]] | None:
+        """(stamp, utilization) of each device sample period that ended since the last read;
+        [] when none did; None when unreadable."""
+        try:
+            read = nvml.call(
+                "utilization_samples",
+                N.nvmlDeviceGetSamples,
+                nvml.handle,
+                N.NVML_GPU_UTILIZATION_SAMPLES,
+                self.device_seen,
+                gone=(N.NVMLError_NotFound,),
+            )
+        except GoneError:  # NOT_FOUND: no period ended since the last read
+            return []
+        if read is None:
+            return None
+        _, samples = read
+        first = self.device_seen == 0  # the whole buffer: align the processes' to it
+        window = [(int(s.timeStamp), min(100, int(s.sampleValue.uiVal)) / 100) for s in samples]
+        if window:
+            self.device_seen = max(stamp for stamp, _ in window)
+            if first:
+                self.last_seen = min(stamp for stamp, _ in window) - 1
+        return window
+
+    def _process_samples(self, nvml: Device) -> list[Any] | None:
+        """The per-process samples newer than the last counted ([] for NOT_FOUND: no process
+        used the GPU since); None when unreadable."""
         for key, function in (
             ("process_utilization_info", getattr(N, "nvmlDeviceGetProcessesUtilizationInfo", None)),
             ("process_utilization", N.nvmlDeviceGetProcessUtilization),  # older drivers
@@ -106,27 +184,20 @@ class Processes(Collector):
                 samples = nvml.call(
                     key, function, nvml.handle, self.last_seen, gone=(N.NVMLError_NotFound,)
                 )
-            except GoneError:  # NOT_FOUND: no sample period ended since the last read
-                return self.newest
+            except GoneError:
+                return []
             if samples is not None or not nvml.is_unsupported(key):
-                break
-        if samples is None:
-            return None
-        sums: defaultdict[int, dict[str, float]] = defaultdict(dict)
-        counts: defaultdict[int, int] = defaultdict(int)
-        for sample in samples:  # ctypes structs into a buffer: copied out at once
-            pid, stamp = int(sample.pid), int(sample.timeStamp)
-            self.last_seen = max(self.last_seen, stamp)
-            counts[pid] += 1
-            for engine, field in _ENGINES:
-                value = getattr(sample, field, None)
-                if value is not None:
-                    sums[pid][engine] = sums[pid].get(engine, 0.0) + min(100, int(value)) / 100
-        self.newest = {
-            pid: {engine: total / counts[pid] for engine, total in engines.items() if total > 0}
-            for pid, engines in sums.items()
-        }
-        return self.newest
+                return None if samples is None else list(samples)
+        return None
+
+
+def _bound(shares: dict[int, dict[str, float]], engine: str, limit: float) -> None:
+    """Scale the engine's shares down so that they add up to at most `limit`."""
+    total = sum(engines.get(engine, 0.0) for engines in shares.values())
+    if total > limit:
+        for engines in shares.values():
+            if engine in engines:
+                engines[engine] *= limit / total
 
 
 def _listed(nvml: Device, handle: Any) -> dict[int, tuple[float | None, bool]] | None:
