@@ -152,7 +152,9 @@ def test_daemonset_defaults(rendered, variant):
     assert pod["nodeSelector"]["nvidia.com/gpu.present"] == "true"
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["automountServiceAccountToken"] is False
-    assert pod.get("hostPID", False) is False and pod.get("hostNetwork", False) is False
+    # The host's PID namespace only for per-process attribution (NVML's PIDs are the caller's).
+    assert pod.get("hostPID", False) is (variant in PROCESSES)
+    assert pod.get("hostNetwork", False) is False
     assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
 
     env = {e["name"]: e for e in container["env"]}
@@ -189,9 +191,7 @@ def test_pod_attribution_mounts_pod_resources_read_only(rendered, variant):
     assert mounts["pod-resources"]["mountPath"] == "/var/lib/kubelet/pod-resources"
     assert mounts["pod-resources"]["readOnly"] is True
     # Every other hostPath would be a surprise (per-process attribution's are checked below).
-    want = (
-        ["cri-socket", "host-proc", "pod-resources"] if variant in PROCESSES else ["pod-resources"]
-    )
+    want = ["cri-socket", "pod-resources"] if variant in PROCESSES else ["pod-resources"]
     assert sorted(v["name"] for v in pod["volumes"] if "hostPath" in v) == want
     # The kubelet's socket is root-only (directory 0750, socket 0755, root:root): UID 0, but
     # with no capabilities at all (asserted above), so it cannot bypass file permissions.
@@ -243,26 +243,28 @@ def test_process_attribution_is_off_without_host_proc_or_runtime_socket(rendered
 
 
 @pytest.mark.parametrize("variant", sorted(PROCESSES))
-def test_process_attribution_mounts_host_proc_and_the_runtime_socket_read_only(rendered, variant):
-    """The host's /proc and the CRI socket, read-only, where the daemon's configuration (as
-    the daemon loads it) looks for them; the pod's own PID namespace and the security context
-    of pod attribution (UID 0, no capabilities) stay."""
+def test_process_attribution_shares_the_host_pid_namespace_and_mounts_the_socket_read_only(
+    rendered, variant
+):
+    """The host's PID namespace (NVML lists only the caller's namespace's processes) and its
+    own /proc, the CRI socket read-only where the daemon's configuration (as the daemon loads
+    it) looks for it; the security context of pod attribution (UID 0, no capabilities) stays."""
     objects = docs(rendered, variant)
     pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert volumes["host-proc"]["hostPath"] == {"path": "/proc", "type": "Directory"}
+    assert pod["hostPID"] is True
+    assert not [v for v in volumes.values() if v.get("hostPath", {}).get("path") == "/proc"]
     assert volumes["cri-socket"]["hostPath"] == {"path": PROCESSES[variant], "type": "Socket"}
-    for name in ("host-proc", "cri-socket"):
-        assert mounts[name]["readOnly"] is True, mounts[name]
-        assert "subPath" not in mounts[name] and "mountPropagation" not in mounts[name]
-    assert pod.get("hostPID", False) is False  # its own PID namespace: /proc is mounted
+    assert mounts["cri-socket"]["readOnly"] is True, mounts["cri-socket"]
+    assert "subPath" not in mounts["cri-socket"]
+    assert "mountPropagation" not in mounts["cri-socket"]
 
     config = _loaded_config(rendered, variant)
     processes = config.kubernetes.processes
     assert processes.enabled is True and config.nvml.processes is True
-    assert processes.proc_root == mounts["host-proc"]["mountPath"] == "/host/proc"
+    assert processes.proc_root == "/proc"
     assert processes.runtime_socket == mounts["cri-socket"]["mountPath"] == "/host/cri.sock"
     assert config.kubernetes.active()  # the kubelet's holders, which the shares need
     want = (5, 1) if variant == "chart-all-on" else (10, 2)
@@ -290,7 +292,7 @@ def test_process_attribution_component_is_the_base_configuration_plus_processes(
     assert component == base
     assert processes == {
         "enabled": True,
-        "proc_root": "/host/proc",
+        "proc_root": "/proc",
         "runtime_socket": "/host/cri.sock",
         "refresh_seconds": 10,
         "timeout_seconds": 2,
@@ -345,15 +347,12 @@ def test_process_attribution_component_takes_another_runtime_socket(tools, tmp_p
 
 
 @pytest.mark.parametrize("socket", ["/run/k0s/containerd.sock", "unix:///run/k0s/containerd.sock"])
-def test_chart_process_attribution_with_host_pid(tools, tmp_path, socket):
-    """procMount hostPID: the pod shares the host's PID namespace and reads its own /proc (no
-    /proc mount); the socket is mounted as with hostPath, unix:// or not."""
-    args = [
-        "--set",
-        "processAttribution.enabled=true",
-        "--set",
-        "processAttribution.procMount=hostPID",
-    ]
+def test_chart_process_attribution_takes_the_runtime_socket_with_or_without_unix(
+    tools, tmp_path, socket
+):
+    """The pod shares the host's PID namespace and reads its own /proc (no /proc mount); the
+    socket is mounted by its path, given with unix:// or not."""
+    args = ["--set", "processAttribution.enabled=true"]
     args += ["--set", f"processAttribution.runtimeSocket={socket}"]
     objects = helm_template(*args)
     pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
@@ -547,7 +546,7 @@ def test_rule_overrides_reach_the_prometheusrule(rendered):
             "processAttribution.enabled=true,podAttribution.enabled=false",
             "processAttribution.enabled needs podAttribution.enabled",
         ),
-        ("processAttribution.procMount=hostNetwork", "processAttribution.procMount"),
+        ("processAttribution.procMount=hostPath", "processAttribution: Additional property"),
         ("processAttribution.runtimeSocket=containerd.sock", "processAttribution.runtimeSocket"),
         ("processAttribution.refreshSeconds=7200", "processAttribution.refreshSeconds"),
     ],
@@ -641,7 +640,7 @@ def render_notes(tmp_path: Path, *args: str) -> str:
             "monitoring.coreos.com/v1/ServiceMonitor",
         ],
         ["-f", str(CHART / "ci" / "all-on-values.yaml")],
-        ["--set", "processAttribution.enabled=true,processAttribution.procMount=hostPID"],
+        ["--set", "processAttribution.enabled=true"],
     ],
 )
 def test_notes_render(tools, tmp_path, args):
@@ -654,8 +653,8 @@ def test_notes_render(tools, tmp_path, args):
     if args and "processAttribution" in args[-1]:
         assert "shares the host's PID namespace (hostPID)" in text
         assert "socket /run/containerd/containerd.sock read-only at /host/cri.sock" in text
-    elif "-f" in args:  # all-on: the host's /proc mounted, CRI-O's socket
-        assert "the host's /proc is mounted read-only at /host/proc" in text
+    elif "-f" in args:  # all-on: CRI-O's socket
+        assert "shares the host's PID namespace (hostPID)" in text
         assert "socket /var/run/crio/crio.sock read-only" in text
     else:
         assert "Per-process attribution" not in text

@@ -161,6 +161,28 @@ def test_a_process_vanishing_or_unreadable_mid_read_is_unknown_and_counted(node:
     assert "llm-finetune-0" in per_pod(gpus[0].readings, "gpu_pod_processes")
 
 
+def up(node: Node) -> float:
+    return next(s.value for s in node.attribution.series() if not s.labels)
+
+
+def test_outside_the_hosts_pid_namespace_no_pod_has_a_figure_not_even_zero(node: Node) -> None:
+    # Without hostPID, NVML hides other containers' processes: every holder would read idle.
+    node.tick(10.0)
+    assert up(node) == 1.0
+    node.node.procfs.set_pid_namespace("pid:[4026532451]")
+    gpus = node.tick(11.0)
+    per_pod_families = {
+        r.family for d in gpus.values() for r in d.readings if r.family.startswith("gpu_pod_")
+    }
+    assert per_pod_families == {"gpu_pod_info"}  # the allocation's, from the kubelet
+    assert not [r for d in gpus.values() for r in d.readings if "unattributed" in r.family]
+    assert up(node) == 0.0
+    node.node.procfs.set_pid_namespace("pid:[4026531836]")
+    gpus = node.tick(12.0)
+    assert per_pod(gpus[0].readings, "gpu_pod_processes")["llm-finetune-0"] == 1.0
+    assert up(node) == 1.0
+
+
 @pytest.mark.parametrize("mode", ["down", "garbage"])
 def test_a_runtime_down_or_answering_garbage_keeps_known_containers(node: Node, mode: str) -> None:
     assert node.node is not None

@@ -11,6 +11,7 @@ import pytest
 from gpu_exporter.collect.k8s.attribution import PodRef
 from gpu_exporter.collect.k8s.pod_use import HOST, UNKNOWN, Owner
 from gpu_exporter.collect.k8s.processes import (
+    HOST_PID_NAMESPACE,
     CgroupOwner,
     ContainerRef,
     ProcessOwners,
@@ -43,7 +44,14 @@ CGROUPS = {
     "docker, systemd, v1 hybrid": (
         f"5:devices:/kubepods.slice/kubepods-pod{UID_}.slice/docker-{CID}.scope\n0::/\n"
     ),
+    # Read from inside a cgroup namespace: relative to the reader's cgroup, no `kubepods`.
+    "cgroup namespace, systemd, v2": (
+        f"0::/../../kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n"
+    ),
+    # A container that makes cgroups of its own (systemd in it, a nested runtime).
+    "nested, cgroupfs, v2": f"0::/kubepods/pod{UID}/{CID}/init.scope/{'ef' * 32}\n",
 }
+STATIC_UID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"  # a static pod's: its config's hash
 
 
 @pytest.mark.parametrize("layout", sorted(CGROUPS))
@@ -58,11 +66,19 @@ def test_every_layout_names_the_pod_uid_and_container_id(layout: str) -> None:
         "0::/user.slice/user-1000.slice/session-3.scope\n",  # someone's shell
         f"0::/system.slice/docker-{CID}.scope\n",  # Docker outside Kubernetes
         "12:memory:/\n0::/\n",
+        f"0::/system.slice/mypod{UID}.service\n",  # `pod<uid>` inside another name
         "",
     ],
 )
 def test_a_process_outside_kubepods_is_nobodys(text: str) -> None:
     assert parse_cgroup(text) == CgroupOwner()
+
+
+def test_a_static_pods_uid_is_32_hex_digits() -> None:
+    text = f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC_UID}.slice/"
+    text += f"cri-containerd-{CID}.scope\n"
+    assert parse_cgroup(text) == CgroupOwner(STATIC_UID, CID)
+    assert parse_cgroup(f"0::/kubepods/pod{STATIC_UID}/{CID}\n") == CgroupOwner(STATIC_UID, CID)
 
 
 def test_the_pod_sandbox_itself_has_a_pod_but_no_container() -> None:
@@ -88,9 +104,16 @@ def write_process(root: Path, pid: int, cgroup: str, started: int = 1000) -> Non
     (directory / "stat").write_text(f"{pid} (python) S {fields}\n")
 
 
+def enter_namespace(root: Path, link: str) -> None:
+    """Make `root`/self/ns/pid name the PID namespace `link` (as readlink shows it)."""
+    (root / "self" / "ns").mkdir(parents=True, exist_ok=True)
+    (root / "self" / "ns" / "pid").unlink(missing_ok=True)
+    (root / "self" / "ns" / "pid").symlink_to(link)
+
+
 def owners(root: Path, containers: dict[str, ContainerRef], errors: list[str]) -> ProcessOwners:
-    """The mapper over `root`, a host's /proc: its PID 1 is init, in no pod."""
-    write_process(root, 1, "0::/init.scope\n", started=1)
+    """The mapper over `root`, the host's /proc read from the host's PID namespace."""
+    enter_namespace(root, HOST_PID_NAMESPACE)
     return ProcessOwners(root, containers.get, errors.append)
 
 
@@ -198,30 +221,33 @@ def test_a_pid_listed_twice_without_an_entry_is_hidden_not_exited(
 
 
 @pytest.mark.parametrize(
-    ("init", "says"),
+    ("namespace", "says"),
     [
         (
-            CGROUPS["containerd, systemd, v2"],
-            f"a container's /proc, not the host's (its PID 1 runs in pod {UID})",
+            "pid:[4026532451]",  # a container's: its own /proc, or the host's without hostPID
+            "is the /proc of PID namespace pid:[4026532451], not the host's (pid:[4026531836])",
         ),
-        (None, "/1/cgroup (No such file or directory): is "),
+        (None, "/self/ns/pid (No such file or directory): is "),
     ],
 )
-def test_a_proc_root_that_is_not_the_hosts_maps_nothing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, init: str | None, says: str
+def test_outside_the_hosts_pid_namespace_it_says_why_once_and_forgets_what_it_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, namespace: str | None, says: str
 ) -> None:
-    """Without the host's PID namespace, /proc numbers the container's own processes: PID 10
-    there is the exporter's own process, and must not be believed to be NVML's PID 10."""
+    """NVML numbers PIDs in the daemon's own PID namespace and hides the others' processes:
+    outside the host's, NVML's PID 10 and /proc's 10 need not be one process."""
     errors: list[str] = []
     mapper = owners(tmp_path, {CID: ContainerRef(TRAINER, UID)}, errors)
     write_process(tmp_path, 10, CGROUPS["containerd, systemd, v2"])
-    if init is None:
-        (tmp_path / "1" / "cgroup").unlink()
+    assert mapper.namespace_problem() == ""
+    assert mapper.owners([10]) == {10: Owner(TRAINER)}
+    if namespace is None:
+        (tmp_path / "self" / "ns" / "pid").unlink()
     else:
-        (tmp_path / "1" / "cgroup").write_text(init)
+        enter_namespace(tmp_path, namespace)
     with caplog.at_level(logging.WARNING, logger="gpu_exporter.collect.k8s.processes"):
-        assert mapper.owners([10]) == {10: Owner(reason=UNKNOWN)}
-        mapper.owners([10])
+        assert says in mapper.namespace_problem()
+        assert says in mapper.namespace_problem()
     assert errors == ["proc", "proc"]
     (message,) = [r.getMessage() for r in caplog.records]  # logged once
     assert says in message, message
+    assert mapper._cache == {}

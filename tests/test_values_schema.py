@@ -162,7 +162,7 @@ def test_config_extra_refuses_what_the_daemon_refuses(settings, accepted):
         ("processAttribution.refreshSeconds=0", "processAttribution.refreshSeconds: Must be"),
         ("processAttribution.timeoutSeconds=0", "processAttribution.timeoutSeconds: Must be"),
         ("processAttribution.timeoutSeconds=soon", "processAttribution.timeoutSeconds: Does not"),
-        ("processAttribution.procMount=chroot", "processAttribution.procMount: processAttribution"),
+        ("processAttribution.procMount=hostPath", "Additional property procMount is not allowed"),
         (
             "processAttribution.runtimeSocket=run/crio.sock",
             "processAttribution.runtimeSocket: Does",
@@ -306,7 +306,6 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
         ["--set", "dcgm.mode=auto", "--set", "dcgm.address=unix:/run/dcgm/hostengine.sock"],
         ["--set", "dcgm.mode=embedded", "--set-json", "config.extra.dcgm.fields=[1001,1013]"],
         ["--set", "processAttribution.enabled=true"],
-        ["--set", "processAttribution.enabled=true,processAttribution.procMount=hostPID"],
     ],
     ids=[
         "defaults",
@@ -315,7 +314,6 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
         "dcgm-auto-unix",
         "dcgm-embedded",
         "process-attribution",
-        "process-attribution-hostpid",
     ],
 )
 def test_the_rendered_configuration_passes_config_check(values, tmp_path):

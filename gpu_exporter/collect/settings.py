@@ -168,10 +168,11 @@ class ProcessesConfig(SettingsModel):
     """`kubernetes.processes:`, per-process attribution: which container each GPU process runs
     in (gpu_exporter/collect/k8s/processes.py and runtime.py; docs/workloads.md)."""
 
-    # Off by default: it needs the host's PIDs (hostPID, or the host's /proc mounted) and the
-    # container runtime's socket, which the default DaemonSet does not get.
+    # Off by default: it needs the host's PID namespace (hostPID: NVML lists only the caller's
+    # namespace's processes) and the container runtime's socket, which the default DaemonSet
+    # does not get.
     enabled: bool = False
-    # Where the host's /proc is: /proc itself with hostPID, else where it is mounted.
+    # The /proc of the host's PID namespace, which the daemon runs in (checked every tick).
     proc_root: str = Field(default="/proc", min_length=1)
     # The container runtime's CRI socket; auto: the first of containerd's, CRI-O's and
     # cri-dockerd's default paths that exists.

@@ -31,6 +31,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter.collect.k8s.processes import HOST_PID_NAMESPACE
 from gpu_exporter.sim.processes import PROC_FILES, USER_HZ, ProcessSpec
 from gpu_exporter.sim.spec import Scenario
 
@@ -44,13 +45,6 @@ _DENIED_TARGETS = ("/proc/sys/vm/drop_caches", "/proc/sys/vm/compact_memory")
 class _File:
     text: str | None  # None: absent
     denied: bool = False
-
-
-# PID 1 of a host: systemd, in the root of the cgroup tree's init.scope, started at boot.
-_INIT = {
-    "cgroup": _File("0::/init.scope\n"),
-    "stat": _File("1 (systemd) S 0 1 1 0 -1 4194560 " + " ".join(["0"] * 12) + " 1 0\n"),
-}
 
 
 def stat_line(proc: ProcessSpec) -> str:
@@ -107,6 +101,8 @@ class FakeProcfs:
         self._serial = 0
         self._closed = False
         self.syncs = 0
+        os.makedirs(os.path.join(self.root, "self", "ns"))
+        self.set_pid_namespace(HOST_PID_NAMESPACE)
         self.sync()
 
     # -- tests' faults ---------------------------------------------------------------------
@@ -129,6 +125,15 @@ class FakeProcfs:
             self._vanished.pop(pid, None)
             self._denied.pop(pid, None)
         self.sync()
+
+    def set_pid_namespace(self, link: str) -> None:
+        """Make `self/ns/pid` read `link`: the host's namespace, or (a test's fault) another,
+        as the reader sees it from a container without hostPID."""
+        staged = str(self._scratch / "ns.pid")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
+        os.symlink(link, staged)  # dangling, as procfs' magic links read
+        os.replace(staged, os.path.join(self.root, "self", "ns", "pid"))
 
     @property
     def denies_root(self) -> bool:
@@ -165,11 +170,7 @@ class FakeProcfs:
             if fault.kind in ("proc_vanished", "proc_unreadable") and fault.active(t):
                 into = vanished if fault.kind == "proc_vanished" else denied
                 into.setdefault(fault.pid, set()).update(fault.files)
-        # The host's init, as every host /proc has it (the exporter checks that its PID 1 runs
-        # in no pod), unless the scenario runs a process of its own as PID 1.
-        wanted: dict[int, dict[str, _File]] = {1: _INIT}
-        if any(proc.pid == 1 for proc in self._scenario.processes):
-            del wanted[1]
+        wanted: dict[int, dict[str, _File]] = {}
         for proc in self._scenario.processes:
             if not proc.running(t) or proc.pid in wanted:
                 continue  # one process per PID at a time (the scenario checks it)

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from gpu_exporter.collect.k8s.attribution import PodRef
-from gpu_exporter.collect.k8s.pod_use import Holders, Owner, PodUse
+from gpu_exporter.collect.k8s.pod_use import Holders, PodUse
 from gpu_exporter.collect.k8s.processes import ProcessOwners
 from gpu_exporter.collect.k8s.runtime import RuntimeContainers
 from gpu_exporter.collect.settings import ProcessesConfig
 from gpu_exporter.model.series import Producer, Series, series
+from gpu_exporter.model.snapshot import DeviceSample
 
 UP = "gpu_exporter_process_attribution_up"
 ERRORS = "gpu_exporter_process_attribution_errors_total"
@@ -37,8 +38,7 @@ class ProcessAttribution:
         self._errors: Counter[str] = Counter()
         self._failed_last_tick = False
         self.owners = ProcessOwners(settings.proc_root, self.runtime.lookup, self._count)
-        self.pod_use = PodUse(self._owners, holders)
-        self.process = self.pod_use.process
+        self.pod_use = PodUse(self.owners.owners, holders)
 
     def start(self) -> None:
         self.runtime.start()
@@ -46,13 +46,17 @@ class ProcessAttribution:
     def stop(self) -> None:
         self.runtime.stop()
 
-    def _owners(self, pids: Iterable[int]) -> Mapping[int, Owner]:  # PodUse's owner_of
+    def process(self, devices: list[DeviceSample], now: float) -> list[DeviceSample]:
+        """The sampler processor: per-pod use added to each device, or, outside the host's PID
+        namespace, nothing at all (NVML would hide other containers' processes: every pod would
+        look idle, and an idle holder's 0 is a claim)."""
         with self._lock:
             before = sum(self._errors.values())
-        found = self.owners.owners(pids)
+        if not self.owners.namespace_problem():
+            devices = self.pod_use.process(devices, now)
         with self._lock:
             self._failed_last_tick = sum(self._errors.values()) > before
-        return found
+        return devices
 
     def _count(self, reason: str) -> None:
         with self._lock:

@@ -1,15 +1,19 @@
 """Which container a GPU process runs in: its host PID -> pod UID and container id -> pod.
 
-NVML lists processes by host PID. `<proc root>/<pid>/cgroup` names the process's cgroups
-(cgroups(7): `hierarchy-ID:controllers:path` lines under cgroup v1, the single `0::path` under
-v2); the kubelet puts every pod in a cgroup named `pod<UID>` and the runtime every container
-in a leaf named by its id (kubernetes pkg/kubelet/cm):
+NVML lists processes by PID, as the host numbers them (see the end). `<proc root>/<pid>/cgroup`
+names the process's cgroups (cgroups(7): `hierarchy-ID:controllers:path` lines under cgroup v1,
+the single `0::path` under v2); the kubelet puts every pod in a cgroup named `pod<UID>` and the
+runtime every container in one named by its id (kubernetes pkg/kubelet/cm):
 
     systemd:  /kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid, - as _>.slice
               /cri-containerd-<id>.scope  (CRI-O: crio-<id>.scope; Docker: docker-<id>.scope)
     cgroupfs: /kubepods/burstable/pod<uid>/<id>  (Guaranteed pods: no QoS level)
 
-A process under no `kubepods` cgroup runs outside Kubernetes (a host job, a burn-in, an MPS
+The pod is the path's component holding `pod<UID>` (a 36-character UID; a static pod's is 32 hex
+digits without dashes), wherever it is: a reader in a cgroup namespace sees paths relative to
+its own cgroup (`/../../kubepods-...-pod<uid>.slice/...`), and nested cgroups may follow the
+container's. The container is the first component after the pod's that names a 64-hex id.
+A process in no pod's cgroup runs outside Kubernetes (a host job, a burn-in, an MPS
 daemon started on the host): reason `host`. The container id then becomes namespace/pod/container
 through the container runtime (`containers`, the CRI client of `cri.py`).
 
@@ -23,16 +27,25 @@ entry at all has exited since NVML listed it (no error), unless NVML lists it ag
 tick: then the proc root does not show it (a `hidepid` mount hides other users' processes from
 a reader without CAP_SYS_PTRACE), which is counted.
 
-The proc root must be the host's: NVML lists host PIDs, and a container's own /proc numbers
-other processes with them (it may even show one of its own under a GPU process's PID). A PID
-namespace that is not the host's shows its own PID 1, which runs in a pod's cgroup; the host's
-PID 1 (init) runs in none. So before each mapping the proc root's PID 1 is read, and while it
-is not the host's init every process is `unknown`, counted, and the log says why.
+The daemon must run in the host's PID namespace, and the proc root must be that namespace's
+/proc. NVML gives PIDs as the caller's PID namespace numbers them and leaves out the processes
+that namespace cannot see (the open GPU kernel modules translate each PID with `os_find_ns_pid`
+and skip those without one): in a container's own namespace it lists no other container's
+process at all, and every pod sharing the GPU would look idle. The check: `<proc root>/self/ns/pid`
+names the PID namespace of the reader as that /proc sees it, and the host's (initial) namespace
+is inode 0xEFFFFFFC, `PROC_PID_INIT_INO` (linux include/linux/proc_ns.h), so the link reads
+`pid:[4026531836]`. A container's /proc shows the container's namespace; the host's /proc
+mounted into a container without hostPID shows the container's too (the reader's own entry), so
+both are refused. While it is not the host's, `namespace_problem` says why and per-pod use is
+not measured at all (collect/k8s/process_attribution.py), rather than measured wrong. (A node
+that is itself a container, as under kind, runs pods in a namespace below the initial one: it
+is refused too.)
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -43,8 +56,16 @@ from gpu_exporter.collect.k8s.pod_use import HOST, UNKNOWN, Owner
 
 log = logging.getLogger(__name__)
 
-# `pod<uid>` in a cgroup path component; the systemd driver writes the UID's dashes as `_`.
-_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+# readlink(/proc/self/ns/pid) in the initial PID namespace: PROC_PID_INIT_INO = 0xEFFFFFFC.
+HOST_PID_NAMESPACE = "pid:[4026531836]"
+
+# `pod<uid>` as a whole cgroup path component (cgroupfs) or its end (systemd: `...-pod<uid>.slice`,
+# the UID's dashes written as `_`); a static pod's UID is its config hash, 32 hex digits.
+_POD = re.compile(
+    r"(?:^|[-_])pod("
+    r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
+    r")(?:\.slice)?$"
+)
 # The container's leaf: a 64-hex id, bare (cgroupfs) or in a runtime's scope (systemd).
 _NO_ENTRY = "no entry"  # _cgroup_owner's answer for a PID /proc has no entry for
 _CONTAINER = re.compile(
@@ -71,15 +92,16 @@ def parse_cgroup(text: str) -> CgroupOwner:
         _, _, path = rest.partition(":")
         if path:
             (unified if hierarchy == "0" else per_controller).append(path)
-    paths = unified + per_controller
-    for path in paths:
+    for path in unified + per_controller:
         parts = path.strip("/").split("/")
-        pod = next((m for m in map(_POD.search, parts) if m), None)
-        if pod is None or "kubepods" not in path:
-            continue
-        uid = pod.group(1).replace("_", "-")
-        container = _CONTAINER.match(parts[-1])
-        return CgroupOwner(uid, container.group(1) if container else "")
+        for at, part in enumerate(parts):
+            pod = _POD.search(part)
+            if pod is None:
+                continue
+            uid = pod.group(1).replace("_", "-")
+            below = (_CONTAINER.match(p) for p in parts[at + 1 :])
+            container = next((m.group(1) for m in below if m), "")
+            return CgroupOwner(uid, container)
     return CgroupOwner()
 
 
@@ -116,13 +138,6 @@ class ProcessOwners:
         self._missing: set[int] = set()  # listed PIDs without an entry, last tick
 
     def owners(self, pids: Iterable[int]) -> Mapping[int, Owner]:
-        pids = list(pids)
-        problem = self._not_the_hosts() if pids else ""
-        if problem:
-            self._failed("proc", problem)
-            self._cache, self._missing = {}, set()
-            self._log_changes()
-            return dict.fromkeys(pids, Owner(reason=UNKNOWN))
         out: dict[int, Owner] = {}
         kept: dict[tuple[int, int], CgroupOwner] = {}
         missing: set[int] = set()
@@ -151,27 +166,33 @@ class ProcessOwners:
         self._log_changes()
         return out
 
-    def _not_the_hosts(self) -> str:
-        """Why the proc root is not the host's PID namespace ("" when it may be)."""
-        path = self.proc_root / "1" / "cgroup"
+    def namespace_problem(self) -> str:
+        """Why per-process attribution cannot work here ("" when it can): the reader is not in
+        the host's PID namespace, or the proc root is not its /proc. Counted and logged once
+        while it lasts; what was cached is dropped (the numbers were not the host's)."""
+        link = self.proc_root / "self" / "ns" / "pid"
         try:
-            init = parse_cgroup(path.read_text())
+            namespace = os.readlink(link)
         except OSError as exc:
-            return f"cannot read {path} ({exc.strerror or exc}): is {self.proc_root} a /proc?"
-        if init.pod_uid:
-            return (
-                f"{self.proc_root} is a container's /proc, not the host's (its PID 1 runs in "
-                f"pod {init.pod_uid}), and NVML lists host PIDs: mount the host's /proc or "
-                "use the host's PID namespace"
-            )
-        return ""
+            problem = f"cannot read {link} ({exc.strerror or exc}): is {self.proc_root} a /proc?"
+        else:
+            problem = "" if namespace == HOST_PID_NAMESPACE else (
+                f"{self.proc_root} is the /proc of PID namespace {namespace}, not the host's "
+                f"({HOST_PID_NAMESPACE}), and NVML lists only the processes of the daemon's own "
+                "PID namespace: run the daemon with hostPID (the chart's processAttribution does); "
+                "per-pod use is not measured until then"
+            )  # fmt: skip
+        if problem:
+            self._failed("proc", problem, unknown=False)
+            self._cache, self._missing = {}, set()
+            self._log_changes()
+        return problem
 
     def _log_changes(self) -> None:
         """One log line when a kind of failure starts, one when it stops: never one per PID."""
         failing, self._failing = self._failing, {}
         for reason in sorted(failing.keys() - self._failed_before):
-            log.warning("process attribution: %s (counted unattributed, reason unknown)",
-                        failing[reason])  # fmt: skip
+            log.warning("process attribution: %s", failing[reason])
         for reason in sorted(self._failed_before - failing.keys()):
             log.info("process attribution: the %s lookups work again", reason)
         self._failed_before = set(failing)
@@ -203,6 +224,8 @@ class ProcessOwners:
             return Owner(reason=UNKNOWN)
         return Owner(ref.pod)
 
-    def _failed(self, reason: str, message: str) -> None:
+    def _failed(self, reason: str, message: str, unknown: bool = True) -> None:
+        """Count a failure; `unknown`: the process it concerns is counted unattributed."""
         self.errors(reason)
-        self._failing.setdefault(reason, message)
+        suffix = " (counted unattributed, reason unknown)" if unknown else ""
+        self._failing.setdefault(reason, message + suffix)

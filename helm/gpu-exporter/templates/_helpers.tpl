@@ -56,12 +56,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpu-exporter.secretsDir" -}}/etc/gpu-exporter/secrets{{- end }}
 {{- define "gpu-exporter.webDir" -}}/etc/gpu-exporter/web{{- end }}
 {{- define "gpu-exporter.podResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end }}
-{{- define "gpu-exporter.hostProcDir" -}}/host/proc{{- end }}
 {{- define "gpu-exporter.runtimeSocket" -}}/host/cri.sock{{- end }}
 
 {{/*
-Per-process attribution: "hostPath" or "hostPID" (processAttribution.procMount) when it is on,
-"" when off. It maps GPU processes to the containers the kubelet says hold the GPU: without pod
+Per-process attribution: "on" when it is on, "" when off. It maps GPU processes to the containers the kubelet says hold the GPU: without pod
 attribution there are no holders to share the GPU among, so the render fails.
 */}}
 {{- define "gpu-exporter.processAttribution" -}}
@@ -70,7 +68,7 @@ attribution there are no holders to share the GPU among, so the render fails.
 {{- if not .Values.podAttribution.enabled }}
 {{- fail "processAttribution.enabled needs podAttribution.enabled: per-pod GPU use is shared among the pods the kubelet says hold each GPU" }}
 {{- end }}
-{{- $p.procMount }}
+{{- "on" }}
 {{- end }}
 {{- end }}
 
@@ -229,8 +227,7 @@ them.
 {{- $_ := set $k8s "mode" $v.podAttribution.mode }}
 {{- end }}
 {{- with include "gpu-exporter.processAttribution" . }}
-{{- $procRoot := ternary "/proc" (include "gpu-exporter.hostProcDir" $) (eq . "hostPID") }}
-{{- $_ := set $k8s "processes" (dict "enabled" true "proc_root" $procRoot "runtime_socket" (include "gpu-exporter.runtimeSocket" $) "refresh_seconds" (float64 $v.processAttribution.refreshSeconds) "timeout_seconds" (float64 $v.processAttribution.timeoutSeconds)) }}
+{{- $_ := set $k8s "processes" (dict "enabled" true "proc_root" "/proc" "runtime_socket" (include "gpu-exporter.runtimeSocket" $) "refresh_seconds" (float64 $v.processAttribution.refreshSeconds) "timeout_seconds" (float64 $v.processAttribution.timeoutSeconds)) }}
 {{- end }}
 {{- $_ := set $config "kubernetes" $k8s }}
 {{- $rules := dict "enabled" $v.rules.enabled }}
