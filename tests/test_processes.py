@@ -134,6 +134,15 @@ def test_processes_map_to_containers_hosts_and_unknowns(tmp_path: Path) -> None:
     assert errors == ["runtime"]  # an exited process is not a failure
 
 
+def test_a_command_name_that_is_not_utf8_is_read(tmp_path: Path) -> None:
+    write_process(tmp_path, 10, CGROUPS["containerd, systemd, v2"])
+    stat = (tmp_path / "10" / "stat").read_bytes()
+    (tmp_path / "10" / "stat").write_bytes(stat.replace(b"(python)", b"(tr\xe4in) (x)"))
+    errors: list[str] = []
+    mapper = owners(tmp_path, {CID: ContainerRef(TRAINER, UID)}, errors)
+    assert mapper.owners([10]) == {10: Owner(TRAINER)} and errors == []
+
+
 def test_a_reused_pid_never_inherits_the_old_processes_pod(tmp_path: Path) -> None:
     write_process(tmp_path, 10, CGROUPS["containerd, systemd, v2"], started=1000)
     notebook = PodRef("lab", "notebook", "jupyter")

@@ -483,7 +483,8 @@ FAMILIES: tuple[Family, ...] = (
         "gpu_pod_utilization_ratio",
         G,
         "Share of time the container's kernels ran on the GPU in the driver's newest per-process "
-        "sample periods, summed over its processes (measured; bounded by gpu_utilization_ratio). "
+        "sample periods, summed over its processes (measured; with the other containers' at most "
+        "the GPU's utilization over the same periods). "
         "NVML has none under MIG.",
         POD_LABELS,
         unit="ratio",

@@ -202,11 +202,14 @@ class ProcessOwners:
         exited, or the proc root hides it); None when the entry could not be read."""
         directory = self.proc_root / str(pid)
         try:
-            started = start_time((directory / "stat").read_text())
+            # The command name in stat is whatever bytes the process chose, UTF-8 or not.
+            stat = (directory / "stat").read_text(encoding="utf-8", errors="replace")
+            started = start_time(stat)
             key = (pid, started)
             cached = self._cache.get(key)
             if cached is None:
-                cached = parse_cgroup((directory / "cgroup").read_text())
+                cgroup = (directory / "cgroup").read_text(encoding="utf-8", errors="replace")
+                cached = parse_cgroup(cgroup)
         except FileNotFoundError:
             return _NO_ENTRY  # exited since NVML listed it, unless it stays so (owners)
         except (OSError, ValueError, IndexError) as exc:

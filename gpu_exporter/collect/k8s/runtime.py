@@ -45,7 +45,14 @@ KNOWN_SOCKETS = (
 )
 # A lookup of an unknown container asks for a refresh at most this often.
 MIN_REFRESH_GAP_SECONDS = 1.0
-_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+# The kubelet's own limit for CRI answers (16 MiB, kubernetes pkg/kubelet/cri/remote,
+# maxMsgSize): a node with many containers may answer ListContainers with more than gRPC's 4 MiB
+# default.
+_MAX_ANSWER_BYTES = 16 * 1024 * 1024
+_CHANNEL_OPTIONS = (
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_receive_message_length", _MAX_ANSWER_BYTES),
+)
 _OK = "ok"
 
 
