@@ -15,14 +15,17 @@ machine hits both alike.
 The container runtime is asked on a thread of its own every `refresh_seconds` (10 s by default)
 of real time, which ticks run back to back never reach: one refresh is measured apart (CPU on
 the calling thread, and of the whole process with the fake runtime answering in it) and added
-per tick at the default cadence. Where the added CPU goes is measured on one more pipeline of
-each side, with CPU clocks around the parts (`breakdown`). Resident memory comes from the real
-daemon (`gpu-exporter serve --simulate`), on and off, after a few ticks.
+per tick at the default cadence. Where the added CPU goes is measured on the same pipelines
+after their unmetered ticks, with CPU clocks around the parts (`one_round`; medians over the
+rounds in `breakdown`). Resident memory comes from the real daemon (`gpu-exporter serve
+--simulate`, its fake NVML, kubelet, /proc and runtime in its process), on and off, after a few
+ticks.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,9 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import scenarios
+from bench import promtext, scenarios
 from bench.inproc import FakeCpuMeter, Pipeline, build
-from bench.procs import OUR_TICK_FAMILY, OURS, free_port, our_command, running
+from bench.procs import (
+    OUR_FULL_TICK_FAMILY,
+    OUR_TICK_FAMILY,
+    OURS,
+    free_port,
+    our_command,
+    running,
+)
 from bench.scaling import measure_ticks
 from bench.stats import ratio, summarize
 from gpu_exporter.collect.k8s.pod_use import PodUse
@@ -52,15 +62,23 @@ PER_PROCESS_CALLS = (
 )
 PER_POD_PREFIXES = ("gpu_pod_", "gpu_unattributed_", "gpu_exporter_process_attribution_")
 OFF_ENV = {"GPU_EXPORTER_KUBERNETES__PROCESSES__ENABLED": "false"}
+PUBLISHED = (
+    "series",
+    "pod_series",
+    "text_bytes",
+    "processes_listed",
+    "processes_in_pods",
+    "processes_unattributed",
+)
 
 
 @dataclass(frozen=True)
 class ProcessSettings:
-    rounds: int = 4
+    rounds: int = 5
     ticks_per_round: int = 20
     history_seconds: float = 960.0  # as the scaling benchmark's steady phase
-    breakdown_ticks: int = 10
-    refreshes: int = 20
+    breakdown_ticks: int = 10  # metered ticks after each round's unmetered ones
+    refreshes: int = 5  # of the runtime's map, per round
     rss_ticks: int = 5  # daemon ticks before RSS is read; 0: no daemon
     configs: tuple[str, ...] = tuple(DEVICES)
 
@@ -71,7 +89,7 @@ class ProcessSettings:
             ticks_per_round=3,
             history_seconds=60.0,
             breakdown_ticks=2,
-            refreshes=3,
+            refreshes=2,
             rss_ticks=2,
             configs=("8gpu",),
         )
@@ -96,30 +114,25 @@ def _steady(on: bool, spec: dict[str, Any], history_seconds: float) -> Pipeline:
     return pipeline
 
 
-def _tick_cpu(on: bool, spec: dict[str, Any], settings: ProcessSettings) -> float:
-    pipeline = _steady(on, spec, settings.history_seconds)
-    try:
-        cpu: float = measure_ticks(pipeline, settings.ticks_per_round)["cpu_seconds_per_tick"]
-        return cpu
-    finally:
-        pipeline.close()
-
-
 # -- where the CPU goes --------------------------------------------------------------------------
 
 
 class Clocks:
-    """CPU seconds by part, from wrappers around methods (`wrapped`): the calling thread's CPU
-    clock, or the whole process's for a part that waits on threads of its own."""
+    """CPU seconds by part, from wrappers around methods (`wrap`), counted only while `active`:
+    the calling thread's CPU clock, or the whole process's for a part that waits on threads of
+    its own. An inactive wrapper costs one more Python call."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.active = False
         self._lock = threading.Lock()
 
     def wrap(
         self, function: Callable[..., Any], part: str, clock: Callable[[], float]
     ) -> Callable[..., Any]:
         def measured(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return function(*args, **kwargs)
             started = clock()
             try:
                 return function(*args, **kwargs)
@@ -130,9 +143,15 @@ class Clocks:
 
         return measured
 
-    def reset(self) -> None:
+    def start(self) -> None:
         with self._lock:
             self.seconds.clear()
+            self.active = True
+
+    def stop(self) -> dict[str, float]:
+        with self._lock:
+            self.active = False
+            return dict(self.seconds)
 
 
 # (class, method, part): the per-process parts a tick runs; each method's own thread's CPU.
@@ -145,9 +164,10 @@ _PARTS = (
 
 
 @contextmanager
-def _parts_measured(clocks: Clocks) -> Iterator[None]:
-    """The per-process classes' methods measured while inside (set before the pipeline is
-    built: the assembly binds the per-pod processor when it wires it)."""
+def parts_measured(clocks: Clocks) -> Iterator[None]:
+    """The per-process classes' methods wrapped while inside (from before the pipelines are
+    built: the assembly binds the per-pod processor when it wires it), counting when
+    `clocks.active`."""
     saved = [(cls, name, cls.__dict__[name]) for cls, name, _ in _PARTS]
     try:
         for cls, name, part in _PARTS:
@@ -170,41 +190,38 @@ def _thread_cpu(name: str) -> float:
     return total
 
 
-def breakdown(on: bool, spec: dict[str, Any], settings: ProcessSettings) -> dict[str, Any]:
-    """CPU per tick of one side by part: the NVML reads (the source, its worker threads
-    included), of which inside the fake NVML and inside its per-process calls, the
-    per-process collector, the per-pod processor and in it the PID -> container lookups
-    and their /proc reads, and the simulated node's own thread; then the runtime's refresh
-    (on only), and what the tick publishes."""
-    clocks = Clocks()
-    with _parts_measured(clocks):
-        return _breakdown(on, spec, settings, clocks)
-
-
-def _breakdown(
+def one_round(
     on: bool, spec: dict[str, Any], settings: ProcessSettings, clocks: Clocks
 ) -> dict[str, Any]:
+    """One side's pipeline: CPU per tick over `ticks_per_round` ticks as the daemon runs them;
+    then, with the meters in place, `breakdown_ticks` more by part (`parts_cpu_per_tick`: the
+    NVML reads, the source's worker threads included, of which inside the fake NVML and inside
+    its per-process calls; the per-process collector; the per-pod processor and in it the PID
+    -> container lookups and their /proc reads; the simulated node's own thread); what the
+    last tick published; and on the "on" side the runtime's refresh."""
     pipeline = _steady(on, spec, settings.history_seconds)
     try:
+        cpu = measure_ticks(pipeline, settings.ticks_per_round)["cpu_seconds_per_tick"]
         source = pipeline.source
         source.sample = clocks.wrap(source.sample, "NVML reads", time.process_time)  # type: ignore[method-assign]
         fake_all = FakeCpuMeter(pipeline.fake)
-        fake_processes = FakeCpuMeter(pipeline.fake, PER_PROCESS_CALLS)
+        fake_processes = FakeCpuMeter(pipeline.fake, PER_PROCESS_CALLS)  # inside fake_all's
         ticks = settings.breakdown_ticks
-        pipeline.tick()  # the wrappers in place before the window starts
-        clocks.reset()
         fake_all.reset()
         fake_processes.reset()
         node0 = _thread_cpu("sim-node")
-        measured = measure_ticks(pipeline, ticks)
-        node_cpu = _thread_cpu("sim-node") - node0
-        per_tick = {part: seconds / ticks for part, seconds in clocks.seconds.items()}
-        # The per-process calls are timed inside the fake on top of the wrapper around all.
+        clocks.start()
+        try:
+            metered = measure_ticks(pipeline, ticks)["cpu_seconds_per_tick"]
+        finally:
+            parts = clocks.stop()
+        per_tick = {part: seconds / ticks for part, seconds in parts.items()}
         per_tick["inside the fake NVML"] = fake_all.seconds / ticks
         per_tick["inside its per-process calls"] = fake_processes.seconds / ticks
-        per_tick["simulated node's thread"] = node_cpu / ticks
+        per_tick["simulated node's thread"] = (_thread_cpu("sim-node") - node0) / ticks
         out: dict[str, Any] = {
-            "tick_cpu": measured["cpu_seconds_per_tick"],
+            "tick_cpu": cpu,
+            "metered_tick_cpu": metered,
             "parts_cpu_per_tick": per_tick,
             **published(pipeline),
         }
@@ -215,10 +232,34 @@ def _breakdown(
         pipeline.close()
 
 
+def _median_parts(rounds: list[dict[str, Any]]) -> dict[str, float]:
+    names = dict.fromkeys(part for r in rounds for part in r["parts_cpu_per_tick"])
+    return {
+        part: statistics.median(r["parts_cpu_per_tick"].get(part, 0.0) for r in rounds)
+        for part in names
+    }
+
+
+def breakdown(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's rounds summed up: each part's median over the rounds, the instrumented
+    tick's, what the last round's tick published, and the runtime's refreshes pooled."""
+    last = rounds[-1]
+    out: dict[str, Any] = {
+        "tick_cpu": statistics.median(r["metered_tick_cpu"] for r in rounds),
+        "parts_cpu_per_tick": _median_parts(rounds),
+        **{key: last[key] for key in PUBLISHED},
+    }
+    refreshes = [r["runtime_refresh"] for r in rounds if "runtime_refresh" in r]
+    if refreshes:
+        out["runtime_refresh"] = pooled_refresh(refreshes)
+    return out
+
+
 def runtime_refresh(pipeline: Pipeline, refreshes: int) -> dict[str, Any]:
-    """CPU of one refresh of the container runtime's map (ListContainers and ListPodSandbox
+    """CPU of refreshes of the container runtime's map (ListContainers and ListPodSandbox
     over gRPC): on the calling thread (the daemon's refresh thread), and of the whole process
-    (the fake runtime's server answering in it), with the runtime's refresh interval."""
+    (the fake runtime's server answering in it); with the runtime's refresh interval and the
+    daemon's tick interval."""
     assert pipeline.assembly is not None and pipeline.assembly.processes is not None
     runtime = pipeline.assembly.processes.runtime
     caller, process, ok = [], [], 0
@@ -228,12 +269,28 @@ def runtime_refresh(pipeline: Pipeline, refreshes: int) -> dict[str, Any]:
         caller.append(time.thread_time() - thread0)
         process.append(time.process_time() - process0)
     return {
-        "refreshes": refreshes,
         "answered": ok,
-        "caller_cpu": summarize(caller),
-        "process_cpu": summarize(process),
+        "caller": caller,
+        "process": process,
         "refresh_seconds": runtime.refresh_seconds,
-        "per_tick_cpu": summarize(process)["mean"] * pipeline.interval / runtime.refresh_seconds,
+        "interval": pipeline.interval,
+    }
+
+
+def pooled_refresh(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds' refreshes together; `per_tick_cpu`: the whole process's CPU of a refresh
+    spread over the ticks between two refreshes."""
+    caller = [seconds for m in measured for seconds in m["caller"]]
+    process = [seconds for m in measured for seconds in m["process"]]
+    first = measured[0]
+    whole = summarize(process)
+    return {
+        "refreshes": len(process),
+        "answered": sum(m["answered"] for m in measured),
+        "caller_cpu": summarize(caller),
+        "process_cpu": whole,
+        "refresh_seconds": first["refresh_seconds"],
+        "per_tick_cpu": whole["mean"] * first["interval"] / first["refresh_seconds"],
     }
 
 
@@ -280,12 +337,27 @@ def daemon_memory(name: str, settings: ProcessSettings, workdir: Path) -> dict[s
             target.wait_ready(timeout=120.0, ticks=settings.rss_ticks)
             memory = target.memory()
             text = target.metrics_text()
+        full = promtext.sum_and_count(text, OUR_FULL_TICK_FAMILY)
         out[side] = {
             "rss_mib": memory.rss_mib,
             "per_pod_families": "gpu_pod_processes{" in text,
+            # whole ticks in real time, and the GPUs read: did it keep up with its 1 s?
+            "full_tick_mean_seconds": full[0] / full[1] if full and full[1] else None,
+            "gpus_up": sum(1 for line in text.splitlines() if gpu_up(line)),
         }
     out["on_minus_off_mib"] = out["on"]["rss_mib"] - out["off"]["rss_mib"]
     return out
+
+
+def gpu_up(line: str) -> bool:
+    """Whether an exposition line is a GPU's `gpu_up` at 1."""
+    name, _, value = line.rpartition(" ")
+    if not name.startswith("gpu_up{"):
+        return False
+    try:
+        return float(value) == 1.0
+    except ValueError:
+        return False
 
 
 # -- the benchmark -------------------------------------------------------------------------------
@@ -305,18 +377,20 @@ def attribution_complete(data: dict[str, Any]) -> bool:
 def run(settings: ProcessSettings, workdir: Path) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
+    clocks = Clocks()
     for name in settings.configs:
         spec = scenario(name)
         devices = DEVICES[name]
-        off: list[float] = []
-        on: list[float] = []
-        for _ in range(settings.rounds):
-            off.append(_tick_cpu(False, spec, settings))
-            on.append(_tick_cpu(True, spec, settings))
-            gc.collect()
+        rounds: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+        with parts_measured(clocks):
+            for _ in range(settings.rounds):
+                for side in ("off", "on"):
+                    rounds[side].append(one_round(side == "on", spec, settings, clocks))
+                    gc.collect()
+        off = [r["tick_cpu"] for r in rounds["off"]]
+        on = [r["tick_cpu"] for r in rounds["on"]]
         off_mean, on_mean = sum(off) / len(off), sum(on) / len(on)
-        parts_off = breakdown(False, spec, settings)
-        parts_on = breakdown(True, spec, settings)
+        parts_off, parts_on = breakdown(rounds["off"]), breakdown(rounds["on"])
         refresh = parts_on["runtime_refresh"]["per_tick_cpu"]
         fake_off = parts_off["parts_cpu_per_tick"]["inside the fake NVML"]
         fake_on = parts_on["parts_cpu_per_tick"]["inside the fake NVML"]
@@ -328,14 +402,15 @@ def run(settings: ProcessSettings, workdir: Path) -> dict[str, Any]:
             "tick_cpu_off_mean": off_mean,
             "tick_cpu_on_mean": on_mean,
             "on_vs_off": ratio(on_mean, off_mean),
+            "on_vs_off_medians": ratio(statistics.median(on), statistics.median(off)),
             "added_cpu_per_tick": on_mean - off_mean,
             "added_cpu_per_gpu": (on_mean - off_mean) / devices,
             "on_with_refresh_vs_off": ratio(on_mean + refresh, off_mean),
-            # The fake NVML's own CPU taken out of both sides (measured in `breakdown`).
+            # The fake NVML's own CPU (medians of the metered ticks) out of both sides.
             "net_of_fake_on_vs_off": ratio(on_mean - fake_on, off_mean - fake_off),
             "breakdown_off": parts_off,
             "breakdown_on": parts_on,
-            "attribution_complete": attribution_complete(parts_on),
+            "attribution_complete": all(attribution_complete(r) for r in rounds["on"]),
         }
         if settings.rss_ticks:
             results[name]["memory"] = daemon_memory(name, settings, workdir)

@@ -707,6 +707,14 @@ def test_attribution_is_complete_only_when_no_process_is_unknown() -> None:
     assert not attribution_complete(data(0, 0.0))
 
 
+def test_gpus_up_are_counted_from_the_exposition() -> None:
+    from bench.process_attribution import gpu_up
+
+    assert gpu_up('gpu_up{gpu="0",holders="a/b/c,d/e/f",uuid="GPU-1"} 1.0')
+    assert not gpu_up('gpu_up{gpu="1",uuid="GPU-2"} 0.0')
+    assert not gpu_up("gpu_up_total 1.0") and not gpu_up("# TYPE gpu_up gauge")
+
+
 def test_the_daemon_side_off_is_a_given_setting_serve_simulate_keeps() -> None:
     # serve --simulate turns per-process attribution on for a node with processes unless the
     # user set it; the benchmark's "off" daemon sets it through the environment.
