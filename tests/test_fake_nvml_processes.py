@@ -111,6 +111,24 @@ def test_each_list_holds_its_kind_with_memory_and_no_instance_ids(install, clock
     assert N.nvmlDeviceGetComputeRunningProcesses(handle(1)) == []
 
 
+def test_a_caller_can_replace_the_processes_the_calls_list_and_sample(install, clock) -> None:
+    fake = install(scenario())
+    clock.now = 15
+    later = sim.load_scenario(
+        {"name": "l", "devices": [{}], "processes": [{"pid": 4242, "gpu": 0, "memory_bytes": GIB,
+                                                      "utilization": {"sm": 0.8}}]}
+    ).processes  # fmt: skip
+    fake.set_processes([*fake.scenario.processes, *later])
+    pids = [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(handle(0))]
+    assert pids == [100, 101, 200, 4242]
+    clock.now = 17
+    sampled = {s.pid: s.smUtil for s in N.nvmlDeviceGetProcessesUtilizationInfo(handle(0), 0)}
+    assert sampled[4242] == 80 and sampled[100] == 50
+    fake.set_processes(later)
+    assert [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(handle(0))] == [4242]
+    assert N.nvmlDeviceGetComputeRunningProcesses(handle(2)) == []  # MIG GPU: none now
+
+
 def test_processes_come_and_go_with_from_and_until(install, clock) -> None:
     install(scenario())
     gpu = handle(0)

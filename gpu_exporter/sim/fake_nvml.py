@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
@@ -30,7 +30,7 @@ import pynvml
 from gpu_exporter.model.activity import ACTIVITY
 from gpu_exporter.sim import activity as sim_activity
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
-from gpu_exporter.sim.processes import by_gpu
+from gpu_exporter.sim.processes import ProcessSpec, by_gpu
 from gpu_exporter.sim.spec import COMPUTE_MODES, DeviceSpec, Scenario, normalize_bus_id
 from gpu_exporter.sim.values import ValueSpec
 
@@ -436,6 +436,13 @@ class FakeNvmlLib:
     def generation(self) -> int:
         """How many times NVML went from uninitialised to initialised."""
         return self._generation
+
+    def set_processes(self, processes: Iterable[ProcessSpec]) -> None:
+        """Replace what the per-process calls list and sample (the scenario's `processes:` at
+        start), for processes not known when the scenario was written: bench/gpu_validation.py
+        makes its workload child (a real PID) a process on GPU 0 with each workload's use.
+        NVML's view only: the simulated node's /proc and CRI runtime keep the scenario's."""
+        self._processes = by_gpu(tuple(processes))
 
     # -- dispatch ---------------------------------------------------------------------------
 
