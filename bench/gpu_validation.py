@@ -13,6 +13,14 @@ how GPM behaves with windows shorter than the documented 100 ms, and each GPU's 
 MIG is already enabled (it is never changed here), its MIG devices as NVML lists them next to
 the instances the daemon reports.
 
+Per process: the source runs with the processes collector on (`nvml.processes`), and each tick
+records what it reports of the workload child's PID on GPU 0 (as the OS sees it: no containers
+here), its memory and SM share; between ticks a probe reads GPU 0's per-process calls itself
+every 0.1 s, which records which of them the driver answers, their latency, the spacing of the
+utilization samples' time stamps per PID (the driver's sample period), what a read sooner than
+that period gets, and whether this user (its euid is recorded) gets NO_PERMISSION. MPS is never
+started (nor MIG, clocks, power or accounting changed): MPS clients' PIDs are not verified.
+
 The workloads run in a child process so that their Python loop does not disturb the timings.
 Without a GPU (`--simulate SCENARIO`) the same code runs on the fake NVML with sleeping
 workloads; that is how its non-GPU parts are tested. Imports stay within the NVML source (no
@@ -24,13 +32,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import select
 import statistics
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +53,7 @@ from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.settings import default_deadline, default_window_seconds
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.model.series import DeviceView, SeriesBuilder
-from gpu_exporter.model.snapshot import Snapshot
+from gpu_exporter.model.snapshot import DeviceSample, Snapshot
 
 WORKLOADS = ("idle", "matmul_bf16", "copy_d2d", "copy_h2d", "tiny_kernels_sync", "tiny_kernels")
 TIME_BUDGET_SECONDS = 330.0  # the issue allows 6 minutes; keep a margin
@@ -82,6 +92,27 @@ PROBE_FIELDS: tuple[tuple[str, int, int], ...] = (
     ("nvlink_replay_errors", 52, 0),
     ("nvlink_recovery_errors", 59, 0),
 )
+
+
+PROCESS_POLL_SECONDS = 0.1  # the probe's reads between ticks: a "tick" shorter than a period
+PROCESS_LISTS = (
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
+)
+# The newer call first, as the processes collector tries them.
+PROCESS_UTILIZATION = ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization")
+MPS_NOT_VERIFIED = "not verified: MPS is never started here (GPU settings are left as found)"
+# --simulate only: the workload child as the fake NVML shows it on GPU 0 (made up, not measured).
+SIMULATED_CHILD_SM = {
+    "idle": 0.0,
+    "matmul_bf16": 0.95,
+    "copy_d2d": 0.4,
+    "copy_h2d": 0.05,
+    "tiny_kernels_sync": 0.02,
+    "tiny_kernels": 0.1,
+}
+SIMULATED_CHILD_MEMORY = 2 * 1024**3
 
 
 # -- workloads (child process) -------------------------------------------------------------------
@@ -386,6 +417,223 @@ def probe_mig(source: NvmlSource) -> dict[str, Any]:
     return out
 
 
+# -- per-process checks --------------------------------------------------------------------------
+
+
+def child_in(devices: list[DeviceSample], pid: int) -> dict[str, Any] | None:
+    """What the processes collector reported of `pid` this tick: the GPU (and MIG instance), its
+    memory, its SM share (0 when NVML had no sample of it; None when not measured) and whether
+    it is an MPS client; None when no GPU listed it."""
+    for device in devices:
+        groups = [(None, device.processes), *((i.mig_uuid, i.processes) for i in device.instances)]
+        for instance, processes in groups:
+            for process in processes or ():
+                if process.pid == pid:
+                    shares = process.utilization
+                    return {
+                        "gpu": device.index,
+                        "instance": instance,
+                        "memory_bytes": process.memory_bytes,
+                        "sm": None if shares is None else shares.get("sm", 0.0),
+                        "mps": process.mps,
+                    }
+    return None
+
+
+def collector_view(ticks: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """A workload's ticks as the processes collector reported the workload child."""
+    listed = [t for t in ticks if t is not None]
+    with_memory = [t for t in listed if (t["memory_bytes"] or 0) > 0]
+    shares = [t["sm"] for t in listed if t["sm"] is not None]
+    return {
+        "ticks": len(ticks),
+        "listed": len(listed),
+        "listed_with_memory_ratio": len(with_memory) / len(ticks) if ticks else None,
+        "gpus": sorted({t["gpu"] for t in listed}),
+        "memory_bytes_mean": statistics.fmean(t["memory_bytes"] for t in with_memory)
+        if with_memory
+        else None,
+        "sm_share_mean": statistics.fmean(shares) if shares else None,
+        "sm_share_max": max(shares) if shares else None,
+        "sm_unmeasured_ticks": len(listed) - len(shares),
+        "mps": any(t["mps"] for t in listed),
+    }
+
+
+class ProcessProbe:
+    """GPU 0's per-process NVML calls read directly, beside the production collector (NVML
+    keeps no per-caller state: each caller passes its own last seen time stamp)."""
+
+    def __init__(self, handle: Any, pid: int) -> None:
+        self.handle, self.pid = handle, pid
+        self.utilization: str | None = None  # the utilization call the driver answers
+        self.last_seen = 0
+        self.timings: dict[str, list[float]] = defaultdict(list)
+        self.spacings_ms: list[float] = []  # every workload's
+        self.no_permission = False
+        self._start_phase()
+
+    def _start_phase(self) -> None:
+        self.outcomes: Counter[str] = Counter()
+        self.stamps: dict[int, set[int]] = defaultdict(set)
+        self.child_sm: list[float] = []
+        self.ages_ms: list[float] = []
+
+    def _call(self, name: str, *args: Any) -> tuple[str, Any]:
+        function = getattr(N, name, None)
+        if function is None:
+            return "absent from this nvidia-ml-py", None
+        started = time.perf_counter()
+        try:
+            result, outcome = function(self.handle, *args), "ok"
+        except N.NVMLError as exc:
+            result, outcome = None, type(exc).__name__
+            self.no_permission |= isinstance(exc, N.NVMLError_NoPermission)
+        spent = time.perf_counter() - started
+        self.timings[name].append(spent)
+        if name in PROCESS_UTILIZATION:
+            self.timings[f"{name}: {outcome}"].append(spent)
+        return outcome, result
+
+    def which_calls(self) -> dict[str, Any]:
+        """Each per-process call once: its outcome, and for a list whether the child is on it."""
+        out: dict[str, Any] = {}
+        for name in PROCESS_LISTS:
+            outcome, listed = self._call(name)
+            entry: dict[str, Any] = {"outcome": outcome}
+            if listed is not None:
+                pids = [int(p.pid) for p in listed]
+                entry.update(entries=len(pids), pids=pids[:32], child_listed=self.pid in pids)
+                mine = [p for p in listed if int(p.pid) == self.pid]
+                if mine:
+                    entry["child_memory_bytes"] = _memory(mine[0].usedGpuMemory)
+            out[name] = entry
+        for name in PROCESS_UTILIZATION:
+            outcome, samples = self._call(name, 0)
+            out[name] = {"outcome": outcome}
+            if samples is not None:
+                out[name]["samples"] = len(samples)
+            if self.utilization is None and outcome in ("ok", "NVMLError_NotFound"):
+                self.utilization = name
+        return out
+
+    def poll(self) -> None:
+        """Each list once, and the utilization samples newer than the last one seen."""
+        for name in PROCESS_LISTS:
+            self._call(name)
+        if self.utilization is None:
+            return
+        outcome, samples = self._call(self.utilization, self.last_seen)
+        self.outcomes[outcome] += 1
+        if not samples:
+            return
+        newest = max(int(sample.timeStamp) for sample in samples)
+        self.ages_ms.append((time.time() * 1e6 - newest) / 1e3)
+        self.last_seen = max(self.last_seen, newest)
+        for sample in samples:
+            pid = int(sample.pid)
+            self.stamps[pid].add(int(sample.timeStamp))
+            if pid == self.pid:
+                self.child_sm.append(min(100, int(sample.smUtil)) / 100)
+
+    def begin_phase(self) -> None:
+        """Read past what came before the workload (the samples of its warm-up and of the
+        workload before it), then count afresh."""
+        self.poll()
+        self._start_phase()
+
+    def end_phase(self) -> dict[str, Any]:
+        """What the polls during one workload saw; the next workload's start afresh."""
+        spacings = [
+            (later - earlier) / 1e3
+            for stamps in self.stamps.values()
+            for earlier, later in pairwise(sorted(stamps))
+        ]
+        self.spacings_ms += spacings
+        polls = sum(self.outcomes.values())
+        out = {
+            "polls": polls,
+            "outcomes": dict(self.outcomes),
+            "not_found_ratio": self.outcomes["NVMLError_NotFound"] / polls if polls else None,
+            "pids_sampled": sorted(self.stamps),
+            "sample_spacing_ms": _spread(spacings),
+            # How old the newest sample was when read: are the time stamps wall-clock µs?
+            "newest_sample_age_ms_p50": statistics.median(self.ages_ms) if self.ages_ms else None,
+            "child_samples": len(self.child_sm),
+            "child_sm_mean_of_samples": statistics.fmean(self.child_sm) if self.child_sm else None,
+        }
+        self._start_phase()
+        return out
+
+    def summary(self, report: dict[str, Any]) -> dict[str, Any]:
+        """The run's per-process findings, from the workloads' probe results in `report`."""
+        period = statistics.median(self.spacings_ms) if self.spacings_ms else None
+        busy = report["workloads"].get("matmul_bf16", {}).get("processes", {}).get("probe", {})
+        polls, not_found = busy.get("polls", 0), busy.get("outcomes", {}).get("NVMLError_NotFound")
+        answer = None
+        if polls and period is not None:
+            answer = bool(not_found) and period > PROCESS_POLL_SECONDS * 1e3
+        return {
+            "utilization_call": self.utilization,
+            "sample_period_ms": period,
+            "sample_spacing_ms": _spread(self.spacings_ms),
+            "short_reads": {
+                "poll_seconds": PROCESS_POLL_SECONDS,
+                "busy_polls": polls,
+                "busy_not_found": not_found or 0,
+                "not_found_when_sooner_than_the_period": answer,
+            },
+            "no_permission": self.no_permission,
+            "latency": latency_table(self.timings),
+            "mps_client_pids": MPS_NOT_VERIFIED,
+        }
+
+
+def _memory(value: Any) -> int | None:
+    """usedGpuMemory: None where NVML says NVML_VALUE_NOT_AVAILABLE."""
+    return None if value is None else int(value)
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {
+        "n": len(values),
+        "p50": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+class SimulatedChild:
+    """--simulate: the workload child as a process on GPU 0 of the fake NVML, under its real
+    PID, with each workload's SM share (`SIMULATED_CHILD_SM`), so that the per-process checks
+    run on the fake as on a GPU. Not where GPU 0 has MIG on (its processes need an instance)."""
+
+    def __init__(self, fake: Any, pid: int) -> None:
+        self.fake, self.pid = fake, pid
+        gpu0 = fake.scenario.devices[0]
+        self.registered = not (gpu0.mig is not None and gpu0.mig.enabled)
+        self.workload("idle")
+
+    def workload(self, name: str) -> None:
+        if not self.registered:
+            return
+        from gpu_exporter import sim
+
+        sm = SIMULATED_CHILD_SM.get(name, 0.0)
+        entry: dict[str, Any] = {"pid": self.pid, "gpu": 0, "memory_bytes": SIMULATED_CHILD_MEMORY}
+        if sm:
+            entry["utilization"] = {"sm": sm, "memory": sm / 2}
+        child = sim.load_scenario({"name": "child", "devices": [{}], "processes": [entry]})
+        self.fake.set_processes([*self.fake.scenario.processes, *child.processes])
+
+    def describe(self) -> str:
+        if not self.registered:
+            return "not registered: GPU 0 has MIG on"
+        return f"PID {self.pid} on GPU 0 of the fake, SM share per workload {SIMULATED_CHILD_SM}"
+
+
 def probe_calls(handle: Any) -> dict[str, Any]:
     """The NVML calls read since the dcgm-exporter compatibility issue, as this GPU answers
     them (value, or the error's name)."""
@@ -462,18 +710,20 @@ def microbench(handle: Any, calls: int) -> dict[str, dict[str, float]]:
 def run(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
     """Fills `report` as it goes, so a failure part-way still leaves what was measured."""
     started = time.monotonic()
+    fake = None
     if args.simulate:
         from gpu_exporter import sim
 
-        sim.install(sim.load_scenario(args.simulate))
+        fake = sim.install(sim.load_scenario(args.simulate))
     errors = ErrorLog()
     source = NvmlSource(
-        settings=NvmlConfig(device_deadline_seconds=args.deadline),
+        settings=NvmlConfig(device_deadline_seconds=args.deadline, processes=True),
         errors=errors,
         record_timings=True,
     )
     source.start()
     worker = WorkloadProcess(bool(args.simulate))
+    simulated = SimulatedChild(fake, worker.process.pid) if fake is not None else None
     report.update(
         {
             "host": platform.node(),
@@ -495,11 +745,22 @@ def run(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
         report["mig"] = probe_mig(source)
         report["calls"] = probe_calls(handle)
         report["dcgm_compat"] = probe_compat(source)
+        probe = ProcessProbe(handle, worker.process.pid)
+        report["processes"] = {
+            "child_pid": worker.process.pid,
+            "euid": os.geteuid(),
+            "calls": probe.which_calls(),
+        }
+        if simulated is not None:
+            report["processes"]["simulated_child"] = simulated.describe()
         for name in args.workloads:
             if time.monotonic() - started > TIME_BUDGET_SECONDS:
                 report["workloads"][name] = {"skipped": "time budget spent"}
                 continue
-            report["workloads"][name] = _measure_phase(source, worker, name, args)
+            if simulated is not None:
+                simulated.workload(name)
+            report["workloads"][name] = _measure_phase(source, worker, name, args, probe)
+        report["processes"].update(probe.summary(report))
         report["microbench"] = microbench(handle, args.calls)
         report["call_latency"] = latency_table(source.timings)
         report["unsupported"] = source.unsupported_by_device()
@@ -546,11 +807,23 @@ def acceptance_checks(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
             _class(report, "matmul_bf16"), lambda v: v in ("tensor_bound", "compute_bound")),
         "d2d copy: classified memory_bound": (
             _class(report, "copy_d2d"), lambda v: v == "memory_bound"),
+        "processes, matmul: the workload's PID listed with memory, every tick": (
+            _child(report, "matmul_bf16", "listed_with_memory_ratio"), lambda v: v == 1.0),
+        "processes, matmul: the workload's SM share above 0": (
+            _child(report, "matmul_bf16", "sm_share_mean"), lambda v: v > 0.0),
+        "processes, idle: the workload's SM share below 0.05": (
+            _child(report, "idle", "sm_share_mean"), lambda v: v < 0.05),
     }  # fmt: skip
     return {
         name: {"value": value, "passed": None if value is None else bool(test(value))}
         for name, (value, test) in checks.items()
     }
+
+
+def _child(report: dict[str, Any], workload: str, key: str) -> Any:
+    """What the processes collector reported of the workload child in a workload."""
+    phase = report["workloads"].get(workload, {})
+    return phase.get("processes", {}).get("collector", {}).get(key)
 
 
 def _class(report: dict[str, Any], workload: str) -> str | None:
@@ -573,7 +846,11 @@ def _err(error: Any) -> dict[str, Any]:
 
 
 def _measure_phase(
-    source: NvmlSource, worker: WorkloadProcess, name: str, args: argparse.Namespace
+    source: NvmlSource,
+    worker: WorkloadProcess,
+    name: str,
+    args: argparse.Namespace,
+    probe: ProcessProbe | None = None,
 ) -> dict[str, Any]:
     worker.start(name, args.seconds + args.warmup)
     time.sleep(args.warmup)
@@ -581,10 +858,15 @@ def _measure_phase(
     builder = SeriesBuilder()
     classifier = Classifier(window_seconds=default_window_seconds(args.interval))  # as the daemon's
     classes: dict[str, list[str]] = defaultdict(list)
+    child: list[dict[str, Any] | None] = []
+    if probe is not None:
+        probe.begin_phase()
     phase_end = time.monotonic() + args.seconds
     while time.monotonic() < phase_end:
         tick = time.monotonic()
-        classified = classifier.process(source.sample(), tick)
+        sampled = source.sample()
+        child.append(child_in(sampled, worker.process.pid))
+        classified = classifier.process(sampled, tick)
         # Read as the daemon publishes them: through the one series model.
         devices = builder.build(Snapshot(time.time(), tuple(classified))).devices()
         samples.append((tick, devices))
@@ -592,7 +874,11 @@ def _measure_phase(
             current = [r.labels[0][1] for r in device.readings if r.family == "gpu_bottleneck"
                        and r.value == 1.0]  # fmt: skip
             classes[str(device.index)] += current
-        time.sleep(max(0.0, args.interval - (time.monotonic() - tick)))
+        next_tick = tick + args.interval
+        while (left := next_tick - time.monotonic()) > 0:
+            if probe is not None:
+                probe.poll()
+            time.sleep(min(PROCESS_POLL_SECONDS, left))
     reply = worker.expect("done")
     summary: dict[str, Any] = {
         "samples": len(samples),
@@ -600,7 +886,10 @@ def _measure_phase(
         "series_gpu0": raw_series(samples, 0),
         # The class the daemon would show, most of the phase (after its window filled).
         "class": {gpu: max(set(seen), key=seen.count) for gpu, seen in classes.items() if seen},
+        "processes": {"collector": collector_view(child)},
     }
+    if probe is not None:
+        summary["processes"]["probe"] = probe.end_phase()
     if reply.startswith("error"):
         summary["workload_error"] = reply.removeprefix("error ")
     return summary
@@ -685,6 +974,7 @@ def render_summary(report: dict[str, Any]) -> str:
         listed = entry.get("nvml")
         found = "" if listed is None else f"; {len(listed)} MIG devices, daemon agrees: "
         lines.append(f"MIG on GPU {index}: mode {entry['mode']}{found}{entry.get('agree', '')}")
+    lines += process_lines(report)
     lines += ["", "| check | value | passed |", "|---|---|---|"]
     for name, check in report.get("checks", {}).items():
         value = check["value"]
@@ -693,6 +983,47 @@ def render_summary(report: dict[str, Any]) -> str:
     if "failure" in report:
         lines += ["", f"**Run failed part-way:** {report['failure']}"]
     return "\n".join(lines) + "\n"
+
+
+def process_lines(report: dict[str, Any]) -> list[str]:
+    """The per-process findings of `render_summary`."""
+    found = report.get("processes")
+    if not found:
+        return []
+    calls = ", ".join(f"{name} {entry['outcome']}" for name, entry in found["calls"].items())
+    short = found.get("short_reads", {})
+    lines = [
+        "",
+        f"Per process (workload child PID {found['child_pid']}, euid {found['euid']}): {calls}; "
+        f"samples from {found.get('utilization_call')}, period {found.get('sample_period_ms')} ms; "
+        f"reads every {short.get('poll_seconds')} s during matmul: {short.get('busy_not_found')} "
+        f"of {short.get('busy_polls')} NOT_FOUND; NO_PERMISSION: {found.get('no_permission')}; "
+        f"MPS clients: {found.get('mps_client_pids')}.",
+        "",
+        "| workload (child on GPU 0) | ticks listed | memory GiB | SM share (collector) "
+        "| SM of its samples (probe) | probe reads NOT_FOUND |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, phase in report["workloads"].items():
+        seen = phase.get("processes", {})
+        mine, probe = seen.get("collector", {}), seen.get("probe", {})
+        memory = mine.get("memory_bytes_mean")
+        lines.append(
+            f"| {name} | {mine.get('listed')}/{mine.get('ticks')} "
+            f"| {'—' if memory is None else f'{memory / 2**30:.2f}'} "
+            f"| {_num(mine.get('sm_share_mean'))} | {_num(probe.get('child_sm_mean_of_samples'))} "
+            f"| {_num(probe.get('not_found_ratio'))} |"
+        )
+    lines += ["", "| per-process call (probe) | calls | p50 ms | p99 ms |", "|---|---|---|---|"]
+    for key, entry in found.get("latency", {}).items():
+        lines.append(
+            f"| {key} | {entry['calls']} | {entry['p50_ms']:.3f} | {entry['p99_ms']:.3f} |"
+        )
+    return lines
+
+
+def _num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -6,7 +6,9 @@ the rule manager as listener and producer -> Notifier), but the fake NVML, the s
 timestamps and the rule engine all
 read one manual clock that `Pipeline.tick` advances by the interval before each tick. Ticks
 then run back to back: the scenario and the rule engine see a 1 s cadence while the
-benchmark spends only the CPU time the ticks need.
+benchmark spends only the CPU time the ticks need. With `node=True` the pipeline also has
+pod attribution and per-process attribution as `serve --simulate` wires them for a scenario
+with `pods:` and `processes:` (their refresh threads wait in real time, like the XID thread).
 Also here: `FakeCpuMeter`, which measures the CPU time spent inside the fake NVML itself.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,13 +25,14 @@ import pynvml
 from gpu_exporter import sim
 from gpu_exporter.alerting.rules.manager import RuleManager, store_samples
 from gpu_exporter.alerting.store import SeriesStore
+from gpu_exporter.cli import _simulated_kubelet, _simulated_processes
 from gpu_exporter.collect import dcgm
 from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.source import ErrorLog
 from gpu_exporter.config.load import load_config
 from gpu_exporter.model.series import SeriesSet
-from gpu_exporter.pipeline.assembly import assemble
+from gpu_exporter.pipeline.assembly import Assembly, assemble
 from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib, implemented_functions
@@ -46,6 +49,8 @@ class Pipeline:
     manager: RuleManager | None = None
     notifier: Any = None
     dcgm_compat: DcgmCompat | None = None
+    assembly: Assembly | None = None
+    kubelet: Any = None  # the fake kubelet of `build(node=True)`
     _closed: bool = field(default=False, repr=False)
 
     def tick(self) -> None:
@@ -66,6 +71,13 @@ class Pipeline:
         self._closed = True
         if self.notifier is not None:
             self.notifier.stop(timeout=2.0)
+        if self.assembly is not None:
+            if self.assembly.processes is not None:
+                self.assembly.processes.stop()
+            if self.assembly.attribution is not None:
+                self.assembly.attribution.stop()
+        if self.kubelet is not None:
+            self.kubelet.close()
         self.source.close()
         sim.uninstall()
 
@@ -98,12 +110,20 @@ def build(
     start: float = 0.0,
     dcgm_compat: bool = False,
     dcgm_mode: str = "off",
+    node: bool = False,
+    processes: bool = True,
 ) -> Pipeline:
     """The daemon's tick pipeline, wired by the CLI's own helpers from a configuration built
     as `serve`'s flags would build it. `rules=None`: the shipped pack; `rules=[]`: none.
     The XID thread is off by default (it waits in real time; see `overhead.xid_polling_cpu`).
     `dcgm_compat`: serve's --dcgm-compat (the listener that keeps the ticks' series).
     `dcgm_mode`: serve's --dcgm (the DCGM source, on the scenario's fake libdcgm if it has one).
+    `node`: the node around the GPUs as `serve --simulate` has it (`cli._simulated_kubelet`,
+    `cli._simulated_processes`): for the scenario's `pods:` a fake kubelet and pod attribution,
+    for its `processes:` per-process attribution on the simulated /proc and CRI runtime
+    (`processes=False`: `kubernetes.processes.enabled: false` given, as a user who leaves it
+    off); their refresh threads started as the daemon starts them. Off by default: the other
+    benchmarks measure no attribution, whatever pods their scenarios declare.
     """
     clock = ManualClock(start)
     fake = sim.install(scenario, clock=clock)
@@ -117,7 +137,13 @@ def build(
     if dcgm_compat:
         flags["dcgm_compat.enabled"] = True
     flags["dcgm.mode"] = dcgm_mode
+    if node and not processes:
+        flags["kubernetes.processes.enabled"] = False
     config = load_config(None, flags, environ={})
+    kubelet = None
+    if node:
+        kubelet, config = _simulated_kubelet(fake.scenario, config, fake.clock)
+        config = _simulated_processes(fake, config)
     errors = ErrorLog()
     source = NvmlSource(
         settings=config.nvml,
@@ -132,6 +158,10 @@ def build(
     assembly = assemble(config, source, errors, wall_clock=lambda: epoch + clock())
     if assembly.notifier is not None:
         assembly.notifier.start()
+    if assembly.attribution is not None:
+        assembly.attribution.start()
+    if assembly.processes is not None:
+        assembly.processes.start()
     return Pipeline(
         fake,
         clock,
@@ -141,6 +171,8 @@ def build(
         assembly.rules,
         assembly.notifier,
         assembly.dcgm_compat,
+        assembly,
+        kubelet,
     )
 
 
@@ -152,11 +184,12 @@ class FakeCpuMeter:
     `time.thread_time()` calls) lands outside the measured part.
     """
 
-    def __init__(self, fake: FakeNvmlLib) -> None:
+    def __init__(self, fake: FakeNvmlLib, names: Iterable[str] | None = None) -> None:
+        """`names`: only these entry points (default: every one the fake implements)."""
         self.seconds = 0.0
         self.calls = 0
         self._lock = threading.Lock()
-        for name in implemented_functions():
+        for name in implemented_functions() if names is None else names:
             entry = getattr(fake, name, None)
             if entry is not None:
                 setattr(fake, name, self._wrap(entry))

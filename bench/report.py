@@ -335,6 +335,56 @@ def compat_section(compat: Mapping[str, Any]) -> str:
     )
 
 
+def processes_section(processes: Mapping[str, Any]) -> str:
+    configs = processes.get("configs", {})
+    rows = [
+        [
+            f"{name} ({fmt(data.get('processes'), 'count')} processes)",
+            fmt(data.get("tick_cpu_off_mean"), "ms"),
+            fmt(data.get("tick_cpu_on_mean"), "ms"),
+            fmt(data.get("on_vs_off"), "x", 3),
+            fmt(data.get("added_cpu_per_gpu"), "ms", 3),
+            fmt(_get(data, "breakdown_on", "runtime_refresh", "per_tick_cpu"), "ms", 3),
+            fmt(data.get("on_with_refresh_vs_off"), "x", 3),
+            fmt(data.get("net_of_fake_on_vs_off"), "x", 3),
+            f"{fmt(_get(data, 'memory', 'off', 'rss_mib'), 'MiB', 1)} / "
+            f"{fmt(_get(data, 'memory', 'on', 'rss_mib'), 'MiB', 1)}",
+            "yes" if data.get("attribution_complete") else "NO",
+        ]
+        for name, data in configs.items()
+    ]
+    headers = [
+        "config",
+        "tick CPU, off",
+        "on",
+        "on / off",
+        "added per GPU",
+        "runtime refresh per tick",
+        "on + refresh / off",
+        "on / off net of the fake NVML",
+        "RSS off / on (daemon)",
+        "every process attributed",
+    ]
+    parts = [table(headers, rows)]
+    for name, data in configs.items():
+        off = _get(data, "breakdown_off", "parts_cpu_per_tick") or {}
+        on = _get(data, "breakdown_on", "parts_cpu_per_tick") or {}
+        part_rows = [
+            [part, fmt(off.get(part), "ms", 3), fmt(on.get(part), "ms", 3)]
+            for part in dict.fromkeys([*off, *on])
+        ]
+        part_rows.append(
+            [
+                "whole tick (instrumented)",
+                fmt(_get(data, "breakdown_off", "tick_cpu"), "ms", 3),
+                fmt(_get(data, "breakdown_on", "tick_cpu"), "ms", 3),
+            ]
+        )
+        breakdown = table(["part", "off", "on"], part_rows)
+        parts.append(f"Where a tick's CPU goes, {name}:\n\n{breakdown}")
+    return "\n\n".join(parts)
+
+
 # -- targets -------------------------------------------------------------------------------------
 
 
@@ -615,6 +665,11 @@ SECTIONS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("detection", "Detection latency (fault -> webhook)", detection_section),
     ("compat", "dcgm-exporter compatibility (in-process, shipped rules)", compat_section),
     ("dcgm", "DCGM source before Hopper (in-process, shipped rules)", dcgm_section),
+    (
+        "processes",
+        "Per-process attribution (in-process, shipped rules, pod attribution on both sides)",
+        processes_section,
+    ),
 )
 
 

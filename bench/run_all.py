@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Run the whole benchmark suite: one command, JSON per benchmark, Markdown tables.
 
-    python bench/run_all.py            # full run (about 20 minutes on 2 cores)
+    python bench/run_all.py            # full run (about 25 minutes on 2 cores)
     python bench/run_all.py --quick    # every benchmark, briefly (about 1 minute)
 
 Writes `bench/results/<benchmark>.json`, `bench/results/machine.json` and
 `bench/results/summary.md` (`bench/results/quick/` with `--quick`), and prints the summary.
 Benchmarks: peer (vs nvitop-exporter), scaling, overhead (vs bare NVML), soak, detection,
-compat (the dcgm-exporter compatible output).
+compat (the dcgm-exporter compatible output), dcgm (the DCGM source), processes (per-process
+attribution on vs off).
 Needs: this repository installed (`pip install -e .`), nvitop-exporter 1.7.2 for the peer
 (without it the peer columns stay empty), Debian's prometheus and prometheus-alertmanager for
 the detection benchmark. Everything listens on 127.0.0.1 only.
@@ -41,13 +42,14 @@ from bench import (  # noqa: E402
     detection,
     overhead,
     peer,
+    process_attribution,
     report,
     scaling,
     soak,
 )
 from bench.procs import OURS, PEER  # noqa: E402
 
-BENCHMARKS = ("peer", "scaling", "overhead", "soak", "detection", "compat", "dcgm")
+BENCHMARKS = ("peer", "scaling", "overhead", "soak", "detection", "compat", "dcgm", "processes")
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -152,6 +154,11 @@ def runners(args: argparse.Namespace, workdir: Path) -> dict[str, Callable[[], d
     )
     compat_settings = compat.CompatSettings.quick() if quick else compat.CompatSettings()
     dcgm_settings = dcgm_activity.DcgmSettings.quick() if quick else dcgm_activity.DcgmSettings()
+    processes_settings = (
+        process_attribution.ProcessSettings.quick()
+        if quick
+        else process_attribution.ProcessSettings()
+    )
     return {
         "peer": lambda: peer.run(peer_settings, workdir / "peer"),
         "scaling": lambda: scaling.run(scaling_settings, workdir / "scaling"),
@@ -160,6 +167,7 @@ def runners(args: argparse.Namespace, workdir: Path) -> dict[str, Callable[[], d
         "detection": lambda: detection.run(detection_settings, workdir / "detection"),
         "compat": lambda: compat.run(compat_settings, workdir / "compat"),
         "dcgm": lambda: dcgm_activity.run(dcgm_settings, workdir / "dcgm"),
+        "processes": lambda: process_attribution.run(processes_settings, workdir / "processes"),
     }
 
 

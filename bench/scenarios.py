@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from gpu_exporter.sim.mig import GPU_SLICES, INSTANCE_QUANTITIES
+from gpu_exporter.sim.values import GIB, MIB
 
 HGX_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 PCIE_BYTE_FIELDS = (197, 198)  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES / RX_BYTES
@@ -172,6 +173,104 @@ def thermal_faults(devices: int, faults: Sequence[tuple[int, float]]) -> dict[st
         throttled = ["hw_slowdown", "hw_thermal_slowdown"]
         values["clock_event_reasons"] = {"steps": [[0, []], [at, throttled]]}
         values["temperature_celsius"] = {"steps": [[0, 60], [at, 92]]}
+    return scenario
+
+
+# -- processes on the GPUs (per-process attribution) -----------------------------------------
+
+# Who runs on each GPU of an 8-GPU board, repeated past 8: (namespace, pod, container, replica,
+# processes, SM share of each, kind). `replica`: the time-slicing (or MPS) share the kubelet
+# reports the container holding (None: the whole GPU; "-": the container holds nothing, as a
+# sidecar that sees the GPU anyway or the MPS control daemon); pod None: a host process.
+# Ten processes a GPU; pod names get the GPU's index.
+ProcessHolder = tuple[str | None, str, str, int | str | None, int, float, str]
+PROCESS_LAYOUTS: tuple[tuple[ProcessHolder, ...], ...] = (
+    (  # time-sliced by four pods: a fine-tune, two light ones and an idle notebook
+        ("research", "llm-finetune", "trainer", 0, 4, 0.15, "compute"),
+        ("research", "embed-batch", "worker", 1, 3, 0.05, "compute"),
+        ("research", "eval", "worker", 2, 2, 0.02, "compute"),
+        ("research", "notebook", "notebook", 3, 1, 0.0, "compute"),
+    ),
+    (  # MPS: the device plugin's control daemon and three client pods of three processes
+        ("nvidia-device-plugin", "mps-control-daemon", "mps-ctr", "-", 1, 0.0, "mps_server"),
+        ("infer", "asr", "server", 0, 3, 0.1, "mps"),
+        ("infer", "tts", "server", 1, 3, 0.05, "mps"),
+        ("infer", "ocr", "server", 2, 3, 0.05, "mps"),
+    ),
+    (  # exclusive: one pod, its trainer's eight processes and a sidecar's two
+        ("train", "pretrain", "trainer", None, 8, 0.1, "compute"),
+        ("train", "pretrain", "profiler", "-", 2, 0.0, "compute"),
+    ),
+    (  # time-sliced by two serving pods
+        ("infer", "serve-a", "server", 0, 6, 0.1, "compute"),
+        ("infer", "serve-b", "server", 1, 4, 0.08, "compute"),
+    ),
+    (  # exclusive, and a host process outside Kubernetes
+        ("infer", "llm-server", "server", None, 9, 0.1, "compute"),
+        (None, "ollama", "", "-", 1, 0.05, "compute"),
+    ),
+    tuple(  # time-sliced by five pods of two processes
+        ("batch", f"sweep{n}", "solver", n, 2, 0.04, "compute") for n in range(5)
+    ),
+    (("train", "ddp", "trainer", None, 10, 0.09, "compute"),),  # exclusive, ten ranks' workers
+    (  # time-sliced by two pods, one of them idle
+        ("batch", "etl-a", "worker", 0, 5, 0.1, "compute"),
+        ("batch", "etl-b", "worker", 1, 5, 0.0, "compute"),
+    ),
+)
+FIRST_PID = 100_000  # GPU g's processes are FIRST_PID + 100 g + 0..99
+
+
+def process_layout(gpu: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The `pods:` and `processes:` entries of GPU `gpu` (`PROCESS_LAYOUTS`, cycling)."""
+    pods: list[dict[str, Any]] = []
+    processes: list[dict[str, Any]] = []
+    for namespace, pod, container, replica, count, sm, kind in PROCESS_LAYOUTS[
+        gpu % len(PROCESS_LAYOUTS)
+    ]:
+        name = f"{pod}-{gpu}"
+        owner = None
+        if namespace is not None:
+            owner = {"namespace": namespace, "pod": name, "container": container}
+        if owner is not None and replica != "-":
+            holder = {**owner, "gpu": gpu}
+            if replica is not None:
+                holder["replica"] = replica
+            pods.append(holder)
+        for _ in range(count):
+            entry: dict[str, Any] = {
+                "pid": FIRST_PID + 100 * gpu + len(processes),
+                "gpu": gpu,
+                "kind": kind,
+                "memory_bytes": 2 * GIB if sm else 512 * MIB,
+            }
+            if owner is None:
+                entry["name"] = pod
+            else:
+                entry["pod"] = dict(owner)
+            if sm:
+                entry["utilization"] = {"sm": sm, "memory": sm / 2}
+            processes.append(entry)
+    return pods, processes
+
+
+def generate_processes(devices: int, *, name: str | None = None) -> dict[str, Any]:
+    """`generate(devices)` with pods and 10 processes on every GPU (`PROCESS_LAYOUTS`): GPUs
+    time-sliced by two to five pods, an MPS GPU, exclusive pods (one with a second container
+    that holds no GPU), a host process and idle processes. Its `pods:` start a fake kubelet
+    and its `processes:` the simulated node's /proc and CRI runtime (sim.install)."""
+    scenario = generate(devices, name=name or f"bench-{devices}gpu-processes")
+    pods: list[dict[str, Any]] = []
+    processes: list[dict[str, Any]] = []
+    for gpu in range(devices):
+        held, running = process_layout(gpu)
+        pods += held
+        processes += running
+    scenario["pods"] = pods
+    scenario["processes"] = processes
+    scenario["description"] = (
+        f"{devices} GPUs generated from mixed for bench/, each with 10 processes of pods"
+    )
     return scenario
 
 

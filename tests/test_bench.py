@@ -9,6 +9,8 @@ import math
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -615,3 +617,114 @@ def test_dcgm_target_needs_activity_from_dcgm() -> None:
 
     assert verdict(1.2) == "met" and verdict(1.7) == "**missed**"
     assert verdict(1.0, measured=False) != "met"
+
+
+# -- the per-process attribution benchmark ------------------------------------------------------
+
+
+@pytest.mark.parametrize("devices", [8, 64])
+def test_generated_process_scenarios_put_ten_processes_of_pods_on_every_gpu(devices: int) -> None:
+    scenario = sim.load_scenario(scenarios.generate_processes(devices))
+    processes = scenario.processes
+    assert len(processes) == 10 * devices
+    assert len({p.pid for p in processes}) == len(processes)
+    per_gpu: dict[int, list[Any]] = {}
+    for p in processes:
+        per_gpu.setdefault(p.gpu, []).append(p)
+    assert {gpu: len(procs) for gpu, procs in per_gpu.items()} == dict.fromkeys(range(devices), 10)
+    board = [per_gpu[gpu] for gpu in range(8)]
+    mps = board[1]
+    assert sorted(p.kind for p in mps) == ["mps"] * 9 + ["mps_server"]
+    assert len({p.pod.pod for p in mps if p.kind == "mps"}) == 3
+    assert [p.name for p in processes if p.pod is None] == ["ollama"] * (devices // 8)
+    shares = {(pod.gpu, pod.replica) for pod in scenario.pods if pod.replica is not None}
+    assert {replica for gpu, replica in shares if gpu == 5} == set(range(5))  # five pods share
+    # Every container the kubelet reports holding a GPU or a share runs processes on it (some
+    # idle); on GPU 2 a container that holds nothing runs some too.
+    held = {(p.namespace, p.pod, p.container) for p in scenario.pods}
+    running = {(p.pod.namespace, p.pod.pod, p.pod.container) for p in processes if p.pod}
+    assert held <= running
+    assert ("train", "pretrain-2", "profiler") in running - held
+    assert all(pod.gpu < devices for pod in scenario.pods)
+
+
+def test_process_benchmark_measures_both_sides_with_every_process_attributed() -> None:
+    from bench import process_attribution as pa
+
+    settings = pa.ProcessSettings(
+        rounds=1,
+        ticks_per_round=1,
+        history_seconds=10.0,
+        breakdown_ticks=1,
+        refreshes=1,
+        rss_ticks=0,
+        configs=("8gpu",),
+    )
+    data = pa.run(settings, Path("/nonexistent"))["configs"]["8gpu"]
+    assert len(data["tick_cpu_off"]) == len(data["tick_cpu_on"]) == 1
+    assert data["on_vs_off"] == data["tick_cpu_on_mean"] / data["tick_cpu_off_mean"]
+    assert data["added_cpu_per_gpu"] == pytest.approx(data["added_cpu_per_tick"] / 8)
+    on, off = data["breakdown_on"], data["breakdown_off"]
+    # Both sides read the same node: 80 processes, one a host process, on the "on" side only.
+    assert (on["processes_listed"], on["processes_in_pods"]) == (80, 79)
+    assert on["processes_unattributed"] == {"host": 1.0}
+    assert off["processes_listed"] == 0 and off["processes_in_pods"] == 0
+    assert data["attribution_complete"] is True
+    assert on["series"] > off["series"] and on["text_bytes"] > off["text_bytes"]
+    assert set(on["parts_cpu_per_tick"]) >= {
+        "NVML reads",
+        "processes collector",
+        "per-pod processor",
+        "process owners",
+        "/proc reads",
+        "inside the fake NVML",
+        "inside its per-process calls",
+        "simulated node's thread",
+    }
+    assert "processes collector" not in off["parts_cpu_per_tick"]
+    refresh = on["runtime_refresh"]
+    assert refresh["answered"] == refresh["refreshes"] == 1
+    assert refresh["refresh_seconds"] == 10.0  # the default the cadence is charged at
+    assert "runtime_refresh" not in off
+    section = report.processes_section({"configs": {"8gpu": data}})
+    assert section.splitlines()[2].startswith("| 8gpu (80 processes) ")
+    assert "Where a tick's CPU goes, 8gpu:" in section
+
+
+def test_attribution_is_complete_only_when_no_process_is_unknown() -> None:
+    from bench.process_attribution import attribution_complete
+
+    def data(listed: int, in_pods: float, **unattributed: float) -> dict[str, Any]:
+        return {
+            "processes_listed": listed,
+            "processes_in_pods": in_pods,
+            "processes_unattributed": unattributed,
+        }
+
+    assert attribution_complete(data(80, 79.0, host=1.0))
+    assert not attribution_complete(data(80, 78.0, host=1.0, unknown=1.0))
+    assert not attribution_complete(data(80, 78.0, host=1.0))
+    assert not attribution_complete(data(0, 0.0))
+
+
+def test_gpus_up_are_counted_from_the_exposition() -> None:
+    from bench.process_attribution import gpu_up
+
+    assert gpu_up('gpu_up{gpu="0",holders="a/b/c,d/e/f",uuid="GPU-1"} 1.0')
+    assert not gpu_up('gpu_up{gpu="1",uuid="GPU-2"} 0.0')
+    assert not gpu_up("gpu_up_total 1.0") and not gpu_up("# TYPE gpu_up gauge")
+
+
+def test_the_daemon_side_off_is_a_given_setting_serve_simulate_keeps() -> None:
+    # serve --simulate turns per-process attribution on for a node with processes unless the
+    # user set it; the benchmark's "off" daemon sets it through the environment.
+    from bench.process_attribution import OFF_ENV
+    from gpu_exporter.cli import _simulated_processes
+    from gpu_exporter.config.load import load_config
+
+    node = SimpleNamespace(proc_root="/tmp/proc", cri_socket_path="/tmp/cri.sock")
+    off = _simulated_processes(node, load_config(None, {}, environ=OFF_ENV))
+    on = _simulated_processes(node, load_config(None, {}, environ={}))
+    assert (off.kubernetes.processes.enabled, off.nvml.processes) == (False, False)
+    assert (on.kubernetes.processes.enabled, on.nvml.processes) == (True, True)
+    assert on.kubernetes.processes.proc_root == "/tmp/proc"

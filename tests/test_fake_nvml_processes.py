@@ -111,6 +111,24 @@ def test_each_list_holds_its_kind_with_memory_and_no_instance_ids(install, clock
     assert N.nvmlDeviceGetComputeRunningProcesses(handle(1)) == []
 
 
+def test_a_caller_can_replace_the_processes_the_calls_list_and_sample(install, clock) -> None:
+    fake = install(scenario())
+    clock.now = 15
+    later = sim.load_scenario(
+        {"name": "l", "devices": [{}], "processes": [{"pid": 4242, "gpu": 0, "memory_bytes": GIB,
+                                                      "utilization": {"sm": 0.8}}]}
+    ).processes  # fmt: skip
+    fake.set_processes([*fake.scenario.processes, *later])
+    pids = [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(handle(0))]
+    assert pids == [100, 101, 200, 4242]
+    clock.now = 17
+    sampled = {s.pid: s.smUtil for s in N.nvmlDeviceGetProcessesUtilizationInfo(handle(0), 0)}
+    assert sampled[4242] == 80 and sampled[100] == 50
+    fake.set_processes(later)
+    assert [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(handle(0))] == [4242]
+    assert N.nvmlDeviceGetComputeRunningProcesses(handle(2)) == []  # MIG GPU: none now
+
+
 def test_processes_come_and_go_with_from_and_until(install, clock) -> None:
     install(scenario())
     gpu = handle(0)
@@ -304,11 +322,15 @@ def test_utilization_is_not_supported_with_mig_or_before_maxwell(install) -> Non
 
 
 def test_device_utilization_samples_share_the_periods_and_their_stamps(install, clock) -> None:
-    install(scenario(devices=[{"values": {"utilization": 0.37}}, {}, mig_gpu(True)]))
+    busy_37 = {"values": {"utilization": 0.37}}
+    install(scenario(devices=[busy_37, busy_37, mig_gpu(True)]))
     clock.now = 12.5
-    value_type, samples = N.nvmlDeviceGetSamples(handle(0), N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    value_type, samples = N.nvmlDeviceGetSamples(handle(1), N.NVML_GPU_UTILIZATION_SAMPLES, 0)
     assert value_type == N.NVML_VALUE_TYPE_UNSIGNED_INT
     assert [s.sampleValue.uiVal for s in samples] == [37] * 12  # one per period, in percent
+    # GPU 0's busiest process (PID 100) runs kernels 50 % of the time: so did the GPU.
+    _, samples = N.nvmlDeviceGetSamples(handle(0), N.NVML_GPU_UTILIZATION_SAMPLES, 0)
+    assert [s.sampleValue.uiVal for s in samples] == [50] * 12
     stamps = [s.timeStamp for s in samples]
     assert stamps == sorted({stamp for _, stamp, _ in sampled(handle(0))})  # the same periods
     with pytest.raises(N.NVMLError_NotFound):  # none newer than the newest

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,11 +31,11 @@ def gv():
 def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_nvml) -> None:
     output = tmp_path / "out" / "validation.json"
     argv = ["--simulate", "mixed", "--seconds", "2.5", "--warmup", "0.1", "--interval", "0.3"]
-    argv += ["--calls", "10", "--workloads", "idle", "tiny_kernels", "--output", str(output)]
-    assert gv.main(argv) == 0
+    argv += ["--calls", "10", "--workloads", "idle", "matmul_bf16", "tiny_kernels"]
+    assert gv.main([*argv, "--output", str(output)]) == 0
     report = json.loads(output.read_text())
     assert report["simulated"] is True
-    assert set(report["workloads"]) == {"idle", "tiny_kernels"}
+    assert set(report["workloads"]) == {"idle", "matmul_bf16", "tiny_kernels"}
     phase = report["workloads"]["idle"]
     assert phase["samples"] >= 3
     gpu4 = phase["devices"]["4"]  # the launch-bound GPU of the mixed scenario
@@ -65,6 +66,46 @@ def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_n
     summary = output.with_suffix(".md").read_text()
     assert "| idle |" in summary and "| tiny_kernels |" in summary
     assert "power_usage" in summary
+    # Per process: the fake lists the workload child under its real PID on GPU 0, busy in
+    # matmul and idle in idle (SIMULATED_CHILD_SM), sampled once a second.
+    found = report["processes"]
+    child = found["child_pid"]
+    assert found["euid"] == os.geteuid()
+    compute = found["calls"]["nvmlDeviceGetComputeRunningProcesses"]
+    assert compute["outcome"] == "ok" and compute["child_listed"] is True
+    assert compute["child_memory_bytes"] == gv.SIMULATED_CHILD_MEMORY
+    assert found["calls"]["nvmlDeviceGetProcessesUtilizationInfo"]["outcome"] in (
+        "ok",
+        "NVMLError_NotFound",
+    )
+    assert found["utilization_call"] == "nvmlDeviceGetProcessesUtilizationInfo"
+    assert found["sample_period_ms"] == 1000.0  # the fake's period: its stamps' spacing
+    short = found["short_reads"]
+    assert short["poll_seconds"] == 0.1 and short["busy_polls"] > short["busy_not_found"] > 0
+    assert short["not_found_when_sooner_than_the_period"] is True
+    assert found["no_permission"] is False
+    assert found["mps_client_pids"].startswith("not verified")
+    assert str(child) in found["simulated_child"]
+    for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetProcessesUtilizationInfo"):
+        assert found["latency"][call]["calls"] > 10
+    matmul = report["workloads"]["matmul_bf16"]["processes"]
+    assert matmul["collector"]["listed"] == matmul["collector"]["ticks"] >= 3
+    assert matmul["collector"]["gpus"] == [0]
+    # (a tick with no period ended since the last repeats the last shares read: not asserted)
+    assert matmul["collector"]["sm_share_max"] == pytest.approx(0.95)
+    assert matmul["collector"]["sm_share_mean"] > 0
+    assert matmul["probe"]["pids_sampled"] == [child]
+    assert matmul["probe"]["child_sm_mean_of_samples"] == pytest.approx(0.95)
+    idle = report["workloads"]["idle"]["processes"]
+    assert idle["collector"]["sm_share_mean"] == 0.0 and idle["probe"]["child_samples"] == 0
+    assert report["call_latency"]["compute_processes"]["calls"] >= 3  # the collector's own
+    checks = report["checks"]
+    assert [checks[name]["passed"] for name in checks if name.startswith("processes")] == [
+        True,
+        True,
+        True,
+    ]
+    assert f"workload child PID {child}" in summary and "| matmul_bf16 | " in summary
 
 
 def test_rejects_a_run_over_the_time_budget(gv) -> None:
@@ -101,7 +142,17 @@ def test_acceptance_checks_judge_measured_values(gv) -> None:
         "rate_per_second": 690.0,
     }
     report["workloads"]["matmul_bf16"]["devices"]["0"]["gpu_power_watts"] = {"mean": 700.0}
+    report["workloads"]["matmul_bf16"]["processes"] = {
+        "collector": {"listed_with_memory_ratio": 0.5, "sm_share_mean": 0.9}
+    }
+    report["workloads"]["idle"]["processes"] = {"collector": {"sm_share_mean": 0.2}}
     checks = gv.acceptance_checks(report)
+    assert (
+        checks["processes, matmul: the workload's PID listed with memory, every tick"]["passed"]
+        is False
+    )
+    assert checks["processes, matmul: the workload's SM share above 0"]["passed"] is True
+    assert checks["processes, idle: the workload's SM share below 0.05"]["passed"] is False
     assert checks["idle: SM activity below 0.05"]["passed"] is True
     assert checks["matmul: Tensor activity above 0.3"]["passed"] is False
     assert checks["matmul: energy rate close to power"]["passed"] is True
@@ -138,3 +189,7 @@ def test_mig_is_reported_where_it_is_enabled_and_compared_with_the_daemon(
     assert listed == {i["mig_uuid"] for i in mig["1"]["daemon"]}
     summary = output.with_suffix(".md").read_text()
     assert "MIG on GPU 0: mode [1, 1]; 7 MIG devices, daemon agrees: True" in summary
+    # GPU 0 has MIG on: the fake cannot list the child there, and nothing is claimed of it.
+    report = json.loads(output.read_text())
+    assert report["processes"]["simulated_child"] == "not registered: GPU 0 has MIG on"
+    assert report["checks"]["processes, idle: the workload's SM share below 0.05"]["passed"] is None

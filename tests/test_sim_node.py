@@ -117,6 +117,28 @@ def test_a_reused_pid_shows_the_new_process_and_a_gap_between(node, clock) -> No
     assert (before[1], after[1]) == (start_ticks(0), start_ticks(120))
 
 
+def test_the_tree_is_computed_once_between_two_moments_it_can_change(
+    node, clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each per-process NVML call syncs: between a process's start or end (or a fault's) and the
+    # next, the tree is the same and is not worked out again; at the moment itself it changes.
+    computed: list[float] = []
+    wanted = node.procfs._wanted
+    monkeypatch.setattr(node.procfs, "_wanted", lambda t: computed.append(t) or wanted(t))
+    for t in (1, 30, 89.999):
+        at(node, clock, t)
+    assert computed == [] and 73310 in entries(node.proc_root)
+    at(node, clock, 90)  # ocr-0's process ends: [from, until)
+    at(node, clock, 119.5)
+    assert computed == [90] and 73310 not in entries(node.proc_root)
+    at(node, clock, 120)
+    assert computed == [90, 120] and 73310 in entries(node.proc_root)
+    node.procfs.vanish(73310)  # a test's fault changes the tree at the same time
+    assert computed == [90, 120, 120] and 73310 not in entries(node.proc_root)
+    node.procfs.restore(73310)
+    assert 73310 in entries(node.proc_root)
+
+
 def test_each_per_process_nvml_call_brings_the_tree_to_its_time(node, clock) -> None:
     clock.now = 100  # no sync: the tree is still that of time 0
     assert 73310 in entries(node.proc_root)

@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
@@ -30,7 +30,7 @@ import pynvml
 from gpu_exporter.model.activity import ACTIVITY
 from gpu_exporter.sim import activity as sim_activity
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
-from gpu_exporter.sim.processes import by_gpu
+from gpu_exporter.sim.processes import ProcessSpec, by_gpu
 from gpu_exporter.sim.spec import COMPUTE_MODES, DeviceSpec, Scenario, normalize_bus_id
 from gpu_exporter.sim.values import ValueSpec
 
@@ -73,11 +73,12 @@ _CODEC_SAMPLING_US = 1_000_000  # encoder/decoder utilization's sampling period 
 # "all the samples maintained by the driver's internal sample buffer"): both are assumed.
 _PROCESS_SAMPLE_US = 1_000_000
 _PROCESS_SAMPLES_KEPT = 20
-# nvmlDeviceGetSamples' sampling types the fake keeps, and the device quantity each samples.
+# nvmlDeviceGetSamples' sampling types the fake keeps: the device quantity each samples, and
+# the per-process engine (its index in the per-process percents) that keeps the device busy.
 _SAMPLED = {
-    pynvml.NVML_GPU_UTILIZATION_SAMPLES: "utilization",
-    pynvml.NVML_ENC_UTILIZATION_SAMPLES: "encoder_utilization",
-    pynvml.NVML_DEC_UTILIZATION_SAMPLES: "decoder_utilization",
+    pynvml.NVML_GPU_UTILIZATION_SAMPLES: ("utilization", 0),  # SM
+    pynvml.NVML_ENC_UTILIZATION_SAMPLES: ("encoder_utilization", 2),
+    pynvml.NVML_DEC_UTILIZATION_SAMPLES: ("decoder_utilization", 3),
 }
 # nvml.h: nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1),
 # the struct's size (24) | 1 << 24; the fake's own copy (tests check pynvml's).
@@ -442,6 +443,13 @@ class FakeNvmlLib:
     def generation(self) -> int:
         """How many times NVML went from uninitialised to initialised."""
         return self._generation
+
+    def set_processes(self, processes: Iterable[ProcessSpec]) -> None:
+        """Replace what the per-process calls list and sample (the scenario's `processes:` at
+        start), for processes not known when the scenario was written: bench/gpu_validation.py
+        makes its workload child (a real PID) a process on GPU 0 with each workload's use.
+        NVML's view only: the simulated node's /proc and CRI runtime keep the scenario's."""
+        self._processes = by_gpu(tuple(processes))
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -1513,11 +1521,13 @@ class FakeNvmlLib:
         per-process samples: same period, same stamps), newer than lastSeenTimeStamp; percent
         as unsigned int. nvml.h: "samples set to NULL" sizes (samplesCount), NOT_FOUND "if
         sample entries are not found". The fake keeps GPU, encoder and decoder utilization;
-        the other sampling types (power, clocks, memory utilization) answer NOT_SUPPORTED."""
-        quantity = _SAMPLED.get(_int(sampling))
+        the other sampling types (power, clocks, memory utilization) answer NOT_SUPPORTED.
+        A sample is at least the busiest process's percent of the engine in its period (the
+        engine ran while any process's kernels did), whatever the scenario's device value."""
+        sampled = _SAMPLED.get(_int(sampling))
         if count is None or value_type is None:
             return INVALID_ARGUMENT
-        if dev.spec.mig_enabled or quantity is None:
+        if dev.spec.mig_enabled or sampled is None:
             return NOT_SUPPORTED  # utilization: not on MIG-enabled GPUs, as the rates
         periods = self._periods(t, _int(last_seen))
         if not periods:
@@ -1530,10 +1540,18 @@ class FakeNvmlLib:
             return SUCCESS
         box.value = min(capacity, len(periods))  # as many as fit, oldest first
         entries = _slots(samples)
+        quantity, engine = sampled
         for i, (stamp, middle) in enumerate(periods[: box.value]):
+            busiest = max(
+                (p.utilization.percents(middle)[engine] for p in self._running_at(dev, middle)),
+                default=0,
+            )
             entries[i].timeStamp = stamp
-            entries[i].sampleValue.uiVal = _percent(dev.value(quantity, middle))
+            entries[i].sampleValue.uiVal = max(_percent(dev.value(quantity, middle)), busiest)
         return SUCCESS
+
+    def _running_at(self, dev: _Device, t: float) -> list[ProcessSpec]:
+        return [p for p in self._processes.get(dev.index, ()) if p.running(t)]
 
     # -- GPM --------------------------------------------------------------------------------
 

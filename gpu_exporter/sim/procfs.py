@@ -7,7 +7,9 @@ the start of each per-process call (`FakeNvmlLib.process_listeners`), so what th
 maps right after a call is the /proc of the moment the call listed; the node's thread
 (`sim/node.py`) also calls it a few times a second, so the tree follows the clock without
 calls. An entry changes only when the process at that PID does (PID reuse) or a fault starts or
-ends, and each file is replaced whole (rename over it), so a reader sees an old or a new file,
+ends, so a sync between the same two such moments as the last one (and no test fault changed
+since) has nothing to do and returns at once: a tick makes several per-process calls per GPU.
+Each file is replaced whole (rename over it), so a reader sees an old or a new file,
 never a torn one; two files of one entry may come from two processes for an instant after a
 PID is reused, as on a real node (the start time in `stat` tells them apart).
 
@@ -22,6 +24,7 @@ refused, a file of mode 000 (refused to readers without CAP_DAC_OVERRIDE).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import shutil
@@ -103,6 +106,10 @@ class FakeProcfs:
         self.syncs = 0
         os.makedirs(os.path.join(self.root, "self", "ns"))
         self.set_pid_namespace(HOST_PID_NAMESPACE)
+        # Where the tree can change: each process's [from, until) and each proc fault's ends.
+        self._changes = _change_times(scenario)
+        self._tests_faults = 0  # bumped by vanish, deny and restore
+        self._synced: tuple[int, int] | None = None  # (span of _changes, _tests_faults) written
         self.sync()
 
     # -- tests' faults ---------------------------------------------------------------------
@@ -111,12 +118,14 @@ class FakeProcfs:
         """Make these files of /proc/<pid> absent (all: the directory) until `restore`."""
         with self._lock:
             self._vanished[pid] = _files(files)
+            self._tests_faults += 1
         self.sync()
 
     def deny(self, pid: int, files: Iterable[str] = PROC_FILES) -> None:
         """Make these files of /proc/<pid> answer EACCES until `restore`."""
         with self._lock:
             self._denied[pid] = _files(files)
+            self._tests_faults += 1
         self.sync()
 
     def restore(self, pid: int) -> None:
@@ -124,6 +133,7 @@ class FakeProcfs:
         with self._lock:
             self._vanished.pop(pid, None)
             self._denied.pop(pid, None)
+            self._tests_faults += 1
         self.sync()
 
     def set_pid_namespace(self, link: str) -> None:
@@ -149,12 +159,16 @@ class FakeProcfs:
             if self._closed:
                 return  # a late caller after uninstall: nothing to write into
             self.syncs += 1
+            synced = (bisect.bisect_right(self._changes, t), self._tests_faults)
+            if synced == self._synced:
+                return  # nothing started or ended since the last sync
             wanted = self._wanted(t)
             for pid in self._written.keys() - wanted.keys():
                 self._remove(pid)
             for pid, files in wanted.items():
                 if self._written.get(pid) != files:
                     self._write(pid, files)
+            self._synced = synced
 
     def close(self) -> None:
         with self._lock:
@@ -208,6 +222,22 @@ class FakeProcfs:
     def _remove(self, pid: int) -> None:
         shutil.rmtree(os.path.join(self.root, str(pid)), ignore_errors=True)
         del self._written[pid]
+
+
+def _change_times(scenario: Scenario) -> list[float]:
+    """The scenario times at which /proc can change, sorted: processes run and proc faults hold
+    in [from, until), so two times with as many of these at or before them see one tree."""
+    times: set[float] = set()
+    for proc in scenario.processes:
+        times.add(proc.start)
+        if proc.until is not None:
+            times.add(proc.until)
+    for fault in scenario.faults:
+        if fault.kind in ("proc_vanished", "proc_unreadable"):
+            times.add(fault.at)
+            if fault.until is not None:
+                times.add(fault.until)
+    return sorted(times)
 
 
 def _files(names: Iterable[str]) -> frozenset[str]:
