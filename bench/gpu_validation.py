@@ -468,14 +468,17 @@ class ProcessProbe:
         self.handle, self.pid = handle, pid
         self.utilization: str | None = None  # the utilization call the driver answers
         self.last_seen = 0
+        self.device_seen = 0  # the newest device utilization sample read
         self.timings: dict[str, list[float]] = defaultdict(list)
         self.spacings_ms: list[float] = []  # every workload's
+        self.device_spacings_ms: list[float] = []
         self.no_permission = False
         self._start_phase()
 
     def _start_phase(self) -> None:
         self.outcomes: Counter[str] = Counter()
         self.stamps: dict[int, set[int]] = defaultdict(set)
+        self.device_stamps: set[int] = set()
         self.child_sm: list[float] = []
         self.ages_ms: list[float] = []
 
@@ -518,9 +521,18 @@ class ProcessProbe:
         return out
 
     def poll(self) -> None:
-        """Each list once, and the utilization samples newer than the last one seen."""
+        """Each list once, and the utilization samples (the device's and the processes') newer
+        than the last one seen."""
         for name in PROCESS_LISTS:
             self._call(name)
+        # The processes collector's window: the device's own sample periods.
+        outcome, read = self._call(
+            "nvmlDeviceGetSamples", N.NVML_GPU_UTILIZATION_SAMPLES, self.device_seen
+        )
+        if read is not None:
+            stamps = {int(sample.timeStamp) for sample in read[1]}
+            self.device_stamps |= stamps
+            self.device_seen = max([self.device_seen, *stamps])
         if self.utilization is None:
             return
         outcome, samples = self._call(self.utilization, self.last_seen)
@@ -550,6 +562,9 @@ class ProcessProbe:
             for earlier, later in pairwise(sorted(stamps))
         ]
         self.spacings_ms += spacings
+        device_spacings = [(b - a) / 1e3 for a, b in pairwise(sorted(self.device_stamps))]
+        self.device_spacings_ms += device_spacings
+        process_stamps = set().union(*self.stamps.values()) if self.stamps else set()
         polls = sum(self.outcomes.values())
         out = {
             "polls": polls,
@@ -557,6 +572,14 @@ class ProcessProbe:
             "not_found_ratio": self.outcomes["NVMLError_NotFound"] / polls if polls else None,
             "pids_sampled": sorted(self.stamps),
             "sample_spacing_ms": _spread(spacings),
+            "device_sample_spacing_ms": _spread(device_spacings),
+            # Assumed by the processes collector: one sampler, so the processes' time stamps
+            # are the device's periods' (a share is its samples over the device's periods).
+            "process_stamps_on_device_stamps": (
+                len(process_stamps & self.device_stamps) / len(process_stamps)
+                if process_stamps and self.device_stamps
+                else None
+            ),
             # How old the newest sample was when read: are the time stamps wall-clock µs?
             "newest_sample_age_ms_p50": statistics.median(self.ages_ms) if self.ages_ms else None,
             "child_samples": len(self.child_sm),
@@ -577,6 +600,9 @@ class ProcessProbe:
             "utilization_call": self.utilization,
             "sample_period_ms": period,
             "sample_spacing_ms": _spread(self.spacings_ms),
+            "device_sample_period_ms": (
+                statistics.median(self.device_spacings_ms) if self.device_spacings_ms else None
+            ),
             "short_reads": {
                 "poll_seconds": PROCESS_POLL_SECONDS,
                 "busy_polls": polls,
@@ -995,7 +1021,8 @@ def process_lines(report: dict[str, Any]) -> list[str]:
     lines = [
         "",
         f"Per process (workload child PID {found['child_pid']}, euid {found['euid']}): {calls}; "
-        f"samples from {found.get('utilization_call')}, period {found.get('sample_period_ms')} ms; "
+        f"samples from {found.get('utilization_call')}, period {found.get('sample_period_ms')} ms "
+        f"(the device's samples: {found.get('device_sample_period_ms')} ms); "
         f"reads every {short.get('poll_seconds')} s during matmul: {short.get('busy_not_found')} "
         f"of {short.get('busy_polls')} NOT_FOUND; NO_PERMISSION: {found.get('no_permission')}; "
         f"MPS clients: {found.get('mps_client_pids')}.",

@@ -80,6 +80,7 @@ def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_n
     )
     assert found["utilization_call"] == "nvmlDeviceGetProcessesUtilizationInfo"
     assert found["sample_period_ms"] == 1000.0  # the fake's period: its stamps' spacing
+    assert found["device_sample_period_ms"] == 1000.0  # nvmlDeviceGetSamples': the same
     short = found["short_reads"]
     assert short["poll_seconds"] == 0.1 and short["busy_polls"] > short["busy_not_found"] > 0
     assert short["not_found_when_sooner_than_the_period"] is True
@@ -96,6 +97,7 @@ def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_n
     assert matmul["collector"]["sm_share_mean"] > 0
     assert matmul["probe"]["pids_sampled"] == [child]
     assert matmul["probe"]["child_sm_mean_of_samples"] == pytest.approx(0.95)
+    assert matmul["probe"]["process_stamps_on_device_stamps"] == 1.0  # one sampler, assumed
     idle = report["workloads"]["idle"]["processes"]
     assert idle["collector"]["sm_share_mean"] == 0.0 and idle["probe"]["child_samples"] == 0
     assert report["call_latency"]["compute_processes"]["calls"] >= 3  # the collector's own
