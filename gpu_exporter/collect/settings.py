@@ -183,6 +183,35 @@ class ProcessesConfig(SettingsModel):
     timeout_seconds: float = Field(default=2.0, gt=0, le=60)
 
 
+class DraConfig(SettingsModel):
+    """`kubernetes.dra:`, devices the kubelet reports as allocated through Dynamic Resource
+    Allocation (PodResources `dynamic_resources`): each (driver, pool, device) becomes a GPU or
+    MIG UUID through the node's ResourceSlices, read from the API server
+    (gpu_exporter/collect/k8s/resource_slices.py; docs/kubernetes.md "DRA")."""
+
+    # Off by default: it needs a ServiceAccount token allowed to list and watch ResourceSlices,
+    # which the default DaemonSet does not mount.
+    enabled: bool = False
+    # The API server; auto: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT (in-cluster).
+    api_server: str = Field(default="auto", min_length=1)
+    # The ServiceAccount's token (re-read as the kubelet rotates it) and the cluster's CA.
+    token_file: str = Field(
+        default="/var/run/secrets/kubernetes.io/serviceaccount/token", min_length=1
+    )
+    ca_file: str = Field(
+        default="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", min_length=1
+    )
+    # This node's name, as ResourceSlices' spec.nodeName has it; "" takes $NODE_NAME (the
+    # chart sets it from the downward API's spec.nodeName).
+    node_name: str = ""
+    # The DRA drivers whose devices are GPUs (NVIDIA's: gpu.nvidia.com).
+    drivers: list[str] = Field(default=["gpu.nvidia.com"], min_length=1)
+    # How long one list call, or a watch's silence before it is restarted, may take.
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+
+    _lists = field_validator("drivers", mode="before")(split_commas)
+
+
 class KubernetesConfig(SettingsModel):
     """`kubernetes:`, pod attribution from the kubelet's PodResources API
     (gpu_exporter/collect/k8s/attribution.py)."""
@@ -205,6 +234,7 @@ class KubernetesConfig(SettingsModel):
     # STALE_AFTER_REFRESHES refresh intervals); 0 clears them at the first failure.
     stale_after_seconds: float | None = Field(default=None, ge=0, le=86400)
     processes: ProcessesConfig = ProcessesConfig()
+    dra: DraConfig = DraConfig()
 
     _lists = field_validator("resource_names", "resource_prefixes", mode="before")(split_commas)
 

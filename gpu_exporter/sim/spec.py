@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from gpu_exporter.collect.nvml.device_config import COMPUTE_MODE_NAMES
 from gpu_exporter.model import nvml_facts as facts
+from gpu_exporter.sim.dra import DRIVER, gpu_device_name, mig_device_name
 from gpu_exporter.sim.fields import (
     DeviceIndex,
     Flag,
@@ -868,6 +869,29 @@ class TopologyGroup(Strict):
     level: Annotated[int, PlainValidator(_level)]  # NVML_TOPOLOGY_*
 
 
+class PodClaimSpec(Strict):
+    """`claim:` of a pod entry: the device came through a DRA ResourceClaim, so the kubelet
+    reports it under `dynamic_resources` (claim and driver/pool/device) instead of `devices`."""
+
+    name: Text  # the ResourceClaim object's name (a template's generated name)
+    namespace: Text | None = None  # default: the pod's
+    driver: Text = DRIVER
+    pool: Text | None = None  # default: the scenario's dra.node_name (NVIDIA's pool is the node)
+    # default: the device's DRA name (gpu_exporter/sim/dra.py); another name is a device that
+    # no ResourceSlice publishes
+    device: Text | None = None
+
+
+class DraSpec(Strict):
+    """`dra:`: the node's DRA driver, publishing one ResourceSlice of every GPU and MIG device
+    live at the time (the fake API server, gpu_exporter/sim/apiserver.py)."""
+
+    node_name: Text = "sim-node"  # the slices' spec.nodeName and pool
+    # When the driver replaces its slice (a restart: the old one deleted, a new one under a new
+    # name and pool generation added), in scenario seconds.
+    republish: tuple[NonNegative, ...] = ()
+
+
 class PodSpec(Strict):
     """One device a pod's container holds, as the kubelet's PodResources List() reports it: a
     whole GPU (`gpu`) or one MIG device of it (`gpu_instance`, and `compute_instance` on a
@@ -881,6 +905,7 @@ class PodSpec(Strict):
     gpu_instance: Annotated[int | None, int_in(lo=0)] = None
     compute_instance: Annotated[int | None, int_in(lo=0)] = None
     replica: Annotated[int | None, int_in(lo=0)] = None  # a time-slicing share
+    claim: PodClaimSpec | None = None  # through DRA, not the device plugin
     # `from`: scenario seconds at which the kubelet starts reporting it
     start: NonNegative = Field(default=0.0, alias="from")
     # `until`: when it stops (None: for the rest of the run)
@@ -889,6 +914,8 @@ class PodSpec(Strict):
     if TYPE_CHECKING:  # set at validation, not written in the file
         # the device plugin's id: GPU or MIG UUID, `::<n>` for a time-slice replica
         device_id: str
+        # with `claim`: the DRA device name the kubelet reports (the claim's, else derived)
+        dra_device: str
 
     _after_start = field_validator("until")(until_after_from)
 
@@ -913,13 +940,17 @@ class PodSpec(Strict):
                 )
             device_id = entries[0].mig_uuids[ci]
             resource = f"nvidia.com/mig-{entries[0].compute_profile()}"  # the mixed strategy
+            dra_device = mig_device_name(device.index, entries[0], ci)
         elif self.compute_instance is not None:
             raise error_at(("compute_instance",), "`compute_instance` needs `gpu_instance`")
         else:
             device_id = device.uuid
+            dra_device = gpu_device_name(device.index)
         if self.replica is not None:
             device_id += f"::{self.replica}"  # time-slicing's shares
         settle(self, device_id=device_id)
+        if self.claim is not None:
+            settle(self, dra_device=self.claim.device or dra_device)
         if "resource" not in self.model_fields_set:
             settle(self, resource=resource)
         return self
@@ -967,6 +998,7 @@ class Scenario(Strict):
     faults: Annotated[tuple[Fault, ...], OrNone] = ()
     topology: Annotated[tuple[TopologyGroup, ...], OrNone] = ()
     pods: Annotated[tuple[PodSpec, ...], OrNone] = ()
+    dra: DraSpec | None = None  # None: no DRA driver (a default one when a pod has a claim)
     processes: Annotated[tuple[ProcessSpec, ...], PlainValidator(validate_processes)] = ()
 
     if TYPE_CHECKING:  # set at validation, not written in the file
@@ -992,6 +1024,8 @@ class Scenario(Strict):
         scenario._refuse_shared_ids(data)
         scenario._refuse_dcgm_faults_without_dcgm()
         scenario._refuse_process_faults_without_processes()
+        if scenario.dra is None and any(p.claim is not None for p in scenario.pods):
+            settle(scenario, dra=DraSpec())
         settle(scenario, source=context_of(info).get("source", "<dict>"))
         return scenario
 
