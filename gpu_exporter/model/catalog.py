@@ -31,6 +31,15 @@ class Scope(StrEnum):
 
 # The labels that name a pod's container: on gpu_pod_info and the per-pod families as their own.
 POD_LABELS = ("namespace", "pod", "container")
+# A DRA claim's: the pod's, then the ResourceClaim and the device as the kubelet reports them.
+DRA_CLAIM_LABELS = (
+    *POD_LABELS,
+    "claim_namespace",
+    "resourceclaim_name",
+    "driver",
+    "pool",
+    "device",
+)
 
 # Labels of a MIG instance's series, after the parent GPU's gpu and uuid (series.py says when
 # each is present).
@@ -446,6 +455,18 @@ FAMILIES: tuple[Family, ...] = (
         source="kubernetes",
         scope=BOTH,
     ),
+    Family(
+        "gpu_pod_resourceclaim_info",
+        Kind.INFO,
+        "Pod and container holding the GPU or MIG instance through a DRA ResourceClaim "
+        "(kubelet PodResources dynamic_resources, resolved to the device through the node's "
+        "ResourceSlices), with the claim and the device as DRA names it; resourceclaim_name is "
+        "the ResourceClaim object's name, as kube-state-metrics' kube_pod_resourceclaim_info "
+        "labels it. Value is always 1.",
+        DRA_CLAIM_LABELS,
+        source="kubernetes",
+        scope=BOTH,
+    ),
     # Activity as counters: the ratio of each tick times the tick's interval, summed.
     *(
         Family(
@@ -785,6 +806,14 @@ FAMILIES: tuple[Family, ...] = (
         G,
         "Unix time of the last successful kubelet PodResources refresh.",
         unit="seconds",
+        source="kubernetes",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_dra_unresolved_devices",
+        G,
+        "Devices the kubelet reports allocated through DRA claims that no ResourceSlice of this "
+        "node publishes with a uuid: their pods are not attributed (counted, never guessed).",
         source="kubernetes",
         per_device=False,
     ),

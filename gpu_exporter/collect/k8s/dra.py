@@ -15,7 +15,9 @@ releases; `index` was dropped in v25.8).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 from gpu_exporter.collect.k8s.attribution import PodRef
@@ -45,3 +47,41 @@ class SliceDevice:
     kind: str = ""  # `type`: gpu, mig, vfio, ... ("" when absent)
     parent_uuid: str = ""  # `parentUUID` of a MIG device
     profile: str = ""  # `profile` of a MIG device, e.g. 1g.10gb
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The claims of one moment, resolved to the GPUs and MIG devices the node has.
+
+    `holders`: GPU or MIG UUID -> the containers holding it through a claim (sorted), merged
+    with the device plugin's map by the caller. `claims`: UUID -> (claim, device) pairs, for the
+    join series. `unresolved`: devices the kubelet reports allocated that no ResourceSlice of
+    the node publishes with a `uuid` (its driver's slice not read yet, or gone): counted, never
+    guessed."""
+
+    holders: Mapping[str, tuple[PodRef, ...]]
+    claims: Mapping[str, tuple[tuple[Claim, DraDevice], ...]]
+    unresolved: tuple[DraDevice, ...]
+
+
+def resolve(
+    claims: Mapping[DraDevice, tuple[Claim, ...]], slices: Mapping[DraDevice, SliceDevice]
+) -> Resolved:
+    holders: dict[str, set[PodRef]] = {}
+    by_uuid: dict[str, set[tuple[Claim, DraDevice]]] = {}
+    unresolved = []
+    for device, held in claims.items():
+        published = slices.get(device)
+        if published is None or not published.uuid:
+            unresolved.append(device)
+            continue
+        holders.setdefault(published.uuid, set()).update(claim.holder for claim in held)
+        by_uuid.setdefault(published.uuid, set()).update((claim, device) for claim in held)
+    return Resolved(
+        MappingProxyType({uuid: tuple(sorted(refs)) for uuid, refs in sorted(holders.items())}),
+        MappingProxyType({uuid: tuple(sorted(pairs)) for uuid, pairs in sorted(by_uuid.items())}),
+        tuple(sorted(unresolved)),
+    )
+
+
+NOTHING = Resolved(MappingProxyType({}), MappingProxyType({}), ())

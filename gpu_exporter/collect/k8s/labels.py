@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from gpu_exporter.collect.k8s.attribution import DeviceMap, PodAttribution, PodRef
+from gpu_exporter.collect.k8s.dra import NOTHING, Claim, DraDevice, Resolved
 from gpu_exporter.model.series import HOLDERS_LABEL
 from gpu_exporter.model.snapshot import MINOR_NUMBER, DeviceSample, InstanceSample, Labels, Reading
 
@@ -40,13 +41,17 @@ class PodsOfTick:
     the identity the sampler's enumeration already read: no NVML lookup, ever (dcgm-exporter
     resolved MIG ids through NVML on every scrape, issue 599)."""
 
-    def __init__(self, attribution: PodAttribution) -> None:
+    def __init__(
+        self, attribution: PodAttribution, dra: Callable[[], Resolved] = lambda: NOTHING
+    ) -> None:
         self.attribution = attribution
+        self.dra = dra  # DRA claims resolved to UUIDs (collect/k8s/dra_attribution.py)
         self._by_device: DeviceMap = {}
         self._by_instance: dict[str, tuple[PodRef, ...]] = {}  # mig uuid -> pods
 
     def process(self, devices: list[DeviceSample], _now: float) -> list[DeviceSample]:
-        self._by_device = by_device = self.attribution.pods_by_device()
+        resolved = self.dra()
+        self._by_device = by_device = _merged(self.attribution.pods_by_device(), resolved.holders)
         self._by_instance = {}
         out = []
         for device in devices:
@@ -56,10 +61,13 @@ class PodsOfTick:
                 held = _pods_of_instance(by_device, device, instance)
                 if held:
                     self._by_instance[instance.mig_uuid] = held
-                    instance = replace(instance, readings=instance.readings + _pod_info(held))
+                    claims = _claim_info(resolved.claims.get(instance.mig_uuid, ()))
+                    readings = instance.readings + _pod_info(held) + claims
+                    instance = replace(instance, readings=readings)
                 instances.append(instance)
             if pods or instances:
-                readings = device.readings + _pod_info(pods)
+                claims = _claim_info(resolved.claims.get(device.uuid, ()))
+                readings = device.readings + _pod_info(pods) + claims
                 device = replace(device, readings=readings, instances=tuple(instances))
             out.append(device)
         return out
@@ -104,4 +112,37 @@ def _pod_info(pods: tuple[PodRef, ...]) -> tuple[Reading, ...]:
             (("namespace", p.namespace), ("pod", p.pod), ("container", p.container)),
         )
         for p in pods
+    )
+
+
+def _merged(
+    plugin: DeviceMap, claimed: Mapping[str, tuple[PodRef, ...]]
+) -> Mapping[str, tuple[PodRef, ...]]:
+    """The device plugin's holders and the DRA claims' in one map (a device may be both:
+    a cluster moving from one to the other)."""
+    if not claimed:
+        return plugin
+    merged = dict(plugin)
+    for uuid, refs in claimed.items():
+        merged[uuid] = tuple(sorted({*merged.get(uuid, ()), *refs}))
+    return merged
+
+
+def _claim_info(claims: tuple[tuple[Claim, DraDevice], ...]) -> tuple[Reading, ...]:
+    return tuple(
+        Reading(
+            "gpu_pod_resourceclaim_info",
+            1.0,
+            (
+                ("namespace", claim.holder.namespace),
+                ("pod", claim.holder.pod),
+                ("container", claim.holder.container),
+                ("claim_namespace", claim.claim_namespace),
+                ("resourceclaim_name", claim.claim_name),
+                ("driver", device.driver),
+                ("pool", device.pool),
+                ("device", device.device),
+            ),
+        )
+        for claim, device in claims
     )

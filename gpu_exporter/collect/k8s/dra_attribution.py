@@ -1,0 +1,80 @@
+"""DRA attribution put together: the kubelet's claims (`PodAttribution.claims`) resolved through
+the node's ResourceSlices (`ResourceSlices.devices`) to GPU and MIG UUIDs, once per tick for
+`PodsOfTick`, with its own health as series.
+
+Built by the assembly when `kubernetes.dra.enabled`; see docs/kubernetes.md "DRA".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
+
+from gpu_exporter.collect.k8s.dra import NOTHING, Claim, DraDevice, Resolved, SliceDevice, resolve
+from gpu_exporter.model.series import Producer, Series, series
+
+log = logging.getLogger(__name__)
+
+UNRESOLVED = "gpu_exporter_dra_unresolved_devices"
+
+
+class SliceSource(Protocol):
+    """What DRA attribution needs of the ResourceSlice reader (collect/k8s/resource_slices.py)."""
+
+    def devices(self) -> Mapping[DraDevice, SliceDevice]: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def series(self) -> Iterator[Series]: ...
+
+
+Claims = Callable[[], Mapping[DraDevice, tuple[Claim, ...]]]
+
+
+class DraAttribution:
+    """`resolved` is what `PodsOfTick` asks each tick; `start`/`stop` run the slice reader."""
+
+    def __init__(self, claims: Claims, slices: SliceSource) -> None:
+        self.claims, self.slices = claims, slices
+        self._lock = threading.Lock()
+        # Both inputs are immutable snapshots swapped whole: resolved again only when one is.
+        self._inputs: tuple[object, object] | None = None
+        self._resolved = NOTHING
+        self._logged: tuple[DraDevice, ...] = ()
+
+    def start(self) -> None:
+        self.slices.start()
+
+    def stop(self) -> None:
+        self.slices.stop()
+
+    def resolved(self) -> Resolved:
+        claims, devices = self.claims(), self.slices.devices()
+        with self._lock:
+            same = self._inputs is not None and self._inputs == (claims, devices)
+            if same:
+                return self._resolved
+            self._inputs, self._resolved = (claims, devices), resolve(claims, devices)
+            resolved = self._resolved
+            changed = resolved.unresolved != self._logged
+            self._logged = resolved.unresolved
+        if changed and resolved.unresolved:
+            first = resolved.unresolved[0]
+            log.warning(
+                "DRA attribution: %d claimed device(s) in no ResourceSlice of this node with a "
+                "uuid, their pods unattributed (first: driver %s, pool %s, device %s)",
+                len(resolved.unresolved), first.driver, first.pool, first.device,
+            )  # fmt: skip
+        elif changed:
+            log.info("DRA attribution: every claimed device is resolved again")
+        return resolved
+
+    def series(self) -> Iterator[Series]:
+        yield from self.slices.series()
+        with self._lock:
+            unresolved = len(self._resolved.unresolved)
+        yield series(UNRESOLVED, float(unresolved))
+
+    def producer(self) -> Producer:
+        return Producer("dra", self.series, frozenset({"kubernetes"}))
