@@ -36,6 +36,7 @@ def _spec(quantity: str, spec: object) -> ValueSpec:
 
 def test_builtin_names() -> None:
     assert sim.builtin_scenarios() == [
+        "dra",
         "faults",
         "mig",
         "mixed",
