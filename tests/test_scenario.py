@@ -91,7 +91,7 @@ def test_load_from_path_and_unknown_name(tmp_path: Path) -> None:
     path.write_text("name: mine\ndevices: [{}]\n")
     assert load_scenario(path).name == "mine"
     assert load_scenario(str(path)).source == str(path)
-    builtins = r"\(built-ins: faults, mig, mixed, pre-hopper, pre-hopper-dcgm, shared\)$"
+    builtins = r"\(built-ins: dra, faults, mig, mixed, pre-hopper, pre-hopper-dcgm, shared\)$"
     with pytest.raises(ScenarioError, match=builtins):
         load_scenario("no-such-scenario")
 
