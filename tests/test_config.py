@@ -295,3 +295,17 @@ def test_the_kubelet_grace_reaches_pod_attribution(tmp_path: Path) -> None:
     path.write_text("kubernetes:\n  stale_after_seconds: -1\n")
     with pytest.raises(ConfigError, match=r"config.yaml:2: kubernetes.stale_after_seconds"):
         load_config(path, environ={})
+
+
+def test_dra_settings_and_dra_without_pod_attribution_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("kubernetes:\n  dra:\n    enabled: true\n    drivers: gpu.nvidia.com,x.io\n")
+    dra = load_config(path, environ={}).kubernetes.dra
+    assert dra.enabled and dra.drivers == ["gpu.nvidia.com", "x.io"]
+    assert dra.token_file == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    path.write_text("kubernetes:\n  enabled: false\n  dra:\n    enabled: true\n")
+    with pytest.raises(ConfigError, match=r"kubernetes\.dra\.enabled needs pod attribution"):
+        load_config(path, environ={})
+    path.write_text("kubernetes:\n  dra:\n    drivers: []\n")
+    with pytest.raises(ConfigError, match=rf"{path}:3.*kubernetes\.dra\.drivers"):
+        load_config(path, environ={})

@@ -117,6 +117,11 @@ class Config(SettingsModel):
                 f"dcgm_compat.listen_address ({compat}) must use another port than "
                 f"listen_address ({self.listen_address})"
             )
+        if self.kubernetes.dra.enabled and self.kubernetes.enabled in (False, "false"):
+            raise ValueError(
+                "kubernetes.dra.enabled needs pod attribution (kubernetes.enabled true or "
+                "auto): the kubelet's PodResources API reports the claimed devices"
+            )
         return self
 
     @model_validator(mode="after")
