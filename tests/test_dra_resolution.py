@@ -23,6 +23,7 @@ TRAIN = PodRef("ml", "train-0", "main")
 EVAL = PodRef("ml", "eval-0", "main")
 NOTEBOOK = PodRef("lab", "nb-0", "jupyter")
 PLUGIN = PodRef("batch", "legacy-0", "main")
+GRACE = 30.0
 
 WHOLE = DraDevice("gpu.nvidia.com", "node-1", "gpu-0")
 SLICE = DraDevice("gpu.nvidia.com", "node-1", "gpu-3-mig-1g18gb-9-0")
@@ -94,7 +95,7 @@ def info(readings: object, family: str) -> list[dict[str, str]]:
 
 
 def test_a_claimed_gpu_and_mig_device_get_pod_info_labels_and_the_claims_join_series() -> None:
-    dra = DraAttribution(lambda: CLAIMS, FakeSlices(SLICES))
+    dra = DraAttribution(lambda: CLAIMS, FakeSlices(SLICES), GRACE)
     pods = PodsOfTick(FakeAttribution({OTHER_GPU: (PLUGIN,)}), dra.resolved)  # type: ignore[arg-type]
     gpu, other, parent = pods.process(tick_devices(), 0.0)
     assert [d["pod"] for d in info(gpu.readings, "gpu_pod_info")] == ["eval-0", "train-0"]
@@ -128,7 +129,7 @@ def test_a_claimed_gpu_and_mig_device_get_pod_info_labels_and_the_claims_join_se
 
 
 def test_a_device_both_plugin_and_claim_held_lists_every_holder() -> None:
-    dra = DraAttribution(lambda: {WHOLE: CLAIMS[WHOLE]}, FakeSlices(SLICES))
+    dra = DraAttribution(lambda: {WHOLE: CLAIMS[WHOLE]}, FakeSlices(SLICES), GRACE)
     pods = PodsOfTick(FakeAttribution({GPU: (PLUGIN,)}), dra.resolved)  # type: ignore[arg-type]
     gpu, _, _ = pods.process(tick_devices(), 0.0)
     assert [d["pod"] for d in info(gpu.readings, "gpu_pod_info")] == [
@@ -146,7 +147,7 @@ def test_unresolved_devices_are_counted_logged_once_and_followed_when_a_slice_ap
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     slices = FakeSlices(SLICES)
-    dra = DraAttribution(lambda: CLAIMS, slices)
+    dra = DraAttribution(lambda: CLAIMS, slices, GRACE)
     with caplog.at_level(logging.INFO, logger="gpu_exporter.collect.k8s.dra_attribution"):
         dra.resolved()
         dra.resolved()
@@ -161,3 +162,18 @@ def test_unresolved_devices_are_counted_logged_once_and_followed_when_a_slice_ap
     assert len(messages) == 2
     assert "2 claimed device(s) in no ResourceSlice" in messages[0] and "gpu-7" in messages[0]
     assert "resolved again" in messages[1]
+
+
+def test_a_device_that_leaves_the_slices_keeps_its_pods_for_the_grace_period() -> None:
+    """A driver restart replaces its slice: deleted, then published again. The GPU's uuid did
+    not change meanwhile, so its pods keep their labels; a device gone for good is dropped."""
+    now = [0.0]
+    slices = FakeSlices(SLICES)
+    dra = DraAttribution(lambda: {WHOLE: CLAIMS[WHOLE]}, slices, GRACE, monotonic=lambda: now[0])
+    assert dra.resolved().holders == {GPU: (EVAL, TRAIN)}
+    slices.devices_now = MappingProxyType({})  # the old slice deleted, the new one not yet there
+    now[0] = GRACE - 1
+    assert dra.resolved().holders == {GPU: (EVAL, TRAIN)}
+    now[0] = GRACE * 2
+    resolved = dra.resolved()
+    assert resolved.holders == {} and resolved.unresolved == (WHOLE,)

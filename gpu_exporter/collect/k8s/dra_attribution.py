@@ -2,6 +2,10 @@
 the node's ResourceSlices (`ResourceSlices.devices`) to GPU and MIG UUIDs, once per tick for
 `PodsOfTick`, with its own health as series.
 
+A device that leaves the slices is remembered for the grace period: a driver that restarts
+replaces its slice (deleted, then published anew), and a GPU's `uuid` does not change in
+between, so its pods keep their labels across the gap instead of flapping.
+
 Built by the assembly when `kubernetes.dra.enabled`; see docs/kubernetes.md "DRA".
 """
 
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
@@ -35,8 +40,16 @@ Claims = Callable[[], Mapping[DraDevice, tuple[Claim, ...]]]
 class DraAttribution:
     """`resolved` is what `PodsOfTick` asks each tick; `start`/`stop` run the slice reader."""
 
-    def __init__(self, claims: Claims, slices: SliceSource) -> None:
+    def __init__(
+        self,
+        claims: Claims,
+        slices: SliceSource,
+        grace_seconds: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.claims, self.slices = claims, slices
+        self.grace_seconds, self._monotonic = grace_seconds, monotonic
+        self._seen: dict[DraDevice, tuple[SliceDevice, float]] = {}  # device -> (it, last seen)
         self._lock = threading.Lock()
         # Both inputs are immutable snapshots swapped whole: resolved again only when one is.
         self._inputs: tuple[object, object] | None = None
@@ -50,8 +63,9 @@ class DraAttribution:
         self.slices.stop()
 
     def resolved(self) -> Resolved:
-        claims, devices = self.claims(), self.slices.devices()
+        claims = self.claims()
         with self._lock:
+            devices = self._remembered(self.slices.devices())
             same = self._inputs is not None and self._inputs == (claims, devices)
             if same:
                 return self._resolved
@@ -69,6 +83,16 @@ class DraAttribution:
         elif changed:
             log.info("DRA attribution: every claimed device is resolved again")
         return resolved
+
+    def _remembered(self, devices: Mapping[DraDevice, SliceDevice]) -> dict[DraDevice, SliceDevice]:
+        """The slices' devices, and those that left them less than the grace period ago."""
+        now = self._monotonic()
+        for device, published in devices.items():
+            self._seen[device] = (published, now)
+        for device, (_, seen) in list(self._seen.items()):
+            if now - seen > self.grace_seconds:
+                del self._seen[device]
+        return {device: published for device, (published, _) in self._seen.items()}
 
     def series(self) -> Iterator[Series]:
         yield from self.slices.series()
