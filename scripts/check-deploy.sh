@@ -3,9 +3,10 @@
 #   generated   deploy/prometheusrule.yaml, the chart's rule copy, values schema and README are up to date
 #   lint        helm lint --strict, with the default values and with ci/all-on-values.yaml
 #   render      helm template (defaults; ServiceMonitor + PrometheusRule on; every toggle on;
-#               pod attribution off; per-process attribution on) and kubectl kustomize
-#               (deploy/; + components/restricted; + components/no-operator;
-#               + components/process-attribution) into OUT/*.yaml
+#               pod attribution off; per-process attribution on; DRA attribution on) and
+#               kubectl kustomize (deploy/; + components/restricted; + components/no-operator;
+#               + components/process-attribution; + components/dra; + both of the last two)
+#               into OUT/*.yaml
 #   validate    kubernetes-validate --strict on every rendered file, for the oldest and newest
 #               Kubernetes the chart supports (Chart.yaml kubeVersion: 1.25 .. 1.37)
 #   rules       promtool check rules + test rules (rules/tests/*.yaml) on the PrometheusRule
@@ -101,10 +102,14 @@ step_render() {
     >"$out/chart-restricted.yaml"
   "$HELM" template gpu-exporter "$CHART" -n gpu-exporter --set processAttribution.enabled=true \
     >"$out/chart-process-attribution.yaml"
+  "$HELM" template gpu-exporter "$CHART" -n gpu-exporter --set podAttribution.dra.enabled=true \
+    >"$out/chart-dra.yaml"
   "$KUBECTL" kustomize deploy >"$out/deploy.yaml"
   kustomize_with restricted restricted
   kustomize_with no-operator no-operator
   kustomize_with process-attribution process-attribution
+  kustomize_with dra dra
+  kustomize_with dra-process-attribution dra process-attribution
 }
 
 step_validate() {

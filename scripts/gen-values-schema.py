@@ -52,6 +52,8 @@ GENERATED_LEAVES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("podAttribution", "mode"): ("kubernetes", "mode"),
     ("podAttribution", "refreshSeconds"): ("kubernetes", "refresh_seconds"),
     ("podAttribution", "timeoutSeconds"): ("kubernetes", "timeout_seconds"),
+    ("podAttribution", "dra", "drivers"): ("kubernetes", "dra", "drivers"),
+    ("podAttribution", "dra", "timeoutSeconds"): ("kubernetes", "dra", "timeout_seconds"),
     ("processAttribution", "refreshSeconds"): ("kubernetes", "processes", "refresh_seconds"),
     ("processAttribution", "timeoutSeconds"): ("kubernetes", "processes", "timeout_seconds"),
     ("rules", "evaluationIntervalSeconds"): ("rules", "evaluation_interval_seconds"),

@@ -42,6 +42,9 @@ VARIANTS = [
     "chart-all-on",
     "chart-restricted",
     "chart-process-attribution",
+    "chart-dra",
+    "deploy-dra",
+    "deploy-dra-process-attribution",
 ]
 ATTRIBUTION_OFF = {"deploy-restricted", "chart-restricted"}
 # Per-process attribution on (the host's /proc and the CRI socket mounted): the socket each mounts.
@@ -49,7 +52,17 @@ PROCESSES = {
     "deploy-process-attribution": "/run/containerd/containerd.sock",
     "chart-process-attribution": "/run/containerd/containerd.sock",
     "chart-all-on": "/var/run/crio/crio.sock",  # given as unix:///var/run/crio/crio.sock
+    "deploy-dra-process-attribution": "/run/containerd/containerd.sock",
 }
+# DRA attribution on (ResourceSlices read from the API server): the projected token's lifetime
+# and the DRA drivers each variant's daemon reads.
+DRA = {
+    "chart-dra": (3600, ["gpu.nvidia.com"]),
+    "chart-all-on": (7200, ["gpu.nvidia.com", "gpu.example.com"]),
+    "deploy-dra": (3600, ["gpu.nvidia.com"]),
+    "deploy-dra-process-attribution": (3600, ["gpu.nvidia.com"]),
+}
+RBAC_KINDS = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
 OPERATOR = {"deploy", "chart-operator", "chart-all-on"}
 
 
@@ -213,17 +226,21 @@ def test_without_attribution_runs_as_non_root_without_host_paths(rendered, varia
 
 
 def _loaded_config(rendered: Path, variant: str) -> Config:
-    """The variant's daemon configuration as the daemon loads it (credential files stood in)."""
+    """The variant's daemon configuration as the daemon loads it: the ConfigMap's file and the
+    container's literal environment variables (credential files stood in)."""
     from gpu_exporter.config.load import load_config
 
-    text = one(docs(rendered, variant), "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    objects = docs(rendered, variant)
+    text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
     secrets = rendered / f"{variant}.secrets" / "am"
     secrets.mkdir(parents=True, exist_ok=True)
     for name in ("password", "ca.crt", "token"):
         (secrets / name).write_text("x\n")
     path = rendered / f"{variant}.loaded.yaml"
     path.write_text(text.replace("/etc/gpu-exporter/secrets/", f"{secrets.parent}/"))
-    return load_config(path, environ={})
+    (container,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    environ = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    return load_config(path, environ=environ)
 
 
 @pytest.mark.parametrize("variant", sorted(set(VARIANTS) - set(PROCESSES)))
@@ -378,6 +395,197 @@ def test_chart_process_attribution_takes_the_runtime_socket_with_or_without_unix
     # hostPID alone, without per-process attribution, still works as before.
     plain = one(helm_template("--set", "hostPID=true"), "DaemonSet")["spec"]["template"]["spec"]
     assert plain["hostPID"] is True and "cri-socket" not in {v["name"] for v in plain["volumes"]}
+
+
+# --- DRA attribution (docs/kubernetes.md "DRA (ResourceClaims)") ---------------------------
+
+DRA_ENV = "GPU_EXPORTER_KUBERNETES__DRA__"  # components/dra's settings, over the file
+
+
+@pytest.mark.parametrize("variant", sorted(DRA))
+def test_dra_rbac_allows_only_reading_resource_slices(rendered, variant):
+    """One ClusterRole, get, list and watch on resourceslices of resource.k8s.io and nothing
+    else, bound to the ServiceAccount the DaemonSet runs as and to nothing else."""
+    objects = docs(rendered, variant)
+    assert sorted(o["kind"] for o in objects if o["kind"] in RBAC_KINDS) == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ]
+    role, binding = one(objects, "ClusterRole"), one(objects, "ClusterRoleBinding")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
+    assert "aggregationRule" not in role
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = one(objects, "ServiceAccount")
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    # The account still carries no token for every pod: only the exporter's container gets one.
+    assert account["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("variant", sorted(DRA))
+def test_dra_projects_a_token_and_the_ca_read_only_where_the_daemon_reads_them(rendered, variant):
+    """A token bound to the pod, for the API server's audience, and the cluster's CA, in one
+    projected volume mounted read-only in the container at the paths the daemon's
+    configuration (as the daemon loads it) names; NODE_NAME from the downward API for the
+    daemon's node_name "". Pod attribution's posture stays (UID 0, no capabilities)."""
+    objects = docs(rendered, variant)
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["automountServiceAccountToken"] is False
+    (volume,) = [v for v in pod["volumes"] if "projected" in v]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount  # a subPath mount would never see the renewed token
+    lifetime, drivers = DRA[variant]
+    token, ca = volume["projected"]["sources"]
+    assert token == {"serviceAccountToken": {"path": "token", "expirationSeconds": lifetime}}
+    assert ca == {
+        "configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    }
+
+    config = _loaded_config(rendered, variant)
+    dra = config.kubernetes.dra
+    assert dra.enabled is True and config.kubernetes.active()
+    assert dra.token_file == f"{mount['mountPath']}/token"
+    assert dra.ca_file == f"{mount['mountPath']}/ca.crt"
+    assert (dra.api_server, dra.node_name, dra.drivers) == ("auto", "", drivers)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+    base = "deploy" if variant.startswith("deploy") else "chart-default"
+    base_pod = one(docs(rendered, base), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == base_pod["securityContext"]
+    assert container["securityContext"] == base_pod["containers"][0]["securityContext"]
+
+
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - set(DRA)))
+def test_without_dra_there_is_no_token_and_no_rbac(rendered, variant):
+    """No Role or binding, no token anywhere, the daemon's kubernetes.dra off. (NODE_NAME stays:
+    it is the `node` label of the daemon's own alerts, test_daemonset_defaults.)"""
+    objects = docs(rendered, variant)
+    assert not [o["kind"] for o in objects if o["kind"] in RBAC_KINDS]
+    assert one(objects, "ServiceAccount")["automountServiceAccountToken"] is False
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["automountServiceAccountToken"] is False
+    assert not [v["name"] for v in pod["volumes"] if "projected" in v]
+    assert not [m for m in container["volumeMounts"] if m["mountPath"].startswith("/var/run")]
+    assert not [e for e in container["env"] if e["name"].startswith(DRA_ENV)]
+    text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
+    assert "dra" not in yaml.safe_load(text)["kubernetes"]
+    assert _loaded_config(rendered, variant).kubernetes.dra.enabled is False
+
+
+def _without_dra(daemonset: dict[str, Any]) -> dict[str, Any]:
+    """The DaemonSet less what components/dra adds: the token's volume and mount, DRA_ENV."""
+    daemonset = json.loads(json.dumps(daemonset))
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "api-token"]
+    container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "api-token"]
+    container["env"] = [e for e in container["env"] if not e["name"].startswith(DRA_ENV)]
+    return daemonset
+
+
+@pytest.mark.parametrize(
+    ("variant", "base"),
+    [("deploy-dra", "deploy"), ("deploy-dra-process-attribution", "deploy-process-attribution")],
+)
+def test_dra_component_leaves_the_configuration_file_and_combines_with_process_attribution(
+    rendered, variant, base
+):
+    """components/dra turns kubernetes.dra on through environment variables, so it leaves
+    config.yaml as it is, and components/process-attribution (which replaces that file) still
+    works beside it: the daemon loads both. It adds only the RBAC objects, the token's volume
+    and mount, and the variables."""
+    objects, base_objects = docs(rendered, variant), docs(rendered, base)
+    assert one(objects, "ConfigMap", "gpu-exporter") == one(
+        base_objects, "ConfigMap", "gpu-exporter"
+    )
+    assert _without_dra(one(objects, "DaemonSet")) == one(base_objects, "DaemonSet")
+    (container,) = one(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"] if DRA_ENV in e["name"]} == {
+        f"{DRA_ENV}ENABLED": "true",
+        f"{DRA_ENV}TOKEN_FILE": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        f"{DRA_ENV}CA_FILE": "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+    }
+    assert [o for o in objects if o["kind"] not in ("DaemonSet", *RBAC_KINDS)] == [
+        o for o in base_objects if o["kind"] != "DaemonSet"
+    ]
+    loaded = _loaded_config(rendered, variant).kubernetes
+    assert loaded.dra.enabled is True
+    assert loaded.processes.enabled is (variant in PROCESSES)
+
+
+def test_dra_component_in_another_namespace_with_the_documented_patch(tools, tmp_path):
+    """kustomize's namespace transformer leaves a ClusterRoleBinding's subjects alone (but for
+    ServiceAccounts named default): the patch docs/kubernetes.md gives moves the subject along
+    with the ServiceAccount."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    (example,) = [yaml.safe_load(b) for b in blocks if "name: gpu-exporter-dra" in b]
+    rel = os.path.relpath(ROOT / "deploy", tmp_path)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [rel],
+        "components": [f"{rel}/components/dra"],
+        **example,
+    }
+    objects = _kustomize(tmp_path, yaml.safe_dump(kustomization))
+    account = one(objects, "ServiceAccount")
+    assert account["metadata"]["namespace"] == example["namespace"] != "gpu-exporter"
+    (subject,) = one(objects, "ClusterRoleBinding")["subjects"]
+    assert subject == {
+        "kind": "ServiceAccount",
+        "name": "gpu-exporter",
+        "namespace": example["namespace"],
+    }
+    # Without the patch the subject stays in gpu-exporter: the reason the patch is documented.
+    bare = {k: v for k, v in kustomization.items() if k != "patches"}
+    (subject,) = one(_kustomize(tmp_path, yaml.safe_dump(bare)), "ClusterRoleBinding")["subjects"]
+    assert subject["namespace"] == "gpu-exporter"
+
+
+def test_chart_dra_binds_the_named_service_account_it_does_not_create(tools):
+    objects = helm_template(
+        "--set", "podAttribution.dra.enabled=true",
+        "--set", "serviceAccount.create=false",
+        "--set", "serviceAccount.name=gpu-monitoring",
+    )  # fmt: skip
+    assert not [o for o in objects if o["kind"] == "ServiceAccount"]
+    pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-monitoring"
+    assert one(objects, "ClusterRoleBinding")["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-monitoring", "namespace": "gpu-exporter"}
+    ]
+
+
+def test_chart_dra_settings_alone_render_nothing(tools):
+    """podAttribution.dra's other values do nothing while it is off."""
+    objects = helm_template(
+        "--set", "podAttribution.dra.timeoutSeconds=5",
+        "--set", "podAttribution.dra.tokenExpirationSeconds=7200",
+        "--set", "podAttribution.dra.drivers[0]=gpu.example.com",
+    )  # fmt: skip
+    assert objects == helm_template()
 
 
 @pytest.mark.parametrize("variant", sorted(OPERATOR))
@@ -549,6 +757,22 @@ def test_rule_overrides_reach_the_prometheusrule(rendered):
         ("processAttribution.procMount=hostPath", "processAttribution: Additional property"),
         ("processAttribution.runtimeSocket=containerd.sock", "processAttribution.runtimeSocket"),
         ("processAttribution.refreshSeconds=7200", "processAttribution.refreshSeconds"),
+        (
+            "podAttribution.dra.enabled=true,podAttribution.enabled=false",
+            "podAttribution.dra.enabled needs podAttribution.enabled",
+        ),
+        (
+            "podAttribution.dra.enabled=true,serviceAccount.create=false",
+            "podAttribution.dra.enabled with serviceAccount.create=false needs serviceAccount.name",
+        ),
+        (
+            "podAttribution.dra.tokenExpirationSeconds=60",
+            "podAttribution.dra.tokenExpirationSeconds: Must be greater than or equal to 600",
+        ),
+        (
+            "podAttribution.dra.verbs[0]=create",
+            "podAttribution.dra: Additional property verbs is not allowed",
+        ),
     ],
 )
 def test_bad_values_fail_the_render(tools, setting, message):
@@ -658,6 +882,19 @@ def test_notes_render(tools, tmp_path, args):
         assert "socket /var/run/crio/crio.sock read-only" in text
     else:
         assert "Per-process attribution" not in text
+
+
+def test_notes_say_what_dra_attribution_adds(tools, tmp_path):
+    text = render_notes(tmp_path / "on", "--set", "podAttribution.dra.enabled=true")
+    assert (
+        "ClusterRole gpu-exporter-dra lets ServiceAccount gpu-exporter/gpu-exporter get, list and\n"
+        "watch ResourceSlices" in text
+    )
+    assert "expiring after 3600 s projected read-only at\n/var/run/secrets/kubernetes.io/" in text
+    assert "gpu_exporter_dra_up 0" in text
+    all_on = render_notes(tmp_path / "all", "-f", str(CHART / "ci" / "all-on-values.yaml"))
+    assert "expiring after 7200 s" in all_on
+    assert "DRA attribution" not in render_notes(tmp_path / "off")
 
 
 # --- DCGM (docs/kubernetes.md "DCGM: activity on GPUs before Hopper") ------------------------

@@ -168,6 +168,21 @@ def test_config_extra_refuses_what_the_daemon_refuses(settings, accepted):
             "processAttribution.runtimeSocket: Does",
         ),
         ("processAttribution.socket=/run/x.sock", "Additional property socket is not allowed"),
+        ("podAttribution.dra.enabled=maybe", "podAttribution.dra.enabled: Invalid type"),
+        ("podAttribution.dra.timeoutSeconds=0", "podAttribution.dra.timeoutSeconds: Must be"),
+        ("podAttribution.dra.timeoutSeconds=301", "podAttribution.dra.timeoutSeconds: Must be"),
+        ("podAttribution.dra.timeoutSeconds=soon", "podAttribution.dra.timeoutSeconds: Does not"),
+        ("podAttribution.dra.drivers=gpu.nvidia.com", "podAttribution.dra.drivers: Invalid type"),
+        (
+            "podAttribution.dra.tokenExpirationSeconds=599",
+            "podAttribution.dra.tokenExpirationSeconds: Must be greater than or equal to 600",
+        ),
+        (
+            "podAttribution.dra.tokenExpirationSeconds=4294967296",
+            "podAttribution.dra.tokenExpirationSeconds: Must be less than or equal to",
+        ),
+        ("podAttribution.dra.tokenExpirationSeconds=1h", "tokenExpirationSeconds: Invalid type"),
+        ("podAttribution.dra.audience=x", "podAttribution.dra: Additional property audience"),
     ],
 )
 def test_helm_refuses_a_bad_daemon_setting_naming_it(setting, message):
@@ -223,6 +238,33 @@ def test_process_attribution_numbers_and_limits_are_the_daemons():
     assert (loaded.refresh_seconds, loaded.timeout_seconds) == (2.5, 0.5)
 
 
+def test_dra_numbers_lists_and_limits_are_the_daemons():
+    """podAttribution.dra.drivers and timeoutSeconds are kubernetes.dra's drivers and
+    timeout_seconds, generated from the model (an empty list of drivers is refused as the
+    daemon refuses it), and reach the daemon as a list and a number."""
+    properties = schema()["properties"]
+    chart = properties["podAttribution"]["properties"]["dra"]["properties"]
+    model = properties["config"]["properties"]["extra"]["properties"]["kubernetes"]
+    setting = model["properties"]["dra"]["properties"]
+    for value, name in (("drivers", "drivers"), ("timeoutSeconds", "timeout_seconds")):
+        assert {k: v for k, v in chart[value].items() if k != "$comment"} == setting[name]
+    empty = helm(
+        "--set", "podAttribution.dra.enabled=true", "--set-json", "podAttribution.dra.drivers=[]"
+    )
+    assert empty.returncode != 0
+    assert "podAttribution.dra.drivers: Array must have at least 1 items" in empty.stderr
+    config = rendered_config(
+        "--set", "podAttribution.dra.enabled=true",
+        "--set", "podAttribution.dra.timeoutSeconds=2.5",
+        "--set-json", 'podAttribution.dra.drivers=["gpu.nvidia.com","gpu.example.com"]',
+    )  # fmt: skip
+    dra = config["kubernetes"]["dra"]
+    assert (dra["timeout_seconds"], dra["drivers"]) == (2.5, ["gpu.nvidia.com", "gpu.example.com"])
+    loaded = Config.model_validate(config).kubernetes.dra
+    assert (loaded.enabled, loaded.timeout_seconds) == (True, 2.5)
+    assert loaded.drivers == ["gpu.nvidia.com", "gpu.example.com"]
+
+
 def test_a_valid_extra_setting_reaches_the_daemon_and_may_replace_the_charts(tmp_path):
     config = rendered_config(
         "--set", "config.extra.classifier.idle_utilization=0.1",
@@ -260,7 +302,9 @@ def test_the_chart_dcgm_address_accepts_empty_for_the_daemon_default():
 
 def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
     """The files the DaemonSet's container sees, under `root`: the chart's ConfigMaps and
-    Secrets as rendered, stand-ins for Secrets the chart does not create. Returns the config."""
+    Secrets as rendered, stand-ins for Secrets the chart does not create and for what the
+    kubelet projects (a ServiceAccount token, the cluster's kube-root-ca.crt). Returns the
+    config."""
     pki = make_pki(root.parent / "pki")
     data = {
         (o["kind"], o["metadata"]["name"]): o.get("data") or o.get("stringData") or {}
@@ -283,6 +327,13 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
                 "tls.key": pki.server_key.read_text(),
                 **{name: "stand-in\n" for name in ("password", "token", "ca.crt")},
             }
+        elif "projected" in volume:  # the kubelet's: a token, the cluster's CA
+            files = {}
+            for source in volume["projected"]["sources"]:
+                if "serviceAccountToken" in source:
+                    files[source["serviceAccountToken"]["path"]] = "stand-in.token.jwt\n"
+                for item in source.get("configMap", {}).get("items", []):
+                    files[item["path"]] = pki.ca.read_text()
         else:
             continue
         directory.mkdir(parents=True, exist_ok=True)
@@ -306,6 +357,7 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
         ["--set", "dcgm.mode=auto", "--set", "dcgm.address=unix:/run/dcgm/hostengine.sock"],
         ["--set", "dcgm.mode=embedded", "--set-json", "config.extra.dcgm.fields=[1001,1013]"],
         ["--set", "processAttribution.enabled=true"],
+        ["--set", "podAttribution.dra.enabled=true"],
     ],
     ids=[
         "defaults",
@@ -314,6 +366,7 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
         "dcgm-auto-unix",
         "dcgm-embedded",
         "process-attribution",
+        "dra",
     ],
 )
 def test_the_rendered_configuration_passes_config_check(values, tmp_path):
@@ -327,3 +380,15 @@ def test_the_rendered_configuration_passes_config_check(values, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{config}: OK\n"
+
+
+def test_the_dra_token_and_ca_are_where_the_configuration_points(tmp_path):
+    """With podAttribution.dra on, the files the pod sees include the projected token and CA at
+    the paths the daemon's kubernetes.dra names."""
+    root = tmp_path / "pod"
+    config = _pod_files(rendered("--set", "podAttribution.dra.enabled=true"), root)
+    dra = load_config(config, environ={}).kubernetes.dra
+    assert dra.enabled is True
+    for path in (dra.token_file, dra.ca_file):
+        assert (root / path.lstrip("/")).is_file(), path
+    assert (root / dra.token_file.lstrip("/")).read_text() == "stand-in.token.jwt\n"

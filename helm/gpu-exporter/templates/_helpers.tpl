@@ -57,6 +57,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpu-exporter.webDir" -}}/etc/gpu-exporter/web{{- end }}
 {{- define "gpu-exporter.podResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end }}
 {{- define "gpu-exporter.runtimeSocket" -}}/host/cri.sock{{- end }}
+{{- /* The in-cluster clients' standard place (the daemon's kubernetes.dra defaults). */}}
+{{- define "gpu-exporter.apiTokenDir" -}}/var/run/secrets/kubernetes.io/serviceaccount{{- end }}
 
 {{/*
 Per-process attribution: "on" when it is on, "" when off. It maps GPU processes to the containers the kubelet says hold the GPU: without pod
@@ -67,6 +69,25 @@ attribution there are no holders to share the GPU among, so the render fails.
 {{- if $p.enabled }}
 {{- if not .Values.podAttribution.enabled }}
 {{- fail "processAttribution.enabled needs podAttribution.enabled: per-pod GPU use is shared among the pods the kubelet says hold each GPU" }}
+{{- end }}
+{{- "on" }}
+{{- end }}
+{{- end }}
+
+{{/*
+DRA attribution: "on" when it is on, "" when off. The kubelet's PodResources API says which
+container holds which DRA device, so without pod attribution there is nothing to attribute and
+the render fails. The ClusterRole is bound to the chart's ServiceAccount: with
+serviceAccount.create=false it must be named, or the namespace's "default" ServiceAccount, which
+every pod there runs as unless told otherwise, would get it.
+*/}}
+{{- define "gpu-exporter.dra" -}}
+{{- if .Values.podAttribution.dra.enabled }}
+{{- if not .Values.podAttribution.enabled }}
+{{- fail "podAttribution.dra.enabled needs podAttribution.enabled: the kubelet's PodResources API says which container holds each DRA device" }}
+{{- end }}
+{{- if not (or .Values.serviceAccount.create .Values.serviceAccount.name) }}
+{{- fail "podAttribution.dra.enabled with serviceAccount.create=false needs serviceAccount.name: the ResourceSlice reader would be bound to the namespace's default ServiceAccount" }}
 {{- end }}
 {{- "on" }}
 {{- end }}
@@ -211,7 +232,9 @@ config.nvml and config.extra are passed as given (the daemon reads numeric strin
 `dcgm:` is written only when dcgm.mode is not "off", its address only when set: with the
 defaults the file is what it was before the chart knew DCGM. `kubernetes.processes` likewise
 only with processAttribution on: its proc_root and runtime_socket are where the DaemonSet mounts
-them.
+them; `kubernetes.dra` only with podAttribution.dra on: token_file and ca_file are where the
+DaemonSet projects them (node_name is left "": the daemon takes $NODE_NAME, from the downward
+API; api_server stays auto, the in-cluster address).
 */}}
 {{- define "gpu-exporter.config" -}}
 {{- $v := .Values }}
@@ -228,6 +251,10 @@ them.
 {{- end }}
 {{- with include "gpu-exporter.processAttribution" . }}
 {{- $_ := set $k8s "processes" (dict "enabled" true "proc_root" "/proc" "runtime_socket" (include "gpu-exporter.runtimeSocket" $) "refresh_seconds" (float64 $v.processAttribution.refreshSeconds) "timeout_seconds" (float64 $v.processAttribution.timeoutSeconds)) }}
+{{- end }}
+{{- with include "gpu-exporter.dra" . }}
+{{- $tokens := include "gpu-exporter.apiTokenDir" $ }}
+{{- $_ := set $k8s "dra" (dict "enabled" true "token_file" (printf "%s/token" $tokens) "ca_file" (printf "%s/ca.crt" $tokens) "drivers" $v.podAttribution.dra.drivers "timeout_seconds" (float64 $v.podAttribution.dra.timeoutSeconds)) }}
 {{- end }}
 {{- $_ := set $config "kubernetes" $k8s }}
 {{- $rules := dict "enabled" $v.rules.enabled }}
