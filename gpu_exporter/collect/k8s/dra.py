@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from gpu_exporter.collect.k8s.attribution import PodRef
+from gpu_exporter.collect.k8s.pod_ref import PodRef
 
 
 class DraDevice(NamedTuple):
