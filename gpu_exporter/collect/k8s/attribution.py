@@ -2,11 +2,12 @@
 
 The kubelet serves `List()` on a unix socket (default
 /var/lib/kubelet/pod-resources/kubelet.sock). Every container's devices of the configured
-resources (`nvidia.com/gpu`, `nvidia.com/mig-*`, extras) are mapped device id -> pods, and,
-with `kubernetes.dra` on, every device its `dynamic_resources` name of the configured DRA
-drivers is mapped (driver, pool, device) -> claims (`map_claims`). Both maps are rebuilt from one
-List() every `refresh_seconds` on a background thread and swapped in together, atomically, so a
-scrape only ever reads a finished, immutable snapshot and never waits on the kubelet.
+resources (`nvidia.com/gpu`, `nvidia.com/mig-*`, extras) are mapped device id -> pods; with
+`kubernetes.dra` on, its devices allocated through ResourceClaims (`dynamic_resources`) by the
+configured DRA drivers are mapped (driver, pool, device) -> claims (`map_claims`). Both maps are
+rebuilt from one List() every `refresh_seconds` on a background thread and swapped in together,
+atomically, so a scrape only ever reads a finished, immutable snapshot and never waits on the
+kubelet.
 
 Device ids, as the NVIDIA device plugin reports them to the kubelet (its internal/rm/devices.go
 and api/config/v1/replicas.go): the device's UUID, `GPU-<uuid>` or `MIG-<uuid>` (older drivers:
