@@ -524,10 +524,15 @@ def test_fake_kubelet_serves_the_whole_v1_service(kubelet):
 
 
 def test_vendored_proto_body_is_upstream_byte_for_byte():
+    """Below the added header, the file is upstream's: its git blob id is the one
+    `git ls-tree 63b3249 pkg/apis/podresources/v1/api.proto` prints in kubernetes/kubelet."""
     text = (PROTO_DIR / "api.proto").read_bytes()
     body = text[text.index(b"// To regenerate api.pb.go") :]
     digest = hashlib.sha256(body).hexdigest()
-    assert digest == "a61f7013802cfdb9ccf5b3976fc5f6331f03e83f9eda77c4448074fd75de77cf"
+    assert digest == "b261f07b951c6ae807c90a3137475733a105c085d3fee62ac62199e0d986c823"
+    blob = hashlib.sha1(b"blob %d\0" % len(body) + body).hexdigest()
+    assert blob == "7436c41596fcac5c0fa6ef6e2231207adece1198"
+    assert b"blob 7436c41596fcac5c0fa6ef6e2231207adece1198" in text  # the header says which
     assert b"Licensed under the Apache License, Version 2.0" in text
 
 

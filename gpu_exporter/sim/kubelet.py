@@ -2,10 +2,12 @@
 
 `serve --simulate` and `diagnose --simulate` run one for a scenario with `pods:`, so the
 daemon's production attribution path (a gRPC List() every refresh) reads them; each List()
-reports the pods active at that scenario time (`from`/`until`, on the fake NVML's clock). Tests
-set the pods it reports (`set_pods`, or `set_schedule` for a list that changes over time), make
-List() hang (`hang_seconds`), stop and restart it on the same socket, or start it without the v1
-service (an old kubelet).
+reports the pods active at that scenario time (`from`/`until`, on the fake NVML's clock). A pod
+entry with `claim:` is reported as the kubelet reports a device allocated through Dynamic
+Resource Allocation: under the container's `dynamic_resources`, not its `devices`. Tests set the
+pods it reports (`set_pods` with `pod()`, whose `claims` builds DRA devices, or `set_schedule`
+for a list that changes over time), make List() hang (`hang_seconds`), stop and restart it on
+the same socket, or start it without the v1 service (an old kubelet).
 """
 
 from __future__ import annotations
@@ -18,18 +20,75 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent import futures
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
-from gpu_exporter.sim.spec import Scenario
+from gpu_exporter.sim.dra import DRIVER
+from gpu_exporter.sim.spec import DraSpec, Scenario
 
 # container name -> [(resource name, [device ids])]
 Containers = Mapping[str, Iterable[tuple[str, Iterable[str]]]]
 
+NODE_NAME: str = DraSpec.model_fields["node_name"].default  # a scenario's `dra.node_name`
 
-def pod(namespace: str, name: str, containers: Containers) -> api_pb2.PodResources:
+
+class Claimed(NamedTuple):
+    """One device a container holds through a ResourceClaim: one `ClaimResource` of the
+    container's `DynamicResource` for that claim."""
+
+    claim: str  # the ResourceClaim object's name
+    device: str  # the driver's device name (gpu_exporter/sim/dra.py)
+    pool: str = NODE_NAME  # NVIDIA's driver names its pool after the node
+    driver: str = DRIVER
+    namespace: str | None = None  # the claim's; None: the pod's (the kubelet always fills it)
+    share_id: str | None = None  # a share of a device with consumable capacity
+
+
+# container name -> [devices held through claims]
+ClaimedContainers = Mapping[str, Iterable[Claimed]]
+
+
+def cdi_device_name(driver: str, device: str) -> str:
+    """A CDI name for the device, as NVIDIA's driver forms its kind: `k8s.<driver>/device`
+    (k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/cdi.go, `cdiDeviceKind`)."""
+    return f"k8s.{driver}/device={device}"
+
+
+def dynamic_resources(
+    pod_namespace: str, claimed: Iterable[Claimed]
+) -> list[api_pb2.DynamicResource]:
+    """One `DynamicResource` per claim (namespace, name), in order of first appearance, with
+    one `ClaimResource` per device allocated through it."""
+    by_claim: dict[tuple[str, str], api_pb2.DynamicResource] = {}
+    for entry in claimed:
+        namespace = pod_namespace if entry.namespace is None else entry.namespace
+        resource = by_claim.get((namespace, entry.claim))
+        if resource is None:
+            resource = api_pb2.DynamicResource(claim_name=entry.claim, claim_namespace=namespace)
+            by_claim[(namespace, entry.claim)] = resource
+        resource.claim_resources.append(
+            api_pb2.ClaimResource(
+                cdi_devices=[api_pb2.CDIDevice(name=cdi_device_name(entry.driver, entry.device))],
+                driver_name=entry.driver,
+                pool_name=entry.pool,
+                device_name=entry.device,
+                share_id=entry.share_id,
+            )
+        )
+    return list(by_claim.values())
+
+
+def pod(
+    namespace: str,
+    name: str,
+    containers: Containers,
+    claims: ClaimedContainers | None = None,
+) -> api_pb2.PodResources:
+    """A pod as List() reports it: each container's device-plugin `devices` (`containers`) and
+    DRA `dynamic_resources` (`claims`); a container may have either or both."""
+    claims = claims or {}
     return api_pb2.PodResources(
         name=name,
         namespace=namespace,
@@ -38,13 +97,19 @@ def pod(namespace: str, name: str, containers: Containers) -> api_pb2.PodResourc
                 name=container,
                 devices=[
                     api_pb2.ContainerDevices(resource_name=resource, device_ids=list(ids))
-                    for resource, ids in devices
+                    for resource, ids in containers.get(container, ())
                 ],
                 cpu_ids=[0, 1],  # unrelated fields a real kubelet also fills
+                dynamic_resources=dynamic_resources(namespace, claims.get(container, ())),
             )
-            for container, devices in containers.items()
+            for container in dict.fromkeys([*containers, *claims])
         ],
     )
+
+
+def dra_pod(namespace: str, name: str, claims: ClaimedContainers) -> api_pb2.PodResources:
+    """A pod whose containers hold devices only through ResourceClaims."""
+    return pod(namespace, name, {}, claims)
 
 
 class _Lister(api_pb2_grpc.PodResourcesListerServicer):
@@ -136,15 +201,35 @@ class FakeKubelet:
 
 
 def scenario_pods(scenario: Scenario, t: float | None = None) -> list[api_pb2.PodResources]:
-    """The scenario's `pods:` as the kubelet reports them (one container entry per device): those
-    active at scenario time `t` (`from` <= t < `until`), or every entry when `t` is None."""
-    by_pod: dict[tuple[str, str], dict[str, list[tuple[str, list[str]]]]] = {}
+    """The scenario's `pods:` as the kubelet reports them (one container entry per device, a
+    claim's devices under `dynamic_resources`): those active at scenario time `t`
+    (`from` <= t < `until`), or every entry when `t` is None."""
+    node_name = (scenario.dra or DraSpec()).node_name
+    devices: dict[tuple[str, str], dict[str, list[tuple[str, list[str]]]]] = {}
+    claims: dict[tuple[str, str], dict[str, list[Claimed]]] = {}
     for spec in scenario.pods:
         if t is not None and not spec.active(t):
             continue
-        containers = by_pod.setdefault((spec.namespace, spec.pod), {})
-        containers.setdefault(spec.container, []).append((spec.resource, [spec.device_id]))
-    return [pod(namespace, name, containers) for (namespace, name), containers in by_pod.items()]
+        key = (spec.namespace, spec.pod)
+        containers = devices.setdefault(key, {})
+        claimed = claims.setdefault(key, {})
+        claim = spec.claim
+        if claim is None:
+            containers.setdefault(spec.container, []).append((spec.resource, [spec.device_id]))
+            continue
+        claimed.setdefault(spec.container, []).append(
+            Claimed(
+                claim=claim.name,
+                device=spec.dra_device,
+                pool=claim.pool or node_name,
+                driver=claim.driver,
+                namespace=claim.namespace or spec.namespace,
+            )
+        )
+    return [
+        pod(namespace, name, containers, claims[namespace, name])
+        for (namespace, name), containers in devices.items()
+    ]
 
 
 def start_for(scenario: Scenario, clock: Callable[[], float] | None = None) -> FakeKubelet | None:

@@ -881,6 +881,14 @@ class PodClaimSpec(Strict):
     # no ResourceSlice publishes
     device: Text | None = None
 
+    @field_validator("name", "namespace", "driver", "pool", "device")
+    @classmethod
+    def _written(cls, value: str | None) -> str | None:
+        """An empty name would silently mean the default, or a claim nothing matches."""
+        if value == "":
+            raise error("expected a non-empty string")
+        return value
+
 
 class DraSpec(Strict):
     """`dra:`: the node's DRA driver, publishing one ResourceSlice of every GPU and MIG device
@@ -890,6 +898,14 @@ class DraSpec(Strict):
     # When the driver replaces its slice (a restart: the old one deleted, a new one under a new
     # name and pool generation added), in scenario seconds.
     republish: tuple[NonNegative, ...] = ()
+
+    @field_validator("node_name")
+    @classmethod
+    def _written(cls, value: str) -> str:
+        """An empty pool would match no claim's device."""
+        if not value:
+            raise error("expected a non-empty string")
+        return value
 
 
 class PodSpec(Strict):
@@ -950,6 +966,11 @@ class PodSpec(Strict):
             device_id += f"::{self.replica}"  # time-slicing's shares
         settle(self, device_id=device_id)
         if self.claim is not None:
+            # The kubelet reports a claim's device by its DRA name alone: a device plugin's
+            # resource or time-slicing replica would be silently ignored.
+            for key in ("resource", "replica"):
+                if key in self.model_fields_set:
+                    raise error_at((key,), f"`{key}` is the device plugin's; not with `claim`")
             settle(self, dra_device=self.claim.device or dra_device)
         if "resource" not in self.model_fields_set:
             settle(self, resource=resource)

@@ -2,9 +2,12 @@
 
 The kubelet serves `List()` on a unix socket (default
 /var/lib/kubelet/pod-resources/kubelet.sock). Every container's devices of the configured
-resources (`nvidia.com/gpu`, `nvidia.com/mig-*`, extras) are mapped device id -> pods. The map
-is rebuilt every `refresh_seconds` on a background thread and swapped in atomically, so a
-scrape only ever reads a finished, immutable snapshot and never waits on the kubelet.
+resources (`nvidia.com/gpu`, `nvidia.com/mig-*`, extras) are mapped device id -> pods; with
+`kubernetes.dra` on, its devices allocated through ResourceClaims (`dynamic_resources`) by the
+configured DRA drivers are mapped (driver, pool, device) -> claims (`map_claims`). Both maps are
+rebuilt from one List() every `refresh_seconds` on a background thread and swapped in together,
+atomically, so a scrape only ever reads a finished, immutable snapshot and never waits on the
+kubelet.
 
 Device ids, as the NVIDIA device plugin reports them to the kubelet (its internal/rm/devices.go
 and api/config/v1/replicas.go): the device's UUID, `GPU-<uuid>` or `MIG-<uuid>` (older drivers:
@@ -14,9 +17,18 @@ advertised `replicas` times as `<uuid>::<n>`; we strip `::<n>` so every replica 
 physical device, and pods sharing it are listed together. Anything else (an index such as
 "0", another plugin's naming) is kept as given, so a consumer can still match it.
 
-A failed refresh (socket missing, kubelet restarting or hung, any error) keeps the last map for a
+DRA devices, as the kubelet reports them (kubernetes pkg/kubelet/apis/podresources/v1 api.proto,
+`ContainerResources.dynamic_resources`; filled in since Kubernetes 1.34 by default, feature gate
+`KubeletPodResourcesDynamicResources`, alpha since 1.27): per container, each ResourceClaim it
+uses (`claim_name`, `claim_namespace`) with the devices allocated to it, each named by its
+`driver_name`/`pool_name`/`device_name` triplet. A claim shared by several pods is reported in
+each of them; a device shared through consumable capacity carries a `share_id`, which we ignore:
+every claim on the device is listed. Which GPU a triplet is, only the driver's ResourceSlices say
+(collect/k8s/dra.py).
+
+A failed refresh (socket missing, kubelet restarting or hung, any error) keeps the last maps for a
 grace period, `stale_after_seconds` after the last success (3 refresh intervals unless set), and
-only then clears it: one failure does not end and restart every per-GPU series. Meanwhile
+only then clears them: one failure does not end and restart every per-GPU series. Meanwhile
 `gpu_exporter_attribution_up` is 0 and the last success timestamp says how old the map is.
 """
 
@@ -34,6 +46,8 @@ from types import MappingProxyType
 
 import grpc
 
+from gpu_exporter.collect.k8s.dra import Claim, DraDevice
+from gpu_exporter.collect.k8s.pod_ref import PodRef
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from gpu_exporter.collect.settings import KubernetesConfig
 from gpu_exporter.model.series import Producer, Series, series
@@ -50,15 +64,32 @@ _REPLICA_SUFFIX = re.compile(r"::\d+$")
 _OK = "ok"
 
 
-@dataclass(frozen=True, order=True)
-class PodRef:
-    namespace: str
-    pod: str
-    container: str
-
+__all__ = [
+    "AttributionSnapshot",
+    "ClaimMap",
+    "DeviceMap",
+    "PodAttribution",
+    "PodRef",
+    "map_claims",
+    "map_devices",
+    "normalize_device_id",
+]
 
 DeviceMap = Mapping[str, tuple[PodRef, ...]]
+ClaimMap = Mapping[DraDevice, tuple[Claim, ...]]
 _NO_PODS: DeviceMap = MappingProxyType({})
+_NO_CLAIMS: ClaimMap = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class AttributionSnapshot:
+    """What one List() said, both ways a device is held: read together, they always agree."""
+
+    by_device: DeviceMap  # device-plugin device id -> containers
+    claims: ClaimMap  # DRA device -> the claims on it
+
+
+_EMPTY = AttributionSnapshot(_NO_PODS, _NO_CLAIMS)
 
 
 def normalize_device_id(device_id: str) -> str:
@@ -81,6 +112,38 @@ def map_devices(
                     if device := normalize_device_id(device_id):
                         holders[device].add(ref)
     return {device: tuple(sorted(refs)) for device, refs in sorted(holders.items())}
+
+
+def map_claims(
+    pods: Iterable[api_pb2.PodResources], settings: KubernetesConfig
+) -> dict[DraDevice, tuple[Claim, ...]]:
+    """DRA device -> every container's claim on it, sorted: the `dynamic_resources` devices of
+    the drivers in `kubernetes.dra.drivers`; empty while `kubernetes.dra.enabled` is off.
+
+    A claim whose `claim_namespace` is empty is the pod's own (a ResourceClaim lives in its
+    pod's namespace). A pod's several containers on one claim, or several pods on a shared
+    claim, are each listed."""
+    if not settings.dra.enabled:
+        return {}
+    drivers = frozenset(settings.dra.drivers)
+    holders: defaultdict[DraDevice, set[Claim]] = defaultdict(set)
+    for pod in pods:
+        for container in pod.containers:
+            ref = PodRef(pod.namespace, pod.name, container.name)
+            for resource in container.dynamic_resources:
+                claim = Claim(ref, resource.claim_namespace or pod.namespace, resource.claim_name)
+                for allocated in resource.claim_resources:
+                    if allocated.driver_name not in drivers:
+                        continue
+                    # No pool or no device name: no ResourceSlice device can be it (api.proto:
+                    # a resource of another kind than a device leaves device_name empty).
+                    if not (allocated.pool_name and allocated.device_name):
+                        continue
+                    device = DraDevice(
+                        allocated.driver_name, allocated.pool_name, allocated.device_name
+                    )
+                    holders[device].add(claim)
+    return {device: tuple(sorted(claims)) for device, claims in sorted(holders.items())}
 
 
 @dataclass(frozen=True)
@@ -114,7 +177,8 @@ _CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 
 
 class PodAttribution:
-    """Polls the kubelet and keeps the latest device -> pods map; see the module docstring."""
+    """Polls the kubelet and keeps the latest device -> pods and DRA device -> claims maps; see
+    the module docstring."""
 
     def __init__(
         self,
@@ -125,7 +189,7 @@ class PodAttribution:
         self.settings = settings
         self._clock = clock  # the last-success timestamp
         self._monotonic = monotonic  # the grace period (immune to wall-clock steps)
-        self._by_device: DeviceMap = _NO_PODS
+        self._snapshot = _EMPTY  # replaced as a whole: both maps are always from one answer
         self._succeeded_at: float | None = None  # monotonic time of the last success
         self._status = _Status()
         self._state: str | None = None  # _OK or an error key; a change is logged once
@@ -158,19 +222,33 @@ class PodAttribution:
             self.refresh()
 
     def refresh(self) -> bool:
-        """One List() call; True when the map now reflects the kubelet. Never raises."""
+        """One List() call; True when the maps now reflect the kubelet. Never raises."""
         with self._refresh_lock:
             try:
-                by_device = map_devices(self._list().pod_resources, self.settings)
+                pods = self._list().pod_resources
+                snapshot = AttributionSnapshot(
+                    MappingProxyType(map_devices(pods, self.settings)),
+                    MappingProxyType(map_claims(pods, self.settings)),
+                )
             except Exception as error:  # the refresh thread must survive anything
                 self._failed(error)
                 return False
-            self._succeeded(by_device)
+            self._succeeded(snapshot)
             return True
+
+    def snapshot(self) -> AttributionSnapshot:
+        """Both maps of the latest answer, at once: a refresh between two separate reads of
+        `pods_by_device()` and `claims()` could give one map of each answer."""
+        return self._snapshot
 
     def pods_by_device(self) -> DeviceMap:
         """Read-only snapshot: device id (GPU or MIG UUID, as given) -> pods holding it."""
-        return self._by_device
+        return self._snapshot.by_device
+
+    def claims(self) -> ClaimMap:
+        """Read-only snapshot: DRA device (driver, pool, device) -> the claims on it; kept and
+        cleared exactly as `pods_by_device()` is, empty while `kubernetes.dra` is off."""
+        return self._snapshot.claims
 
     def series(self) -> Iterator[Series]:
         """Attribution's own health (the `kubernetes` collector)."""
@@ -198,17 +276,18 @@ class PodAttribution:
             request = api_pb2.ListPodResourcesRequest()
             return stub.List(request, timeout=self.settings.timeout_seconds)
 
-    def _succeeded(self, by_device: dict[str, tuple[PodRef, ...]]) -> None:
+    def _succeeded(self, snapshot: AttributionSnapshot) -> None:
         # Pods absent from this answer (finished, evicted) lose their labels here.
-        self._by_device = MappingProxyType(by_device)
+        self._snapshot = snapshot
         self._succeeded_at = self._monotonic()
         old = self._status
         self._status = _Status(True, old.successes + 1, old.errors, self._clock())
         if self._state != _OK:
             log.info(
-                "pod attribution: kubelet PodResources answered at %s (%d devices held by pods)",
+                "pod attribution: kubelet PodResources answered at %s (%d devices held by pods%s)",
                 self.settings.socket_path,
-                len(by_device),
+                len(snapshot.by_device),
+                f", {len(snapshot.claims)} DRA devices" if self.settings.dra.enabled else "",
             )
         self._state = _OK
 
@@ -232,8 +311,9 @@ class PodAttribution:
             return
         # Past the grace, stale labels are worse than none: a GPU would keep reporting a pod
         # that has finished while another pod uses it.
-        dropped = bool(self._by_device)
-        self._by_device = _NO_PODS
+        old_snapshot = self._snapshot
+        dropped = bool(old_snapshot.by_device or old_snapshot.claims)
+        self._snapshot = _EMPTY
         if state != self._state or dropped:
             log.warning(
                 "pod attribution: no pod labels until the kubelet answers at %s: %s%s",

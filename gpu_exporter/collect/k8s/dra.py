@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
-from gpu_exporter.collect.k8s.attribution import PodRef
+from gpu_exporter.collect.k8s.pod_ref import PodRef
 
 
 class DraDevice(NamedTuple):
