@@ -306,6 +306,8 @@ class ResourceSlices:
         self._stopping.clear()
         try:
             self._relist()
+        except _Expired:  # a continue token expired between pages: the thread lists again
+            self._close_http()
         except Exception as error:
             self._failed(error)
             self._close_http()
@@ -382,9 +384,11 @@ class ResourceSlices:
             raise ResourceSliceError(
                 "config", f"cannot read the token file {self.settings.token_file}: {error}"
             ) from None
+        if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+            token = ""  # would not make a valid header
         if not token:
             raise ResourceSliceError(
-                "config", f"the token file {self.settings.token_file} is empty"
+                "config", f"the token file {self.settings.token_file} holds no bearer token"
             )
         return token
 
@@ -593,7 +597,7 @@ class ResourceSlices:
         self._delay = self.backoff_seconds[0]
         if self._state != _OK:
             log.info(
-                "ResourceSlices: watching node %s's at %s (%s/%s): %d devices",
+                "ResourceSlices of node %s at %s (%s/%s): %d devices, watching",
                 self.settings.node_name or os.environ.get("NODE_NAME", ""),
                 self._url,
                 API_GROUP,
