@@ -202,7 +202,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     # APScheduler logs every run of every job at INFO: once a second is noise, not news.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, logging.root.level))
-    simulator = kubelet = None
+    simulator = kubelet = api_server = None
     if config.simulate:
         from gpu_exporter import sim
 
@@ -215,6 +215,7 @@ def serve(args: argparse.Namespace) -> int:
         simulator = sim.install(scenario)
         log.info("simulating scenario %r", config.simulate)
         kubelet, config = _simulated_kubelet(scenario, config, simulator.clock)
+        api_server, config = _simulated_api_server(scenario, config, simulator.clock)
         config = _simulated_dcgm(scenario, config)
         config = _simulated_processes(simulator, config)
     errors = ErrorLog()
@@ -245,6 +246,8 @@ def serve(args: argparse.Namespace) -> int:
             sim.uninstall()
         if kubelet is not None:
             kubelet.close()
+        if api_server is not None:
+            api_server.close()
 
 
 def _simulated_dcgm(scenario: Any, config: Config) -> Config:
@@ -276,6 +279,34 @@ def _simulated_kubelet(
     )
     log.info("simulated kubelet with %d pod devices at %s", len(scenario.pods), kubelet.socket_path)
     return kubelet, config.model_copy(update={"kubernetes": kubernetes})
+
+
+def _simulated_api_server(
+    scenario: Any, config: Config, clock: Callable[[], float]
+) -> tuple[Any, Config]:
+    """For a scenario with a DRA driver (`dra:`), a fake API server serving its ResourceSlices,
+    and DRA attribution pointed at it (its CA, token and node), unless `kubernetes.dra.enabled`
+    was set or pods are not attributed."""
+    dra = config.kubernetes.dra
+    if scenario.dra is None or "enabled" in dra.model_fields_set or not config.kubernetes.active():
+        return None, config
+    from gpu_exporter.sim.apiserver import start_for
+
+    server = start_for(scenario, clock)
+    if server is None:
+        return None, config
+    dra = dra.model_copy(
+        update={
+            "enabled": True,
+            "api_server": server.url,
+            "ca_file": str(server.ca_file),
+            "token_file": str(server.token_file),
+            "node_name": server.node_name,
+        }
+    )
+    log.info("simulated API server with the node's ResourceSlices at %s", server.url)
+    kubernetes = config.kubernetes.model_copy(update={"dra": dra})
+    return server, config.model_copy(update={"kubernetes": kubernetes})
 
 
 def _simulated_processes(simulator: Any, config: Config) -> Config:

@@ -810,11 +810,51 @@ FAMILIES: tuple[Family, ...] = (
         per_device=False,
     ),
     Family(
+        "gpu_exporter_dra_up",
+        G,
+        "1 while this node's ResourceSlices are listed and watched; while 0 the last known DRA "
+        "devices are kept until a grace period after the last success, then removed.",
+        source="dra",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_dra_lists_total",
+        C,
+        "Complete lists of this node's ResourceSlices (the first, and each after a 410 Gone or "
+        "a failure past the grace).",
+        source="dra",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_dra_errors_total",
+        C,
+        "Failures reading ResourceSlices, by reason (config, connection, tls, timeout, "
+        "unauthorized, forbidden, not_found, http, invalid, other).",
+        ("reason",),
+        source="dra",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_dra_last_success_timestamp_seconds",
+        G,
+        "Unix time of the last successful ResourceSlice list or watch event.",
+        unit="seconds",
+        source="dra",
+        per_device=False,
+    ),
+    Family(
+        "gpu_exporter_dra_devices",
+        G,
+        "DRA devices of the configured drivers known from this node's ResourceSlices.",
+        source="dra",
+        per_device=False,
+    ),
+    Family(
         "gpu_exporter_dra_unresolved_devices",
         G,
         "Devices the kubelet reports allocated through DRA claims that no ResourceSlice of this "
         "node publishes with a uuid: their pods are not attributed (counted, never guessed).",
-        source="kubernetes",
+        source="dra",
         per_device=False,
     ),
     Family(

@@ -29,6 +29,7 @@ from gpu_exporter.web.settings import DcgmCompatConfig
 
 if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
     from gpu_exporter.collect.k8s.attribution import PodAttribution
+    from gpu_exporter.collect.k8s.dra_attribution import DraAttribution
     from gpu_exporter.collect.k8s.process_attribution import ProcessAttribution
     from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
 
@@ -43,6 +44,7 @@ class Assembly:
     notifier: Notifier | None = None
     dcgm_compat: DcgmCompat | None = None  # /metrics/dcgm, when dcgm_compat.enabled
     processes: ProcessAttribution | None = None  # when kubernetes.processes.enabled
+    dra: DraAttribution | None = None  # when kubernetes.dra.enabled
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stopped: threading.Event = field(default_factory=threading.Event)
 
@@ -70,6 +72,8 @@ class Assembly:
     def _start_helpers(self) -> None:
         if self.attribution is not None:
             self.attribution.start()
+        if self.dra is not None:
+            self.dra.start()
         if self.processes is not None:
             self.processes.start()
         if self.notifier is not None:
@@ -83,6 +87,8 @@ class Assembly:
             self.processes.stop()
         if self.notifier is not None:
             self.notifier.stop()
+        if self.dra is not None:
+            self.dra.stop()
         if self.attribution is not None:
             self.attribution.stop()
 
@@ -104,13 +110,16 @@ def assemble(
     if dcgm is not None:
         sampler.add_producer(dcgm.producer())
     attribution = _attribution(config, wall_clock)
-    pods = None
+    pods = dra = None
     if attribution is not None:
         from gpu_exporter.collect.k8s.labels import PodsOfTick
 
-        pods = PodsOfTick(attribution)
+        dra = _dra(config, attribution, wall_clock)
+        pods = PodsOfTick(attribution) if dra is None else PodsOfTick(attribution, dra.resolved)
         sampler.add_processor("pod_info", pods.process)
         sampler.add_producer(attribution.producer())
+        if dra is not None:
+            sampler.add_producer(dra.producer())
         if config.kubernetes.mode == "labels":
             sampler.set_device_labels(pods.labels)
     processes = None
@@ -135,7 +144,7 @@ def assemble(
 
         compat = DcgmCompat(compat_hostname(config.dcgm_compat))
         sampler.add_listener(compat)
-    return Assembly(sampler, attribution, rules, notifier, compat, processes)
+    return Assembly(sampler, attribution, rules, notifier, compat, processes, dra)
 
 
 def classifier(config: Any) -> Classifier:
@@ -164,6 +173,22 @@ def _attribution(config: Any, clock: Callable[[], float]) -> PodAttribution | No
     attribution = PodAttribution(k8s, clock=clock)
     log.info("pod attribution from %s (%s mode)", k8s.socket_path, k8s.mode)
     return attribution
+
+
+def _dra(
+    config: Any, attribution: PodAttribution, clock: Callable[[], float]
+) -> DraAttribution | None:
+    """DRA claims resolved through the node's ResourceSlices (read on their own thread once
+    started), when `kubernetes.dra.enabled`."""
+    settings = config.kubernetes.dra
+    if not settings.enabled:
+        return None
+    from gpu_exporter.collect.k8s.dra_attribution import DraAttribution
+    from gpu_exporter.collect.k8s.resource_slices import ResourceSlices
+
+    slices = ResourceSlices(settings, config.kubernetes.grace_seconds, clock=clock)
+    log.info("DRA attribution: ResourceSlices of drivers %s", ", ".join(settings.drivers))
+    return DraAttribution(attribution.claims, slices, config.kubernetes.grace_seconds)
 
 
 def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifier | None]:

@@ -101,4 +101,4 @@ class DraAttribution:
         yield series(UNRESOLVED, float(unresolved))
 
     def producer(self) -> Producer:
-        return Producer("dra", self.series, frozenset({"kubernetes"}))
+        return Producer("dra", self.series, frozenset({"dra"}))
