@@ -887,8 +887,8 @@ def test_notes_render(tools, tmp_path, args):
 def test_notes_say_what_dra_attribution_adds(tools, tmp_path):
     text = render_notes(tmp_path / "on", "--set", "podAttribution.dra.enabled=true")
     assert (
-        "ClusterRole gpu-exporter-dra lets ServiceAccount gpu-exporter/gpu-exporter get, list and\n"
-        "watch ResourceSlices" in text
+        "ClusterRole gpu-exporter-gpu-exporter-dra lets ServiceAccount "
+        "gpu-exporter/gpu-exporter get, list and\nwatch ResourceSlices" in text
     )
     assert "expiring after 3600 s projected read-only at\n/var/run/secrets/kubernetes.io/" in text
     assert "gpu_exporter_dra_up 0" in text

@@ -57,6 +57,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "gpu-exporter.webDir" -}}/etc/gpu-exporter/web{{- end }}
 {{- define "gpu-exporter.podResourcesDir" -}}/var/lib/kubelet/pod-resources{{- end }}
 {{- define "gpu-exporter.runtimeSocket" -}}/host/cri.sock{{- end }}
+
+{{/*
+The DRA ClusterRole and its binding are cluster-wide: the release's namespace is in their name,
+so that two releases of one name in two namespaces do not take each other's.
+*/}}
+{{- define "gpu-exporter.draRbacName" -}}
+{{- printf "%s-%s-dra" (include "gpu-exporter.fullname" .) .Release.Namespace | trunc 253 | trimSuffix "-" }}
+{{- end }}
 {{- /* The in-cluster clients' standard place (the daemon's kubernetes.dra defaults). */}}
 {{- define "gpu-exporter.apiTokenDir" -}}/var/run/secrets/kubernetes.io/serviceaccount{{- end }}
 
