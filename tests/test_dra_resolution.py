@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import pytest
 
-from gpu_exporter.collect.k8s.attribution import DeviceMap, PodRef
+from gpu_exporter.collect.k8s.attribution import AttributionSnapshot, ClaimMap, DeviceMap, PodRef
 from gpu_exporter.collect.k8s.dra import Claim, DraDevice, SliceDevice, resolve
 from gpu_exporter.collect.k8s.dra_attribution import UNRESOLVED, DraAttribution
 from gpu_exporter.collect.k8s.labels import PodsOfTick
@@ -57,16 +57,19 @@ def test_claims_resolve_through_the_slices_uuid_and_the_rest_is_unresolved() -> 
 
 
 class FakeAttribution:
-    def __init__(self, by_device: DeviceMap) -> None:
-        self.by_device = by_device
+    """One kubelet answer: the device plugin's map and the claims."""
 
-    def pods_by_device(self) -> DeviceMap:
-        return self.by_device
+    def __init__(self, by_device: DeviceMap, claims: ClaimMap = CLAIMS) -> None:
+        self.answer = AttributionSnapshot(by_device, claims)
+
+    def snapshot(self) -> AttributionSnapshot:
+        return self.answer
 
 
 class FakeSlices:
     def __init__(self, devices: Mapping[DraDevice, SliceDevice]) -> None:
         self.devices_now = devices
+        self.up = True
 
     def devices(self) -> Mapping[DraDevice, SliceDevice]:
         return self.devices_now
@@ -95,7 +98,7 @@ def info(readings: object, family: str) -> list[dict[str, str]]:
 
 
 def test_a_claimed_gpu_and_mig_device_get_pod_info_labels_and_the_claims_join_series() -> None:
-    dra = DraAttribution(lambda: CLAIMS, FakeSlices(SLICES), GRACE)
+    dra = DraAttribution(FakeSlices(SLICES), GRACE)
     pods = PodsOfTick(FakeAttribution({OTHER_GPU: (PLUGIN,)}), dra.resolved)  # type: ignore[arg-type]
     gpu, other, parent = pods.process(tick_devices(), 0.0)
     assert [d["pod"] for d in info(gpu.readings, "gpu_pod_info")] == ["eval-0", "train-0"]
@@ -129,8 +132,9 @@ def test_a_claimed_gpu_and_mig_device_get_pod_info_labels_and_the_claims_join_se
 
 
 def test_a_device_both_plugin_and_claim_held_lists_every_holder() -> None:
-    dra = DraAttribution(lambda: {WHOLE: CLAIMS[WHOLE]}, FakeSlices(SLICES), GRACE)
-    pods = PodsOfTick(FakeAttribution({GPU: (PLUGIN,)}), dra.resolved)  # type: ignore[arg-type]
+    dra = DraAttribution(FakeSlices(SLICES), GRACE)
+    held = FakeAttribution({GPU: (PLUGIN,)}, {WHOLE: CLAIMS[WHOLE]})
+    pods = PodsOfTick(held, dra.resolved)  # type: ignore[arg-type]
     gpu, _, _ = pods.process(tick_devices(), 0.0)
     assert [d["pod"] for d in info(gpu.readings, "gpu_pod_info")] == [
         "legacy-0",
@@ -147,16 +151,16 @@ def test_unresolved_devices_are_counted_logged_once_and_followed_when_a_slice_ap
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     slices = FakeSlices(SLICES)
-    dra = DraAttribution(lambda: CLAIMS, slices, GRACE)
+    dra = DraAttribution(slices, GRACE)
     with caplog.at_level(logging.INFO, logger="gpu_exporter.collect.k8s.dra_attribution"):
-        dra.resolved()
-        dra.resolved()
+        dra.resolved(CLAIMS)
+        dra.resolved(CLAIMS)
         assert unresolved(dra) == 2.0
         # The driver publishes the missing devices (a new slice): resolved at the next tick.
         slices.devices_now = MappingProxyType(
             {**SLICES, MISSING: SliceDevice(OTHER_GPU, "gpu"), NO_UUID: SliceDevice(GPU, "gpu")}
         )
-        assert dra.resolved().holders[OTHER_GPU] == (TRAIN,)
+        assert dra.resolved(CLAIMS).holders[OTHER_GPU] == (TRAIN,)
         assert unresolved(dra) == 0.0
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2
@@ -169,11 +173,28 @@ def test_a_device_that_leaves_the_slices_keeps_its_pods_for_the_grace_period() -
     not change meanwhile, so its pods keep their labels; a device gone for good is dropped."""
     now = [0.0]
     slices = FakeSlices(SLICES)
-    dra = DraAttribution(lambda: {WHOLE: CLAIMS[WHOLE]}, slices, GRACE, monotonic=lambda: now[0])
-    assert dra.resolved().holders == {GPU: (EVAL, TRAIN)}
+    claims = {WHOLE: CLAIMS[WHOLE]}
+    dra = DraAttribution(slices, GRACE, monotonic=lambda: now[0])
+    assert dra.resolved(claims).holders == {GPU: (EVAL, TRAIN)}
     slices.devices_now = MappingProxyType({})  # the old slice deleted, the new one not yet there
     now[0] = GRACE - 1
-    assert dra.resolved().holders == {GPU: (EVAL, TRAIN)}
+    assert dra.resolved(claims).holders == {GPU: (EVAL, TRAIN)}
     now[0] = GRACE * 2
-    resolved = dra.resolved()
+    resolved = dra.resolved(claims)
     assert resolved.holders == {} and resolved.unresolved == (WHOLE,)
+
+
+def test_while_the_reader_is_down_its_own_grace_decides_nothing_is_remembered_on_top() -> None:
+    """The reader keeps its last map for the grace after its last success, then answers
+    nothing: the pods go then, not a second grace later."""
+    now = [0.0]
+    slices = FakeSlices(SLICES)
+    claims = {WHOLE: CLAIMS[WHOLE]}
+    dra = DraAttribution(slices, GRACE, monotonic=lambda: now[0])
+    assert dra.resolved(claims).holders == {GPU: (EVAL, TRAIN)}
+    slices.up = False  # failing: the reader still answers its last map (its grace)
+    now[0] = GRACE - 1
+    assert dra.resolved(claims).holders == {GPU: (EVAL, TRAIN)}
+    slices.devices_now = MappingProxyType({})  # its grace is over
+    now[0] = GRACE
+    assert dra.resolved(claims).holders == {}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.collect.k8s.attribution import PodRef, map_devices
+from gpu_exporter.collect.k8s.attribution import AttributionSnapshot, map_devices
 from gpu_exporter.collect.k8s.labels import PodsOfTick
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2
 from gpu_exporter.collect.nvml.source import NvmlSource
@@ -24,8 +24,8 @@ class Kubelet:
     def __init__(self, pods: list[api_pb2.PodResources]) -> None:
         self.map = map_devices(pods, KubernetesConfig())
 
-    def pods_by_device(self) -> dict[str, tuple[PodRef, ...]]:
-        return self.map
+    def snapshot(self) -> AttributionSnapshot:
+        return AttributionSnapshot(self.map, {})
 
 
 def pod(namespace: str, name: str, resource: str, *ids: str) -> api_pb2.PodResources:

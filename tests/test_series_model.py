@@ -284,15 +284,15 @@ def test_when_the_whole_source_fails_every_collector_says_so() -> None:
 
 
 def test_pod_info_and_pod_labels_come_from_one_kubelet_answer() -> None:
-    from gpu_exporter.collect.k8s.attribution import PodRef
+    from gpu_exporter.collect.k8s.attribution import AttributionSnapshot, PodRef
     from gpu_exporter.collect.k8s.labels import PodsOfTick
 
     class Attribution:
         def __init__(self) -> None:
             self.answer = {"GPU-a": (PodRef("ml", "old", "c"),)}
 
-        def pods_by_device(self) -> dict[str, tuple[PodRef, ...]]:
-            return self.answer
+        def snapshot(self) -> AttributionSnapshot:
+            return AttributionSnapshot(self.answer, {})
 
     attribution = Attribution()
     pods = PodsOfTick(attribution)  # type: ignore[arg-type]

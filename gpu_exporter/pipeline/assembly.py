@@ -188,7 +188,7 @@ def _dra(
 
     slices = ResourceSlices(settings, config.kubernetes.grace_seconds, clock=clock)
     log.info("DRA attribution: ResourceSlices of drivers %s", ", ".join(settings.drivers))
-    return DraAttribution(attribution.claims, slices, config.kubernetes.grace_seconds)
+    return DraAttribution(slices, config.kubernetes.grace_seconds)
 
 
 def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifier | None]:

@@ -1,10 +1,12 @@
-"""DRA attribution put together: the kubelet's claims (`PodAttribution.claims`) resolved through
-the node's ResourceSlices (`ResourceSlices.devices`) to GPU and MIG UUIDs, once per tick for
-`PodsOfTick`, with its own health as series.
+"""DRA attribution put together: the kubelet's claims (of the tick's `PodAttribution.snapshot`)
+resolved through the node's ResourceSlices (`ResourceSlices.devices`) to GPU and MIG UUIDs, once
+per tick for `PodsOfTick`, with its own health as series.
 
-A device that leaves the slices is remembered for the grace period: a driver that restarts
-replaces its slice (deleted, then published anew), and a GPU's `uuid` does not change in
-between, so its pods keep their labels across the gap instead of flapping.
+While the slice reader is up, a device that leaves the slices is remembered for the grace
+period: a driver that restarts replaces its slice (deleted, then published anew: two watch
+events the API server may send apart), and a GPU's `uuid` does not change in between, so its
+pods keep their labels across the gap instead of flapping. While the reader is down its own
+grace decides (it keeps its last map for that long): nothing is remembered on top of it.
 
 Built by the assembly when `kubernetes.dra.enabled`; see docs/kubernetes.md "DRA".
 """
@@ -29,25 +31,26 @@ class SliceSource(Protocol):
     """What DRA attribution needs of the ResourceSlice reader (collect/k8s/resource_slices.py)."""
 
     def devices(self) -> Mapping[DraDevice, SliceDevice]: ...
+    @property
+    def up(self) -> bool: ...
     def start(self) -> None: ...
     def stop(self) -> None: ...
     def series(self) -> Iterator[Series]: ...
 
 
-Claims = Callable[[], Mapping[DraDevice, tuple[Claim, ...]]]
+Claims = Mapping[DraDevice, tuple[Claim, ...]]
 
 
 class DraAttribution:
-    """`resolved` is what `PodsOfTick` asks each tick; `start`/`stop` run the slice reader."""
+    """`resolved(claims)` is what `PodsOfTick` asks each tick; `start`/`stop` run the reader."""
 
     def __init__(
         self,
-        claims: Claims,
         slices: SliceSource,
         grace_seconds: float,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.claims, self.slices = claims, slices
+        self.slices = slices
         self.grace_seconds, self._monotonic = grace_seconds, monotonic
         self._seen: dict[DraDevice, tuple[SliceDevice, float]] = {}  # device -> (it, last seen)
         self._lock = threading.Lock()
@@ -62,10 +65,10 @@ class DraAttribution:
     def stop(self) -> None:
         self.slices.stop()
 
-    def resolved(self) -> Resolved:
-        claims = self.claims()
+    def resolved(self, claims: Claims) -> Resolved:
+        """The claims (the kubelet's, of this tick's snapshot) resolved to UUIDs."""
         with self._lock:
-            devices = self._remembered(self.slices.devices())
+            devices = self._remembered(self.slices.devices(), self.slices.up)
             same = self._inputs is not None and self._inputs == (claims, devices)
             if same:
                 return self._resolved
@@ -84,9 +87,15 @@ class DraAttribution:
             log.info("DRA attribution: every claimed device is resolved again")
         return resolved
 
-    def _remembered(self, devices: Mapping[DraDevice, SliceDevice]) -> dict[DraDevice, SliceDevice]:
-        """The slices' devices, and those that left them less than the grace period ago."""
+    def _remembered(
+        self, devices: Mapping[DraDevice, SliceDevice], up: bool
+    ) -> dict[DraDevice, SliceDevice]:
+        """The slices' devices, and, while the reader is up, those that left them less than
+        the grace period ago."""
         now = self._monotonic()
+        if not up:
+            self._seen = {device: (published, now) for device, published in devices.items()}
+            return dict(devices)
         for device, published in devices.items():
             self._seen[device] = (published, now)
         for device, (_, seen) in list(self._seen.items()):

@@ -42,7 +42,9 @@ class PodsOfTick:
     resolved MIG ids through NVML on every scrape, issue 599)."""
 
     def __init__(
-        self, attribution: PodAttribution, dra: Callable[[], Resolved] = lambda: NOTHING
+        self,
+        attribution: PodAttribution,
+        dra: Callable[[Mapping[DraDevice, tuple[Claim, ...]]], Resolved] = lambda _: NOTHING,
     ) -> None:
         self.attribution = attribution
         self.dra = dra  # DRA claims resolved to UUIDs (collect/k8s/dra_attribution.py)
@@ -50,8 +52,9 @@ class PodsOfTick:
         self._by_instance: dict[str, tuple[PodRef, ...]] = {}  # mig uuid -> pods
 
     def process(self, devices: list[DeviceSample], _now: float) -> list[DeviceSample]:
-        resolved = self.dra()
-        self._by_device = by_device = _merged(self.attribution.pods_by_device(), resolved.holders)
+        answer = self.attribution.snapshot()  # both maps of one kubelet answer
+        resolved = self.dra(answer.claims)
+        self._by_device = by_device = _merged(answer.by_device, resolved.holders)
         self._by_instance = {}
         out = []
         for device in devices:
