@@ -309,3 +309,28 @@ def test_dra_settings_and_dra_without_pod_attribution_is_refused(tmp_path: Path)
     path.write_text("kubernetes:\n  dra:\n    drivers: []\n")
     with pytest.raises(ConfigError, match=rf"{path}:3.*kubernetes\.dra\.drivers"):
         load_config(path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("address", "problem"),
+    [
+        ("http://10.96.0.1:443", "must be auto or an https:// URL"),
+        ("10.96.0.1:6443", "must be auto or an https:// URL"),
+        ("https://", "not an https://host"),
+        ("https://api.example:x", "not a URL"),
+        ("https://api.example:70000", "not a URL"),
+    ],
+)
+def test_the_dra_api_server_must_be_auto_or_https(
+    tmp_path: Path, address: str, problem: str
+) -> None:
+    """The ServiceAccount token goes with every request: never in clear text."""
+    path = tmp_path / "config.yaml"
+    path.write_text(f"kubernetes:\n  dra:\n    api_server: '{address}'\n")
+    with pytest.raises(
+        ConfigError, match=rf"config\.yaml:3: kubernetes\.dra\.api_server: .*{problem}"
+    ):
+        load_config(path, environ={})
+    for good in ("auto", "https://api.example:6443", "https://[fd00:10:96::1]:443"):
+        path.write_text(f"kubernetes:\n  dra:\n    api_server: '{good}'\n")
+        assert load_config(path, environ={}).kubernetes.dra.api_server == good

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpu_exporter.collect.k8s import resource_slices
 from gpu_exporter.collect.k8s.dra import DraDevice, SliceDevice
 from gpu_exporter.collect.k8s.resource_slices import (
     DEVICES,
@@ -89,6 +90,7 @@ def make(
         monotonic: Callable[[], float] = time.monotonic,
         watch_seconds: float = 1.0,
         start: bool = True,
+        backoff: tuple[float, float] = (0.05, 0.2),
         **settings: Any,
     ) -> ResourceSlices:
         settings.setdefault("timeout_seconds", 1.0)
@@ -97,7 +99,7 @@ def make(
             grace,
             monotonic=monotonic,
             watch_seconds=watch_seconds,
-            backoff_seconds=(0.05, 0.2),
+            backoff_seconds=backoff,
         )
         readers.append(reader)
         if start:
@@ -123,6 +125,36 @@ def sample(reader: ResourceSlices, name: str, **labels: str) -> float:
 
 def errors(reader: ResourceSlices) -> dict[str, float]:
     return {dict(s.labels)["reason"]: s.value for s in reader.series() if s.name == ERRORS}
+
+
+def start_within(reader: ResourceSlices, seconds: float) -> float:
+    """How long `start()` took; inf when it had not returned `seconds` + 2 s later (it is left
+    to end when the fake closes)."""
+    took: list[float] = []
+
+    def start() -> None:
+        began = time.monotonic()
+        reader.start()
+        took.append(time.monotonic() - began)
+
+    threading.Thread(target=start, daemon=True).start()
+    wait_until(lambda: bool(took), seconds + 2.0)
+    return took[0] if took else float("inf")
+
+
+def pools(count: int, devices_each: int = 1) -> list[dict[str, Any]]:
+    """`count` slices, each its own pool of `devices_each` GPUs."""
+    out = []
+    for i in range(count):
+        gpus = [
+            device(f"gpu-{j}", {"uuid": {"string": f"GPU-{i}-{j}"}}) for j in range(devices_each)
+        ]
+        out.append(resource_slice(f"s-{i}", "node-a", gpus, pool=f"pool-{i}"))
+    return out
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= 30]
 
 
 def one_gpu(name: str, uuid: str, generation: int = 0) -> dict[str, Any]:
@@ -155,7 +187,7 @@ def test_the_first_list_maps_gpus_and_mig_devices_to_their_uuids(make: Callable[
     assert fake is not None
     try:
         reader = make(fake)
-        devices = reader.devices()  # right after start(): the first list is synchronous
+        devices = reader.devices()  # right after start(): it waits for the first list
         assert dict(devices) == scenario_devices(0.0)
         assert any(d.kind == "mig" for d in devices.values())
         with pytest.raises(TypeError):
@@ -401,7 +433,7 @@ def test_the_first_list_of_a_hung_api_server_is_bounded(
     began = time.monotonic()
     reader = make(fake, timeout_seconds=0.3)
     assert time.monotonic() - began < 1.0
-    assert errors(reader)["timeout"] == 1 and reader.devices() == {}
+    assert wait_until(lambda: errors(reader)["timeout"] == 1) and reader.devices() == {}
     fake.mode = None
     assert wait_until(lambda: sample(reader, UP) == 1)
 
@@ -473,6 +505,232 @@ def test_a_refused_connection_is_counted(fake: FakeApiServer, make: Callable[...
         url = gone.url
     reader = make(fake, api_server=url)  # nothing listens there any more
     assert errors(reader)["connection"] == 1 and sample(reader, UP) == 0
+
+
+# Bounds: request rate, memory, time ---------------------------------------------------------
+
+
+def test_watches_the_server_ends_at_once_back_off(
+    fake: FakeApiServer, make: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """client-go's reflector: a watch that ends within a second without an event is a failure."""
+    fake.set_slices([one_gpu("s", "GPU-a")])
+    fake.mode = "short_watch"
+    reader = make(fake, watch_seconds=30, backoff=(0.1, 0.5))
+    time.sleep(2.0)
+    assert 2 <= fake.watch_calls < 10  # backing off (0.1, 0.2, 0.4, 0.5 ...), not 1000s
+    assert errors(reader)["connection"] >= 2 and fake.list_calls == 1
+    assert len(reader.devices()) == 1  # within the grace
+    assert len(warnings_of(caplog)) == 1 and "ended the watch at once" in warnings_of(caplog)[0]
+    fake.mode = None
+    assert wait_until(lambda: reader.up and sample(reader, UP) == 1)
+    failures = errors(reader)["connection"]
+    time.sleep(0.5)
+    assert errors(reader)["connection"] == failures
+
+
+def test_a_watch_refused_with_404_backs_off(fake: FakeApiServer, make: Callable[..., Any]) -> None:
+    """Lists served, watches not: list and watch again, backing off, and a successful list does
+    not reset the back-off (only a watch that proved healthy does)."""
+    fake.set_slices([one_gpu("s", "GPU-a")])
+    fake.mode = "no_watch"
+    reader = make(fake, watch_seconds=30, backoff=(0.1, 0.5))
+    time.sleep(2.0)
+    assert 2 <= fake.watch_calls < 10 and fake.list_calls < 10
+    assert len(reader.devices()) == 1
+    fake.mode = None
+    assert wait_until(lambda: fake.watch_calls >= 1 and reader.up)
+
+
+def test_a_list_that_never_ends_is_cut_at_the_page_cap(
+    fake: FakeApiServer,
+    make: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource_slices, "MAX_LIST_PAGES", 20)
+    fake.set_slices(pools(3))
+    fake.mode = "endless"
+    reader = make(fake, start=False)
+    assert start_within(reader, 1.0) < 1.5
+    assert wait_until(lambda: errors(reader)["invalid"] >= 1)
+    assert fake.list_calls <= 20 * errors(reader)["invalid"] + 1
+    assert "more than 20 pages" in warnings_of(caplog)[0]
+    assert reader.devices() == {} and not reader.up
+    fake.mode = None
+    assert wait_until(lambda: len(reader.devices()) == 3)
+
+
+def test_start_waits_at_most_about_the_timeout_for_a_trickling_list(
+    make: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each read comes in time (httpx's read timeout is per read); the request as a whole has
+    timeout_seconds."""
+    with FakeApiServer("node-a", trickle_seconds=0.05) as fake:
+        fake.set_slices(pools(2))
+        fake.mode = "trickle"
+        reader = make(fake, start=False, timeout_seconds=0.5)
+        assert start_within(reader, 0.5) < 0.9
+        assert wait_until(lambda: errors(reader)["timeout"] == 1)
+        assert not reader.up and reader.devices() == {}
+        assert "no complete answer in 0.5 s" in warnings_of(caplog)[0]
+        fake.mode = None
+        assert wait_until(lambda: len(reader.devices()) == 2)
+
+
+def test_a_list_of_pages_each_in_time_has_a_deadline(
+    make: Callable[..., Any], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(resource_slices, "PAGE_SIZE", 1)
+    monkeypatch.setattr(resource_slices, "LIST_DEADLINE_TIMEOUTS", 1.5)
+    with FakeApiServer("node-a", trickle_seconds=0.0005) as fake:  # a page in about 0.3 s
+        fake.set_slices(pools(20))
+        fake.mode = "trickle"
+        reader = make(fake, start=False)  # timeout_seconds 1: the whole list 1.5 s
+        began = time.monotonic()
+        reader.start()
+        assert wait_until(lambda: errors(reader)["timeout"] == 1)
+        assert 1.4 < time.monotonic() - began < 2.5
+        assert 2 <= fake.list_calls < 20
+        assert "the list took longer than 1.5 s" in warnings_of(caplog)[0]
+
+
+def test_a_list_over_the_byte_cap_is_invalid(
+    fake: FakeApiServer,
+    make: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource_slices, "PAGE_SIZE", 1)  # each page well under the cap
+    monkeypatch.setattr(resource_slices, "MAX_LIST_BYTES", 1500)
+    fake.set_slices(pools(6))
+    reader = make(fake)
+    assert errors(reader)["invalid"] == 1 and reader.devices() == {}
+    assert 2 <= fake.list_calls < 6
+    assert "over 1500 bytes" in warnings_of(caplog)[0]
+
+
+def test_too_many_slices_are_invalid_in_a_list_and_in_a_watch(
+    fake: FakeApiServer,
+    make: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource_slices, "MAX_SLICES", 3)
+    fake.set_slices(pools(4))
+    reader = make(fake, watch_seconds=30)
+    assert errors(reader)["invalid"] == 1 and reader.devices() == {}
+    assert "more than 3 ResourceSlices" in warnings_of(caplog)[0]
+    fake.set_slices(pools(3))
+    assert wait_until(lambda: len(reader.devices()) == 3)
+    fake.set_slices(pools(5))  # two ADDED events: the first already one too many
+    assert wait_until(lambda: errors(reader)["invalid"] >= 2)
+    assert len(reader.devices()) == 3 and not reader.up  # the store never grew past the cap
+
+
+def test_too_many_devices_are_invalid_in_a_list_and_in_a_watch(
+    fake: FakeApiServer,
+    make: Callable[..., Any],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource_slices, "MAX_DEVICES", 4)
+    fake.set_slices(pools(1, devices_each=5))
+    reader = make(fake, watch_seconds=30)
+    assert errors(reader)["invalid"] == 1 and reader.devices() == {}
+    assert "more than 4 devices" in warnings_of(caplog)[0]
+    fake.set_slices(pools(2, devices_each=2))
+    assert wait_until(lambda: len(reader.devices()) == 4)
+    fake.set_slices(pools(2, devices_each=3))  # MODIFIED: 5 devices, then 6
+    assert wait_until(lambda: errors(reader)["invalid"] >= 2)
+    assert len(reader.devices()) == 4
+
+
+# The grace, stop(), configuration -----------------------------------------------------------
+
+
+def test_a_quiet_watch_is_a_success_while_open_and_the_grace_counts_from_its_break(
+    make: Callable[..., Any],
+) -> None:
+    with FakeApiServer("node-a", bookmark_seconds=3600) as fake:  # no bookmark, no event
+        fake.set_slices([one_gpu("s", "GPU-a")])
+        monotonic = Monotonic()
+        reader = make(fake, grace=30.0, monotonic=monotonic, watch_seconds=30)
+        known = dict(reader.devices())
+        assert wait_until(lambda: fake.watch_calls == 1)
+        time.sleep(0.2)
+        monotonic.shift = 31.0  # the watch has been open, silent, longer than the grace
+        assert reader.up and dict(reader.devices()) == known
+        fake.mode = "forbidden"
+        fake.close_watches(abrupt=True)
+        assert wait_until(lambda: errors(reader)["forbidden"] >= 1)
+        assert errors(reader)["connection"] == 1 and not reader.up
+        assert dict(reader.devices()) == known  # the grace runs from the break, not before
+        monotonic.shift = 62.0
+        assert reader.devices() == {}
+
+
+def test_up_is_the_reader_s_state(fake: FakeApiServer, make: Callable[..., Any]) -> None:
+    reader = make(fake, watch_seconds=30)
+    assert reader.up is True
+    fake.mode = "forbidden"
+    fake.close_watches()
+    assert wait_until(lambda: reader.up is False)
+    assert sample(reader, UP) == 0
+
+
+def test_watches_ask_for_a_server_side_timeout_of_one_to_two_minutes(
+    fake: FakeApiServer, readers: list[ResourceSlices]
+) -> None:
+    """A silent watch is given up `timeoutSeconds` + timeout_seconds after it began."""
+    reader = ResourceSlices(fake.settings(timeout_seconds=1.0), 30.0)
+    readers.append(reader)
+    reader.start()
+    assert wait_until(lambda: fake.watch_calls == 1)
+    (query,) = fake.watch_queries
+    assert 60 <= int(query["timeoutSeconds"]) <= 120
+    assert query["allowWatchBookmarks"] == "true"
+
+
+def test_no_request_after_stop_even_when_its_join_times_out(
+    fake: FakeApiServer, make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stop() gives the thread timeout_seconds + 1 s; caught between two pages of a list past
+    that, it must neither make the next request nor open a client nobody closes."""
+    monkeypatch.setattr(resource_slices, "PAGE_SIZE", 1)
+    fake.set_slices(pools(3))
+    reader = make(fake, timeout_seconds=0.2, watch_seconds=30)
+    assert wait_until(lambda: fake.watch_calls == 1) and fake.list_calls == 3
+    entered, release = threading.Event(), threading.Event()
+    parse = resource_slices.parse_slice
+
+    def held(obj: Any) -> Any:  # the thread busy between two pages
+        entered.set()
+        release.wait(5)
+        return parse(obj)
+
+    monkeypatch.setattr(resource_slices, "parse_slice", held)
+    fake.expire_next_watch()
+    fake.close_watches()  # the next watch expires: list again
+    assert wait_until(lambda: entered.is_set())
+    calls = fake.list_calls
+    reader.stop()  # its join times out
+    release.set()
+    assert wait_until(
+        lambda: not any(t.name == "dra-resource-slices" for t in threading.enumerate())
+    )
+    time.sleep(0.2)
+    assert fake.list_calls == calls
+    assert reader._http is None  # no client left open
+
+
+def test_a_malformed_in_cluster_address_is_a_config_error(
+    fake: FakeApiServer, make: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "not-a-port")
+    reader = make(fake, api_server="auto")
+    assert errors(reader)["config"] == 1 and errors(reader)["connection"] == 0
 
 
 # Configuration ------------------------------------------------------------------------------

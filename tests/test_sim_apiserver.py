@@ -281,6 +281,55 @@ def test_hang_mode_answers_nothing_until_it_ends(fake: FakeApiServer) -> None:
         assert http.get(PATH).status_code == 200
 
 
+def test_watch_modes_end_every_watch_at_once_or_refuse_it(fake: FakeApiServer) -> None:
+    fake.set_slices([slice_of("s", "node-a", "GPU-a")])
+    params = {"watch": "1", "allowWatchBookmarks": "true", "timeoutSeconds": "30",
+              "resourceVersion": str(fake.resource_version)}  # fmt: skip
+    with client(fake) as http:
+        fake.mode = "short_watch"
+        began = time.monotonic()
+        with http.stream("GET", PATH, params=params) as response:
+            assert response.status_code == 200
+            assert list(events(response)) == []  # not even a bookmark
+        assert time.monotonic() - began < 0.5
+        fake.mode = "no_watch"
+        assert http.get(PATH, params=params).status_code == 404
+        assert http.get(PATH).status_code == 200  # lists still served
+    assert fake.watch_calls == 2
+    assert [q["timeoutSeconds"] for q in fake.watch_queries] == ["30", "30"]
+
+
+def test_endless_mode_pages_forever(fake: FakeApiServer) -> None:
+    fake.set_slices([slice_of(f"s-{i}", "node-a", f"GPU-{i}") for i in range(3)])
+    fake.mode = "endless"
+    params: dict[str, str] = {"limit": "2"}
+    names: list[str] = []
+    with client(fake) as http:
+        for _ in range(5):
+            page = http.get(PATH, params=params).json()
+            names += [item["metadata"]["name"] for item in page["items"]]
+            params["continue"] = page["metadata"]["continue"]
+    assert names == ["s-0", "s-1", "s-2"] * 2 + ["s-0", "s-1"]  # pages of 2, then over again
+    assert fake.list_calls == 5
+
+
+def test_trickle_mode_sends_a_byte_at_a_time() -> None:
+    with FakeApiServer("node-a", trickle_seconds=0.01) as fake:
+        fake.mode = "trickle"
+        chunks: list[bytes] = []
+        with client(fake) as http, http.stream("GET", PATH) as response:
+            began = time.monotonic()
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+                if len(chunks) == 20:
+                    fake.mode = None  # the rest at once
+            elapsed = time.monotonic() - began
+        body = b"".join(chunks)
+    assert json.loads(body)["kind"] == "ResourceSliceList"
+    assert len(chunks) >= 20 and all(len(c) == 1 for c in chunks[:20])
+    assert 0.15 <= elapsed < 2.0
+
+
 def test_close_ends_watches_and_hung_requests() -> None:
     fake = FakeApiServer().start()
     outcomes: dict[str, str] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 from typing import Annotated, Any, ClassVar, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -192,7 +193,8 @@ class DraConfig(SettingsModel):
     # Off by default: it needs a ServiceAccount token allowed to list and watch ResourceSlices,
     # which the default DaemonSet does not mount.
     enabled: bool = False
-    # The API server; auto: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT (in-cluster).
+    # The API server, an https:// URL (the token goes with every request); auto:
+    # https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT (in-cluster).
     api_server: str = Field(default="auto", min_length=1)
     # The ServiceAccount's token (re-read as the kubelet rotates it) and the cluster's CA.
     token_file: str = Field(
@@ -206,10 +208,36 @@ class DraConfig(SettingsModel):
     node_name: str = ""
     # The DRA drivers whose devices are GPUs (NVIDIA's: gpu.nvidia.com).
     drivers: list[str] = Field(default=["gpu.nvidia.com"], min_length=1)
-    # How long one list call, or a watch's silence before it is restarted, may take.
+    # How long one list request may take (a whole list, all its pages: 3 times that); a watch
+    # silent for longer than its server-side timeout (60 to 120 s) plus this is restarted.
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
 
     _lists = field_validator("drivers", mode="before")(split_commas)
+
+    @field_validator("api_server")
+    @classmethod
+    def _api_server(cls, value: str) -> str:
+        return value if value == "auto" else cls.https_url(value)
+
+    @staticmethod
+    def https_url(value: str) -> str:
+        """`value` if it is an https:// URL with a host (and a port from 1 to 65535, if any);
+        else ValueError. The ServiceAccount's bearer token must not travel in clear text."""
+        try:
+            parts = urlsplit(value)
+            port = parts.port
+        except ValueError as error:  # a bad port or IPv6 literal
+            raise ValueError(f"{value!r} is not a URL: {error}") from None
+        if parts.scheme != "https":
+            raise ValueError(
+                f"must be auto or an https:// URL, not {value!r}: the ServiceAccount token "
+                "goes with every request, never in clear text"
+            )
+        if not parts.hostname or any(c.isspace() for c in value) or parts.query or parts.fragment:
+            raise ValueError(f"{value!r} is not an https://host[:port] URL")
+        if port == 0:
+            raise ValueError(f"{value!r}: port 0 is not a port")
+        return value
 
 
 class KubernetesConfig(SettingsModel):

@@ -19,8 +19,11 @@ The slices are set directly (`set_slices`) or computed at every request from a s
 becomes events with the next resourceVersions: a slice gone is DELETED (first), a new name
 ADDED, a changed spec MODIFIED. Test hooks: `mode` ("forbidden": 403 on every request; "hang":
 no answer until the mode changes or the server closes; "garbage": bodies and events that are
-not JSON; "error": 500), `expire_next_watch()`, `close_watches(abrupt=...)`, `compact()`,
-`rotate_token()`, and the requests seen (`list_calls`, `watch_calls`, `tokens_seen`).
+not JSON; "error": 500; "short_watch": every watch ends at once, without an event; "no_watch":
+404 on every watch, lists served; "endless": every list page carries a `continue` token, the
+next page the same items again; "trickle": list answers sent a byte every `trickle_seconds`),
+`expire_next_watch()`, `close_watches(abrupt=...)`, `compact()`, `rotate_token()`, and the
+requests seen (`list_calls`, `watch_calls`, `tokens_seen`, `watch_queries`).
 
 TLS: the test CA and server certificate in gpu_exporter/sim/tls/ (test-only, see its README).
 """
@@ -55,7 +58,17 @@ TLS_DIR = Path(__file__).with_name("tls")
 CA_FILE = str(TLS_DIR / "ca.crt")
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")
-MODES = (None, "forbidden", "hang", "garbage", "error")
+MODES = (
+    None,
+    "forbidden",
+    "hang",
+    "garbage",
+    "error",
+    "short_watch",
+    "no_watch",
+    "endless",
+    "trickle",
+)
 FIRST_RESOURCE_VERSION = 1000  # any number: clients must treat it as opaque
 DEFAULT_WATCH_SECONDS = 1800  # kube-apiserver's --min-request-timeout
 
@@ -216,11 +229,13 @@ class FakeApiServer:
         *,
         bookmark_seconds: float = 1.0,
         poll_seconds: float = 0.05,
+        trickle_seconds: float = 0.05,
     ) -> None:
         self.node_name = node_name
         self.versions = tuple(versions)
         self.bookmark_seconds = bookmark_seconds
         self.poll_seconds = poll_seconds  # how often a watch looks at the source for changes
+        self.trickle_seconds = trickle_seconds  # mode "trickle": the pause after each byte
         self.ca_file = CA_FILE
         self.directory = tempfile.mkdtemp(prefix="apiserver")
         self.token_file = os.path.join(self.directory, "token")
@@ -230,6 +245,7 @@ class FakeApiServer:
         self.list_calls = 0
         self.watch_calls = 0
         self.tokens_seen: list[str] = []
+        self.watch_queries: list[dict[str, str]] = []  # each watch's query parameters
         self._mode: str | None = None
         self._unhang = threading.Event()
         self._unhang.set()
@@ -450,6 +466,10 @@ class FakeApiServer:
         if isinstance(selector, str):
             return _send_json(handler, 400, _status(400, "BadRequest", selector))
         if query.get("watch") in ("1", "true"):
+            if self._mode == "no_watch":
+                self.watch_calls += 1
+                self.watch_queries.append(dict(query))
+                return _send(handler, 404, b"404 page not found\n", "text/plain; charset=utf-8")
             return self._watch(handler, parts[2], query, selector)
         return self._list(handler, parts[2], query, selector)
 
@@ -476,13 +496,11 @@ class FakeApiServer:
             else:
                 self._sync()
                 resource_version = self._resource_version
-                remaining = [
-                    o
-                    for _, o in sorted(self._objects.items())
-                    if all(_field(o, f) == v for f, v in selector)
-                ]
+                remaining = self._matching(selector)
             limit = int(query.get("limit") or 0)
             items, rest = (remaining[:limit], remaining[limit:]) if limit > 0 else (remaining, [])
+            if self._mode == "endless" and not rest:
+                rest = self._matching(selector)  # the next page starts over: it never ends
             metadata: dict[str, Any] = {"resourceVersion": str(resource_version)}
             if rest:
                 token = secrets.token_urlsafe(12)
@@ -495,7 +513,34 @@ class FakeApiServer:
             "metadata": metadata,
             "items": [_render(o, version) for o in items],
         }
+        if self._mode == "trickle":
+            return self._trickle(handler, json.dumps(answer).encode())
         return _send_json(handler, 200, answer)
+
+    def _trickle(self, handler: _Handler, body: bytes) -> None:
+        """A 200 answer whose body comes a byte every `trickle_seconds`: each read returns in
+        time, the whole takes ages (the rest at once when the mode changes)."""
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        for at in range(len(body)):
+            if self._closing:
+                handler.close_connection = True
+                return
+            if self._mode != "trickle":
+                handler.wfile.write(body[at:])
+                return
+            handler.wfile.write(body[at : at + 1])  # an OSError once the client is gone
+            time.sleep(self.trickle_seconds)
+
+    def _matching(self, selector: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """The stored slices the field selector selects, by name (lock held)."""
+        return [
+            o
+            for _, o in sorted(self._objects.items())
+            if all(_field(o, f) == v for f, v in selector)
+        ]
 
     def _watch(
         self,
@@ -505,6 +550,7 @@ class FakeApiServer:
         selector: list[tuple[str, str]],
     ) -> None:
         self.watch_calls += 1
+        self.watch_queries.append(dict(query))
         with self._cond:
             expire = self._expire_next.pop(0) if self._expire_next else None
             closed_at = self._close_watches
@@ -527,6 +573,8 @@ class FakeApiServer:
             if self._mode == "garbage":
                 send(b"<html>this is not a watch event</html>")
                 return send(None)
+            if self._mode == "short_watch":
+                return send(None)  # ended before any event, bookmarks asked for or not
             self._stream(handler, version, query, selector, cursor, closed_at, send)
         except OSError:  # the client went away
             handler.close_connection = True

@@ -18,8 +18,18 @@ changes as newline-delimited JSON events (ADDED, MODIFIED, DELETED, BOOKMARK, ER
 watch the server ends is resumed from the last resourceVersion seen; "410 Gone" (the
 resourceVersion has left the server's window: an HTTP status, or an ERROR event with code 410,
 reason Expired) means list again (kubernetes apimachinery pkg/apis/meta/v1 watch semantics,
-"Efficient detection of changes" in the API concepts). A watch silent for longer than
-`timeout_seconds` past its own `timeoutSeconds` is dead and restarted.
+"Efficient detection of changes" in the API concepts). A watch asks for a `timeoutSeconds` of
+60 s randomized up to 2x (shorter than client-go's 5 to 10 minutes, so that a half-open
+connection to a dead API server is noticed within about two minutes): one silent for longer
+than that plus `timeout_seconds` is dead and restarted. As client-go's reflector
+(tools/cache/reflector.go) has it, a watch that ends within a second without an event is a
+failure ("very short watch"), and backs off like any other.
+
+Everything is bounded: one list request takes at most `timeout_seconds` in all (not per read: a
+trickling server cannot stretch it), a whole list at most 3 times that, 100 pages and 32 MiB;
+the node's slices at most 1,000, with 10,000 devices in all (a driver publishes a few slices of
+at most 128 devices each: kubernetes pkg/apis/resource ResourceSliceMaxDevices). Beyond a cap
+the answer is `invalid`, as garbage is.
 
 HTTPS with httpx (already a dependency) rather than the `kubernetes` package: that package and
 its generated models cost tens of megabytes and a second of import time, for the two calls
@@ -27,11 +37,15 @@ needed here. In-cluster configuration is done as client-go's rest.InClusterConfi
 `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, the ServiceAccount's CA file, and
 its token, which the kubelet rotates (bound tokens), re-read at every request.
 
-Everything runs on a daemon thread: a tick only reads the finished, immutable snapshot
-(`devices()`). A failure (no answer, TLS, 401/403, 5xx, garbage) is counted by reason, logged
-once per change of state, and retried with a back-off (1 s doubling to 30 s); the last good
-snapshot is kept until `grace_seconds` after the last success, then cleared, as pod
-attribution does (gpu_exporter/collect/k8s/attribution.py).
+Everything runs on a daemon thread: `start()` waits at most `timeout_seconds` for its first
+list (the first tick usually knows the devices; the daemon's startup is never held longer), and
+a tick only reads the finished, immutable snapshot (`devices()`). A failure (no answer, TLS,
+401/403, 5xx, garbage) is counted by reason, logged once per change of state, and retried with a
+back-off (1 s doubling to 30 s) that starts over only once a watch has proved healthy (an event
+or bookmark came, or it stayed open a second). The last good snapshot is kept until
+`grace_seconds` after the last success, then cleared, as pod attribution does
+(gpu_exporter/collect/k8s/attribution.py); a watch open is a success all the while, so the
+grace counts from the moment it broke.
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import socket
@@ -68,14 +83,14 @@ DEVICES = "gpu_exporter_dra_devices"
 # `reason` of ERRORS, every one a series from the start.
 REASONS = (
     "config",  # no node name, no API server address, token or CA file unreadable
-    "connection",  # refused, reset, cut mid-stream
+    "connection",  # refused, reset, cut mid-stream, a watch ended at once without an event
     "tls",  # the server's certificate does not verify against the CA file
     "timeout",  # no answer, or a watch silent for too long
     "unauthorized",  # 401: the token was refused
     "forbidden",  # 403: RBAC
     "not_found",  # 404 on every API version: no ResourceSlice API
     "http",  # any other error status, or an ERROR event other than 410
-    "invalid",  # an answer that is not the JSON it should be
+    "invalid",  # an answer that is not the JSON it should be, or one past a cap
     "other",  # anything else (a bug)
 )
 
@@ -85,7 +100,18 @@ PAGE_SIZE = 500
 # The most one answer (or one watch event) may take in memory; an object in etcd is at most
 # 1.5 MiB (etcd's default request limit), a node's slice list far less.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-WATCH_SECONDS = 300  # client-go's minimum watch timeout (reflector.go), randomized up to 2x
+# Caps on one list and on what is kept: a node has a few slices per driver, each of at most
+# 128 devices; a server past these is broken (or hostile), not a big node.
+MAX_LIST_PAGES = 100
+MAX_LIST_BYTES = 32 * 1024 * 1024
+MAX_SLICES = 1_000
+MAX_DEVICES = 10_000
+LIST_DEADLINE_TIMEOUTS = 3  # a whole list, all its pages: at most this many timeout_seconds
+# The server-side watch timeout, randomized up to 2x: a watch silent past it (and
+# timeout_seconds more) is given up, so a dead server is noticed within about two minutes.
+WATCH_SECONDS = 60
+# client-go's reflector: a watch ended sooner than this without an event is a failure.
+SHORT_WATCH_SECONDS = 1.0
 BACKOFF_SECONDS = (1.0, 30.0)
 
 DeviceMap = Mapping[DraDevice, SliceDevice]
@@ -107,6 +133,10 @@ class _Expired(Exception):
 
 class _NotServed(Exception):
     """404: the API server does not serve this version of the ResourceSlice API."""
+
+
+class _Stopped(Exception):
+    """stop() was called: no further request, no new client."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +202,35 @@ def parse_slice(obj: Any) -> tuple[str, _Slice]:
         )
         devices.append((device["name"], described))
     return name, _Slice(driver, str(pool_name), generation, tuple(devices))
+
+
+class _Store:
+    """The node's slices by metadata.name, within MAX_SLICES slices and MAX_DEVICES devices."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, _Slice] = {}
+        self.devices = 0
+
+    def put(self, name: str, found: _Slice) -> None:
+        """Add or replace a slice; past a cap, ResourceSliceError and nothing changed."""
+        old = self.slices.get(name)
+        if old is None and len(self.slices) >= MAX_SLICES:
+            raise ResourceSliceError(
+                "invalid", f"more than {MAX_SLICES} ResourceSlices on this node: not read"
+            )
+        devices = self.devices - (len(old.devices) if old is not None else 0) + len(found.devices)
+        if devices > MAX_DEVICES:
+            raise ResourceSliceError(
+                "invalid",
+                f"more than {MAX_DEVICES} devices in this node's ResourceSlices: not read",
+            )
+        self.slices[name] = found
+        self.devices = devices
+
+    def remove(self, name: str) -> None:
+        old = self.slices.pop(name, None)
+        if old is not None:
+            self.devices -= len(old.devices)
 
 
 def map_devices(
@@ -257,15 +316,17 @@ class ResourceSlices:
         self._devices: DeviceMap = _NO_DEVICES
         self._status = _Status(errors=dict.fromkeys(REASONS, 0))
         self._state: str | None = None  # _OK or a failure's reason; a change is logged once
-        self._slices: dict[str, _Slice] = {}  # by metadata.name: the list, then the watch's events
+        self._store = _Store()  # the list, then the watch's events
         self._resource_version: str | None = None  # None: list (again)
         self.api_version: str | None = None  # the version the server serves, once found
         self._delay = backoff_seconds[0]
         self._http: httpx.Client | None = None
+        self._http_lock = threading.Lock()  # the thread makes the client, stop() closes it
         self._url = settings.api_server  # the server's address, once known (for the log)
         self._streams: list[Any] = []  # httpcore network streams open now, for stop()
         self._streams_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._first_list = threading.Event()  # the thread's first list is over, however
         self._thread: threading.Thread | None = None
 
     # The tick's side -------------------------------------------------------------------------
@@ -277,6 +338,11 @@ class ResourceSlices:
         if not status.up and devices and self._expired(status):
             return _NO_DEVICES
         return devices
+
+    @property
+    def up(self) -> bool:
+        """Whether the slices are followed now: listed, or a watch open (gpu_exporter_dra_up)."""
+        return self._status.up
 
     @property
     def resource_version(self) -> str | None:
@@ -299,20 +365,15 @@ class ResourceSlices:
     # Lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """List now, in the caller's thread (each request bounded by `timeout_seconds`), then
-        watch on a daemon thread: the first tick already knows the devices."""
+        """Start the thread, and wait for its first list at most `timeout_seconds`: the first
+        tick usually knows the devices, and the daemon's startup never waits longer."""
         if self._thread is not None:
             return
         self._stopping.clear()
-        try:
-            self._relist()
-        except _Expired:  # a continue token expired between pages: the thread lists again
-            self._close_http()
-        except Exception as error:
-            self._failed(error)
-            self._close_http()
+        self._first_list.clear()
         self._thread = threading.Thread(target=self._run, name="dra-resource-slices", daemon=True)
         self._thread.start()
+        self._first_list.wait(self.settings.timeout_seconds)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -320,36 +381,44 @@ class ResourceSlices:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=self.settings.timeout_seconds + 1.0)
-        self._close_http()
+        self._close_http()  # a thread still busy makes no new one: _client() checks _stopping
 
     def _run(self) -> None:
-        if self._state != _OK and not self._back_off():
-            return
         expired_in_a_row = 0
-        while not self._stopping.is_set():
-            try:
-                if self._resource_version is None or self._stale():
-                    self._relist()
-                else:
-                    self._watch()
-                    expired_in_a_row = 0
-            except _Expired:
-                # The resourceVersion left the server's window: list again, at once unless it
-                # keeps happening (a server that answers every watch so would be a busy loop).
-                self._resource_version = None
-                expired_in_a_row += 1
-                log.debug("ResourceSlices: the watch expired (410 Gone); listing again")
-                if expired_in_a_row > 1 and not self._back_off():
-                    return
-            except _NotServed:  # the API server no longer serves the version found
-                self.api_version, self._resource_version = None, None
-            except Exception as error:  # the thread must survive anything
-                if self._stopping.is_set():
-                    return
-                self._failed(error)
-                self._close_http()
-                if not self._back_off():
-                    return
+        try:
+            while not self._stopping.is_set():
+                back_off = False
+                try:
+                    if self._resource_version is None or self._stale():
+                        self._relist()
+                    else:
+                        self._watch()
+                        expired_in_a_row = 0
+                except _Expired:
+                    # The resourceVersion left the server's window: list again, at once unless
+                    # it keeps happening (a server that answers every watch so would be a busy
+                    # loop).
+                    self._resource_version = None
+                    expired_in_a_row += 1
+                    log.debug("ResourceSlices: the watch expired (410 Gone); listing again")
+                    back_off = expired_in_a_row > 1
+                except _NotServed:
+                    # The version found no longer served (its watch 404s): find it again, after
+                    # the back-off, or a server that lists but does not watch is a busy loop.
+                    self.api_version, self._resource_version = None, None
+                    back_off = True
+                except Exception as error:  # the thread must survive anything
+                    if self._stopping.is_set():
+                        break
+                    self._failed(error)
+                    self._close_http()
+                    back_off = True
+                finally:
+                    self._first_list.set()
+                if back_off and not self._back_off():
+                    break
+        finally:
+            self._close_http()
 
     def _back_off(self) -> bool:
         """Wait the current back-off and double it; False when stopping."""
@@ -393,30 +462,44 @@ class ResourceSlices:
         return token
 
     def _client(self) -> httpx.Client:
-        if self._http is not None:
-            return self._http
-        server = api_server_url(self.settings.api_server, os.environ)
-        verify: ssl.SSLContext | bool = False
-        if server.startswith("https:"):
+        with self._http_lock:  # never one made after stop() closed the last
+            if self._stopping.is_set():
+                raise _Stopped()
+            if self._http is not None:
+                return self._http
+            server = api_server_url(self.settings.api_server, os.environ)
+            try:
+                DraConfig.https_url(server)  # the bearer token never in clear text
+            except ValueError as error:
+                where = (
+                    "the in-cluster address ($KUBERNETES_SERVICE_HOST, $KUBERNETES_SERVICE_PORT)"
+                    if self.settings.api_server == "auto"
+                    else "kubernetes.dra.api_server"
+                )
+                raise ResourceSliceError("config", f"{where}: {error}") from None
             try:
                 verify = ssl.create_default_context(cafile=self.settings.ca_file)
             except (OSError, ssl.SSLError) as error:
                 raise ResourceSliceError(
                     "config", f"cannot read the CA file {self.settings.ca_file}: {error}"
                 ) from None
-        self._url = server
-        self._http = httpx.Client(
-            base_url=server,
-            verify=verify,
-            trust_env=False,  # no proxy or netrc from the environment: the cluster's own server
-            headers={"Accept": "application/json", "User-Agent": f"gpu-exporter/{__version__}"},
-        )
-        return self._http
+            self._url = server
+            self._http = httpx.Client(
+                base_url=server,
+                verify=verify,
+                trust_env=False,  # no proxy or netrc from the environment: the cluster's server
+                headers={
+                    "Accept": "application/json",
+                    "User-Agent": f"gpu-exporter/{__version__}",
+                },
+            )
+            return self._http
 
     def _close_http(self) -> None:
         with self._streams_lock:
             self._streams = []
-        http, self._http = self._http, None
+        with self._http_lock:
+            http, self._http = self._http, None
         if http is not None:
             http.close()
 
@@ -438,9 +521,8 @@ class ResourceSlices:
                 with contextlib.suppress(OSError):
                     socket.socket.shutdown(stream.get_extra_info("socket"), socket.SHUT_RDWR)
 
-    def _get(self, params: Mapping[str, str], read_timeout: float) -> Any:
+    def _get(self, params: Mapping[str, str], timeout: httpx.Timeout) -> Any:
         """A streamed GET of the slices of the version found (or being tried)."""
-        timeout = httpx.Timeout(self.settings.timeout_seconds, read=read_timeout)
         path = f"/apis/{API_GROUP}/{self.api_version}/resourceslices"
         return self._client().stream(
             "GET",
@@ -451,10 +533,10 @@ class ResourceSlices:
             extensions={"trace": self._trace},
         )
 
-    def _check(self, response: httpx.Response) -> None:
+    def _check(self, response: httpx.Response, ends: float = math.inf) -> None:
         if response.status_code < 300:
             return
-        body = _read(response)
+        body = _read(response, ends=ends)
         code = response.status_code
         message = _status_message(response, body)
         if code == 404:
@@ -482,10 +564,10 @@ class ResourceSlices:
         for version in dict.fromkeys(candidates):
             self.api_version = version
             try:
-                slices, resource_version = self._list(node)
+                store, resource_version = self._list(node)
             except _NotServed:
                 continue
-            self._slices, self._resource_version = slices, resource_version
+            self._store, self._resource_version = store, resource_version
             self._listed()
             return
         self.api_version = None
@@ -495,18 +577,40 @@ class ResourceSlices:
             "DRA needs Kubernetes 1.32 or later (its beta APIs enabled before 1.34)",
         )
 
-    def _list(self, node: str) -> tuple[dict[str, _Slice], str]:
-        slices: dict[str, _Slice] = {}
+    def _list(self, node: str) -> tuple[_Store, str]:
+        """One complete list, page after page: at most MAX_LIST_PAGES pages and MAX_LIST_BYTES,
+        each request within timeout_seconds and all of them within LIST_DEADLINE_TIMEOUTS
+        times that."""
+        store = _Store()
+        received = 0
+        timeout = self.settings.timeout_seconds
+        seconds = LIST_DEADLINE_TIMEOUTS * timeout
+        deadline = time.monotonic() + seconds  # not self._monotonic: tests shift that one
         params = {"fieldSelector": f"spec.nodeName={node}", "limit": str(PAGE_SIZE)}
-        while True:
-            with self._get(params, self.settings.timeout_seconds) as response:
-                self._check(response)
-                answer = json.loads(_read(response))
+        for _ in range(MAX_LIST_PAGES):
+            if self._stopping.is_set():
+                raise _Stopped()
+            began = time.monotonic()
+            ends = min(began + timeout, deadline)
+            too_slow = (
+                f"no complete answer in {timeout:g} s"
+                if ends < deadline
+                else f"the list took longer than {seconds:g} s"
+            )
+            if ends <= began:
+                raise ResourceSliceError("timeout", too_slow)
+            budget = MAX_LIST_BYTES - received
+            limit = min(MAX_BODY_BYTES, budget)
+            too_large = f"a list over {MAX_LIST_BYTES} bytes" if limit == budget else ""
+            with self._get(params, httpx.Timeout(ends - began)) as response:
+                self._check(response, ends)
+                body = _read(response, limit, ends, too_large=too_large, too_slow=too_slow)
+            received += len(body)
+            answer = json.loads(body)
             if not isinstance(answer, dict) or not isinstance(answer.get("items"), list):
                 raise ResourceSliceError("invalid", "a ResourceSliceList without items")
             for item in answer["items"]:
-                name, parsed = parse_slice(item)
-                slices[name] = parsed
+                store.put(*parse_slice(item))
             metadata = answer.get("metadata")
             metadata = metadata if isinstance(metadata, dict) else {}
             resource_version = metadata.get("resourceVersion")
@@ -514,8 +618,13 @@ class ResourceSlices:
                 raise ResourceSliceError("invalid", "a ResourceSliceList without resourceVersion")
             token = metadata.get("continue")
             if not token:
-                return slices, resource_version
+                return store, resource_version
             params = {**params, "continue": str(token)}
+        raise ResourceSliceError(
+            "invalid",
+            f"a list of more than {MAX_LIST_PAGES} pages: the API server keeps answering with "
+            "a `continue` token",
+        )
 
     def _watch(self) -> None:
         """Follow the changes from the last resourceVersion until the server ends the watch."""
@@ -528,25 +637,51 @@ class ResourceSlices:
             "fieldSelector": f"spec.nodeName={self._node()}",
             "timeoutSeconds": str(seconds),
         }
+        # Silent past its own timeout (the server ends it then) and timeout_seconds more: dead.
+        timeout = httpx.Timeout(
+            self.settings.timeout_seconds, read=self.settings.timeout_seconds + seconds
+        )
+        opened: float | None = None  # when the server took the watch (self._monotonic)
+        heard = 0.0  # when it last said something
+        events = 0
         unpublished = False
         try:
-            with self._get(params, self.settings.timeout_seconds + seconds) as response:
-                self._check(response)
-                self._succeeded()
+            with self._get(params, timeout) as response:
+                self._check(response, time.monotonic() + self.settings.timeout_seconds)
+                opened = heard = self._monotonic()
+                self._watching()
                 for line, more in _lines(response):
                     if self._stopping.is_set():
                         return
+                    heard = self._monotonic()
                     unpublished |= self._apply(json.loads(line))
+                    events += 1
                     if unpublished and not more:
                         # Events that came together (a republish's DELETED and ADDED) are
                         # published together: no tick sees the pool between them.
                         self._publish()
                         unpublished = False
+        except Exception as error:
+            if opened is not None and self._proved(opened, events):
+                # Healthy until it broke, or until it fell silent: the grace counts from then.
+                self._watched_until(heard if isinstance(error, httpx.TimeoutException) else None)
+            raise
         finally:
             if unpublished:  # applied before a failure: the resourceVersion is past them
                 self._publish()
-        if not self._stopping.is_set():
-            self._succeeded()  # a watch the server ended cleanly: it was listening all along
+        if self._stopping.is_set() or opened is None:
+            return
+        if not self._proved(opened, events):
+            raise ResourceSliceError(
+                "connection",
+                f"the API server ended the watch at once (within {SHORT_WATCH_SECONDS:g} s, "
+                "without an event)",
+            )
+        self._succeeded(watched=True)  # a watch the server ended cleanly: listening all along
+
+    def _proved(self, opened: float, events: int) -> bool:
+        """Whether a watch proved healthy: an event came, or it stayed open long enough."""
+        return events > 0 or self._monotonic() - opened >= SHORT_WATCH_SECONDS
 
     def _apply(self, event: Any) -> bool:
         """One watch event; whether it changed the slices."""
@@ -564,24 +699,23 @@ class ResourceSlices:
         if kind == "BOOKMARK":
             changed = False
         elif kind in ("ADDED", "MODIFIED"):
-            name, parsed = parse_slice(obj)
-            self._slices[name] = parsed
+            self._store.put(*parse_slice(obj))  # past a cap: invalid, the store unchanged
             changed = True
         elif kind == "DELETED":
             name, _ = parse_slice(obj)
-            self._slices.pop(name, None)
+            self._store.remove(name)
             changed = True
         else:
             raise ResourceSliceError("invalid", f"a watch event of unknown type {kind!r:.40}")
         if isinstance(resource_version, str) and resource_version:
             self._resource_version = resource_version
-        self._succeeded()
+        self._succeeded(watched=True)
         return changed
 
     # State ------------------------------------------------------------------------------------
 
     def _publish(self) -> None:
-        self._devices = MappingProxyType(map_devices(self._slices, self.settings.drivers))
+        self._devices = MappingProxyType(map_devices(self._store.slices, self.settings.drivers))
 
     def _listed(self) -> None:
         self._publish()
@@ -589,12 +723,33 @@ class ResourceSlices:
         self._status = _Status(
             old.up, old.lists + 1, old.errors, old.last_success, old.succeeded_at
         )
-        self._succeeded()
+        self._succeeded(watched=False)
 
-    def _succeeded(self) -> None:
+    def _watching(self) -> None:
+        """A watch the server took: up while it is open (the devices kept all the while), but
+        not yet a success for the back-off, the log or the last-success time: that takes an
+        event, or a watch open a while (`_proved`)."""
+        old = self._status
+        if not old.up:
+            self._status = _Status(True, old.lists, old.errors, old.last_success, old.succeeded_at)
+
+    def _watched_until(self, heard: float | None) -> None:
+        """A healthy watch broke: a success until `heard` (self._monotonic), or until now."""
+        now = self._monotonic()
+        at = now if heard is None else heard
+        old = self._status
+        if old.succeeded_at is not None and old.succeeded_at >= at:
+            return
+        last_success = self._clock() - (now - at)
+        self._status = _Status(old.up, old.lists, old.errors, last_success, at)
+
+    def _succeeded(self, watched: bool) -> None:
+        """A success; `watched`: by a watch that proved healthy, so the back-off starts over
+        (a list alone does not: a server that lists but cannot watch would loop)."""
         old = self._status
         self._status = _Status(True, old.lists, old.errors, self._clock(), self._monotonic())
-        self._delay = self.backoff_seconds[0]
+        if watched:
+            self._delay = self.backoff_seconds[0]
         if self._state != _OK:
             log.info(
                 "ResourceSlices of node %s at %s (%s/%s): %d devices, watching",
@@ -669,13 +824,23 @@ def _open(stream: Any) -> bool:
         return False
 
 
-def _read(response: httpx.Response) -> bytes:
-    """The body, up to MAX_BODY_BYTES."""
+def _read(
+    response: httpx.Response,
+    limit: int = MAX_BODY_BYTES,
+    ends: float = math.inf,
+    *,
+    too_large: str = "",
+    too_slow: str = "",
+) -> bytes:
+    """The body, up to `limit` bytes, all of it by `ends` (time.monotonic): httpx's read timeout
+    bounds each read, not the whole, which a trickling server could stretch at will."""
     body = bytearray()
     for chunk in response.iter_bytes():
         body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise ResourceSliceError("invalid", f"an answer over {MAX_BODY_BYTES} bytes")
+        if len(body) > limit:
+            raise ResourceSliceError("invalid", too_large or f"an answer over {limit} bytes")
+        if time.monotonic() > ends:
+            raise ResourceSliceError("timeout", too_slow or "an answer that came too slowly")
     return bytes(body)
 
 
