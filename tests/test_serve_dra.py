@@ -12,14 +12,11 @@ for the idle claimed MIG device on both alert paths alike.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
-import httpx
-
+from tests.alert_paths import firing_on_both_paths
 from tests.daemon import Daemon, serve
-from tests.servers import Recorder, alertmanager, prometheus
 from tests.support import promtool_check_metrics, wait_for
 from tests.test_serve_shared import Samples, on_gpu, samples
 
@@ -128,36 +125,5 @@ def test_the_replaced_slice_is_followed_without_losing_a_pod(tmp_path: Path) -> 
 def test_allocated_but_idle_fires_for_the_idle_claimed_mig_device_on_both_paths(
     tmp_path: Path,
 ) -> None:
-    rules = tmp_path / "fast.rules.yaml"
-    text = (ROOT / "rules/gpu-exporter.rules.yaml").read_text()
-    text = re.sub(r"\[(\d+)m\]", "[20s]", text)
-    text = re.sub(r"for: \d+[mh]", "for: 5s", text)
-    rules.write_text(re.sub(r"interval: \d+s", "interval: 1s", text))
-    with (
-        Recorder() as hook,
-        alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url,
-        serve(
-            tmp_path, "--simulate", "dra", "--interval", "0.5", "--rules", str(rules),
-            "--alertmanager-url", am_url, "--external-label", f"node={NODE}",
-        ) as daemon,
-    ):  # fmt: skip
-        daemon.wait_ready()
-        with prometheus(tmp_path / "prom", f"127.0.0.1:{daemon.port}", rules, am_url, NODE) as url:
-
-            def idle(base: str) -> set[frozenset[tuple[str, str]]]:
-                alerts = httpx.get(f"{base}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-                return {
-                    frozenset({**a["labels"], "node": NODE}.items())
-                    for a in alerts
-                    if a["labels"]["alertname"] == "GpuAllocatedButIdle" and a["state"] == "firing"
-                }
-
-            def agreed() -> set[frozenset[tuple[str, str]]] | None:
-                daemon_side, prometheus_side = idle(daemon.url), idle(url)
-                return daemon_side if daemon_side and daemon_side == prometheus_side else None
-
-            try:
-                both = wait_for(agreed, 60, "both paths to fire GpuAllocatedButIdle alike")
-            except AssertionError:
-                raise AssertionError((idle(daemon.url), idle(url))) from None
+    both = firing_on_both_paths(tmp_path, "dra", "GpuAllocatedButIdle", NODE)
     assert {dict(labels)["pod"] for labels in both} == {"notebook-dra-0"}

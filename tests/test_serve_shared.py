@@ -11,18 +11,15 @@ shares, with the same labels from the daemon and from Prometheus.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from pathlib import Path
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.alert_paths import firing_on_both_paths
 from tests.daemon import Daemon, serve
-from tests.servers import Recorder, alertmanager, am_alerts, prometheus
 from tests.support import promtool_check_metrics, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 NODE = "gpu-node-3"
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -132,42 +129,7 @@ def test_activity_counters_grow_by_ratio_times_elapsed_time(tmp_path: Path) -> N
 
 
 def test_allocated_but_idle_names_the_idle_shares_on_both_alert_paths(tmp_path: Path) -> None:
-    rules = tmp_path / "fast.rules.yaml"
-    text = (ROOT / "rules/gpu-exporter.rules.yaml").read_text()
-    text = re.sub(r"\[(\d+)m\]", "[20s]", text)
-    text = re.sub(r"for: \d+[mh]", "for: 5s", text)
-    rules.write_text(re.sub(r"interval: \d+s", "interval: 1s", text))
-    with (
-        Recorder() as hook,
-        alertmanager(tmp_path / "am", f"{hook.url}/hook") as am_url,
-        serve(
-            tmp_path, "--simulate", "shared", "--interval", "0.5", "--rules", str(rules),
-            "--alertmanager-url", am_url, "--external-label", f"node={NODE}",
-        ) as daemon,
-    ):  # fmt: skip
-        daemon.wait_ready()
-        with prometheus(tmp_path / "prom", f"127.0.0.1:{daemon.port}", rules, am_url, NODE) as url:
-
-            def idle(base: str) -> set[frozenset[tuple[str, str]]]:
-                alerts = httpx.get(f"{base}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-                return {
-                    frozenset({**a["labels"], "node": NODE}.items())
-                    for a in alerts
-                    if a["labels"]["alertname"] == "GpuAllocatedButIdle" and a["state"] == "firing"
-                }
-
-            def agreed() -> set[frozenset[tuple[str, str]]] | None:
-                daemon_side, prometheus_side = idle(daemon.url), idle(url)
-                return daemon_side if daemon_side and daemon_side == prometheus_side else None
-
-            try:
-                both = wait_for(agreed, 60, "both paths to fire GpuAllocatedButIdle alike")
-            except AssertionError:
-                raise AssertionError((idle(daemon.url), idle(url))) from None
-            held = wait_for(
-                lambda: len(am_alerts(am_url, "GpuAllocatedButIdle")) == len(both), 30, "AM"
-            )
-            assert held, am_alerts(am_url, "GpuAllocatedButIdle")
+    both = firing_on_both_paths(tmp_path, "shared", "GpuAllocatedButIdle", NODE)
     pods = {dict(labels)["pod"] for labels in both}
     # The idle notebook, the share held with no process, and the MIG instance held with none.
     assert pods == {"notebook-ana", "notebook-ben", "chat-small-1"}, pods
