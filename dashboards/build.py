@@ -1690,9 +1690,11 @@ def health() -> grafana.Dashboard:
             [
                 (
                     "Count",
+                    # > 0: the alerted XIDs' counters exist at 0 before the first one.
                     Q(
                         "sum by (cluster, node, gpu, xid) "
                         f"({scoped(over('increase', sel('gpu_xid_errors_total'), '$__range'))})"
+                        " > 0"
                     ),
                 ),
                 (

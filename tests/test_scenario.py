@@ -81,7 +81,14 @@ def test_pre_hopper_builtin_driver() -> None:
 def test_faults_builtin_faults() -> None:
     s = load_scenario("faults")
     kinds = sorted((f.kind, f.device) for f in s.faults)
-    assert kinds == [("gpm_nan", 0), ("gpu_lost", 1), ("hang", 2), ("xid", 1), ("xid", 2)]
+    assert kinds == [
+        ("gpm_nan", 0),
+        ("gpu_lost", 1),
+        ("gpu_reset", 2),
+        ("hang", 2),
+        ("xid", 1),
+        ("xid", 2),
+    ]
     consumer = s.devices[3]
     assert consumer.architecture == "ada" and not consumer.supports("power_limit")
 
@@ -505,7 +512,7 @@ def test_every_problem_is_reported_one_line_each(tmp_path: Path) -> None:
     ]
     assert problems[0].endswith("unknown key 'colour' (known: application_clocks_mhz, "
                                 "architecture, compute_capability, compute_mode, cpus, "
-                                "default_application_clocks_mhz, ecc, ecc_pending, label, "
+                                "default_application_clocks_mhz, ecc, ecc_pending, fabric, label, "
                                 "max_clocks_mhz, memory_reserved_bytes, memory_total_bytes, mig, "
                                 "model, numa_node, nvlink_links, nvlink_version, pci_bus_id, "
                                 "pci_device_id, pcie, performance_state, persistence_mode, "

@@ -61,6 +61,9 @@ class NvmlConfig(SettingsModel):
     # The pcie collector's 20 ms throughput call, on drivers without PCIe byte counters.
     pcie_throughput_fallback: bool = True
     xid_events: bool = True  # the xid collector and its event thread
+    # The fabric collector: NVLink fabric state and health (nvmlDeviceGetGpuFabricInfoV, one
+    # call per GPU per tick; Hopper and newer on an NVSwitch fabric, absent elsewhere).
+    fabric: bool = True
     # The processes collector: NVML's per-process lists and samples, every tick. On with
     # kubernetes.processes.enabled (which maps them to pods); on alone, every process is
     # unattributed.

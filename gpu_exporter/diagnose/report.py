@@ -404,10 +404,11 @@ def _state(view: DeviceView, topology: Topology) -> dict[str, Any]:
 def _health(view: DeviceView) -> dict[str, Any]:
     """The health readings as the last tick shows them (`gpu_up` is the GPU's own `up`)."""
     value = view.value
+    # The XIDs seen: the alerted ones are exported at 0 before the first (catalog).
     xid_counts = {
         dict(r.labels)["xid"]: int(r.value)
         for r in view.readings
-        if r.family == "gpu_xid_errors_total"
+        if r.family == "gpu_xid_errors_total" and r.value > 0
     }
     return {
         "gpu_up": view.up,

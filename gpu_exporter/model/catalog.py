@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
+from gpu_exporter.model.xids import ALWAYS_EXPORTED
+
 
 class Kind(StrEnum):
     GAUGE = "gauge"
@@ -361,15 +363,52 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_xid_errors_total",
         C,
-        "XID errors seen since the exporter started, by XID number.",
+        "XID errors seen since the exporter started, by XID number. The XIDs the rule pack "
+        f"alerts on ({', '.join(map(str, ALWAYS_EXPORTED))}) are exported at 0 from a GPU's first "
+        "tick once it is registered for XID events, so that increase() counts the first one; "
+        "any other XID appears when it first occurs.",
         ("xid",),
     ),
     Family(
         "gpu_xid_last_timestamp_seconds",
         G,
-        "Unix time of the last XID error of this number.",
+        "Unix time of the last XID error of this number; absent until the first.",
         ("xid",),
         unit="seconds",
+    ),
+    Family(
+        "gpu_recovery_action",
+        G,
+        "The action the driver says the GPU needs to recover (NVML field "
+        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION), as a state set: 1 for the current action (none, "
+        "gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain, bus_reset, "
+        "system_reboot; unknown for a value newer than these), 0 for the others; absent where "
+        "the driver does not support the field.",
+        ("action",),
+    ),
+    Family(
+        "gpu_fabric_state",
+        G,
+        "The GPU's registration with the NVLink fabric (nvmlDeviceGetGpuFabricInfoV) as a "
+        "state set: 1 for the current state (not_supported, not_started, in_progress, "
+        "completed), 0 for the others; only where the driver answers the call (Hopper and "
+        "newer on an NVSwitch fabric).",
+        ("state",),
+    ),
+    Family(
+        "gpu_fabric_health_summary",
+        G,
+        "The driver's summary of the GPU's NVLink fabric health as a state set (healthy, "
+        "unhealthy, limited_capacity); only where the driver gives one (fabric info v3).",
+        ("summary",),
+    ),
+    Family(
+        "gpu_fabric_health_issue",
+        G,
+        "1 while the NVLink fabric reports this health issue (degraded_bandwidth, "
+        "route_recovery, route_unhealthy, access_timeout_recovery, incorrect_configuration), "
+        "0 while it reports none; only the issues the driver reports on.",
+        ("issue",),
     ),
     Family("gpu_numa_node", G, "Host NUMA node nearest the GPU.", source="topology"),
     Family(

@@ -114,3 +114,91 @@ ARCHITECTURES: Mapping[str, int] = MappingProxyType(
 ARCHITECTURE_NAMES: Mapping[int, str] = MappingProxyType(
     {code: name for name, code in ARCHITECTURES.items()}
 )
+
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.h: "GPU Recovery action - None/Reset/Reboot/Drain
+# P2P/Drain and Reset"): the field whose value is an nvmlDeviceGpuRecoveryAction_t.
+RECOVERY_ACTION_FIELD = 230
+
+# The `action` label values of gpu_recovery_action: index = the nvmlDeviceGpuRecoveryAction_t
+# value (NVML_GPU_RECOVERY_ACTION_*; nvml.h has 0-5, nvidia-ml-py 13.615 adds BUS_RESET = 6 and
+# SYSTEM_REBOOT = 7), then "unknown" for any value past them (never read as "none").
+RECOVERY_ACTIONS: tuple[str, ...] = (
+    "none",
+    "gpu_reset",
+    "node_reboot",
+    "drain_p2p",
+    "drain_and_reset",
+    "recover_imex_domain",
+    "bus_reset",
+    "system_reboot",
+    "unknown",
+)
+UNKNOWN_RECOVERY_ACTION = RECOVERY_ACTIONS[-1]
+
+
+def recovery_action(value: float) -> str:
+    """The `action` label of a field-230 value: its enum name, else "unknown"."""
+    known = len(RECOVERY_ACTIONS) - 1
+    if value != value or value < 0 or value >= known or value != int(value):  # NaN, odd values
+        return UNKNOWN_RECOVERY_ACTION
+    return RECOVERY_ACTIONS[int(value)]
+
+
+# nvmlGpuFabricState_t (NVML_GPU_FABRIC_STATE_*), by value: the GPU's registration with the
+# NVLink fabric (nvmlDeviceGetGpuFabricInfoV); the `state` label values of gpu_fabric_state.
+FABRIC_STATES: tuple[str, ...] = ("not_supported", "not_started", "in_progress", "completed")
+FABRIC_STATE_COMPLETED = 3  # nvml.h: `status` "must be checked only if" the state is this
+
+# NVML_GPU_FABRIC_HEALTH_SUMMARY_* (fabric info v3's healthSummary), by value; 0 is "not
+# supported" (no series), the others are gpu_fabric_health_summary's `summary` label values.
+FABRIC_HEALTH_SUMMARIES: tuple[str, ...] = (
+    "not_supported",
+    "healthy",
+    "unhealthy",
+    "limited_capacity",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FabricHealthIssue:
+    """One sub-field of the fabric info's healthMask (NVML_GPU_FABRIC_HEALTH_MASK_*): its value
+    is `(mask >> shift) & width`; 0 means the driver does not report it."""
+
+    name: str  # the `issue` label value of gpu_fabric_health_issue
+    shift: int
+    width: int
+    binding: str  # pynvml's NVML_GPU_FABRIC_HEALTH_MASK_{SHIFT,WIDTH}_<binding>
+
+    def value(self, mask: int) -> int:
+        return (mask >> self.shift) & self.width
+
+    def present(self, value: int) -> bool:
+        """Whether a supported sub-field value reports the issue: TRUE (1) for the yes/no
+        ones; for incorrect configuration, NONE is 1 and every value from 2 names a problem."""
+        if self.name == "incorrect_configuration":
+            return value >= FABRIC_INCORRECT_CONFIGURATION_NONE + 1
+        return value == FABRIC_HEALTH_TRUE
+
+
+FABRIC_HEALTH_TRUE = 1  # ..._TRUE of the yes/no sub-fields (FALSE is 2)
+FABRIC_HEALTH_FALSE = 2
+FABRIC_INCORRECT_CONFIGURATION_NONE = 1
+FABRIC_HEALTH_ISSUES: tuple[FabricHealthIssue, ...] = (
+    FabricHealthIssue("degraded_bandwidth", 0, 0x3, "DEGRADED_BW"),
+    FabricHealthIssue("route_recovery", 2, 0x3, "ROUTE_RECOVERY"),
+    FabricHealthIssue("route_unhealthy", 4, 0x3, "ROUTE_UNHEALTHY"),
+    FabricHealthIssue("access_timeout_recovery", 6, 0x3, "ACCESS_TIMEOUT_RECOVERY"),
+    FabricHealthIssue("incorrect_configuration", 8, 0xF, "INCORRECT_CONFIGURATION"),
+)
+# NVML_GPU_FABRIC_HEALTH_MASK_INCORRECT_CONFIGURATION_*, by value (1 = none; 0 not supported).
+FABRIC_INCORRECT_CONFIGURATIONS: tuple[str, ...] = (
+    "not_supported",
+    "none",
+    "incorrect_sysguid",
+    "incorrect_chassis_sn",
+    "no_partition",
+    "insufficient_nvlinks",
+    "incompatible_gpu_fw",
+    "invalid_location",
+    "gpu_state_invalid",
+)

@@ -56,6 +56,11 @@ NOT_ALERTED: Mapping[int, str] = MappingProxyType(
 CRITICAL_XIDS = frozenset(CRITICAL)
 WARNING_XIDS = frozenset(WARNING)
 
+# The XIDs whose gpu_xid_errors_total series exist at 0 before the first one, in numeric order:
+# a counter born at 1 shows no increase() for its first sample, and these are the XIDs alerted
+# on. Only these: one series per possible XID would be hundreds per GPU for nothing.
+ALWAYS_EXPORTED: tuple[int, ...] = tuple(sorted(CRITICAL_XIDS | WARNING_XIDS))
+
 
 def meaning(xid: int | str) -> str:
     """NVIDIA's meaning of an XID as listed above, or "" for one not listed (or not a number)."""

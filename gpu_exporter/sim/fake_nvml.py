@@ -28,6 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 import pynvml
 
 from gpu_exporter.model.activity import ACTIVITY
+from gpu_exporter.model.nvml_facts import RECOVERY_ACTION_FIELD
 from gpu_exporter.sim import activity as sim_activity
 from gpu_exporter.sim.mig import MigInstanceSpec, mig_device_name
 from gpu_exporter.sim.processes import ProcessSpec, by_gpu
@@ -35,6 +36,7 @@ from gpu_exporter.sim.spec import COMPUTE_MODES, DeviceSpec, Scenario, normalize
 from gpu_exporter.sim.values import ValueSpec
 
 __all__ = [
+    "FABRIC_INFO_VERSIONS",
     "PROCESSES_UTILIZATION_INFO_V1",
     "THROTTLE_FIELDS",
     "FakeNvmlLib",
@@ -80,6 +82,9 @@ _SAMPLED = {
     pynvml.NVML_ENC_UTILIZATION_SAMPLES: ("encoder_utilization", 2),
     pynvml.NVML_DEC_UTILIZATION_SAMPLES: ("decoder_utilization", 3),
 }
+# nvml.h: nvmlGpuFabricInfo_v2 and _v3 = NVML_STRUCT_VERSION(GpuFabricInfo, n), the struct's size
+# | n << 24 (36 and 40 bytes), by version word: the fake's own copy (tests check pynvml's).
+FABRIC_INFO_VERSIONS = {0x02000024: 2, 0x03000028: 3}
 # nvml.h: nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1),
 # the struct's size (24) | 1 << 24; the fake's own copy (tests check pynvml's).
 PROCESSES_UTILIZATION_INFO_V1 = 0x01000018
@@ -321,13 +326,24 @@ class _Integrals:
                 self._totals[_mask_key(mask)] += h * sum(1 for r in reasons if r & mask)
 
 
-class _Device:
-    """A device: its spec, its handle token and the integrals of its rates over time."""
+# What a GPU reset (a `gpu_reset` fault) does to a quantity, read at t after a reset at r:
+# volatile ECC counts restart from 0 (their aggregate twins are other quantities, untouched);
+# a pending remap or retirement is applied and the recovery action done, so these read 0
+# ("none") while the scenario's value is still the one it had at r, and as written once it
+# changes (a new pending remap, another action).
+_RESTARTED = frozenset({"ecc_corrected_total", "ecc_uncorrected_total"})
+_CLEARED = frozenset({"row_remap_pending", "retired_pages_pending", "recovery_action"})
 
-    def __init__(self, spec: DeviceSpec) -> None:
+
+class _Device:
+    """A device: its spec, its handle token, its resets and the integrals of its rates over
+    time."""
+
+    def __init__(self, spec: DeviceSpec, resets: tuple[float, ...] = ()) -> None:
         self.spec = spec
         self.index = spec.index
         self.token = _DEVICE_TOKEN_BASE + spec.index
+        self.resets = tuple(sorted(resets))  # scenario times of its `gpu_reset` faults
         self._integrals = _Integrals(spec.values, _RATES, self.reasons)
         # GPU instance (by position in the scenario) -> its activity integrals
         self.instance_integrals = {
@@ -336,7 +352,21 @@ class _Device:
         }
 
     def value(self, quantity: str, t: float) -> float:
-        return self.spec.values[quantity].value_at(t)
+        spec = self.spec.values[quantity]
+        value = spec.value_at(t)
+        if not self.resets or (quantity not in _RESTARTED and quantity not in _CLEARED):
+            return value
+        reset = self.last_reset(t)
+        if reset is None:
+            return value
+        at_reset = spec.value_at(reset)
+        if quantity in _RESTARTED:
+            return max(0.0, value - at_reset)
+        return 0.0 if value == at_reset else value
+
+    def last_reset(self, t: float) -> float | None:
+        """The latest `gpu_reset` at or before `t`."""
+        return next((r for r in reversed(self.resets) if r <= t), None)
 
     def reasons(self, t: float) -> int:
         return int(self.value("clock_event_reasons", t)) & _ALL_REASONS
@@ -421,7 +451,13 @@ class FakeNvmlLib:
         self._refcount = 0
         self._generation = 0
         self._recovered: frozenset[int] = frozenset()  # gpu_lost faults cleared by a re-init
-        self._devices = [_Device(spec) for spec in scenario.devices]
+        resets: dict[int, list[float]] = {}
+        for fault in scenario.faults:
+            if fault.kind == "gpu_reset":
+                resets.setdefault(fault.device, []).append(fault.at)
+        self._devices = [
+            _Device(spec, tuple(resets.get(spec.index, ()))) for spec in scenario.devices
+        ]
         self._by_token = {dev.token: dev for dev in self._devices}
         self._faults = list(enumerate(scenario.faults))
         self._event_sets: dict[int, _EventSet] = {}
@@ -1182,6 +1218,31 @@ class FakeNvmlLib:
         _set(out, status)
         return SUCCESS
 
+    # -- NVLink fabric -----------------------------------------------------------------------
+
+    @_nvml("nvmlDeviceGetGpuFabricInfoV")
+    def _fabric_info(self, dev: _Device, t: float, out: Any) -> int:
+        """nvmlGpuFabricInfo_v2/v3 (nvml.h). The struct's version is checked first (one the
+        scenario's driver does not accept: ARGUMENT_VERSION_MISMATCH), then whether the GPU
+        has a fabric (`fabric:`; none: NOT_SUPPORTED); v2 has no healthSummary. Assumed, not
+        compared with a real driver: that order, and the clique id and cluster UUID."""
+        if out is None:
+            return INVALID_ARGUMENT
+        info = _target(out)
+        version = FABRIC_INFO_VERSIONS.get(info.version)
+        if version is None or version not in self.scenario.driver.fabric_info_versions:
+            return ARGUMENT_VERSION_MISMATCH
+        fabric = dev.spec.fabric
+        if fabric is None:
+            return NOT_SUPPORTED
+        now = fabric.at(t)
+        info.clusterUuid[:] = bytes(range(1, 17))  # one fabric for every GPU of the scenario
+        info.status, info.cliqueId, info.state = now.status, 1, now.state
+        info.healthMask = now.health_mask
+        if version >= 3:
+            info.healthSummary = now.health_summary
+        return SUCCESS
+
     # -- field values -----------------------------------------------------------------------
 
     @_nvml("nvmlDeviceGetFieldValues")
@@ -1277,7 +1338,7 @@ class FakeNvmlLib:
                     # into a real-time sleep. With none, nothing but a shutdown, a free or a
                     # registration (which notify) can change the answer: block until the
                     # deadline. The wait releases the lock.
-                    if self._xid_to_come(event_set):
+                    if self._xid_to_come(event_set, t):
                         remaining = min(0.1, remaining)
                     self._events_changed.wait(remaining)
                     continue
@@ -1294,6 +1355,7 @@ class FakeNvmlLib:
             if f.kind == "xid"
             and i not in event_set.delivered
             and f.at <= t
+            and not self._reset_since(f.device, f.at, t)
             and self._wants(event_set, f.device, f.at, pynvml.nvmlEventTypeXidCriticalError)
         ]
         changes = [
@@ -1313,12 +1375,18 @@ class FakeNvmlLib:
         event_set.delivered.add(index)
         return device, pynvml.nvmlEventTypeXidCriticalError, xid
 
-    def _xid_to_come(self, event_set: _EventSet) -> bool:
+    def _reset_since(self, device: int, at: float, t: float) -> bool:
+        """Whether the GPU was reset after `at` and by `t`: an XID from before a GPU reset is
+        not delivered after it (the reset cleared what raised it)."""
+        return any(at < r <= t for r in self._devices[device].resets)
+
+    def _xid_to_come(self, event_set: _EventSet, t: float) -> bool:
         """Whether an event for a registered device is undelivered, due or not (lock held)."""
         xid = pynvml.nvmlEventTypeXidCriticalError
         return any(
             f.kind == "xid"
             and i not in event_set.delivered
+            and not self._reset_since(f.device, f.at, t)
             and self._wants(event_set, f.device, f.at, xid)
             for i, f in self._faults
         ) or any(
@@ -1764,6 +1832,13 @@ def _link_count_field(dev: _Device, t: float, totals: dict[str, float], scope: i
     return SUCCESS, _UI, dev.spec.nvlink_links
 
 
+def _recovery_action_field(
+    dev: _Device, t: float, totals: dict[str, float], scope: int
+) -> _FieldResult:
+    """nvmlDeviceGpuRecoveryAction_t as an unsigned int (its valueType assumed, not verified)."""
+    return SUCCESS, _UI, int(dev.value("recovery_action", t)) & _ALL_ONES_32
+
+
 # field id -> (feature, reader); ids are pynvml's NVML_FI_DEV_* values.
 _FIELDS: dict[int, tuple[str, _FieldReader]] = {
     3: ("ecc", _gauge_field("ecc_corrected_total", _ULL)),  # ECC_SBE_VOL_TOTAL
@@ -1792,6 +1867,7 @@ _FIELDS: dict[int, tuple[str, _FieldReader]] = {
     191: ("energy", _energy_field),  # NVML_FI_DEV_ENERGY (mJ)
     197: ("pcie_counters", _bytes_field("pcie_tx_bytes_per_second")),
     198: ("pcie_counters", _bytes_field("pcie_rx_bytes_per_second")),
+    RECOVERY_ACTION_FIELD: ("recovery_action", _recovery_action_field),  # 230
 } | {
     field_id: ("throttle_time", _throttle_field(mask)) for field_id, mask in THROTTLE_FIELDS.items()
 }

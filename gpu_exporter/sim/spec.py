@@ -38,6 +38,7 @@ from pydantic_core import PydanticCustomError
 from gpu_exporter.collect.nvml.device_config import COMPUTE_MODE_NAMES
 from gpu_exporter.model import nvml_facts as facts
 from gpu_exporter.sim.dra import DRIVER, gpu_device_name, mig_device_name
+from gpu_exporter.sim.fabric import FabricSpec
 from gpu_exporter.sim.fields import (
     DeviceIndex,
     Flag,
@@ -83,6 +84,7 @@ __all__ = [
     "DcgmSpec",
     "DeviceSpec",
     "DriverSpec",
+    "FabricSpec",
     "FaultSpec",
     "LatencySpec",
     "PcieSpec",
@@ -129,6 +131,7 @@ FEATURES: frozenset[str] = frozenset(
         "topology",
         "applications_clocks",
         "process_utilization",
+        "recovery_action",
     }
 )
 
@@ -279,6 +282,11 @@ class DriverSpec(Strict):
     cuda_version: Annotated[int, int_in(lo=0)] = 12080
     missing_functions: Annotated[frozenset[NvmlFunction], OrNone] = frozenset()
     unsupported_fields: Annotated[frozenset[Annotated[int, int_in(lo=0)]], OrNone] = frozenset()
+    # nvmlGpuFabricInfo_v<n> structs nvmlDeviceGetGpuFabricInfoV accepts (others answer
+    # ARGUMENT_VERSION_MISMATCH): R535-R550 drivers know v2 only, newer ones v3 too.
+    fabric_info_versions: Annotated[frozenset[Annotated[int, int_in(2, 3)]], nonempty] = frozenset(
+        {2, 3}
+    )
 
 
 class LatencySpec(Strict):
@@ -478,6 +486,7 @@ class DeviceSpec(Strict):
         default_factory=dict
     )
     mig: MigSpec | None = None  # None: MIG disabled (on GPUs that have it)
+    fabric: FabricSpec | None = None  # None: no NVLink fabric (the call answers NOT_SUPPORTED)
 
     if TYPE_CHECKING:  # set at validation, not written in the file
         index: int
@@ -512,6 +521,18 @@ class DeviceSpec(Strict):
             known = ", ".join(MIG_PROFILES)
             raise error(f"no MIG profiles known for model {model!r} (known: {known})")
         return nested(MigSpec, value, {**context_of(info), "mig_profiles": profiles})
+
+    @field_validator("fabric", mode="plain")
+    @classmethod
+    def _fabric(cls, value: Any, info: Info) -> FabricSpec | None:
+        if value is None:
+            return None  # written empty: no fabric (a device's way out of `defaults`' one)
+        model, architecture = info.data.get("model"), info.data.get("architecture")
+        if model is not None and architecture is not None:  # else reported where they are
+            architecture = architecture or _MODELS.get(model, _GENERIC_MODEL).architecture
+            if _ARCH_RANK[architecture] < _ARCH_RANK["hopper"]:
+                raise error(f"{architecture} GPUs have no fabric info (Hopper and newer)")
+        return nested(FabricSpec, value, context_of(info))
 
     @model_validator(mode="after")
     def _derive(self, info: Info) -> DeviceSpec:
@@ -655,6 +676,8 @@ class DeviceSpec(Strict):
             return self.nvlink_links > 0
         if feature == "process_utilization":  # nvml.h: "For Maxwell or newer"
             return self.at_least("maxwell")
+        if feature == "recovery_action":  # field 230: assumed Ampere and newer (not verified)
+            return self.at_least("ampere")
         return True
 
     def value(self, quantity: str, t: float) -> float:
@@ -670,7 +693,7 @@ class FaultSpec(Strict):
     the attributes of the keys it does not take read as their defaults, so the fakes read any
     fault alike."""
 
-    # xid | gpu_lost | hang | no_permission | gpm_nan (NVML);
+    # xid | gpu_lost | hang | no_permission | gpm_nan | gpu_reset (NVML);
     # dcgm_down | dcgm_blank | dcgm_paused | dcgm_hang (DCGM);
     # proc_vanished | proc_unreadable (the fake /proc); cri_down | cri_hang | cri_garbage (CRI)
     kind: str
@@ -762,6 +785,15 @@ class _GpmNan(FaultSpec):
     until: _Until = None
 
 
+class _GpuReset(FaultSpec):
+    """The GPU is reset at `at` (nvidia-smi -r): volatile ECC counts restart from 0, a pending
+    row remap or page retirement is applied, the recovery action is done, and XIDs from
+    before it are no longer delivered (sim/fake_nvml.py)."""
+
+    kind: Literal["gpu_reset"]
+    device: DeviceIndex
+
+
 # The node's host engine's faults: no `device`.
 class _DcgmDown(FaultSpec):
     kind: Literal["dcgm_down"]
@@ -826,6 +858,7 @@ _FAULT_KINDS: dict[str, type[FaultSpec]] = {
     "hang": _Hang,
     "no_permission": _NoPermission,
     "gpm_nan": _GpmNan,
+    "gpu_reset": _GpuReset,
     "dcgm_down": _DcgmDown,
     "dcgm_blank": _DcgmBlank,
     "dcgm_paused": _DcgmPaused,

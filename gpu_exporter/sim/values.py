@@ -34,6 +34,7 @@ from gpu_exporter.sim.fields import (
     NonNegative,
     Number,
     Strict,
+    choice,
     context_of,
     error,
     error_at,
@@ -49,6 +50,7 @@ __all__ = [
     "GIB",
     "MIB",
     "QUANTITIES",
+    "RECOVERY_ACTIONS",
     "ValueSpec",
     "complete",
     "constant",
@@ -124,6 +126,8 @@ QUANTITIES: dict[str, _Quantity] = {
     "retired_pages_sbe": _NONNEG,
     "retired_pages_dbe": _NONNEG,
     "retired_pages_pending": _Quantity(0.0, 1.0),
+    # NVML field 230's nvmlDeviceGpuRecoveryAction_t, written as action names or numbers.
+    "recovery_action": _NONNEG,
 }
 
 # Value specs outside a device's `values` (a process's memory and utilization, sim/processes.py),
@@ -132,6 +136,15 @@ _OTHER: dict[str, _Quantity] = {"process_bytes": _NONNEG, "process_ratio": _RATI
 _BOUNDS: Mapping[str, _Quantity] = MappingProxyType({**QUANTITIES, **_OTHER})
 
 _REASONS = "clock_event_reasons"  # takes lists of reason names where others take numbers
+_ACTION = "recovery_action"  # takes action names (or their numbers) where others take numbers
+# Quantities of named, discrete values: steps or pattern only (no ramp, sine, noise, min, max).
+_DISCRETE = (_REASONS, _ACTION)
+# The action names a file may write: nvml_facts' but "unknown", which is no NVML value (a
+# number past the known ones is how a file writes an action this exporter does not know).
+RECOVERY_ACTIONS: Mapping[str, int] = MappingProxyType(
+    {name: value for value, name in enumerate(facts.RECOVERY_ACTIONS[:-1])}
+)
+_UINT_MAX = 0xFFFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,11 +252,24 @@ def _reason_mask(value: Any) -> float:
     return float(mask)
 
 
+def _action_value(value: Any) -> float:
+    """A recovery action: its name (RECOVERY_ACTIONS) or the enum's number (any unsigned int:
+    a number past the known actions is one this exporter does not know)."""
+    if isinstance(value, str):
+        return float(RECOVERY_ACTIONS[choice(value, RECOVERY_ACTIONS)])
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT_MAX:
+        raise error(f"expected a recovery action name or a number 0-{_UINT_MAX}, got {value!r}")
+    return float(value)
+
+
 def _point_value(value: Any, info: Info) -> float:
-    """The value of a [time, value] point: a number in the quantity's bounds, or reason names."""
+    """The value of a [time, value] point: a number in the quantity's bounds, or reason names,
+    or a recovery action."""
     quantity = context_of(info)["quantity"]
     if quantity == _REASONS:
         return _reason_mask(value)
+    if quantity == _ACTION:
+        return _action_value(value)
     bounds = _BOUNDS[quantity]
     return number(value, bounds.lo, bounds.hi)
 
@@ -319,10 +345,11 @@ class _Form(Strict):
         given = [form for form in _FORMS if form in self.model_fields_set]
         if len(given) != 1:
             raise error("expected exactly one of steps, ramp, pattern, sine")
-        if context_of(info)["quantity"] == _REASONS and (
+        quantity = context_of(info)["quantity"]
+        if quantity in _DISCRETE and (
             given[0] not in ("steps", "pattern") or len(self.model_fields_set) > 1
         ):
-            raise error("clock_event_reasons takes only steps or pattern (no noise/min/max)")
+            raise error(f"{quantity} takes only steps or pattern (no noise/min/max)")
         return self
 
     def spec(self, quantity: str, noise_key: str) -> ValueSpec:
@@ -361,6 +388,8 @@ def _spec_of(quantity: str, name: str | None = None) -> PlainValidator:
             if not isinstance(value, list):
                 raise error("expected a list of reason names or a steps/pattern mapping")
             return _constant(_reason_mask(value), bounds.lo, bounds.hi)
+        if quantity == _ACTION:
+            return _constant(_action_value(value), bounds.lo, bounds.hi)
         return _constant(number(value, bounds.lo, bounds.hi), bounds.lo, bounds.hi)
 
     return PlainValidator(check)

@@ -43,6 +43,17 @@ class XidCounts:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _counts: dict[str, dict[int, tuple[int, float]]] = field(default_factory=dict)
     _mig_changes: dict[str, int] = field(default_factory=dict)
+    _watched: set[str] = field(default_factory=set)  # ever registered for XID events
+
+    def watch(self, uuid: str) -> None:
+        """The GPU is registered for XID events: from now on a count of 0 is a fact."""
+        with self._lock:
+            self._watched.add(uuid)
+
+    def watched(self, uuid: str) -> bool:
+        """Whether the GPU was ever registered for XID events (so its XIDs can be counted)."""
+        with self._lock:
+            return uuid in self._watched
 
     def record_mig_change(self, uuid: str) -> None:
         with self._lock:
@@ -109,6 +120,7 @@ class XidWatcher:
             )
             if not error:
                 self.registered.add(uuid)
+                self._counts.watch(uuid)
         if N.nvmlEventMigConfigChange & (supported or 0):
             # Separately, so that a GPU refusing it still reports XIDs; without it, a new
             # MIG layout is found at the next slow refresh instead.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from gpu_exporter.collect.nvml.collectors.base import Collector, Device, FieldSpec
 from gpu_exporter.collect.nvml.collectors.clocks import Clocks
 from gpu_exporter.collect.nvml.collectors.ecc import Ecc
+from gpu_exporter.collect.nvml.collectors.fabric import Fabric
 from gpu_exporter.collect.nvml.collectors.gpm import Gpm
 from gpu_exporter.collect.nvml.collectors.identity import Identity
 from gpu_exporter.collect.nvml.collectors.memory import Memory
@@ -18,6 +19,7 @@ from gpu_exporter.collect.nvml.collectors.nvlink import NvLink
 from gpu_exporter.collect.nvml.collectors.pcie import Pcie
 from gpu_exporter.collect.nvml.collectors.power import Power
 from gpu_exporter.collect.nvml.collectors.processes import Processes
+from gpu_exporter.collect.nvml.collectors.recovery import Recovery
 from gpu_exporter.collect.nvml.collectors.temperature import Temperature
 from gpu_exporter.collect.nvml.collectors.topology import Topology
 from gpu_exporter.collect.nvml.collectors.utilization import Utilization
@@ -47,7 +49,9 @@ COLLECTORS: tuple[type[Collector], ...] = (
     Clocks,
     Pcie,
     NvLink,
+    Fabric,
     Ecc,
+    Recovery,
     Gpm,
     Xid,
     Topology,
