@@ -11,7 +11,9 @@ with `NvmlSource` and records per-workload averages of every metric family. It a
 per-call NVML latency (p50/p99), which fields and GPM metrics this GPU and driver answer, and
 how GPM behaves with windows shorter than the documented 100 ms, and each GPU's MIG mode: where
 MIG is already enabled (it is never changed here), its MIG devices as NVML lists them next to
-the instances the daemon reports.
+the instances the daemon reports. On every GPU, as this (unprivileged) user: the recovery
+action field (230) and the NVLink fabric info (v3 and v2 structs), each as the driver answered
+it (the value, or the error's name), with what the exporter makes of them.
 
 Per process: the source runs with the processes collector on (`nvml.processes`), and each tick
 records what it reports of the workload child's PID on GPU 0 (as the OS sees it: no containers
@@ -678,6 +680,107 @@ def probe_calls(handle: Any) -> dict[str, Any]:
     return out
 
 
+def _recovery_action(handle: Any) -> dict[str, Any]:
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION as the driver answers it, and the exporter's label."""
+    from gpu_exporter.collect.nvml.values import field_value, return_code_name
+    from gpu_exporter.model.nvml_facts import RECOVERY_ACTION_FIELD, recovery_action
+
+    try:
+        (value,) = N.nvmlDeviceGetFieldValues(handle, [RECOVERY_ACTION_FIELD])
+    except N.NVMLError as exc:
+        return {"error": type(exc).__name__}
+    if value.nvmlReturn != N.NVML_SUCCESS:
+        return {"return": int(value.nvmlReturn), "error": return_code_name(value.nvmlReturn)}
+    number = field_value(value)
+    return {
+        "return": 0,
+        "value": number,
+        "value_type": int(value.valueType),
+        "action": recovery_action(number),
+    }
+
+
+def _fabric_info(handle: Any) -> dict[str, Any]:
+    """nvmlDeviceGetGpuFabricInfoV with each struct version this binding has (v3, v2): the
+    fields, or the error's name; what the exporter exports of the newest answer."""
+    import ctypes
+
+    from gpu_exporter.collect.nvml.collectors.fabric import STRUCTS, fabric_readings
+
+    out: dict[str, Any] = {}
+    for key, struct_name in STRUCTS:
+        struct = getattr(N, struct_name, None)
+        version = key.rsplit("_", 1)[1]
+        if struct is None or not hasattr(N, "nvmlDeviceGetGpuFabricInfoV"):
+            out[version] = {"error": "not in this nvidia-ml-py"}
+            continue
+        info = struct()
+        started = time.perf_counter()
+        try:
+            N.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+        except N.NVMLError as exc:
+            out[version] = {"error": type(exc).__name__}
+            continue
+        out[version] = {
+            "latency_ms": (time.perf_counter() - started) * 1e3,
+            "state": int(info.state),
+            "status": int(info.status),
+            "health_mask": f"{int(info.healthMask):#x}",
+            "health_summary": int(getattr(info, "healthSummary", 0)) if version == "v3" else None,
+            "cluster_uuid": bytes(info.clusterUuid).hex(),
+            "clique_id": int(info.cliqueId),
+        }
+        if "exported" not in out:
+            out["exported"] = {
+                f"{r.family}{{{r.labels[0][0]}={r.labels[0][1]!r}}}": r.value
+                for r in fabric_readings(info)
+            }
+    return out
+
+
+def probe_health(count: int) -> dict[str, Any]:
+    """Field 230 and the fabric info of every GPU, read as this user (no privileges asked)."""
+    out: dict[str, Any] = {}
+    for index in range(count):
+        try:
+            handle = N.nvmlDeviceGetHandleByIndex(index)
+        except N.NVMLError as exc:
+            out[str(index)] = {"error": type(exc).__name__}
+            continue
+        out[str(index)] = {
+            "recovery_action": _recovery_action(handle),
+            "fabric": _fabric_info(handle),
+        }
+    return out
+
+
+def health_lines(report: dict[str, Any]) -> list[str]:
+    """The recovery action and fabric findings of `render_summary`, one line per GPU."""
+    lines = []
+    for index, entry in report.get("health", {}).items():
+        if "error" in entry:
+            lines.append(f"GPU {index}: no handle ({entry['error']})")
+            continue
+        field = entry["recovery_action"]
+        action = (
+            f"{field['action']} (field 230 = {field['value']:g})"
+            if "action" in field
+            else f"field 230 {field['error']}"
+        )
+        fabric = []
+        for version in ("v3", "v2"):
+            answer = entry["fabric"].get(version, {})
+            if "error" in answer:
+                fabric.append(f"{version} {answer['error']}")
+            else:
+                fabric.append(
+                    f"{version} state {answer['state']}, status {answer['status']}, "
+                    f"mask {answer['health_mask']}, summary {answer['health_summary']}"
+                )
+        lines.append(f"GPU {index}: recovery action {action}; fabric {'; '.join(fabric)}")
+    return ["", "Health reads (unprivileged):", *lines] if lines else []
+
+
 def probe_compat(source: NvmlSource) -> dict[str, Any]:
     """/metrics/dcgm of two ticks a second apart, as the daemon would write it: which
     dcgm-exporter families this GPU gives, and GPU 0's line of each."""
@@ -770,6 +873,7 @@ def run(args: argparse.Namespace, report: dict[str, Any]) -> dict[str, Any]:
         report["memory_info"] = probe_memory(handle)
         report["mig"] = probe_mig(source)
         report["calls"] = probe_calls(handle)
+        report["health"] = probe_health(N.nvmlDeviceGetCount())
         report["dcgm_compat"] = probe_compat(source)
         probe = ProcessProbe(handle, worker.process.pid)
         report["processes"] = {
@@ -1001,6 +1105,7 @@ def render_summary(report: dict[str, Any]) -> str:
         found = "" if listed is None else f"; {len(listed)} MIG devices, daemon agrees: "
         lines.append(f"MIG on GPU {index}: mode {entry['mode']}{found}{entry.get('agree', '')}")
     lines += process_lines(report)
+    lines += health_lines(report)
     lines += ["", "| check | value | passed |", "|---|---|---|"]
     for name, check in report.get("checks", {}).items():
         value = check["value"]

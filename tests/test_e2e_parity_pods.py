@@ -59,9 +59,16 @@ SHIPPED_FIRING = {
         "GpuHardwareSlowdown",
     },
     # GpuXidCritical on 1 and 2; GpuActivityMetricsUnavailable on 3 (no GPM) and on 1 while it
-    # is lost; GpuLost on 1 from about 17 s to 30 s.
+    # is lost; GpuLost on 1 from about 17 s to 30 s; GpuRowRemapPending on 2 from its XID 48
+    # (10 s) until its GPU reset at 2410 s.
     # GpuAllocatedButIdle: the scenario's idle GPU 0 is held by a pod.
-    "faults": {"GpuActivityMetricsUnavailable", "GpuAllocatedButIdle", "GpuLost", "GpuXidCritical"},
+    "faults": {
+        "GpuActivityMetricsUnavailable",
+        "GpuAllocatedButIdle",
+        "GpuLost",
+        "GpuRowRemapPending",
+        "GpuXidCritical",
+    },
     # GpuBusyButIdle on GPU 0's launch-bound GI 9 only; GpuActivityMetricsUnavailable on the
     # A100's instances that hold memory (no GPM: no activity).
     "mig": {"GpuActivityMetricsUnavailable", "GpuBusyButIdle"},

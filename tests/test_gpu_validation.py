@@ -61,6 +61,22 @@ def test_runs_on_the_fake_and_writes_json_and_summary(gv, tmp_path: Path, fake_n
     assert compat["gpu0_lines"]["DCGM_FI_DEV_GPU_TEMP"].startswith(
         'DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID='
     )
+    # Field 230 and the fabric info, on every GPU: the mixed scenario's H200s have no fabric.
+    health = report["health"]
+    assert set(health) == {str(i) for i in range(len(report["devices"]))}
+    assert health["0"]["recovery_action"] == {
+        "return": 0,
+        "value": 0.0,
+        "value_type": 1,
+        "action": "none",
+    }
+    assert health["0"]["fabric"] == {
+        "v3": {"error": "NVMLError_NotSupported"},
+        "v2": {"error": "NVMLError_NotSupported"},
+    }
+    assert "GPU 0: recovery action none (field 230 = 0); fabric v3 NVMLError_NotSupported" in (
+        output.with_suffix(".md").read_text()
+    )
     assert report["call_latency"]["power_usage"]["calls"] >= 3
     assert report["microbench"]["nvmlDeviceGetPcieThroughput"]["p50_ms"] >= 19  # fake's model
     summary = output.with_suffix(".md").read_text()
@@ -195,3 +211,23 @@ def test_mig_is_reported_where_it_is_enabled_and_compared_with_the_daemon(
     report = json.loads(output.read_text())
     assert report["processes"]["simulated_child"] == "not registered: GPU 0 has MIG on"
     assert report["checks"]["processes, idle: the workload's SM share below 0.05"]["passed"] is None
+
+
+def test_health_reads_record_what_the_driver_answered(gv, tmp_path: Path, fake_nvml) -> None:
+    """The faults scenario: a fabric on the H100s (GPU 0 degraded from 20 s; read at the
+    start, healthy), none on the consumer card, which has field 230 too (Ada)."""
+    output = tmp_path / "faults.json"
+    argv = ["--simulate", "faults", "--seconds", "0.5", "--warmup", "0", "--interval", "0.3"]
+    argv += ["--calls", "5", "--workloads", "idle", "--output", str(output)]
+    gv.main(argv)  # the scenario's hang and lost GPU may fail checks; the reads are recorded
+    health = json.loads(output.read_text())["health"]
+    fabric = health["0"]["fabric"]
+    assert fabric["v3"]["state"] == 3 and fabric["v3"]["status"] == 0
+    assert fabric["v3"]["health_summary"] == 1 and fabric["v2"]["health_summary"] is None
+    assert fabric["v3"]["health_mask"] == fabric["v2"]["health_mask"] == "0x1aa"
+    assert fabric["exported"]["gpu_fabric_state{state='completed'}"] == 1.0
+    assert fabric["exported"]["gpu_fabric_health_issue{issue='degraded_bandwidth'}"] == 0.0
+    assert health["3"]["fabric"]["v3"] == {"error": "NVMLError_NotSupported"}
+    assert health["3"]["recovery_action"]["action"] == "none"
+    summary = output.with_suffix(".md").read_text()
+    assert "GPU 0: recovery action none (field 230 = 0); fabric v3 state 3, status 0" in summary

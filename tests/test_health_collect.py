@@ -11,6 +11,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+import pynvml as N
 import pytest
 
 from gpu_exporter.alerting.rules import promql
@@ -21,6 +22,7 @@ from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.model import nvml_facts as facts
 from gpu_exporter.model.snapshot import DeviceSample
 from gpu_exporter.model.xids import ALWAYS_EXPORTED, CRITICAL_XIDS, WARNING_XIDS
+from gpu_exporter.sim import fake_nvml
 from tests.conftest import ManualClock
 
 H100 = {"model": "NVIDIA H100 80GB HBM3"}
@@ -88,6 +90,20 @@ def test_recovery_action_is_absent_where_unsupported_and_learned_once(
         (sample,) = tick(source, clock)
         assert sample.up and state_set(sample, "gpu_recovery_action") == {}
     assert reader_of(source, 0).is_unsupported("field_230")  # not asked again
+    assert [e for e in source.errors.snapshot() if e.field == "field_230"] == []
+
+
+def test_a_field_answered_function_not_found_is_learned_too(
+    start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = (N.NVML_ERROR_FUNCTION_NOT_FOUND, 0, 0)
+    monkeypatch.setitem(fake_nvml._FIELDS, 230, ("recovery_action", lambda *_: missing))
+    source = start([{}])
+    (device,) = tick(source, clock)
+    assert device.up and state_set(device, "gpu_recovery_action") == {}
+    assert reader_of(source, 0).is_unsupported("field_230")
+    assert device.value("gpu_ecc_errors_total", error="uncorrected") == 0  # the batch goes on
+    tick(source, clock)
     assert [e for e in source.errors.snapshot() if e.field == "field_230"] == []
 
 

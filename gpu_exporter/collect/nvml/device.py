@@ -61,8 +61,13 @@ __all__ = [
 ]
 
 
-# Per-field return codes that mean this driver or board lacks the field.
-_FIELD_GONE = (N.NVML_ERROR_NOT_SUPPORTED, N.NVML_ERROR_INVALID_ARGUMENT)
+# Per-field return codes that mean this driver or board lacks the field (learned, as the choke
+# point learns NOT_SUPPORTED and FUNCTION_NOT_FOUND of a call).
+_FIELD_GONE = (
+    N.NVML_ERROR_NOT_SUPPORTED,
+    N.NVML_ERROR_INVALID_ARGUMENT,
+    N.NVML_ERROR_FUNCTION_NOT_FOUND,
+)
 
 
 class InvalidReadingError(ValueError):
