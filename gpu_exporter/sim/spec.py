@@ -283,7 +283,7 @@ class DriverSpec(Strict):
     missing_functions: Annotated[frozenset[NvmlFunction], OrNone] = frozenset()
     unsupported_fields: Annotated[frozenset[Annotated[int, int_in(lo=0)]], OrNone] = frozenset()
     # nvmlGpuFabricInfo_v<n> structs nvmlDeviceGetGpuFabricInfoV accepts (others answer
-    # ARGUMENT_VERSION_MISMATCH): R535-R550 drivers know v2 only, newer ones v3 too.
+    # ARGUMENT_VERSION_MISMATCH): [2] is an older driver's, from before v3's healthSummary.
     fabric_info_versions: Annotated[frozenset[Annotated[int, int_in(2, 3)]], nonempty] = frozenset(
         {2, 3}
     )
