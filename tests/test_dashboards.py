@@ -41,6 +41,7 @@ from tests.daemon import Daemon, serve
 from tests.localserver import LocalServer
 from tests.servers import prometheus_with_config
 from tests.shared_node import ticks
+from tests.support import wait_for as wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD_DIR = ROOT / "dashboards"
@@ -769,3 +770,29 @@ def test_workload_panels_read_the_per_pod_families(tmp_path: Path) -> None:
             parse_with_variables(panel_expr("gpu-efficiency.json", "Idle allocations now", "B"))
         )
         assert {s["metric"]["pod"] for s in zero} == {"notebook-0"}
+
+
+def test_the_xid_panel_shows_the_first_xid_of_a_code(tmp_path: Path) -> None:
+    """The first XID of a code on a GPU: the counter of each alerted XID is born at 0, so the
+    panel's increase() over it is not 0 (a series born at 1 would show nothing)."""
+    scenario = tmp_path / "faults-later.yaml"
+    text = (ROOT / "gpu_exporter/sim/scenarios/faults.yaml").read_text()
+    xid = "{at: 10, device: 2, kind: xid, xid: 48}"
+    later = text.replace(xid, xid.replace("10", "25"))
+    assert later != text
+    scenario.write_text(later)
+    expr = parse_with_variables(panel_expr("gpu-health.json", "XID errors")).prettify()
+    with serve(tmp_path, "--simulate", str(scenario), "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+        target = {"faults-node": f"127.0.0.1:{daemon.port}"}
+        with prometheus(tmp_path / "prometheus", target, rule_file(tmp_path / "r.yaml")) as url:
+            stack = Stack(url, {})
+            stack.wait_for('gpu_xid_errors_total{gpu="2",xid="48"} == 0')  # before the XID
+
+            def gpu_2_shows_it() -> bool:
+                return any(
+                    s["metric"].get("gpu") == "2" and float(s["value"][1]) > 0
+                    for s in stack.query(expr)
+                )
+
+            assert wait_until(gpu_2_shows_it, 60, "the XID panel to show GPU 2's XID 48")
