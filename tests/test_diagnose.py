@@ -137,9 +137,9 @@ def test_the_text_report_says_where_activity_came_from(capsys) -> None:
 
 
 def test_health_problems_need_attention(capsys, tmp_path: Path) -> None:
-    """Health is the rule pack's: a pending remap and a down-trained busy link are its alerts
-    (the link's pending, as its `for:` outlasts a profile); ECC errors counted before the run
-    are not (GpuUncorrectableEccErrors alerts on new ones), so they are a note."""
+    """Health is the rule pack's: a pending remap, a down-trained busy link and uncorrectable
+    ECC errors the volatile count still holds (counted before the run: only a GPU reset clears
+    them) are its alerts (the link's pending, as its `for:` outlasts a profile)."""
     scenario = tmp_path / "sick.yaml"
     scenario.write_text(
         "name: sick\n"
@@ -154,9 +154,14 @@ def test_health_problems_need_attention(capsys, tmp_path: Path) -> None:
     assert healthy["class"] == "tensor_bound" and healthy["problems"] == []
     assert healthy["health_findings"] == [] and healthy["next_steps_for"] == "tensor_bound"
     alerts = {f["alert"]: f["state"] for f in sick["health_findings"]}
-    assert alerts == {"GpuRowRemapPending": "firing", "GpuPcieLinkGenerationDegraded": "pending"}
-    assert len(sick["problems"]) == 2 and all(p.startswith("Gpu") for p in sick["problems"])
-    assert any("2 uncorrectable ECC error(s) since the driver loaded" in n for n in sick["notes"])
+    assert alerts == {
+        "GpuRowRemapPending": "firing",
+        "GpuPcieLinkGenerationDegraded": "pending",
+        "GpuUncorrectableEccErrors": "firing",
+    }
+    assert len(sick["problems"]) == 3 and all(p.startswith("Gpu") for p in sick["problems"])
+    # A finding, so not also a note.
+    assert not any("uncorrectable ECC error(s)" in n for n in sick["notes"])
     assert sick["next_steps_for"] == "health" and sick["next_steps"][0].startswith("Drain")
     assert status == diagnose.EXIT_ATTENTION
 

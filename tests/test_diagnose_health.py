@@ -164,7 +164,7 @@ def pack_copy(tmp_path: Path, alert: str, old: str, new: str) -> Path:
     [
         (None, {"GpuXidCritical", "GpuRowRemapPending"}),
         # Without 48 in the pack's critical XIDs, diagnose no longer calls it one.
-        (("GpuXidCritical", '"48|', '"'), {"GpuRowRemapPending"}),
+        (("GpuXidCritical", "|48|", "|"), {"GpuRowRemapPending"}),
         # With the remap threshold moved, a pending remap (1) is no longer a finding.
         (("GpuRowRemapPending", "== 1", "== 2"), {"GpuXidCritical"}),
     ],

@@ -261,7 +261,11 @@ SCENARIOS = [
     Scenario(
         "GpuXidCritical",
         "6m",
-        (('gpu_xid_last_timestamp_seconds{xid="79"}', "_x4 240x20"),),
+        (
+            ('gpu_xid_last_timestamp_seconds{xid="79"}', "_x4 240x20"),
+            ('gpu_health_action_info{action="reboot_node",reason="xid_79"}', "_x4 1x20"),
+            ('gpu_health_verdict{verdict="critical"}', "0x4 1x20"),
+        ),
     ),
     Scenario(
         "GpuXidWarning",
@@ -314,7 +318,11 @@ SCENARIOS = [
         ),
         branch="mig",
     ),
-    Scenario("GpuLost", "2m", (("gpu_up", "0x10"),)),
+    Scenario(
+        "GpuLost",
+        "2m",
+        (("gpu_up", "0x10"), ('gpu_health_verdict{verdict="critical"}', "1x10")),
+    ),
     Scenario("GpuCountDropped", "16m", (("gpu_exporter_devices", "8x10 7x15"),)),
     Scenario(
         "GpuExporterNotSampling",

@@ -189,6 +189,14 @@ def test_faults_scenario_lost_gpu_xid_and_hang(tmp_path: Path) -> None:
             lambda: gpu_value(parse_samples(d.metrics_text()), "gpu_up", 1) == 1, timeout=20
         )
         assert back, d.output()
+        # Back, but nothing reset it: its verdict stays critical for XID 79 (and GPU 2's for 48).
+        samples = parse_samples(d.metrics_text())
+        assert gpu_value(samples, "gpu_health_verdict", 1, verdict="critical") == 1
+        assert gpu_value(samples, "gpu_health_action_info", 1, reason="xid_79") == 1
+        assert gpu_value(samples, "gpu_health_action_info", 1, action="reboot_node") == 1
+        assert gpu_value(samples, "gpu_health_verdict", 2, verdict="critical") == 1
+        assert gpu_value(samples, "gpu_health_action_info", 2, reason="xid_48") == 1
+        assert gpu_value(samples, "gpu_health_verdict", 0, verdict="pass") == 1
         assert d.process.poll() is None, "the daemon must never exit on faults"
         errors = parse_samples(d.metrics_text())
         assert any(

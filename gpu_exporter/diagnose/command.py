@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from gpu_exporter import __version__
 from gpu_exporter.collect.classify import Classifier
+from gpu_exporter.collect.health_latch import HealthLatch
 from gpu_exporter.collect.nvml.topology import Topology, read_topology
 from gpu_exporter.collect.settings import (
     DcgmConfig,
@@ -364,6 +365,7 @@ def _run_profile(
 ) -> Profile:
     # One window over the whole profile: the class describes all of it, not its last seconds.
     classifier = Classifier(window_seconds=duration + interval)
+    latch = HealthLatch()  # the health verdict the rule pack's health alerts read
     profile = Profile(classifier, health)
     builder = SeriesBuilder()  # the daemon's own series model: diagnose reads what it exports
     ticks = max(2, round(duration / interval) + 1)  # GPM needs two samples for one window
@@ -373,7 +375,7 @@ def _run_profile(
         if delay > 0:
             time.sleep(delay)
         now = time.monotonic()
-        devices = classifier.process(sample(), now)
+        devices = latch.process(classifier.process(sample(), now), now)
         for processor in processors:  # pod info, then per-pod use
             devices = processor(devices, now)
         wall = time.time()

@@ -485,6 +485,31 @@ FAMILIES: tuple[Family, ...] = (
         source="classifier",
         scope=BOTH,
     ),
+    # The health verdict (gpu_exporter/model/health_verdict.py, collect/health_latch.py).
+    Family(
+        "gpu_health_verdict",
+        G,
+        "Health verdict of the GPU as a state set (pass, info, warning, critical: NVIDIA Health "
+        "Validation's): 1 for the worst of its inputs (XIDs, uncorrected ECC, row remapping, "
+        "page retirement, the driver's recovery action, NVLink fabric, gpu_up), 0 for the "
+        "others. Latched: an input holds until the evidence that it was fixed (its reading "
+        "healthy again; for a critical XID a GPU reset, seen as a volatile ECC counter going "
+        "down, a pending remap or retirement done, or the recovery action back to none); an "
+        "absent reading clears nothing; an exporter restart keeps only what the driver still "
+        "shows (XIDs before it are forgotten).",
+        ("verdict",),
+        source="health",
+    ),
+    Family(
+        "gpu_health_action_info",
+        Kind.INFO,
+        "Next step for the GPU (action: none, restart_app, reset_gpu, drain_and_reset, "
+        "reboot_node, service, ...) and why (reason: the input deciding gpu_health_verdict, "
+        "e.g. xid_79, uncorrected_ecc, gpu_lost; healthy when none), latched and cleared with "
+        "gpu_health_verdict (docs/runbook.md, Health verdicts); value is always 1.",
+        ("action", "reason"),
+        source="health",
+    ),
     Family(
         "gpu_pod_info",
         Kind.INFO,

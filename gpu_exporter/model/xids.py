@@ -1,4 +1,5 @@
-"""Which NVIDIA XID errors gpu-exporter treats as faults, defined once.
+"""Which NVIDIA XID errors gpu-exporter alerts on, read from the health verdict table
+(gpu_exporter/model/health_verdict.py, XID_ROWS), where each XID's verdict is defined once.
 
 `gpu-exporter diagnose` reads these sets; the shipped rule pack (rules/gpu-exporter.rules.yaml)
 has to spell the same numbers in its GpuXidCritical and GpuXidWarning matchers, because
@@ -14,44 +15,31 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-# The GPU (or the node's view of it) is broken or its results can no longer be trusted: drain
-# the node, collect nvidia-bug-report.sh, reset or replace the GPU. Alerted as critical.
-CRITICAL: Mapping[int, str] = MappingProxyType(
-    {
-        48: "double-bit (uncorrectable) ECC error",
-        62: "internal micro-controller halt",
-        64: "ECC page retirement or row remapping recording failure",
-        74: "NVLink error",
-        79: "GPU has fallen off the bus",
-        95: "uncontained ECC error: every application on the GPU is affected; reset the GPU",
-        119: "GSP RPC timeout",
-        120: "GSP error",
-    }
-)
+from gpu_exporter.model.health_verdict import XID_ROWS, HealthVerdict
 
-# XID 94 is not critical. NVIDIA's catalog calls it a *contained* ECC error: the driver stopped
-# only the application(s) that used the affected memory, other work on the GPU goes on, and the
-# immediate action is to restart the application; a row remap it leaves pending is
-# GpuRowRemapPending's business (reset when convenient). Its uncontained twin, 95,
-# where every application on the GPU is affected and the GPU must be reset, is critical.
-# Alerted as a warning (GpuXidWarning).
-WARNING: Mapping[int, str] = MappingProxyType(
-    {
-        94: "contained ECC error: only the application that touched the memory was stopped",
-    }
-)
 
-# Seen often, but raised by applications (bad kernels, page faults) or informational: never
-# alerted, listed so that nobody adds them by mistake.
-NOT_ALERTED: Mapping[int, str] = MappingProxyType(
-    {
-        13: "graphics engine exception (usually an application bug)",
-        31: "GPU memory page fault (usually an application bug)",
-        43: "GPU stopped processing (the application's channel was reset)",
-        63: "ECC page retirement or row remapping recording event (informational)",
-        92: "high single-bit ECC error rate (corrected)",
-    }
-)
+def _graded(*verdicts: HealthVerdict) -> Mapping[int, str]:
+    return MappingProxyType(
+        {xid: row.meaning for xid, row in sorted(XID_ROWS.items()) if row.verdict in verdicts}
+    )
+
+
+# The GPU (or the node's view of it) is broken or its results can no longer be trusted: the
+# XIDs whose verdict is critical in gpu_exporter/model/health_verdict.py (NVSentinel's
+# RESET_GPU, RESTART_BM, RESTART_VM and the XID 48 / NVLink workflows). Alerted as critical
+# (GpuXidCritical) while the GPU's verdict stays critical because of one of them.
+CRITICAL: Mapping[int, str] = _graded(HealthVerdict.CRITICAL)
+
+# The GPU goes on serving, but something is wrong: 94, a *contained* ECC error (NVIDIA's
+# catalog: the driver stopped only the application(s) that used the affected memory, other
+# work on the GPU goes on, restart the application; a row remap it leaves pending is
+# GpuRowRemapPending's business), and 61, a micro-controller warning NVIDIA wants a bug report
+# for. Alerted as a warning (GpuXidWarning). 94's uncontained twin, 95, is critical.
+WARNING: Mapping[int, str] = _graded(HealthVerdict.WARNING)
+
+# Seen often, but raised by applications (bad kernels, page faults) or informational (the
+# verdict's info): never alerted, listed so that nobody adds them by mistake.
+NOT_ALERTED: Mapping[int, str] = _graded(HealthVerdict.INFO, HealthVerdict.PASS)
 
 CRITICAL_XIDS = frozenset(CRITICAL)
 WARNING_XIDS = frozenset(WARNING)

@@ -21,6 +21,7 @@ from gpu_exporter.alerting.notify import Notifier
 from gpu_exporter.alerting.rules.manager import RuleManager
 from gpu_exporter.collect.activity_time import ActivityTime
 from gpu_exporter.collect.classify import Classifier
+from gpu_exporter.collect.health_latch import HealthLatch
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
 from gpu_exporter.config.load import node_name, rule_manager
@@ -106,6 +107,9 @@ def assemble(
     sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
     sampler.add_processor("activity_time", ActivityTime().process)
     sampler.add_processor("classifier", classifier(config).process)
+    # Reads only the NVML readings (XIDs, ECC, remapping, recovery action, fabric, up): its place
+    # among the processors does not matter; before pod_info, like the other per-GPU families.
+    sampler.add_processor("health_verdict", HealthLatch().process)
     dcgm = getattr(source, "dcgm", None)  # the NVML source's DCGM supplement, if any
     if dcgm is not None:
         sampler.add_producer(dcgm.producer())
