@@ -351,3 +351,10 @@ def test_the_families_say_they_are_latched_and_what_clears_them() -> None:
     assert "Latched" in verdict.help and "GPU reset" in verdict.help
     assert "restart" in verdict.help and "absent reading clears nothing" in verdict.help
     assert "latched and cleared with gpu_health_verdict" in action.help
+
+
+def test_the_table_has_a_row_for_every_recovery_action_the_collector_exports() -> None:
+    from gpu_exporter.model import health_verdict, nvml_facts
+
+    rows = (health_verdict.NO_RECOVERY_ACTION, *health_verdict.RECOVERY_ACTION_ROWS)
+    assert tuple(rows) == tuple(nvml_facts.RECOVERY_ACTIONS)
