@@ -264,6 +264,7 @@ SCENARIOS = [
         (
             ('gpu_xid_last_timestamp_seconds{xid="79"}', "_x4 240x20"),
             ('gpu_health_action_info{action="reboot_node",reason="xid_79"}', "_x4 1x20"),
+            ('gpu_health_xid_info{xid="79"}', "_x4 1x20"),
             ('gpu_health_verdict{verdict="critical"}', "0x4 1x20"),
         ),
     ),

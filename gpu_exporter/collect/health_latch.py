@@ -54,7 +54,10 @@ FORGET_AFTER_SECONDS = 3600.0
 
 VERDICT_FAMILY = "gpu_health_verdict"
 ACTION_FAMILY = "gpu_health_action_info"
-OUTPUT_FAMILIES = frozenset({VERDICT_FAMILY, ACTION_FAMILY})
+# The deciding XID as a label of its own, so that rules join it with gpu_xid_*{xid} on equal
+# labels (label_replace from `reason` would need a regular expression: RE2 at startup).
+XID_FAMILY = "gpu_health_xid_info"
+OUTPUT_FAMILIES = frozenset({VERDICT_FAMILY, ACTION_FAMILY, XID_FAMILY})
 
 _VOLATILE_ECC = "gpu_ecc_errors_total"
 _FLAGS = {  # a flag's family -> its row; each is also reset evidence when it goes 1 -> 0
@@ -267,4 +270,7 @@ def _readings(row: Row) -> tuple[Reading, ...]:
         for verdict in VERDICTS
     )
     action = Reading(ACTION_FAMILY, 1.0, (("action", row.action.value), ("reason", row.reason)))
+    xid = row.reason.removeprefix("xid_")
+    if xid != row.reason:
+        return (*verdicts, action, Reading(XID_FAMILY, 1.0, (("xid", xid),)))
     return (*verdicts, action)

@@ -511,6 +511,15 @@ FAMILIES: tuple[Family, ...] = (
         source="health",
     ),
     Family(
+        "gpu_health_xid_info",
+        Kind.INFO,
+        "The XID whose latch decides gpu_health_verdict (gpu_health_action_info's reason is "
+        "xid_<xid>), for joins with gpu_xid_*{xid}; absent when no XID decides it. Value is "
+        "always 1.",
+        ("xid",),
+        source="health",
+    ),
+    Family(
         "gpu_pod_info",
         Kind.INFO,
         "Pod and container the GPU or MIG instance is allocated to (kubelet PodResources); "
