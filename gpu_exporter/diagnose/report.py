@@ -128,8 +128,7 @@ def build_report(
         bool(node_findings)
         or verdict["verdict"] in ATTENTION_VERDICTS
         or any(
-            _needs_attention(d) or any(_needs_attention(i) for i in d["instances"])
-            for d in devices
+            _needs_attention(d) or any(_needs_attention(i) for i in d["instances"]) for d in devices
         )
     )
     return {
