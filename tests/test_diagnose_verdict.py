@@ -18,6 +18,7 @@ from gpu_exporter.model import xids
 from gpu_exporter.model.health_verdict import XID_ROWS, NextStep
 from tests.shared_node import ticks
 from tests.test_diagnose import parse, run_json
+from tests.test_diagnose_health import pack_copy
 
 # GPU 0 reports XID 61 (warning: NVIDIA wants a bug report), GPU 1 XID 13 (info: an application
 # bug), GPU 2 nothing; all three busy with tensor work, which needs no attention.
@@ -155,3 +156,18 @@ def test_every_warning_xid_has_the_step_its_table_row_names() -> None:
             "GpuXidWarning", "warning", "firing", True, 0, {"xid": str(xid)}, "", ""
         )
         assert finding.steps == (expected[XID_ROWS[xid].action],), xid
+
+
+def test_a_warning_verdict_needs_attention_even_without_a_finding(tmp_path: Path, capsys) -> None:
+    """With a pack that no longer alerts on XID 61, the verdict alone makes the exit status 1,
+    names itself among the GPU's problems and keeps performance advice off the GPU."""
+    pack = pack_copy(tmp_path, "GpuXidWarning", '"61|94"', '"94"')
+    status, report = run_json(
+        capsys, "--simulate", scenario(tmp_path, WARNED), *SHORT, "--health-rules", str(pack)
+    )
+    warned = report["devices"][0]
+    assert warned["health_findings"] == [] and warned["health_verdict"]["verdict"] == "warning"
+    assert warned["problems"][0].startswith("health verdict warning: XID 61:")
+    assert warned["next_steps"] == [] and warned["idle_allocations"] == []
+    assert report["devices"][2]["next_steps_for"] == "tensor_bound"  # the passing GPU keeps it
+    assert status == report["exit_status"] == diagnose.EXIT_ATTENTION
