@@ -53,7 +53,7 @@ def test_mixed_classifies_every_gpu_as_the_scenario_intends(capsys) -> None:
     attention = {d["index"] for d in report["devices"] if d["problems"]}
     assert attention == {4, 5, 6, 7}  # launch-, link-bound and throttled; the rest is fine
 
-    assert report["schema_version"] == 2 and report["simulated"] == "mixed"
+    assert report["schema_version"] == 3 and report["simulated"] == "mixed"
     assert report["versions"]["driver"] == "570.124.06"
     assert report["versions"]["cuda_driver"] == "12.8"
     assert report["versions"]["exporter"]

@@ -19,6 +19,7 @@ from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.loader import load_rule_files
 from gpu_exporter.diagnose import health
 from gpu_exporter.model.catalog import BY_NAME
+from gpu_exporter.model.health_verdict import UNCORRECTED_ECC, XID_ROWS, cleared_by, decide
 
 FP8_TIP = "FP8"  # tensor_bound's advice: what a double-bit ECC GPU must not be told
 # The built-in faults scenario: XID 79 on GPU 1 at 8 s, lost from 15 s; XID 48 on GPU 2 at
@@ -73,6 +74,45 @@ def test_faults_xid_ecc_and_lost_gpus_get_health_steps_first(faults) -> None:
     assert devices[2]["class"] == "tensor_bound"
     lost = devices[1]
     assert any(f["alert"] == "GpuLost" and f["state"] == "pending" for f in lost["health_findings"])
+    assert status == report["exit_status"] == diagnose.EXIT_ATTENTION
+
+
+def test_faults_verdicts_follow_the_table_and_make_the_node_critical(faults) -> None:
+    """XID 79 (GPU 1) and XID 48 (GPU 2) are critical, held by the latch to the end of the
+    profile; GPU 2's step is the most thorough of its critical inputs (XID 48 and the
+    uncorrected ECC count it raises: drain_and_reset, not XID 48's own reset_gpu)."""
+    status, report = faults
+    verdicts = {d["index"]: d["health_verdict"] for d in report["devices"]}
+    xid_79 = XID_ROWS[79].row()
+    assert verdicts[1] == {
+        "verdict": "critical",
+        "action": xid_79.action.value,
+        "reason": "xid_79",
+        "meaning": xid_79.meaning,
+        "cleared_by": cleared_by(xid_79),
+    }
+    assert xid_79.action.value == "reboot_node"
+    expected_48 = decide([XID_ROWS[48].row(), UNCORRECTED_ECC])
+    assert (verdicts[2]["verdict"], verdicts[2]["action"], verdicts[2]["reason"]) == (
+        "critical", expected_48.action.value, "xid_48",
+    )  # fmt: skip
+    assert expected_48.action.value == "drain_and_reset"
+    for index in (0, 3):  # no fault injected
+        assert verdicts[index]["verdict"] == "pass" and verdicts[index]["reason"] == "healthy"
+    assert all(d["health_verdict_unavailable"] is None for d in report["devices"])
+    assert report["health"]["node_verdict"] == {
+        "verdict": "critical", "gpus": [1, 2], "not_judged": [],
+    }  # fmt: skip
+    uuids = {d["index"]: d["uuid"] for d in report["devices"]}
+    hv = report["health_validation"]
+    assert hv["verdict"] == "CRITICAL" and hv["node"]
+    assert hv["affected_components"] == [
+        {"check_ids": ["xid_79"], "entities": [uuids[1]], "category": "GPU",
+         "max_severity": "CRITICAL", "recommended_action": "reboot_node"},
+        {"check_ids": ["xid_48"], "entities": [uuids[2]], "category": "GPU",
+         "max_severity": "CRITICAL", "recommended_action": "drain_and_reset"},
+    ]  # fmt: skip
+    assert all(uuid.startswith("GPU-") for uuid in uuids.values())
     assert status == report["exit_status"] == diagnose.EXIT_ATTENTION
 
 
@@ -295,4 +335,7 @@ def test_text_report_names_the_pod_and_prints_no_stale_values_for_a_lost_gpu(
     health_text = out.split("5. Health")[1].split("6. Settings")[0]
     assert "GPU 1 (train/llama-1):" in health_text and "GpuLost [critical, pending]" in health_text
     assert "1. Drain:" in health_text
-    assert "GPU 0" not in health_text  # the healthy one has no health entry
+    # The healthy one has its verdict line and no health entry.
+    assert [line for line in health_text.splitlines() if "GPU 0" in line] == [
+        "    GPU 0: pass (no input shows a fault)"
+    ]

@@ -17,7 +17,10 @@
    "unhealthy" means what the alerts mean. Each finding has ordered next steps (drain, collect
    `nvidia-bug-report.sh`, reset, replace), which are that GPU's next steps: an unhealthy GPU
    gets no performance advice. XIDs before the run are only in the kernel log: the report
-   says where.
+   says where. The section opens with the verdicts (`verdict.py`): the node's, the worst of
+   its GPUs', then each GPU's as the daemon's latch holds it at the end of the profile
+   (verdict, next step, reason); `--json` adds `health_validation`, the node's verdict in
+   NVIDIA Health Validation's shape.
 6. Settings read once after the profile (`config_checks.py`): power limit against its
    default and range, persistence mode, ECC mode pending, application clocks against their
    defaults, MIG mode pending, compute mode.
@@ -50,7 +53,8 @@ GPU count, XID registration) does not answer within `--start-timeout`, which nam
 step and how long it waited (a driver that hangs there gives nothing to report on; a GPU whose
 own start calls hang is down in the report instead, with why). "Needs attention" means a GPU
 that is down, a health finding (an alert of the gpu-health group pending or firing during the
-profile, about a GPU or the node), NVLink links down or P2P over NVLink unavailable, a setting
+profile, about a GPU or the node), a node verdict of warning or critical (info and pass are no
+reason by themselves), NVLink links down or P2P over NVLink unavailable, a setting
 warning (power limit below its default, persistence mode off, ECC or MIG mode change pending,
 application clocks changed, compute mode Prohibited), and on a healthy GPU clocks held down by
 a HW / thermal / power-brake reason, a class in ATTENTION_CLASSES (throttled, launch_bound and

@@ -365,8 +365,9 @@ def _run_profile(
 ) -> Profile:
     # One window over the whole profile: the class describes all of it, not its last seconds.
     classifier = Classifier(window_seconds=duration + interval)
-    latch = HealthLatch()  # the health verdict the rule pack's health alerts read
-    profile = Profile(classifier, health)
+    # The health verdict the rule pack's health alerts read, and the report shows.
+    latch = HealthLatch()
+    profile = Profile(classifier, health, latch=latch)
     builder = SeriesBuilder()  # the daemon's own series model: diagnose reads what it exports
     ticks = max(2, round(duration / interval) + 1)  # GPM needs two samples for one window
     start = time.monotonic()

@@ -25,6 +25,7 @@ from gpu_exporter.alerting.rules.loader import LoadLimits, RuleFileError, load_r
 from gpu_exporter.alerting.rules.manager import store_samples
 from gpu_exporter.alerting.store import Labels, SeriesStore
 from gpu_exporter.model import xids
+from gpu_exporter.model.health_verdict import XID_ROWS, NextStep
 from gpu_exporter.model.series import SeriesSet
 
 
@@ -78,6 +79,12 @@ RESTART_APP = Step(
     "Restart the application that used GPU {gpu}: the driver stopped only it, other work on "
     "the GPU goes on; reset the GPU if this repeats.",
 )
+REPORT_ISSUE = Step(
+    Action.COLLECT,
+    "NVIDIA asks for a bug report for this XID: collect `sudo nvidia-bug-report.sh` and file it "
+    "with NVIDIA or the vendor; GPU {gpu} may go on serving, but an XID 62 (a halt) after it "
+    "needs a reset.",
+)
 CHECK_MEMORY = Step(
     Action.CHECK,
     "After the reset, `nvidia-smi -q -d ROW_REMAPPER` (Ampere and newer; `-d PAGE_RETIREMENT` "
@@ -118,6 +125,13 @@ HEALTH_STEPS: Mapping[str, tuple[Step, ...]] = {
     "GpuCountDropped": (CHECK_COUNT, KERNEL_LOG, BUG_REPORT),
 }
 
+# GpuXidWarning's step for each XID is the verdict table's (gpu_exporter/model/health_verdict.py):
+# restart the application for 94, a bug report for 61.
+XID_WARNING_STEPS: Mapping[NextStep, tuple[Step, ...]] = {
+    NextStep.RESTART_APP: (RESTART_APP,),
+    NextStep.REPORT_ISSUE: (REPORT_ISSUE,),
+}
+
 # Where XIDs from before the profile are: the profile registers for XID events at its start.
 KERNEL_LOG_HINT = (
     "XIDs from before this run are not in the profile (NVML reports only events after it "
@@ -139,6 +153,10 @@ class HealthFinding:
 
     @property
     def steps(self) -> tuple[Step, ...]:
+        xid = self.labels.get("xid", "")
+        if self.alert == "GpuXidWarning" and xid.isdecimal() and int(xid) in XID_ROWS:
+            action = XID_ROWS[int(xid)].action
+            return XID_WARNING_STEPS.get(action, HEALTH_STEPS[self.alert])
         return HEALTH_STEPS.get(self.alert, ())
 
     def text(self) -> str:

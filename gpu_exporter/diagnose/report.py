@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS, Classifier
+from gpu_exporter.collect.health_latch import HealthLatch
 from gpu_exporter.collect.nvml.device_config import DeviceConfig
 from gpu_exporter.collect.nvml.topology import Topology
 from gpu_exporter.diagnose.advice import (
@@ -38,6 +39,14 @@ from gpu_exporter.diagnose.pod_profile import (
     unattributed_json,
 )
 from gpu_exporter.diagnose.topology_notes import interpret
+from gpu_exporter.diagnose.verdict import (
+    ATTENTION_VERDICTS,
+    NOT_JUDGED,
+    gpu_verdict,
+    health_validation,
+    node_name,
+    node_verdict,
+)
 from gpu_exporter.model import xids
 from gpu_exporter.model.nvml_facts import ARCHITECTURES
 from gpu_exporter.model.series import DeviceView, InstanceView
@@ -45,7 +54,9 @@ from gpu_exporter.model.verdict import Verdict
 
 # 2: health findings and next steps from the rule pack, config checks, topology notes, a down
 # GPU's state without stale values.
-SCHEMA_VERSION = 2
+# 3: each GPU's health verdict (health_verdict), the node's (health.node_verdict), and
+# health_validation (the node's verdict in NVIDIA Health Validation's shape).
+SCHEMA_VERSION = 3
 
 
 @dataclass
@@ -57,6 +68,8 @@ class Profile:
     ticks: int = 0
     config: dict[str, DeviceConfig | str] = field(default_factory=dict)  # by UUID
     pods: PodProfiles = field(default_factory=PodProfiles)  # per-pod use, tick by tick
+    # Each GPU's health verdict, as the daemon latches it; the profile feeds it every tick.
+    latch: HealthLatch = field(default_factory=HealthLatch)
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,9 @@ def build_report(
     topology: Topology,
     profile: Profile,
     pods: PodsRead | None = None,
+    node: str | None = None,
 ) -> dict[str, Any]:
+    """The report; `node` names the node in health_validation (default: node_name())."""
     findings = profile.health.findings()
     by_gpu: dict[int, list[HealthFinding]] = {}
     for finding in findings:
@@ -108,8 +123,13 @@ def build_report(
         _device_report(view, profile, topology, by_gpu.get(view.index, []))
         for view in sorted(profile.last.values(), key=lambda v: v.index)
     ]
-    attention = bool(node_findings) or any(
-        _needs_attention(d) or any(_needs_attention(i) for i in d["instances"]) for d in devices
+    verdict = node_verdict(devices)
+    attention = (
+        bool(node_findings)
+        or verdict["verdict"] in ATTENTION_VERDICTS
+        or any(
+            _needs_attention(d) or any(_needs_attention(i) for i in d["instances"]) for d in devices
+        )
     )
     return {
         "schema_version": SCHEMA_VERSION,
@@ -129,6 +149,7 @@ def build_report(
         "health": {
             "rule_files": profile.health.files,
             "group": HEALTH_GROUP,
+            "node_verdict": verdict,
             "evaluation_errors": list(profile.health.errors),
             "node_findings": [f.to_dict() for f in node_findings],
             "node_next_steps": merged_steps(node_findings),
@@ -137,6 +158,7 @@ def build_report(
         "attention_classes": sorted(ATTENTION_CLASSES),
         "pods": (pods or PodsRead(None, False)).to_dict(),
         "devices": devices,
+        "health_validation": health_validation(node or node_name(), verdict, devices),
         "needs_attention": attention,
         "exit_status": EXIT_ATTENTION if attention else EXIT_OK,
     }
@@ -158,7 +180,11 @@ def _device_report(
     verdict = profile.classifier.verdict(last.uuid) if up and not partitioned else None
     cls = verdict.cls if verdict else None
     state = _state(last, topology)
-    healthy = not findings and up
+    health_verdict = gpu_verdict(profile.latch, last)
+    # A verdict that needs attention without a finding (the rules read the same latch, so
+    # rarely) still rules out performance advice: the GPU is not known to be healthy.
+    bad_verdict = health_verdict is not None and health_verdict["verdict"] in ATTENTION_VERDICTS
+    healthy = not findings and up and not bad_verdict
     instances = [
         _instance_report(last, instance, profile, state, healthy)
         for instance in sorted(last.instances, key=lambda instance: instance.order_key)
@@ -188,6 +214,8 @@ def _device_report(
         "mig": mig,
         "pods": _pods_json(InstanceView.pods_of(last.readings)),
         "state": state,
+        "health_verdict": health_verdict,
+        "health_verdict_unavailable": None if health_verdict else NOT_JUDGED,
         "health_findings": [f.to_dict() for f in findings],
         "config": config_json(config, config_findings),
         "profile": numbers,
@@ -206,8 +234,17 @@ def _device_report(
         "instances": instances,
     }
     report["problems"] = _problems(last, verdict, state, topology, findings, config_findings)
+    if bad_verdict and not findings and health_verdict is not None:
+        report["problems"].insert(0, _verdict_problem(health_verdict))
     report["notes"] = _notes(state, findings, config_findings)
     return report
+
+
+def _verdict_problem(verdict: Mapping[str, Any]) -> str:
+    return (
+        f"health verdict {verdict['verdict']}: {verdict['meaning']} (next step: "
+        f"{verdict['action']}; docs/runbook.md, Health verdicts)"
+    )
 
 
 def _activity_source(readings: Iterable[Any]) -> str | None:

@@ -23,6 +23,9 @@ CLASS_COLOURS = {
     "unknown": "35",
 }
 
+# A verdict's colour: none for pass and info (nothing to do to the GPU).
+VERDICT_COLOURS = {"pass": "32", "info": "", "warning": "33", "critical": "31"}
+
 
 class Text:
     """Readable tables; ANSI colour only when asked for."""
@@ -160,8 +163,32 @@ class Text:
     def _wrapped(self, text: str, first: str, rest: str) -> None:
         self.line(textwrap.fill(text, 100, initial_indent=first, subsequent_indent=rest))
 
+    def _verdicts(self, report: Mapping[str, Any]) -> None:
+        """The node's verdict, then each GPU's: its verdict, next step and why."""
+        node = report["health"]["node_verdict"]
+        at = f" (GPU {', '.join(str(i) for i in node['gpus'])})" if node["gpus"] else ""
+        code = VERDICT_COLOURS[node["verdict"]]
+        self.line(f"  node verdict: {self.paint(node['verdict'], code)}{at}")
+        for d in report["devices"]:
+            verdict = d["health_verdict"]
+            if verdict is None:
+                self._wrapped(f"GPU {d['index']}: no verdict: {d['health_verdict_unavailable']}",
+                              "    ", "      ")  # fmt: skip
+                continue
+            painted = self.paint(verdict["verdict"], VERDICT_COLOURS[verdict["verdict"]])
+            if verdict["action"] == "none":
+                text = f"GPU {d['index']}: {painted} ({verdict['meaning']})"
+            else:
+                text = (
+                    f"GPU {d['index']}: {painted}, next step {verdict['action']} "
+                    f"({verdict['reason']}: {verdict['meaning']}; cleared by "
+                    f"{verdict['cleared_by']})"
+                )
+            self._wrapped(text, "    ", "      ")
+
     def _health(self, report: Mapping[str, Any]) -> None:
         health = report["health"]
+        self._verdicts(report)
         found = False
         for d in report["devices"]:
             if not d["health_findings"]:
