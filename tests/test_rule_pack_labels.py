@@ -269,6 +269,17 @@ SCENARIOS = [
         ),
     ),
     Scenario(
+        "GpuRecoveryActionRequired",
+        "6m",
+        (
+            (
+                'gpu_health_action_info{action="reboot_node",reason="recovery_action_node_reboot"}',
+                "_x4 1x20",
+            ),
+            ('gpu_health_verdict{verdict="critical"}', "0x4 1x20"),
+        ),
+    ),
+    Scenario(
         "GpuXidWarning",
         "6m",
         (('gpu_xid_last_timestamp_seconds{xid="94"}', "_x4 240x20"),),

@@ -166,7 +166,7 @@ def test_the_shipped_pack_defines_what_the_health_column_shows() -> None:
     names = {rule["name"] for rule in groups[HEALTH_GROUP]["rules"]}
     assert {
         "GpuXidCritical", "GpuXidWarning", "GpuUncorrectableEccErrors", "GpuRowRemapPending",
-        "GpuRowRemapFailure", "GpuRetiredPagesPending", "GpuLost",
+        "GpuRowRemapFailure", "GpuRetiredPagesPending", "GpuLost", "GpuRecoveryActionRequired",
     } <= names  # fmt: skip
     # Before its first evaluation the group has no verdict to give.
     assert HealthView(rules.rules_json()).of(0) == {

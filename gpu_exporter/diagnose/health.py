@@ -122,6 +122,7 @@ HEALTH_STEPS: Mapping[str, tuple[Step, ...]] = {
     "GpuPcieLinkWidthDegraded": (DRAIN, CHECK_PCIE, REPLACE_IF_REPEATS),
     "GpuPcieLinkGenerationDegraded": (DRAIN, CHECK_PCIE, REPLACE_IF_REPEATS),
     "GpuLost": (DRAIN, KERNEL_LOG, BUG_REPORT, RESET, REPLACE_IF_REPEATS),
+    "GpuRecoveryActionRequired": (DRAIN, BUG_REPORT, RESET),
     "GpuCountDropped": (CHECK_COUNT, KERNEL_LOG, BUG_REPORT),
 }
 
