@@ -900,11 +900,13 @@ def test_notes_say_what_dra_attribution_adds(tools, tmp_path):
 # --- DCGM (docs/kubernetes.md "DCGM: activity on GPUs before Hopper") ------------------------
 
 OPERATOR_HOSTENGINE = "nvidia-dcgm.gpu-operator.svc:5555"
+DCGM_IMAGE = ("--set", "image.dcgm=true")
 
 
 def _dcgm_render(*args: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(the daemon's configuration as loaded, the pod securityContext, the container's)."""
-    objects = helm_template(*args)
+    """(the daemon's configuration as loaded, the pod securityContext, the container's), from an
+    image with DCGM (image.dcgm: standalone and embedded fail the render without it)."""
+    objects = helm_template(*DCGM_IMAGE, *args)
     text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
     pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -972,7 +974,16 @@ def test_chart_dcgm_embedded_runs_as_root_with_sys_admin(tools, tmp_path, args):
     out = tmp_path / "embedded.yaml"
     out.write_text(
         subprocess.run(
-            [str(HELM), "template", "gpu-exporter", str(CHART), "-n", "gpu-exporter", *args],
+            [
+                str(HELM),
+                "template",
+                "gpu-exporter",
+                str(CHART),
+                "-n",
+                "gpu-exporter",
+                *DCGM_IMAGE,
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -998,14 +1009,19 @@ def test_chart_dcgm_fields_come_through_config_extra(tools):
 
 
 def test_notes_say_what_each_dcgm_mode_needs(tools, tmp_path):
-    embedded = render_notes(tmp_path / "e", "--set", "dcgm.mode=embedded")
+    embedded = render_notes(tmp_path / "e", *DCGM_IMAGE, "--set", "dcgm.mode=embedded")
     assert "UID 0 with SYS_ADMIN added" in embedded and "DCGM_DEB" in embedded
     assert "without capabilities" not in embedded
     restricted = render_notes(
-        tmp_path / "r", "--set", "dcgm.mode=embedded", "--set", "podAttribution.enabled=false"
+        tmp_path / "r",
+        *DCGM_IMAGE,
+        "--set",
+        "dcgm.mode=embedded",
+        "--set",
+        "podAttribution.enabled=false",
     )
     assert 'Pod Security "privileged"' in restricted and '"restricted"' not in restricted
-    standalone = render_notes(tmp_path / "s", "--set", "dcgm.mode=standalone")
+    standalone = render_notes(tmp_path / "s", *DCGM_IMAGE, "--set", "dcgm.mode=standalone")
     assert "nv-hostengine at localhost:5555" in standalone
     assert "set dcgm.address" in standalone and "exits at start" in standalone
     auto = render_notes(
