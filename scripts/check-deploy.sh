@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Check the deployment files with the real tools (install them with scripts/install-tools.sh):
 #   generated   deploy/prometheusrule.yaml, the chart's rule copy, values schema and README are up to date
-#   lint        helm lint --strict, with the default values and with ci/all-on-values.yaml
+#   lint        helm lint --strict, with the default values and with each ci/*-values.yaml
 #   render      helm template (defaults; ServiceMonitor + PrometheusRule on; every toggle on;
 #               pod attribution off; per-process attribution on; DRA attribution on) and
 #               kubectl kustomize (deploy/; + components/restricted; + components/no-operator;
@@ -70,8 +70,11 @@ step_generated() {
 
 step_lint() {
   need "$HELM"
+  local values
   "$HELM" lint --strict --quiet "$CHART" >/dev/null
-  "$HELM" lint --strict --quiet "$CHART" -f "$ALL_ON" >/dev/null
+  for values in "$CHART"/ci/*-values.yaml; do
+    "$HELM" lint --strict --quiet "$CHART" -f "$values" >/dev/null
+  done
 }
 
 # A kustomization in OUT that uses deploy/ plus the given components (kustomize accepts only

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -897,14 +898,98 @@ def test_notes_say_what_dra_attribution_adds(tools, tmp_path):
     assert "DRA attribution" not in render_notes(tmp_path / "off")
 
 
+def _daemon_cadence(tmp_path: Path, *args: str) -> dict[float, list[str]]:
+    """Seconds between evaluations -> rule groups, as the daemon runs the rendered rules and
+    configuration: its rule manager fed 40 s of ticks."""
+    from gpu_exporter.alerting.rules.manager import RuleManager
+    from gpu_exporter.alerting.settings import RulesConfig
+    from tests.test_rule_manager import series_of, snapshot
+
+    objects = helm_template(*args)
+    for name, text in one(objects, "ConfigMap", "-rules")["data"].items():
+        (tmp_path / name).write_text(text)
+    config = yaml.safe_load(one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"])
+    settings = RulesConfig.model_validate({**config["rules"], "files": [str(tmp_path / "*.yaml")]})
+    tick = float(config["interval_seconds"])
+    manager = RuleManager(settings, interval_seconds=tick)
+    manager.load()
+    evaluated: dict[str, list[float]] = {}
+    for step in range(int(40 / tick) + 1):
+        now = 1000.0 + step * tick
+        manager.on_series(series_of(snapshot(now, 50)))
+        for group in manager.evaluator.groups:
+            if group.last_evaluation == now:
+                evaluated.setdefault(group.group.name, []).append(now)
+    cadence: dict[float, list[str]] = {}
+    for name, times in sorted(evaluated.items()):
+        (period,) = {b - a for a, b in pairwise(times)}
+        cadence.setdefault(period, []).append(name)
+    return cadence
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["-f", str(CHART / "ci" / "all-on-values.yaml")],  # 2 s ticks, evaluation interval 5 s
+        [
+            *("--set", "config.intervalSeconds=0.5", "--set", "rules.disabledGroups={gpu-health}"),
+            *("--set", "config.extra.rules.evaluation_interval_seconds=3"),
+        ],
+    ],
+    ids=["defaults", "all-on", "extra"],
+)
+def test_notes_list_the_rule_cadence_the_daemon_runs(tools, tmp_path, args):
+    text = render_notes(tmp_path / "notes", *args)
+    listed = {
+        float(period): names.split(", ")
+        for period, names in re.findall(r"^  every ([0-9.]+) s: (.+)$", text, re.M)
+    }
+    (tmp_path / "rules").mkdir()
+    assert listed == _daemon_cadence(tmp_path / "rules", *args)
+    if not args:
+        assert "The daemon evaluates its rules at its sampling ticks (every 1 s)" in text
+        assert listed == {
+            1.0: ["gpu-exporter-fleet"],
+            5.0: ["gpu-throttling"],
+            15.0: ["gpu-efficiency", "gpu-health"],
+        }
+    assert "evaluates its rules" not in render_notes(
+        tmp_path / "off", "--set", "rules.enabled=false"
+    )
+
+
+def test_notes_speak_of_selectors_only_for_the_resources_created(tools, tmp_path):
+    default = render_notes(tmp_path / "d")
+    assert "serviceMonitorSelector" not in default and "ruleSelector" not in default
+    assert "PrometheusRule" not in default and "ServiceMonitor created" not in default
+    labelled = render_notes(tmp_path / "a", "-f", str(CHART / "ci" / "all-on-values.yaml"))
+    assert (
+        'ServiceMonitor created with labels {"release":"kube-prometheus-stack"}; your '
+        "Prometheus' serviceMonitorSelector must match them." in labelled
+    )
+    assert (
+        'PrometheusRule created with labels {"release":"kube-prometheus-stack"}; your '
+        "Prometheus' ruleSelector must match them." in labelled
+    )
+    unlabelled = render_notes(tmp_path / "u", "--set", "serviceMonitor.enabled=true")
+    assert "ServiceMonitor created without serviceMonitor.labels" in unlabelled
+    assert "must match them" not in unlabelled and "PrometheusRule" not in unlabelled
+    rule_only = render_notes(tmp_path / "r", "--set", "prometheusRule.enabled=true")
+    assert "PrometheusRule created without prometheusRule.labels" in rule_only
+    assert "ServiceMonitor" not in rule_only
+
+
 # --- DCGM (docs/kubernetes.md "DCGM: activity on GPUs before Hopper") ------------------------
 
 OPERATOR_HOSTENGINE = "nvidia-dcgm.gpu-operator.svc:5555"
+DCGM_IMAGE = ("--set", "image.dcgm=true")
 
 
 def _dcgm_render(*args: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(the daemon's configuration as loaded, the pod securityContext, the container's)."""
-    objects = helm_template(*args)
+    """(the daemon's configuration as loaded, the pod securityContext, the container's), from an
+    image with DCGM (image.dcgm: standalone and embedded fail the render without it)."""
+    objects = helm_template(*DCGM_IMAGE, *args)
     text = one(objects, "ConfigMap", "gpu-exporter")["data"]["config.yaml"]
     pod = one(objects, "DaemonSet")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -972,7 +1057,16 @@ def test_chart_dcgm_embedded_runs_as_root_with_sys_admin(tools, tmp_path, args):
     out = tmp_path / "embedded.yaml"
     out.write_text(
         subprocess.run(
-            [str(HELM), "template", "gpu-exporter", str(CHART), "-n", "gpu-exporter", *args],
+            [
+                str(HELM),
+                "template",
+                "gpu-exporter",
+                str(CHART),
+                "-n",
+                "gpu-exporter",
+                *DCGM_IMAGE,
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -998,14 +1092,19 @@ def test_chart_dcgm_fields_come_through_config_extra(tools):
 
 
 def test_notes_say_what_each_dcgm_mode_needs(tools, tmp_path):
-    embedded = render_notes(tmp_path / "e", "--set", "dcgm.mode=embedded")
+    embedded = render_notes(tmp_path / "e", *DCGM_IMAGE, "--set", "dcgm.mode=embedded")
     assert "UID 0 with SYS_ADMIN added" in embedded and "DCGM_DEB" in embedded
     assert "without capabilities" not in embedded
     restricted = render_notes(
-        tmp_path / "r", "--set", "dcgm.mode=embedded", "--set", "podAttribution.enabled=false"
+        tmp_path / "r",
+        *DCGM_IMAGE,
+        "--set",
+        "dcgm.mode=embedded",
+        "--set",
+        "podAttribution.enabled=false",
     )
     assert 'Pod Security "privileged"' in restricted and '"restricted"' not in restricted
-    standalone = render_notes(tmp_path / "s", "--set", "dcgm.mode=standalone")
+    standalone = render_notes(tmp_path / "s", *DCGM_IMAGE, "--set", "dcgm.mode=standalone")
     assert "nv-hostengine at localhost:5555" in standalone
     assert "set dcgm.address" in standalone and "exits at start" in standalone
     auto = render_notes(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,10 +136,20 @@ def test_web_config_examples_load(where: str, text: str, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("where", "text"), _by_kind("helm-values"))
-def test_helm_values_examples_match_the_chart_schema(where: str, text: str) -> None:
+def test_helm_values_examples_match_the_chart_schema(where: str, text: str, tmp_path: Path) -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = _merged(yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(text))
     jsonschema.validate(values, schema)
+    # And the chart renders them: its templates refuse what the daemon would refuse at start.
+    (tmp_path / "values.yaml").write_text(text)
+    helm = ROOT / ".tools" / "bin" / "helm"
+    result = subprocess.run(
+        [str(helm), "template", "gpu-exporter", str(CHART), "-f", str(tmp_path / "values.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, f"{where}: {result.stderr}"
 
 
 def _merged(base: Any, over: Any) -> Any:

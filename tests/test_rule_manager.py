@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,42 @@ def test_alert_goes_pending_then_firing_and_is_sent_then_resolved(tmp_path: Path
     assert manager.alerts_json() == []
     resolved = sink.sent[-1]
     assert resolved.ends_at == 1003.0
+
+
+@pytest.mark.parametrize(
+    ("tick", "evaluation_interval", "expected"),
+    [
+        # Seconds between evaluations of a group without `interval` and of one with 15s: the
+        # evaluation interval and the group's own, each at the tick nearest to it.
+        (1.0, None, {"plain": 1, "slow": 15}),
+        (1.0, 5.0, {"plain": 5, "slow": 15}),
+        (2.0, 6.0, {"plain": 6, "slow": 14}),
+    ],
+)
+def test_groups_run_at_their_interval_on_the_sampling_ticks(
+    tmp_path: Path, tick: float, evaluation_interval: float | None, expected: dict[str, int]
+) -> None:
+    text = (
+        "groups:\n"
+        "  - name: plain\n    rules: [{record: 'a:b', expr: vector(1)}]\n"
+        "  - name: slow\n    interval: 15s\n    rules: [{record: 'a:c', expr: vector(1)}]\n"
+    )
+    manager = RuleManager(
+        RulesConfig(
+            files=[str(write(tmp_path, text))], evaluation_interval_seconds=evaluation_interval
+        ),
+        interval_seconds=tick,
+    )
+    manager.load()
+    evaluated: dict[str, list[float]] = {}
+    for step in range(int(60 / tick) + 1):
+        now = 1000.0 + step * tick
+        manager.on_series(series_of(snapshot(now, 50)))
+        for group in manager.evaluator.groups:
+            if group.last_evaluation == now:
+                evaluated.setdefault(group.group.name, []).append(now)
+    gaps = {name: {b - a for a, b in pairwise(times)} for name, times in evaluated.items()}
+    assert gaps == {name: {seconds} for name, seconds in expected.items()}
 
 
 def test_a_broken_reload_keeps_the_last_good_rules(tmp_path: Path) -> None:

@@ -300,7 +300,7 @@ def test_the_chart_dcgm_address_accepts_empty_for_the_daemon_default():
     assert set(gen.EMPTY_MEANS_DEFAULT) <= set(gen.GENERATED_LEAVES)
 
 
-def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
+def pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
     """The files the DaemonSet's container sees, under `root`: the chart's ConfigMaps and
     Secrets as rendered, stand-ins for Secrets the chart does not create and for what the
     kubelet projects (a ServiceAccount token, the cluster's kube-root-ca.crt). Returns the
@@ -350,12 +350,17 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
         ["-f", str(CHART / "ci" / "all-on-values.yaml")],
         [
             "--set",
+            "image.dcgm=true",
+            "--set",
             "dcgm.mode=standalone",
             "--set",
             "dcgm.address=nvidia-dcgm.gpu-operator.svc:5555",
         ],
         ["--set", "dcgm.mode=auto", "--set", "dcgm.address=unix:/run/dcgm/hostengine.sock"],
-        ["--set", "dcgm.mode=embedded", "--set-json", "config.extra.dcgm.fields=[1001,1013]"],
+        [
+            *("--set", "image.dcgm=true", "--set", "dcgm.mode=embedded"),
+            *("--set-json", "config.extra.dcgm.fields=[1001,1013]"),
+        ],
         ["--set", "processAttribution.enabled=true"],
         ["--set", "podAttribution.dra.enabled=true"],
     ],
@@ -371,7 +376,7 @@ def _pod_files(objects: list[dict[str, Any]], root: Path) -> Path:
 )
 def test_the_rendered_configuration_passes_config_check(values, tmp_path):
     root = tmp_path / "pod"
-    config = _pod_files(rendered(*values), root)
+    config = pod_files(rendered(*values), root)
     result = subprocess.run(
         [sys.executable, "-m", "gpu_exporter", "config", "check", "--root", str(root), str(config)],
         capture_output=True,
@@ -386,7 +391,7 @@ def test_the_dra_token_and_ca_are_where_the_configuration_points(tmp_path):
     """With podAttribution.dra on, the files the pod sees include the projected token and CA at
     the paths the daemon's kubernetes.dra names."""
     root = tmp_path / "pod"
-    config = _pod_files(rendered("--set", "podAttribution.dra.enabled=true"), root)
+    config = pod_files(rendered("--set", "podAttribution.dra.enabled=true"), root)
     dra = load_config(config, environ={}).kubernetes.dra
     assert dra.enabled is True
     for path in (dra.token_file, dra.ca_file):

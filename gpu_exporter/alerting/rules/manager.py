@@ -114,6 +114,7 @@ class RuleManager:
         self.settings = settings
         self.alerting = alerting or AlertingConfig()
         self.evaluation_interval = settings.evaluation_interval_seconds or interval_seconds
+        self.tick_seconds = interval_seconds  # rules are evaluated at the sampling ticks
         self.external_labels = dict(
             self.alerting.external_labels if external_labels is None else external_labels
         )
@@ -316,8 +317,10 @@ class RuleManager:
         return group.group.interval_seconds or self.evaluation_interval
 
     def _due(self, group: GroupState, now: float) -> bool:
-        # Half a tick of slack: a group on the sampling interval runs every tick despite jitter.
-        slack = self.evaluation_interval / 2
+        # Half a tick of slack: a group on the sampling interval runs every tick despite jitter,
+        # and any other at the tick nearest its interval: half a tick, not half the evaluation
+        # interval, which would run a group on a 5 s evaluation interval every 3 ticks of 1 s.
+        slack = self.tick_seconds / 2
         return (
             not group.last_evaluation
             or now >= group.last_evaluation + self._interval(group) - slack

@@ -136,6 +136,20 @@ does in the configuration file.
 {{- end }}
 
 {{/*
+Seconds in a Prometheus duration (`1h30m`, `15s`, `250ms`), as the daemon's rule loader reads a
+group's interval (gpu_exporter/alerting/rules/loader.py parse_duration).
+*/}}
+{{- define "gpu-exporter.durationSeconds" -}}
+{{- $units := dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 "d" 86400.0 "w" 604800.0 "y" 31536000.0 }}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9]+(ms|[smhdwy])" (toString .) -1 }}
+{{- $unit := regexReplaceAll "^[0-9]+" . "" }}
+{{- $total = addf $total (mulf (trimSuffix $unit . | float64) (get $units $unit)) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
+{{/*
 Where the shipped alerts' runbook_url points, for the daemon and Prometheus alike:
 rules.runbookBaseUrl, or the runbook every exporter serves at /runbook, through the Service.
 */}}
@@ -314,7 +328,9 @@ API; api_server stays auto, the in-cluster address).
 {{- with $v.dcgm.address }}{{ $_ := set $dcgm "address" . }}{{ end }}
 {{- $_ := set $config "dcgm" $dcgm }}
 {{- end }}
-{{- toYaml (mergeOverwrite $config (deepCopy $v.config.extra)) }}
+{{- $config = mergeOverwrite $config (deepCopy $v.config.extra) }}
+{{- include "gpu-exporter.checkConfig" (dict "config" $config "root" .) }}
+{{- toYaml $config }}
 {{- end }}
 
 {{/* "true" when the web config turns TLS on: probes, the ServiceMonitor and helm test use https. */}}
