@@ -52,25 +52,24 @@ profile, or runs no process on it, or its processes run no kernel on it. On a he
 need attention, as a cost rather than a fault of the GPU: they are listed under "Needs
 attention", not among the GPU's problems.
 
-Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario,
-health rule files); 3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the
-GPU count, XID registration) does not answer within `--start-timeout`, which names the stuck
-step and how long it waited (a driver that hangs there gives nothing to report on; a GPU whose
-own start calls hang is down in the report instead, with why). "Needs attention" means a GPU
-that is down, a health finding (an alert of the gpu-health group pending or firing during the
+Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario, health
+rule files); 3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the GPU
+count, XID registration) does not answer within `--start-timeout`, which names the stuck step
+and how long it waited (a driver that hangs there gives nothing to report on; a GPU whose own
+start calls hang is down in the report instead, with why). "Needs attention" means a GPU that
+is down, a health finding (an alert of the gpu-health group pending or firing during the
 profile, about a GPU or the node), a node verdict of warning or critical (info and pass are no
 reason by themselves), NVLink links down or P2P over NVLink unavailable, settings drift (a
 setting that differs between GPUs of one model, or the driver between GPUs, or one that changed
-during the profile), a setting
-warning (power limit below its default, persistence mode off, ECC or MIG mode change pending,
-application clocks changed, compute mode Prohibited), and on a healthy GPU clocks held down by
-a HW / thermal / power-brake reason, a class in ATTENTION_CLASSES (throttled, launch_bound and
-link_bound waste a GPU that is nominally busy) or an idle allocation. memory_bound is reported
-but is not a fault: on the roofline, low-intensity work (LLM decode, elementwise ops) is
-memory-bound by nature; idle (unless a pod holds the GPU: an idle allocation), tensor_bound and
-compute_bound are not problems, and unknown means missing data, not a fault. Notes (XIDs the
-pack does not alert on, ECC errors from before the run, setting notes, topology notes) never
-change the exit status.
+during the profile), a setting warning (power limit below its default, persistence mode off,
+ECC or MIG mode change pending, application clocks changed, compute mode Prohibited), and on a
+healthy GPU clocks held down by a HW / thermal / power-brake reason, a class in
+ATTENTION_CLASSES (throttled, launch_bound and link_bound waste a GPU that is nominally busy)
+or an idle allocation. memory_bound is reported but is not a fault: on the roofline, low-
+intensity work (LLM decode, elementwise ops) is memory-bound by nature; idle (unless a pod
+holds the GPU: an idle allocation), tensor_bound and compute_bound are not problems, and
+unknown means missing data, not a fault. Notes (XIDs the pack does not alert on, ECC errors
+from before the run, setting notes, topology notes) never change the exit status.
 
 Imports `collect`, `alerting`, `sim`, `model` and `support`; not `config` (what it needs comes
 from its own flags) nor `pipeline` (checked in CI: `lint-imports`).
