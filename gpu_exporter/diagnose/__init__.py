@@ -65,8 +65,8 @@ during the profile), a setting warning (power limit below its default, persisten
 ECC or MIG mode change pending, application clocks changed, compute mode Prohibited), and on a
 healthy GPU clocks held down by a HW / thermal / power-brake reason, a class in
 ATTENTION_CLASSES (throttled, launch_bound and link_bound waste a GPU that is nominally busy)
-or an idle allocation. memory_bound is reported but is not a fault: on the roofline, low-
-intensity work (LLM decode, elementwise ops) is memory-bound by nature; idle (unless a pod
+or an idle allocation. memory_bound is reported but is not a fault: on the roofline,
+low-intensity work (LLM decode, elementwise ops) is memory-bound by nature; idle (unless a pod
 holds the GPU: an idle allocation), tensor_bound and compute_bound are not problems, and
 unknown means missing data, not a fault. Notes (XIDs the pack does not alert on, ECC errors
 from before the run, setting notes, topology notes) never change the exit status.
