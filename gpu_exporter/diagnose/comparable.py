@@ -47,10 +47,9 @@ IDLE_REASON = "gpu_idle"
 
 # What the daemon does not read at all, whatever the GPU: said, so no one assumes it equal.
 NOT_READ: tuple[str, ...] = (
-    "locked clocks (`nvidia-smi -lgc` / `-lmc`): not read; a locked clock shows here only as an "
-    "SM clock that is steady below its maximum",
-    "VBIOS and InfoROM versions: not read; GPUs of one model on different firmware are not "
-    "told apart",
+    "locked clocks (`nvidia-smi -lgc` / `-lmc`): a locked clock shows here only as an SM clock "
+    "that is steady below its maximum",
+    "VBIOS and InfoROM versions: GPUs of one model on different firmware are not told apart",
     "the workload's own version and inputs (framework, model, batch, data): outside the GPU; "
     "pin them before comparing runs",
 )
@@ -105,12 +104,13 @@ _BY_KEY = {s.key: s for s in SETTINGS}
 # but not compared between GPUs.
 ENFORCED_LIMIT = Setting("enforced_power_limit_watts", "enforced power limit", True, WARNING,
                          _watts)  # fmt: skip
-_TICK_SERIES: tuple[tuple[Setting, str, dict[str, str]], ...] = (
-    (ENFORCED_LIMIT, "gpu_power_limit_watts", {}),
-    (_BY_KEY["power_management_limit_watts"], "gpu_power_management_limit_watts", {}),
-    (_BY_KEY["ecc_enabled"], "gpu_ecc_enabled", {}),
-    (_BY_KEY["mig_mode"], "gpu_mig_mode", {"state": "current"}),
-    (_BY_KEY["sm_clock_max_hz"], "gpu_clock_max_hertz", {"clock": "sm"}),
+# (the setting, its series, the series' labels, the setting's value from the series' value)
+_TICK_SERIES: tuple[tuple[Setting, str, dict[str, str], Callable[[float], Any]], ...] = (
+    (ENFORCED_LIMIT, "gpu_power_limit_watts", {}, float),
+    (_BY_KEY["power_management_limit_watts"], "gpu_power_management_limit_watts", {}, float),
+    (_BY_KEY["ecc_enabled"], "gpu_ecc_enabled", {}, bool),
+    (_BY_KEY["mig_mode"], "gpu_mig_mode", {"state": "current"}, bool),
+    (_BY_KEY["sm_clock_max_hz"], "gpu_clock_max_hertz", {"clock": "sm"}, float),
 )
 
 
@@ -155,10 +155,10 @@ class SettingsWatch:
         driver = view.info.get("driver_version")
         if driver:
             trace.saw("driver_version", driver)
-        for setting, family, labels in _TICK_SERIES:
+        for setting, family, labels, convert in _TICK_SERIES:
             value = view.value(family, **labels)
             if value is not None:
-                trace.saw(setting.key, value)
+                trace.saw(setting.key, convert(value))
 
     def trace(self, index: int) -> _Trace:
         return self._traces.get(index) or _Trace()
