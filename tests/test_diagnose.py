@@ -53,7 +53,7 @@ def test_mixed_classifies_every_gpu_as_the_scenario_intends(capsys) -> None:
     attention = {d["index"] for d in report["devices"] if d["problems"]}
     assert attention == {4, 5, 6, 7}  # launch-, link-bound and throttled; the rest is fine
 
-    assert report["schema_version"] == 3 and report["simulated"] == "mixed"
+    assert report["schema_version"] == 4 and report["simulated"] == "mixed"
     assert report["versions"]["driver"] == "570.124.06"
     assert report["versions"]["cuda_driver"] == "12.8"
     assert report["versions"]["exporter"]
@@ -177,11 +177,11 @@ def test_terminal_report_has_the_matrix_and_no_colour_off_a_tty() -> None:
     out = result.stdout
     assert result.returncode == diagnose.EXIT_ATTENTION, result.stderr
     assert not ANSI.search(out)
-    for heading in ("1. Versions", "2. Topology", "3. GPU state", "4. Activity profile"):
+    for heading in ("Versions:", "Topology (as nvidia-smi topo -m):", "Activity profile ("):
         assert heading in out
     assert re.search(r"^  GPU0\s+X\s+NV18", out, re.MULTILINE)
     assert "CPU Affinity" in out and "Legend:" in out
-    assert "7. What to look at next" in out and "Exit status 1" in out
+    assert "4. Hot spots: what to look at next" in out and "Exit status 1" in out
     assert re.search(r"^  4\s.*launch_bound\s+ml/trainer-0$", out, re.MULTILINE)  # with its pod
 
 
@@ -438,7 +438,7 @@ def test_mig_terminal_report_puts_instances_under_their_gpu(mig_kubelet: FakeKub
     out = result.stdout
     assert result.returncode == diagnose.EXIT_ATTENTION, result.stderr
     assert f"Pods: from the kubelet at {mig_kubelet.socket_path} (5 device(s) held" in out
-    profile = out.split("4. Activity profile")[1].split("5. Health")[0]
+    profile = out.split("Activity profile (")[1].split("Time by category")[0]
     lines = profile.splitlines()
     assert re.search(r"^  GPU\s+util .* class\s+pod$", lines[1])
     parent = next(n for n, line in enumerate(lines) if re.match(r"^  0\s", line))
@@ -452,7 +452,7 @@ def test_mig_terminal_report_puts_instances_under_their_gpu(mig_kubelet: FakeKub
     assert re.search(r"^  2\s.*tensor_bound\s+whole/job$", profile, re.MULTILINE)
     assert re.search(r"^    GI 1 CI 1 1c\.3g\.40gb\s+n/a.*unknown\s+a/ci1$", profile, re.MULTILINE)
     assert "n/a (down)" not in out  # a MIG parent is not a GPU that is down
-    next_steps = out.split("7. What to look at next")[1].split("Needs attention")[0]
+    next_steps = out.split("4. Hot spots")[1].split("Needs attention")[0]
     assert "launch_bound (GPU 0 GI 9)" in next_steps and "Nsight Systems" in next_steps
     assert "activity unavailable: no GPM before Hopper" in next_steps
     assert re.search(r"unknown \(GPU 3 GI 1 CI 0, GPU 3 GI 1 CI 1, GPU 3 GI 1 CI 2, ", next_steps)

@@ -275,13 +275,13 @@ def test_mixed_healthy_hardware_prints_no_problem_count_and_interprets_the_mesh(
     )  # fmt: skip
     out = result.stdout
     assert "problem(s)" not in out
-    state = out.split("3. GPU state")[1].split("4. Activity profile")[0]
-    rows = [line.split() for line in state.splitlines()[2:] if line.strip()]
+    state = out.split("State at the end of the profile:\n")[1].split("\n\n")[0]
+    rows = [line.split() for line in state.splitlines()[1:] if line.strip()]
     assert [row[-1] for row in rows] == ["ok"] * 8  # the health column: the hardware is fine
     assert "In short: full NVLink mesh: all 8 GPUs reach each other through NVSwitch (NV18)" in out
     assert "no gpu-health alert was pending or firing" in out
     assert "journalctl -k | grep -i xid" in out
-    assert "7. What to look at next (performance)" in out
+    assert "4. Hot spots: what to look at next (performance)" in out
     assert result.returncode == diagnose.EXIT_ATTENTION  # launch-, link-bound, throttled GPUs
 
 
@@ -325,14 +325,14 @@ def test_text_report_names_the_pod_and_prints_no_stale_values_for_a_lost_gpu(
     )  # fmt: skip
     out = result.stdout
     assert result.returncode == diagnose.EXIT_ATTENTION, result.stderr
-    state = out.split("3. GPU state")[1].split("4. Activity profile")[0]
+    state = out.split("State at the end of the profile:\n")[1].split("\n\n")[0]
     lost_row = next(line for line in state.splitlines() if line.startswith("  1 "))
     assert lost_row.split()[3:7] == ["NO", "n/a", "n/a", "n/a"], lost_row
     assert "MHz" not in lost_row and " W " not in lost_row and " C " not in lost_row
     assert "GPU 1: GPU not answering" in state and "no current clocks" in state
-    profile = out.split("4. Activity profile")[1].split("5. Health")[0]
+    profile = out.split("Activity profile (")[1].split("Time by category")[0]
     assert "train/llama-0" in profile and "train/llama-1" in profile
-    health_text = out.split("5. Health")[1].split("6. Settings")[0]
+    health_text = out.split("1. Health")[1].split("2. Steady and comparable")[0]
     assert "GPU 1 (train/llama-1):" in health_text and "GpuLost [critical, pending]" in health_text
     assert "1. Drain:" in health_text
     # The healthy one has its verdict line and no health entry.

@@ -88,7 +88,7 @@ def test_the_text_report_lists_each_pods_share_and_the_idle_allocations() -> Non
     out = io.StringIO()
     Text(out, colour=False).body(shared_report())
     text = out.getvalue()
-    profile = text.split("4. Activity profile")[1].split("5. Health")[0]
+    profile = text.split("Activity profile (")[1].split("Time by category")[0]
     per_pod = profile.split("Per pod, from the processes NVML lists")[1]
     rows = [line.split() for line in per_pod.splitlines() if line.startswith("  GPU ")]
     assert rows[0] == [

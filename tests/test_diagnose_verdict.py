@@ -92,7 +92,7 @@ def test_xid_61_is_a_warning_whose_step_is_a_bug_report(tmp_path: Path, capsys) 
 def test_text_report_opens_health_with_the_node_and_gpu_verdicts(tmp_path: Path, capsys) -> None:
     status = diagnose.run(parse("--simulate", scenario(tmp_path, WARNED), *SHORT))
     out = capsys.readouterr().out
-    health_text = out.split("5. Health")[1].split("6. Settings")[0]
+    health_text = out.split("1. Health")[1].split("2. Steady and comparable")[0]
     lines = health_text.splitlines()
     assert lines[1] == "  node verdict: warning (GPU 0)"
     assert lines[2].startswith("    GPU 0: warning, next step report_issue (xid_61: XID 61:")

@@ -1,30 +1,35 @@
-"""`gpu-exporter diagnose`: a one-shot report on this node's GPUs, health first.
+"""`gpu-exporter diagnose`: a one-shot report on this node's GPUs, in the order a diagnosis
+reads it: health first; then whether the workload is steady and comparable; then where the time
+goes; then the hot spots' advice. It profiles the node for `--duration` seconds with the
+production NVML source, the bottleneck classifier and the daemon's health rules, then reports:
 
-1. Versions: driver, NVML, CUDA driver API, the Python binding and the exporter (a result is
-   only reproducible with the software it came from).
-2. Topology, as `nvidia-smi topo -m`, and what it means: a full NVLink mesh (directly or
-   through NVSwitch) or not, a GPU that reaches the others only over PCIe, pairs that cross
-   the CPU interconnect (SYS), a GPU without NUMA affinity (`topology_notes.py`).
-3. Per-GPU state at the end of the profile: clocks against their maximum, power against its
-   limit, active clock-event (throttle) reasons, PCIe and NVLink links. A GPU that is down
-   shows none of these (they would be stale), only why it is down.
-4. An activity profile over `--duration` seconds with the production NVML source and the
-   bottleneck classifier: utilization next to SM / Tensor / DRAM activity, link traffic, the
-   class and its one-line reason (`classify.Verdict.why`, as the status page shows it), and
-   with pods the pod holding each GPU.
-5. Health: the shipped rule pack's `gpu-health` group evaluated over the profile's series by
+1. Health: the shipped rule pack's `gpu-health` group evaluated over the profile's series by
    the daemon's own rule engine (`health.py`; `--health-rules` for another pack), so
-   "unhealthy" means what the alerts mean. Each finding has ordered next steps (drain, collect
-   `nvidia-bug-report.sh`, reset, replace), which are that GPU's next steps: an unhealthy GPU
-   gets no performance advice. XIDs before the run are only in the kernel log: the report
-   says where. The section opens with the verdicts (`verdict.py`): the node's, the worst of
-   its GPUs', then each GPU's as the daemon's latch holds it at the end of the profile
-   (verdict, next step, reason); `--json` adds `health_validation`, the node's verdict in
-   NVIDIA Health Validation's shape.
-6. Settings read once after the profile (`config_checks.py`): power limit against its
-   default and range, persistence mode, ECC mode pending, application clocks against their
-   defaults, MIG mode pending, compute mode.
-7. What to look at next for each healthy GPU's class (`advice.py`).
+   "unhealthy" means what the alerts mean. The section opens with the verdicts (`verdict.py`):
+   the node's, the worst of its GPUs', then each GPU's as the daemon's latch holds it at the end
+   of the profile (verdict, next step, reason); `--json` adds `health_validation`, the node's
+   verdict in NVIDIA Health Validation's shape. Each finding has ordered next steps (drain,
+   collect `nvidia-bug-report.sh`, reset, replace), which are that GPU's next steps: an
+   unhealthy GPU gets no performance advice and its time is not counted below. XIDs before the
+   run are only in the kernel log: the report says where.
+2. Steady and comparable (`comparable.py`): versions (driver, NVML, CUDA driver API, the Python
+   binding, the exporter); per GPU its SM clock while busy over the profile (range against the
+   maximum, steady or not) and its settings (power limit against its default, persistence, ECC,
+   application clocks, MIG and compute mode), read each tick and once after the profile
+   (`config_checks.py` judges them against their defaults); drift: a setting that differs between
+   GPUs of one model (or the driver between any two), or that changed during the profile; and
+   what was not read, said rather than assumed. The GPUs' state at the end of the profile
+   (clocks, power, clock-event reasons, PCIe and NVLink links; a GPU that is down shows none of
+   these, only why) belongs here too.
+3. Where the time goes (`time_shares.py`): the topology, as `nvidia-smi topo -m`, and what it
+   means (`topology_notes.py`); the activity profile (utilization next to SM / Tensor / DRAM
+   activity, link traffic, the class and its one-line reason, with pods the pod holding each
+   GPU); then each GPU's seconds per class over the profile as shares, grouped in the order to
+   look: idle gaps, copy-dominated (PCIe), collective-dominated (NVLink), launch bound, memory
+   bound, compute bound, then throttled and unknown time; for each category what to look at and
+   what the counters cannot tell apart, and what they do not measure (a NIC's traffic).
+4. Hot spots: what to look at next for each healthy GPU's class (`advice.py`), in the order of
+   its category.
 
 MIG: a GPU with MIG enabled has no class of its own; its MIG instances are listed under it,
 each with its profile, class, pods and memory, and judged as a whole GPU is (a launch-bound
@@ -47,23 +52,24 @@ profile, or runs no process on it, or its processes run no kernel on it. On a he
 need attention, as a cost rather than a fault of the GPU: they are listed under "Needs
 attention", not among the GPU's problems.
 
-Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario,
-health rule files); 3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the
-GPU count, XID registration) does not answer within `--start-timeout`, which names the stuck
-step and how long it waited (a driver that hangs there gives nothing to report on; a GPU whose
-own start calls hang is down in the report instead, with why). "Needs attention" means a GPU
-that is down, a health finding (an alert of the gpu-health group pending or firing during the
+Exit status: 0 nothing needs attention; 1 something does; 2 bad input (flags, scenario, health
+rule files); 3 no NVIDIA driver to read: NVML cannot start, or its start (nvmlInit, the GPU
+count, XID registration) does not answer within `--start-timeout`, which names the stuck step
+and how long it waited (a driver that hangs there gives nothing to report on; a GPU whose own
+start calls hang is down in the report instead, with why). "Needs attention" means a GPU that
+is down, a health finding (an alert of the gpu-health group pending or firing during the
 profile, about a GPU or the node), a node verdict of warning or critical (info and pass are no
-reason by themselves), NVLink links down or P2P over NVLink unavailable, a setting
-warning (power limit below its default, persistence mode off, ECC or MIG mode change pending,
-application clocks changed, compute mode Prohibited), and on a healthy GPU clocks held down by
-a HW / thermal / power-brake reason, a class in ATTENTION_CLASSES (throttled, launch_bound and
-link_bound waste a GPU that is nominally busy) or an idle allocation. memory_bound is reported
-but is not a fault: on the roofline, low-intensity work (LLM decode, elementwise ops) is
-memory-bound by nature; idle (unless a pod holds the GPU: an idle allocation), tensor_bound and
-compute_bound are not problems, and unknown means missing data, not a fault. Notes (XIDs the
-pack does not alert on, ECC errors from before the run, setting notes, topology notes) never
-change the exit status.
+reason by themselves), NVLink links down or P2P over NVLink unavailable, settings drift (a
+setting that differs between GPUs of one model, or the driver between GPUs, or one that changed
+during the profile), a setting warning (power limit below its default, persistence mode off,
+ECC or MIG mode change pending, application clocks changed, compute mode Prohibited), and on a
+healthy GPU clocks held down by a HW / thermal / power-brake reason, a class in
+ATTENTION_CLASSES (throttled, launch_bound and link_bound waste a GPU that is nominally busy)
+or an idle allocation. memory_bound is reported but is not a fault: on the roofline,
+low-intensity work (LLM decode, elementwise ops) is memory-bound by nature; idle (unless a pod
+holds the GPU: an idle allocation), tensor_bound and compute_bound are not problems, and
+unknown means missing data, not a fault. Notes (XIDs the pack does not alert on, ECC errors
+from before the run, setting notes, topology notes) never change the exit status.
 
 Imports `collect`, `alerting`, `sim`, `model` and `support`; not `config` (what it needs comes
 from its own flags) nor `pipeline` (checked in CI: `lint-imports`).

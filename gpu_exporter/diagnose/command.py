@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "diagnose",
-        help="one-shot report: versions, topology, GPU state, activity profile, next steps",
+        help="one-shot report: health, steady and comparable, where the time goes, hot spots",
         description="Diagnose this node's GPUs. Exit status: 0 nothing needs attention, "
         "1 something does, 2 bad input, 3 no NVIDIA driver.",
     )
@@ -319,7 +319,7 @@ def _diagnose(args: argparse.Namespace, out: TextIO) -> int:
         pods, processors, attribution = _processors(args, pods, of_tick)
         text = None if args.json else Text(out, colour)
         if text:
-            text.header(args.simulate, versions, topology, args.duration, pods)
+            text.header(args.simulate, args.duration, pods)
         try:
             profile = _run_profile(source.sample, args.duration, args.interval, health, processors)
         finally:
@@ -377,6 +377,7 @@ def _run_profile(
             time.sleep(delay)
         now = time.monotonic()
         devices = latch.process(classifier.process(sample(), now), now)
+        profile.links.observe(devices, classifier)  # which link link-bound seconds waited on
         for processor in processors:  # pod info, then per-pod use
             devices = processor(devices, now)
         wall = time.time()
@@ -387,6 +388,7 @@ def _run_profile(
         for view in series_set.devices():
             profile.last[view.index] = view
             profile.pods.observe(view)
+            profile.watch.observe(view)  # clocks and settings, tick by tick
         profile.pods.tick()
         profile.ticks += 1
     return profile

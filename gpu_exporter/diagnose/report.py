@@ -1,9 +1,16 @@
 """The report `gpu-exporter diagnose` prints, as one plain dict (the --json schema).
 
+Its sections come in the order a diagnosis reads them (`SECTIONS`, also in the JSON under
+`sections`, its keys in that order): health; is the workload steady and comparable (versions,
+clocks, settings and their drift: comparable.py); where the time goes (per-class seconds as
+shares: time_shares.py); then the hot spots' advice per GPU (advice.py). The per-GPU detail
+follows them in `devices`.
+
 Health first: a GPU's health findings (the rule pack's, gpu_exporter/diagnose/health.py) are
 its first problems and its next steps; only a GPU without any gets performance advice for its
-class. A GPU that is down at the end has no current clocks, power or temperature: its state
-says why instead (values from before it went down would describe a GPU that is gone).
+class, and only its time is counted in where the time goes. A GPU that is down at the end has
+no current clocks, power or temperature: its state says why instead (values from before it
+went down would describe a GPU that is gone).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from gpu_exporter.diagnose.advice import (
     MIG_SHARED_STEPS,
     NEXT_STEPS,
 )
+from gpu_exporter.diagnose.comparable import SettingsWatch, attention_findings, comparable_report
 from gpu_exporter.diagnose.config_checks import WARNING, ConfigFinding, check_config, config_json
 from gpu_exporter.diagnose.exit_status import EXIT_ATTENTION, EXIT_OK
 from gpu_exporter.diagnose.health import (
@@ -37,6 +45,14 @@ from gpu_exporter.diagnose.pod_profile import (
     idle_allocations,
     pod_use_json,
     unattributed_json,
+)
+from gpu_exporter.diagnose.time_shares import (
+    CATEGORY_KEYS,
+    Entry,
+    LinkSplit,
+    busier_link,
+    category_of,
+    time_report,
 )
 from gpu_exporter.diagnose.topology_notes import interpret
 from gpu_exporter.diagnose.verdict import (
@@ -56,7 +72,19 @@ from gpu_exporter.model.verdict import Verdict
 # GPU's state without stale values.
 # 3: each GPU's health verdict (health_verdict), the node's (health.node_verdict), and
 # health_validation (the node's verdict in NVIDIA Health Validation's shape).
-SCHEMA_VERSION = 3
+# 4: keys in the diagnosis' order (`sections`), `comparable` (steady and comparable: clocks,
+# settings, drift), `time` (where the time goes: per-class seconds as shares) and `hot_spots`.
+SCHEMA_VERSION = 4
+
+# The report's sections in reading order: each section's name and its top-level keys. The
+# JSON document lists these keys in this order, after the run's own (schema_version ... pods)
+# and before the per-GPU detail and the outcome (attention_classes ... exit_status).
+SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("health", ("health", "health_validation")),
+    ("steady_and_comparable", ("versions", "comparable")),
+    ("where_the_time_goes", ("topology", "time")),
+    ("hot_spots", ("hot_spots",)),
+)
 
 
 @dataclass
@@ -70,6 +98,10 @@ class Profile:
     pods: PodProfiles = field(default_factory=PodProfiles)  # per-pod use, tick by tick
     # Each GPU's health verdict, as the daemon latches it; the profile feeds it every tick.
     latch: HealthLatch = field(default_factory=HealthLatch)
+    # Each GPU's clocks and settings tick by tick (steady and comparable).
+    watch: SettingsWatch = field(default_factory=SettingsWatch)
+    # Which link each GPU's link-bound seconds waited on (where the time goes).
+    links: LinkSplit = field(default_factory=LinkSplit)
 
 
 @dataclass(frozen=True)
@@ -124,9 +156,13 @@ def build_report(
         for view in sorted(profile.last.values(), key=lambda v: v.index)
     ]
     verdict = node_verdict(devices)
+    views = sorted(profile.last.values(), key=lambda v: v.index)
+    comparable = comparable_report(profile.watch, views, profile.config)
+    entries = _time_entries(views, devices, profile)
     attention = (
         bool(node_findings)
         or verdict["verdict"] in ATTENTION_VERDICTS
+        or bool(attention_findings(comparable))
         or any(
             _needs_attention(d) or any(_needs_attention(i) for i in d["instances"]) for d in devices
         )
@@ -135,17 +171,14 @@ def build_report(
         "schema_version": SCHEMA_VERSION,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "simulated": run.simulated,
-        "versions": dict(versions),
-        "topology": {
-            **topology.to_dict(),
-            "matrix": topology.matrix_text(),
-            "interpretation": interpret(topology).to_dict(),
-        },
         "profile": {
             "duration_seconds": run.duration,
             "interval_seconds": run.interval,
             "samples": profile.ticks,
         },
+        "pods": (pods or PodsRead(None, False)).to_dict(),
+        "sections": [{"section": name, "keys": list(keys)} for name, keys in SECTIONS],
+        # 1. Health
         "health": {
             "rule_files": profile.health.files,
             "group": HEALTH_GROUP,
@@ -155,12 +188,110 @@ def build_report(
             "node_next_steps": merged_steps(node_findings),
             "earlier_xids": KERNEL_LOG_HINT,
         },
-        "attention_classes": sorted(ATTENTION_CLASSES),
-        "pods": (pods or PodsRead(None, False)).to_dict(),
-        "devices": devices,
         "health_validation": health_validation(node or node_name(), verdict, devices),
+        # 2. Steady and comparable
+        "versions": dict(versions),
+        "comparable": comparable,
+        # 3. Where the time goes
+        "topology": {
+            **topology.to_dict(),
+            "matrix": topology.matrix_text(),
+            "interpretation": interpret(topology).to_dict(),
+        },
+        "time": time_report([entry for entry, _ in entries]),
+        # 4. Hot spots
+        "hot_spots": _hot_spots(entries),
+        # The per-GPU detail, and the outcome
+        "attention_classes": sorted(ATTENTION_CLASSES),
+        "devices": devices,
         "needs_attention": attention,
         "exit_status": EXIT_ATTENTION if attention else EXIT_OK,
+    }
+
+
+def _healthy(device: Mapping[str, Any]) -> bool:
+    """Up, without a health finding or a verdict that needs attention (as _device_report)."""
+    verdict = device["health_verdict"]
+    bad = verdict is not None and verdict["verdict"] in ATTENTION_VERDICTS
+    return bool(device["up"]) and not device["health_findings"] and not bad
+
+
+def _time_entries(
+    views: list[DeviceView], devices: list[dict[str, Any]], profile: Profile
+) -> list[tuple[Entry, Mapping[str, Any]]]:
+    """Each GPU (or, with MIG on, each of its instances) as where the time goes counts it, with
+    its report entry (for its class and advice)."""
+    out: list[tuple[Entry, Mapping[str, Any]]] = []
+    for view, device in zip(views, devices, strict=True):
+        if not device["up"]:
+            why: str | None = f"down: {device['down_reason'] or 'unknown reason'}"
+        elif not _healthy(device):
+            why = "health first: its numbers describe a GPU with a health problem"
+        else:
+            why = None
+        mig = device["mig"] is not None and device["mig"]["current"] and device["up"]
+        parts: list[tuple[str, Mapping[str, Any]]] = (
+            [(i["mig_uuid"], i) for i in device["instances"]] if mig else [("", device)]
+        )
+        for mig_uuid, part in parts:
+            verdict = profile.classifier.verdict(view.uuid, mig_uuid) if view.uuid else None
+            instance = part if mig_uuid else None
+            entry = Entry(
+                where=_place(device, instance),
+                gpu=device["index"],
+                gpu_instance=instance["gpu_instance"] if instance else None,
+                compute_instance=instance["compute_instance"] if instance else None,
+                class_seconds=part["profile"]["class_seconds"],
+                link_seconds=profile.links.of(view.uuid, mig_uuid),
+                fallback_link=busier_link(verdict.stats if verdict else None),
+                kernel_share=part["profile"]["utilization"],
+                not_judged=why,
+            )
+            out.append((entry, part))
+    return out
+
+
+def _place(device: Mapping[str, Any], instance: Mapping[str, Any] | None) -> str:
+    """ "GPU 0", or a MIG instance's "GPU 0 GI 9" ("GPU 3 GI 1 CI 2" in a shared GPU instance)."""
+    where = f"GPU {device['index']}"
+    if instance is None:
+        return where
+    where += f" GI {instance['gpu_instance']}"
+    if instance["compute_instance"] is not None:
+        where += f" CI {instance['compute_instance']}"
+    return where
+
+
+def _hot_spots(entries: list[tuple[Entry, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The advice for each counted GPU and MIG instance's class, in the order of its category
+    (the diagnosis' order), and the GPUs left without it because their health comes first."""
+    advised = [
+        (CATEGORY_KEYS.index(category_of(part["class"], entry)), n, entry, part)
+        for n, (entry, part) in enumerate(entries)
+        if entry.not_judged is None and part["class"] and part["next_steps"]
+    ]
+    advised.sort(key=lambda item: item[:2])
+    return {
+        "advice": [
+            {
+                "where": entry.where,
+                "gpu": entry.gpu,
+                "gpu_instance": entry.gpu_instance,
+                "compute_instance": entry.compute_instance,
+                "category": category_of(part["class"], entry),
+                "class": part["class"],
+                "reason": part["class_reason"],
+                "next_steps": list(part["next_steps"]),
+            }
+            for _, _, entry, part in advised
+        ],
+        "health_first": list(
+            dict.fromkeys(
+                f"GPU {entry.gpu}"
+                for entry, _ in entries
+                if entry.not_judged is not None and entry.not_judged.startswith("health first")
+            )
+        ),
     }
 
 

@@ -7,10 +7,9 @@ import textwrap
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from gpu_exporter.collect.classify import CLASSES, THROTTLE_REASONS
-from gpu_exporter.collect.nvml.topology import Topology
+from gpu_exporter.collect.classify import THROTTLE_REASONS
 from gpu_exporter.diagnose.report import PodsRead
-from gpu_exporter.diagnose.topology_notes import interpret
+from gpu_exporter.diagnose.time_shares import CATEGORIES, CLASS_ORDER
 
 CLASS_COLOURS = {
     "idle": "2",
@@ -21,6 +20,35 @@ CLASS_COLOURS = {
     "tensor_bound": "32",
     "compute_bound": "32",
     "unknown": "35",
+}
+
+CATEGORY_COLOURS = {
+    "idle_gaps": "2",
+    "copy": "33",
+    "collective": "33",
+    "launch_bound": "33",
+    "memory_bound": "36",
+    "compute_bound": "32",
+    "throttled": "31",
+    "unknown": "35",
+}
+# Short column names of the categories, in their order.
+CATEGORY_COLUMNS = {
+    "idle_gaps": "idle gaps",
+    "copy": "copy",
+    "collective": "collective",
+    "launch_bound": "launch",
+    "memory_bound": "memory",
+    "compute_bound": "compute",
+    "throttled": "throttled",
+    "unknown": "unknown",
+}
+# Each section's heading, by its name in report.SECTIONS: numbered in the diagnosis' order.
+SECTION_TITLES = {
+    "health": "1. Health (the rule pack's gpu-health alerts over the profile)",
+    "steady_and_comparable": "2. Steady and comparable (versions, clocks, settings, drift)",
+    "where_the_time_goes": "3. Where the time goes (the classifier's seconds over the profile)",
+    "hot_spots": "4. Hot spots: what to look at next (performance)",
 }
 
 # A verdict's colour: none for pass and info (nothing to do to the GPU).
@@ -56,37 +84,14 @@ class Text:
             ]
             self.line("  " + "  ".join(cells).rstrip())
 
-    def header(
-        self,
-        simulated: str | None,
-        versions: Mapping[str, str | None],
-        topology: Topology,
-        duration: float,
-        pods: PodsRead | None = None,
-    ) -> None:
+    def subsection(self, title: str) -> None:
+        self.line()
+        self.line(title)
+
+    def header(self, simulated: str | None, duration: float, pods: PodsRead | None = None) -> None:
+        """What is known before the profile: the node, where pods come from, how long."""
         where = f' (simulated node: scenario "{simulated}")' if simulated else ""
         self.line(self.paint(f"gpu-exporter diagnose{where}", "1"))
-        self.section("1. Versions")
-        labels = {
-            "driver": "NVIDIA driver",
-            "nvml": "NVML",
-            "cuda_driver": "CUDA (driver API)",
-            "nvidia_ml_py": "nvidia-ml-py",
-            "exporter": "gpu-exporter",
-        }
-        for key, label in labels.items():
-            self.line(f"  {label:<18} {versions.get(key) or 'n/a'}")
-        self.section("2. Topology (as nvidia-smi topo -m)")
-        for text in topology.matrix_text().splitlines():
-            self.line(f"  {text}".rstrip())
-        for error in topology.errors:
-            self.line(f"  {self.paint('could not read', '33')} {error}")
-        meaning = interpret(topology)
-        self.line()
-        self.line(f"  In short: {meaning.summary}")
-        for note in meaning.notes:
-            self._wrapped(f"- {note.text}", "  ", "    ")
-        self.line()
         if pods is not None and pods.socket is not None:
             if pods.read:
                 held = f"{pods.devices} device(s) held by pods"
@@ -110,8 +115,49 @@ class Text:
         self.out.flush()
 
     def body(self, report: Mapping[str, Any]) -> None:
+        """The sections in the diagnosis' order (report.SECTIONS), then what needs attention."""
         devices = report["devices"]
-        self.section("3. GPU state")
+        self.section(SECTION_TITLES["health"])
+        self._health(report)
+        self.section(SECTION_TITLES["steady_and_comparable"])
+        self._versions(report["versions"])
+        self._comparable(report["comparable"], devices)
+        self.section(SECTION_TITLES["where_the_time_goes"])
+        self._topology(report["topology"])
+        self._activity(report, devices)
+        self._time(report["time"])
+        self.section(SECTION_TITLES["hot_spots"])
+        self._next_steps(devices)
+        self.section("Needs attention")
+        self._problems(report)
+        notes = [(d, note) for d in devices for note in d["notes"]]
+        if notes:
+            self.section("Notes")
+            for d, note in notes:
+                self._wrapped(f"{_where(d)}: {note}", "  ", "    ")
+        self.line()
+        status = report["exit_status"]
+        verdict = "something needs attention" if status else "nothing needs attention"
+        self.line(f"Exit status {status}: {verdict}.")
+
+    def _versions(self, versions: Mapping[str, str | None]) -> None:
+        self.subsection("Versions:")
+        labels = {
+            "driver": "NVIDIA driver",
+            "nvml": "NVML",
+            "cuda_driver": "CUDA (driver API)",
+            "nvidia_ml_py": "nvidia-ml-py",
+            "exporter": "gpu-exporter",
+        }
+        for key, label in labels.items():
+            self.line(f"  {label:<18} {versions.get(key) or 'n/a'}")
+
+    def _comparable(self, comparable: Mapping[str, Any], devices: list[Mapping[str, Any]]) -> None:
+        """Clocks and settings per GPU over the profile, the state at its end, then the drift
+        and clock findings, the settings' own findings and what was not read."""
+        self.subsection("Clocks and settings over the profile (SM clock while busy):")
+        self.table(*_comparable_table(comparable))
+        self.subsection("State at the end of the profile:")
         self.table(*_state_table(devices))
         for d in devices:
             if d["state"]["unavailable"]:
@@ -119,7 +165,43 @@ class Text:
                     f"  GPU {d['index']}: {d['state']['unavailable']}; no current clocks, "
                     "power or temperature to show"
                 )
-        self.section(f"4. Activity profile ({report['profile']['samples']} samples)")
+        self.line()
+        found = False
+        for finding in comparable["findings"]:
+            found = True
+            level = finding["level"]
+            label = self.paint(level, "33" if level == "warning" else "")
+            self._wrapped(f"{label}: {finding['text']}", "  ", "    ")
+        found = self._settings(devices) or found
+        if not found:
+            self._wrapped(
+                "steady and comparable: one driver, the same settings on GPUs of one model, "
+                "none changed during the profile, and steady SM clocks while busy (where read); "
+                "power limit, persistence, ECC, application clocks, MIG and compute mode as "
+                "their defaults (where NVML reports them)",
+                "  ",
+                "  ",
+            )
+        for gpu in comparable["gpus"]:
+            for item in gpu["not_read"]:
+                self._wrapped(f"GPU {gpu['index']} not read: {item}", "  ", "    ")
+        for item in comparable["not_read"]:
+            self._wrapped(f"not read: {item}", "  ", "    ")
+
+    def _topology(self, topology: Mapping[str, Any]) -> None:
+        self.subsection("Topology (as nvidia-smi topo -m):")
+        for text in topology["matrix"].splitlines():
+            self.line(f"  {text}".rstrip())
+        for error in topology["errors"]:
+            self.line(f"  {self.paint('could not read', '33')} {error}")
+        meaning = topology["interpretation"]
+        self.line()
+        self.line(f"  In short: {meaning['summary']}")
+        for note in meaning["notes"]:
+            self._wrapped(f"- {note['text']}", "  ", "    ")
+
+    def _activity(self, report: Mapping[str, Any], devices: list[Mapping[str, Any]]) -> None:
+        self.subsection(f"Activity profile ({report['profile']['samples']} samples):")
         self.table(*_profile_table(devices, report["pods"]["kubelet_socket"] is not None))
         from_dcgm = [str(d["index"]) for d in devices if d.get("activity_source") == "dcgm"]
         if from_dcgm:
@@ -142,23 +224,33 @@ class Text:
                 "  ",
             )
             self.table(*pods)
-        self.section("5. Health (the rule pack's gpu-health alerts over the profile)")
-        self._health(report)
-        self.section("6. Settings")
-        self._settings(devices)
-        self.section("7. What to look at next (performance)")
-        self._next_steps(devices)
-        self.section("Needs attention")
-        self._problems(report)
-        notes = [(d, note) for d in devices for note in d["notes"]]
-        if notes:
-            self.section("Notes")
-            for d, note in notes:
-                self._wrapped(f"{_where(d)}: {note}", "  ", "    ")
-        self.line()
-        status = report["exit_status"]
-        verdict = "something needs attention" if status else "nothing needs attention"
-        self.line(f"Exit status {status}: {verdict}.")
+
+    def _time(self, time: Mapping[str, Any]) -> None:
+        """Each GPU's seconds by category as shares, the node's, what to look at for each
+        category that holds time (in order), and what is not measured."""
+        self.subsection(
+            "Time by category (shares of each GPU's profiled seconds; kernels: the share of "
+            "time a kernel ran):"
+        )
+        self.table(*_time_table(time))
+        for gpu in time["gpus"]:
+            if not gpu["counted"]:
+                self._wrapped(f"{gpu['where']}: not counted: {gpu['not_counted']}", "  ", "    ")
+        held = [c for c in time["categories"] if c["seconds"] > 0]
+        if held:
+            self.subsection("What to look at, in this order:")
+        for number, category in enumerate(held, 1):
+            share = _na(category["share"], "{:.0%}")
+            title = self.paint(category["title"], CATEGORY_COLOURS.get(category["category"], ""))
+            self._wrapped(
+                f"{title}: {share} of the time ({', '.join(category['held_by'])}). "
+                f"{category['look_at']} Cannot tell apart: {category['cannot_tell_apart']}",
+                f"  {number}. ",
+                "     ",
+            )
+        self.subsection("Not measured:")
+        for item in time["not_measured"]:
+            self._wrapped(f"- {item['what']}: {item['why']}", "  ", "    ")
 
     def _wrapped(self, text: str, first: str, rest: str) -> None:
         self.line(textwrap.fill(text, 100, initial_indent=first, subsequent_indent=rest))
@@ -213,7 +305,8 @@ class Text:
             self.line(f"  {self.paint('rule evaluation failed', '33')}: {error}")
         self._wrapped(health["earlier_xids"], "  ", "  ")
 
-    def _settings(self, devices: list[Mapping[str, Any]]) -> None:
+    def _settings(self, devices: list[Mapping[str, Any]]) -> bool:
+        """Each GPU's settings findings (config_checks.py); whether there were any."""
         found = False
         for d in devices:
             config = d["config"]
@@ -222,9 +315,7 @@ class Text:
                 code = "33" if finding["level"] == "warning" else ""
                 label = self.paint(finding["level"], code)
                 self._wrapped(f"GPU {d['index']} {label}: {finding['text']}", "  ", "    ")
-        if not found:
-            self.line("  power limit, persistence, ECC, application clocks, MIG and compute mode")
-            self.line("  as their defaults (where NVML reports them)")
+        return found
 
     def _next_steps(self, devices: list[Mapping[str, Any]]) -> None:
         """Per class, the healthy GPUs and MIG instances in it, then the steps (once per
@@ -237,7 +328,7 @@ class Text:
             if d["next_steps_for"] != "health"
             for i in (None, *d["instances"])
         ]
-        for cls in CLASSES:
+        for cls in CLASS_ORDER:  # in the order of their categories (where the time goes)
             groups: dict[tuple[str, ...], list[tuple[str, Mapping[str, Any]]]] = {}
             for where, entry in judged:
                 if entry["class"] == cls:
@@ -253,13 +344,17 @@ class Text:
                 for step in steps:
                     self._wrapped(step, "    - ", "      ")
         if sick:
-            self.line(f"  none for {', '.join(sick)}: health first (section 5)")
+            self.line(f"  none for {', '.join(sick)}: health first (section 1)")
 
     def _problems(self, report: Mapping[str, Any]) -> None:
         found = False
         for finding in report["health"]["node_findings"]:
             found = True
             self.line(f"  node: {self.paint(finding['text'], '31')}")
+        for finding in report["comparable"]["findings"]:
+            if finding["level"] == "warning":  # drift between GPUs or over the profile
+                found = True
+                self._wrapped(f"node: {self.paint(finding['text'], '31')}", "  ", "    ")
         for d in report["devices"]:
             for instance in (None, *d["instances"]):
                 for problem in (instance or d)["problems"]:
@@ -353,6 +448,104 @@ def _state_table(devices: list[Mapping[str, Any]]) -> _Table:
         red_if = ["", "", not d["up"], False, False, False, throttled, False, False]
         codes.append(["31" if bad else "" for bad in [*red_if, unhealthy]])
     return header, rows, codes
+
+
+def _mhz(hz: float | None) -> str:
+    return "n/a" if hz is None else f"{hz / 1e6:.0f}"
+
+
+def _comparable_table(comparable: Mapping[str, Any]) -> _Table:
+    """One row per GPU: its model and driver, its SM clock while busy (range and maximum) and
+    whether it held steady, and the settings compared between GPUs; a cell that drifts from
+    the other GPUs' (or changed during the profile) is yellow."""
+    header = ["GPU", "model", "driver", "SM clock", "steady", "power limit", "persist", "ECC"]
+    header += ["app clocks", "MIG", "compute"]
+    drift = {
+        (gpu, finding["setting"])
+        for finding in comparable["findings"]
+        if finding["check"] in ("drift_between_gpus", "changed_during_profile")
+        for gpu in finding["gpus"]
+    }
+    columns = (  # the settings behind each column after "steady"
+        ("power_management_limit_watts", "enforced_power_limit_watts"),
+        ("persistence_mode",),
+        ("ecc_enabled",),
+        ("application_sm_clock_mhz", "application_memory_clock_mhz"),
+        ("mig_mode",),
+        ("compute_mode",),
+    )
+    rows: list[list[str]] = []
+    codes: list[list[str]] = []
+    for gpu in comparable["gpus"]:
+        s, clock = gpu["settings"], gpu["sm_clock"]
+        if clock["busy_samples"]:
+            low, high = _mhz(clock["min_hz"]), _mhz(clock["max_hz"])
+            span = low if low == high else f"{low}-{high}"
+            sm = f"{span}/{_mhz(clock['max_clock_hz'])} MHz"
+        else:
+            sm = "idle" if clock["idle_samples"] else "n/a"
+        steady = {True: "yes", False: "NO", None: "-"}[clock["steady"]]
+        limit, default = s["power_management_limit_watts"], s["power_default_limit_watts"]
+        power = "n/a" if limit is None else f"{limit:g}"
+        power += "" if default is None else f"/{default:g}"
+        power += "" if limit is None else " W"
+        app_sm, app_mem = s["application_sm_clock_mhz"], s["application_memory_clock_mhz"]
+        app = "n/a" if app_sm is None and app_mem is None else f"{app_sm or '?'}/{app_mem or '?'}"
+        rows.append(
+            [
+                str(gpu["index"]),
+                gpu["model"] or "n/a",
+                s["driver_version"] or "n/a",
+                sm,
+                steady,
+                power,
+                _on_off(s["persistence_mode"]),
+                _on_off(s["ecc_enabled"]),
+                app,
+                _on_off(s["mig_mode"]),
+                s["compute_mode"] or "n/a",
+            ]
+        )
+        drifted = [any((gpu["index"], k) in drift for k in keys) for keys in columns]
+        first = ["", "", "33" if (gpu["index"], "driver_version") in drift else ""]
+        first += ["", "33" if clock["steady"] is False else ""]
+        codes.append(first + ["33" if bad else "" for bad in drifted])
+    return header, rows, codes
+
+
+def _on_off(value: Any) -> str:
+    return "n/a" if value is None else ("on" if value else "off")
+
+
+def _time_table(time: Mapping[str, Any]) -> _Table:
+    """One row per GPU or MIG instance counted (its seconds, kernel share and each category's
+    share), then the node's over them; a not-counted one has dashes (said below the table)."""
+    keys = [c.key for c in CATEGORIES]
+    header = ["GPU", "seconds", "kernels", *(CATEGORY_COLUMNS[k] for k in keys)]
+    rows: list[list[str]] = []
+    codes: list[list[str]] = []
+    for gpu in time["gpus"]:
+        own = gpu["shares"] if gpu["counted"] else dict.fromkeys(keys)
+        shares = [_percent(own[k]) for k in keys]
+        rows.append(
+            [gpu["where"], f"{gpu['seconds']:.1f}", _na(gpu["kernel_time_share"], "{:.0%}"),
+             *shares]
+        )  # fmt: skip
+        codes.append(["", "", ""] + [_share_code(k, c) for k, c in zip(keys, shares, strict=True)])
+    node = {c["category"]: c["share"] for c in time["categories"]}
+    shares = [_percent(node[k]) for k in keys]
+    rows.append(["node", f"{time['total_seconds']:.1f}", "", *shares])
+    codes.append(["1", "", ""] + [_share_code(k, c) for k, c in zip(keys, shares, strict=True)])
+    return header, rows, codes
+
+
+def _percent(share: float | None) -> str:
+    """A share as a percentage; "-" for none at all (0 or nothing profiled)."""
+    return "-" if not share else f"{share:.0%}"
+
+
+def _share_code(category: str, cell: str) -> str:
+    return CATEGORY_COLOURS.get(category, "") if cell != "-" else ""
 
 
 def _profile_table(devices: list[Mapping[str, Any]], pods: bool = False) -> _Table:
