@@ -17,7 +17,7 @@ bitmask and durations, the NVLink byte rates, the tensor sub-pipes, the maximum 
 power limits) get a help text in the same style (dcgm_fields.h's description), and the type
 DCGM's unit implies.
 
-A counters file (counters_file.py) picks families by DCGM field: its name is resolved to the
+A counters file (selection.py) picks families by DCGM field: its name is resolved to the
 field's id, and the row of that id here computes the value, written under the file's name,
 type and help. Without one, the output is every row marked `default` (the static limits were
 added later and appear only when a file names them, so the default output stays as it was).
