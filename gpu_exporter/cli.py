@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="also serve that output at /metrics here (dcgm-exporter: 0.0.0.0:9400)",
     )
+    serve.add_argument(
+        "--dcgm-compat-counters-file",
+        metavar="FILE",
+        help="serve the families of this dcgm-exporter counters file (its -f/--collectors CSV) "
+        "at /metrics/dcgm, with its types and help texts",
+    )
     _add_rules_commands(commands)
     from gpu_exporter import diagnose
     from gpu_exporter.config import check as config_check
@@ -179,6 +185,7 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
         "dcgm.address": args.dcgm_address,
         "dcgm_compat.enabled": args.dcgm_compat,
         "dcgm_compat.listen_address": args.dcgm_compat_listen_address,
+        "dcgm_compat.counters_file": args.dcgm_compat_counters_file,
     }
     return {key: value for key, value in flags.items() if value is not None}
 
@@ -336,6 +343,7 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
     from gpu_exporter.pipeline.assembly import assemble
     from gpu_exporter.web import http_server
     from gpu_exporter.web.api import create_app, create_compat_app
+    from gpu_exporter.web.dcgm_compat.selection import CountersFileError
     from gpu_exporter.web.settings import split_host_port
     from gpu_exporter.web.web_config import WebConfigError
 
@@ -351,6 +359,10 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
         return EXIT_USAGE
     try:
         assembly = assemble(config, source, errors)
+    except CountersFileError as exc:  # each problem names the file and line
+        for problem in exc.problems:
+            print(f"counters file error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     except ValueError as exc:  # RuleFileError, bad Alertmanager settings
         print(f"rule error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,6 +1,6 @@
 """The native families beyond the basics: encoder/decoder utilization, tensor pipes (GPM),
-violation time per performance policy, aggregate ECC and NVLink error counts and the power
-management limit.
+violation time per performance policy, aggregate ECC and NVLink error counts, and the power
+management limit with its range and default.
 
 The production NVML source runs on the fake NVML with a manual clock; each value is checked
 against what the scenario set, after the unit conversion (percent -> ratio, ns -> s, mW -> W),
@@ -28,6 +28,11 @@ CODECS = ("gpu_encoder_utilization_ratio", "gpu_decoder_utilization_ratio")
 PIPES = ("hmma", "imma", "dfma")
 POLICIES = ("board_limit", "low_utilization", "reliability")
 NVLINK_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
+LIMIT_BOUNDS = (
+    "gpu_power_management_limit_min_watts",
+    "gpu_power_management_limit_max_watts",
+    "gpu_power_management_limit_default_watts",
+)
 NEW_FAMILIES = (
     *CODECS,
     "gpu_tensor_pipe_active_ratio",
@@ -35,6 +40,7 @@ NEW_FAMILIES = (
     "gpu_ecc_aggregate_errors_total",
     "gpu_nvlink_errors_total",
     "gpu_power_management_limit_watts",
+    *LIMIT_BOUNDS,
 )
 
 # One H200 with every new quantity set to a distinct constant.
@@ -71,7 +77,13 @@ def start(start_source: Callable[..., NvmlSource]) -> Callable[..., NvmlSource]:
 
 
 def test_every_value_is_the_scenarios_after_unit_conversion(start, clock: ManualClock) -> None:
-    source = start(scenario([{"power_limit_watts": 650, "power_management_limit_watts": 700}]))
+    limits = {
+        "power_limit_watts": 650,
+        "power_management_limit_watts": 700,
+        "power_default_limit_watts": 680,
+        "power_limit_range_watts": [200, 720],
+    }
+    source = start(scenario([limits]))
     gpu = ticks(source, clock)[0]  # t = 3
     assert gpu.value("gpu_encoder_utilization_ratio") == pytest.approx(0.37)
     assert gpu.value("gpu_decoder_utilization_ratio") == pytest.approx(0.52)
@@ -95,6 +107,10 @@ def test_every_value_is_the_scenarios_after_unit_conversion(start, clock: Manual
     # mW -> W: the management limit the administrator set, the enforced one below it.
     assert gpu.value("gpu_power_management_limit_watts") == 700
     assert gpu.value("gpu_power_limit_watts") == 650
+    # The range the management limit may be set in, and the one the board boots with.
+    assert gpu.value("gpu_power_management_limit_min_watts") == 200
+    assert gpu.value("gpu_power_management_limit_max_watts") == 720
+    assert gpu.value("gpu_power_management_limit_default_watts") == 680
     # The per-policy fields answered: no fallback call was made.
     assert source.fake.call_counts["nvmlDeviceGetViolationStatus"] == 0  # type: ignore[attr-defined]
     assert [s.collector for s in source.collector_status() if not s.success] == []
@@ -147,7 +163,8 @@ def test_not_supported_leaves_the_families_absent(start, clock: ManualClock) -> 
     )
     devices = ticks(source, clock)
     gone, bare, full = devices[0], devices[1], devices[2]
-    for family in (*CODECS, "gpu_power_management_limit_watts", "gpu_violation_seconds_total"):
+    limits = ("gpu_power_management_limit_watts", *LIMIT_BOUNDS)
+    for family in (*CODECS, *limits, "gpu_violation_seconds_total"):
         assert family not in gone.families(), family
     assert gone.value("gpu_utilization_ratio") is not None  # the collector still reports
     assert "gpu_ecc_aggregate_errors_total" in gone.families()

@@ -3,10 +3,12 @@ rollout (as `promtool check config` does for Prometheus).
 
 Each file is checked with the daemon's own loaders, in the order `serve` runs them: the
 configuration (the file alone: environment variables and flags are not read), the simulation
-scenario it names, the web-config file it names, and its rule files, loaded by the rule manager
-with the settings `serve` gives it. Every problem is printed as the loader words it
-(`file:line: field: message`); exit status 2 when any file has one, as `serve` exits on bad
-input.
+scenario it names, the web-config file it names, the dcgm-exporter counters file it names, and
+its rule files, loaded by the rule manager with the settings `serve` gives it. Every problem is
+printed as the loader words it (`file:line: field: message`); exit status 2 when any file has
+one, as `serve` exits on bad input. What `serve` starts with but warns about (a counters-file
+row /metrics/dcgm does not serve) is printed as a warning, and is a problem with `--strict`
+(or `dcgm_compat.strict`), as `rules check --strict` refuses rules the daemon would skip.
 
 `--root DIR` checks files laid out as a pod sees them (the chart's ConfigMaps and Secrets
 extracted under DIR): every absolute path in the configuration and in the web-config file is
@@ -36,10 +38,12 @@ _CONFIG_PREFIX = "config error: "  # ConfigError's lines start so; the file name
 
 DESCRIPTION = """\
 Check daemon configuration files as `serve --config FILE` would load them: the settings, the
-simulation scenario (simulate:), the web-config file (web_config_file:) and the rule files
-(rules.files, the shipped pack unless the file says otherwise). Environment variables and flags
-are not read. Prints `FILE: OK`, or each problem as `file:line: field: message`; exits 0 when
-every file passes, 2 otherwise."""
+simulation scenario (simulate:), the web-config file (web_config_file:), the dcgm-exporter
+counters file (dcgm_compat.counters_file) and the rule files (rules.files, the shipped pack
+unless the file says otherwise). Environment variables and flags are not read. Prints
+`FILE: OK`, or each problem as `file:line: field: message`; exits 0 when every file passes, 2
+otherwise. Warnings (counters-file rows /metrics/dcgm does not serve) do not fail a file
+unless --strict is given."""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -57,13 +61,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="read the absolute paths the configuration and its web-config file name under DIR "
         "(files laid out as the pod mounts them, e.g. extracted from `helm template`)",
     )
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="also fail on what the daemon would start with but warn about (rows of the "
+        "counters file /metrics/dcgm does not serve; a warning otherwise), for CI",
+    )
     check.add_argument("files", nargs="+", metavar="FILE")
 
 
 def run(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
-        problems = check_file(path, args.root)
+        problems, warnings = check_file(path, args.root, args.strict)
+        for warning in warnings:
+            print(f"warning: {warning} (--strict refuses it)", file=sys.stderr)
         if problems:
             failed = True
             for problem in problems:
@@ -73,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
-def check_file(path: str, root: Path | None = None) -> list[str]:
-    """Every problem `serve --config path` would stop at; empty when there is none."""
+def check_file(
+    path: str, root: Path | None = None, strict: bool = False
+) -> tuple[list[str], list[str]]:
+    """Every problem `serve --config path` would stop at (with `strict`, also what it would
+    warn about), and what it would warn about otherwise."""
     from gpu_exporter.config.load import ConfigError, load_config
 
     with _rerooted(path, root) as (readable, shown):
@@ -84,8 +99,10 @@ def check_file(path: str, root: Path | None = None) -> list[str]:
             return [
                 line.removeprefix(_CONFIG_PREFIX).replace(readable, shown)
                 for line in str(exc).splitlines()
-            ]
-    return _scenario_problems(config) + _web_config_problems(config, root) + _rule_problems(config)
+            ], []
+    counters, warnings = _counters_problems(config, root, strict)
+    problems = _scenario_problems(config) + _web_config_problems(config, root) + counters
+    return problems + _rule_problems(config), warnings
 
 
 def _scenario_problems(config: Config) -> list[str]:
@@ -108,6 +125,25 @@ def _web_config_problems(config: Config, root: Path | None) -> list[str]:
     with _rerooted(config.web_config_file, root) as (readable, shown):
         problem = web_config_problem(readable)
     return problem.replace(readable, shown).splitlines()
+
+
+def _counters_problems(
+    config: Config, root: Path | None, strict: bool
+) -> tuple[list[str], list[str]]:
+    """The counters file's problems (its rows not served among them with `strict` or
+    dcgm_compat.strict), and those rows otherwise; under `root`, named as the config names it."""
+    settings = config.dcgm_compat
+    if not settings.enabled or settings.counters_file is None:
+        return [], []
+    from gpu_exporter.web.dcgm_compat.selection import read_counters_file
+
+    readable = settings.counters_file
+    shown = readable.removeprefix(str(root.resolve())) if root is not None else readable
+    counters = read_counters_file(readable)
+    strict = strict or settings.strict
+    problems = [problem.replace(readable, shown) for problem in counters.problems(strict)]
+    warnings = [] if strict else [row.replace(readable, shown) for row in counters.unserved]
+    return problems, warnings
 
 
 def _rule_problems(config: Config) -> list[str]:

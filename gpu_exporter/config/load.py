@@ -49,6 +49,7 @@ FLAG_NAMES = {
     "dcgm.address": "dcgm-address",
     "dcgm_compat.enabled": "dcgm-compat",
     "dcgm_compat.listen_address": "dcgm-compat-listen-address",
+    "dcgm_compat.counters_file": "dcgm-compat-counters-file",
 }
 
 

@@ -252,6 +252,24 @@ FAMILIES: tuple[Family, ...] = (
         unit="watts",
     ),
     Family(
+        "gpu_power_management_limit_min_watts",
+        G,
+        "Lowest power management limit the board accepts.",
+        unit="watts",
+    ),
+    Family(
+        "gpu_power_management_limit_max_watts",
+        G,
+        "Highest power management limit the board accepts.",
+        unit="watts",
+    ),
+    Family(
+        "gpu_power_management_limit_default_watts",
+        G,
+        "The power management limit the board boots with (its default).",
+        unit="watts",
+    ),
+    Family(
         "gpu_energy_joules_total",
         C,
         "Energy consumed since the driver was loaded.",

@@ -102,8 +102,10 @@ def assemble(
 ) -> Assembly:
     """The daemon's pipeline for `config` (a `gpu_exporter.config.load.Config`); nothing started.
 
-    Raises ValueError (RuleFileError, bad Alertmanager settings) for broken rule input.
+    Raises ValueError for broken input: RuleFileError, bad Alertmanager settings, and (first,
+    before anything is built) CountersFileError for dcgm_compat.counters_file.
     """
+    compat = _dcgm_compat(config)
     sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
     sampler.add_processor("activity_time", ActivityTime().process)
     sampler.add_processor("classifier", classifier(config).process)
@@ -142,13 +144,22 @@ def assemble(
             processes.runtime.socket,
         )
     rules, notifier = _alerting(config, sampler)
-    compat = None
-    if config.dcgm_compat.enabled:
-        from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
-
-        compat = DcgmCompat(compat_hostname(config.dcgm_compat))
+    if compat is not None:
         sampler.add_listener(compat)
     return Assembly(sampler, attribution, rules, notifier, compat, processes, dra)
+
+
+def _dcgm_compat(config: Any) -> DcgmCompat | None:
+    """/metrics/dcgm's renderer, when dcgm_compat.enabled: the default families, or those of
+    its counters file (each row it does not serve logged once)."""
+    if not config.dcgm_compat.enabled:
+        return None
+    from gpu_exporter.web.dcgm_compat.endpoint import DcgmCompat
+    from gpu_exporter.web.dcgm_compat.selection import load_selection
+
+    settings = config.dcgm_compat
+    selection = load_selection(settings.counters_file, settings.strict)
+    return DcgmCompat(compat_hostname(settings), selection)
 
 
 def classifier(config: Any) -> Classifier:

@@ -72,6 +72,13 @@ class DcgmCompatConfig(SettingsModel):
     # HOST:PORT of a second listener serving the compat output at /metrics, for scrape
     # configs and tools that assume dcgm-exporter's port (9400) and path.
     listen_address: str | None = None
+    # dcgm-exporter's counters file (its -f/--collectors CSV): serve the families it names,
+    # with its types and help texts, instead of the default ones. Read at start; a field no
+    # DCGM knows is an error naming the line (gpu_exporter/web/dcgm_compat/selection.py).
+    counters_file: str | None = None
+    # A row of the counters file /metrics/dcgm does not serve: a warning logged once (false,
+    # as dcgm-exporter skips what it cannot collect), or an error that stops the start.
+    strict: bool = False
 
     @field_validator("listen_address")
     @classmethod
@@ -82,9 +89,13 @@ class DcgmCompatConfig(SettingsModel):
 
     @model_validator(mode="after")
     def _enabled_for_port(self) -> DcgmCompatConfig:
-        if self.listen_address is not None and not self.enabled:
-            raise ValueError(
-                "listen_address serves the compat output, which is off: set enabled: true "
-                "(flag --dcgm-compat) too"
-            )
+        uses = {
+            "listen_address": "serves the compat output",
+            "counters_file": "picks the compat output's families",
+        }
+        for setting, what in uses.items():
+            if getattr(self, setting) is not None and not self.enabled:
+                raise ValueError(
+                    f"{setting} {what}, which is off: set enabled: true (flag --dcgm-compat) too"
+                )
         return self

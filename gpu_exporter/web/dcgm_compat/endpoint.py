@@ -15,6 +15,7 @@ from collections import deque
 
 from gpu_exporter.model.series import SeriesSet
 from gpu_exporter.web.dcgm_compat.render import Counters, render
+from gpu_exporter.web.dcgm_compat.selection import DEFAULT, Selection
 from gpu_exporter.web.exposition import GZIP_LEVEL
 
 
@@ -23,8 +24,9 @@ class DcgmCompat:
 
     name = "dcgm_compat"
 
-    def __init__(self, hostname: tuple[str, str] | None) -> None:
+    def __init__(self, hostname: tuple[str, str] | None, selection: Selection = DEFAULT) -> None:
         self.hostname = hostname  # the node's label (name, value); None: none (render)
+        self.selection = selection  # the families and label rows written
         self._lock = threading.Lock()
         # The last ticks' counters, newest last: the published tick's and the one before it
         # are among them (the sampler hands over a tick's list before it publishes the tick).
@@ -43,7 +45,8 @@ class DcgmCompat:
             cached = self._cached
             if cached is None or cached[0] != published.timestamp:
                 previous = self._previous(published.timestamp)
-                cached = (published.timestamp, {False: render(published, previous, self.hostname)})
+                body = render(published, previous, self.hostname, self.selection)
+                cached = (published.timestamp, {False: body})
                 self._cached = cached
             bodies = cached[1]
             if gzipped and True not in bodies:

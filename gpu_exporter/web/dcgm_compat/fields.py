@@ -9,11 +9,19 @@ mapping table (`python -m gpu_exporter.web.dcgm_compat.fields`) and the tests re
 so a DCGM name is mapped in exactly one place.
 
 Sources of the facts: names and units from DCGM's `dcgm_fields.h` (NVIDIA/DCGM, mirrored in
-NVIDIA/go-dcgm `pkg/dcgm/const_fields.go`); types and help texts from
-dcgm-exporter's counter files (`etc/default-counters.csv`, `etc/dcp-metrics-included.csv`,
-their commented-out rows included). Families no dcgm-exporter counter file names (the memory
-total, the clock-event bitmask and durations, the NVLink byte rates, the tensor sub-pipes and
-the power limits) get a help text in the same style, and the type DCGM's unit implies.
+NVIDIA/go-dcgm `pkg/dcgm/const_fields.go`); integer or double from DCGM's
+`dcgmlib/src/dcgm_fields.cpp`; types and help texts from dcgm-exporter's counter files
+(`etc/default-counters.csv`, `etc/dcp-metrics-included.csv`, their commented-out rows
+included). Families no dcgm-exporter counter file names (the memory total, the clock-event
+bitmask and durations, the NVLink byte rates, the tensor sub-pipes, the maximum clocks and the
+power limits) get a help text in the same style (dcgm_fields.h's description), and the type
+DCGM's unit implies.
+
+A counters file (selection.py) picks families by DCGM field: its name is resolved to the
+field's id, and the row of that id here computes the value, written under the file's name,
+type and help. Without one, the output is every row marked `default` (the static limits were
+added later and appear only when a file names them, so the default output stays as it was).
+LABEL_FIELDS are the string fields a file may turn into labels (its `label` rows).
 """
 
 from __future__ import annotations
@@ -112,6 +120,8 @@ class CompatField:
     # DCGM divides integers (bytes to MiB, byte counts over time): the value rounds down.
     # Elsewhere the native value is DCGM's integer times a factor, and rounding recovers it.
     floor: bool = False
+    # In the output without a counters file; False: only when a counters file names it.
+    default: bool = True
 
     def value(self, entity: Entity) -> float | None:
         if self.derive is not None:
@@ -254,6 +264,10 @@ FIELDS: tuple[CompatField, ...] = (
        "Current clock throttle reasons (bitmask; the field's name before DCGM 3.2).", INT,
        "gpu_clock_event_active", of=P, derive=_clock_event_bits,
        source="as DCGM_FI_DEV_CLOCKS_EVENT_REASONS (its older name)"),
+    _f("DCGM_FI_DEV_MAX_SM_CLOCK", "gauge", "Maximum supported SM clock (in MHz).", INT,
+       "gpu_clock_max_hertz", {"clock": "sm"}, scale=MHZ, of=P, default=False),
+    _f("DCGM_FI_DEV_MAX_MEM_CLOCK", "gauge", "Maximum supported memory clock (in MHz).", INT,
+       "gpu_clock_max_hertz", {"clock": "memory"}, scale=MHZ, of=P, default=False),
     _f("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", INT,
        "gpu_temperature_celsius", {"sensor": "memory"}, of=P),
     _f("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", INT,
@@ -265,6 +279,12 @@ FIELDS: tuple[CompatField, ...] = (
        "gpu_energy_joules_total", scale=1000.0, of=ONCE),
     _f("DCGM_FI_DEV_POWER_MGMT_LIMIT", "gauge", "Power management limit (in W).", DOUBLE,
        "gpu_power_management_limit_watts", of=ONCE),
+    _f("DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN", "gauge", "Minimum power management limit (in W).",
+       DOUBLE, "gpu_power_management_limit_min_watts", of=ONCE, default=False),
+    _f("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX", "gauge", "Maximum power management limit (in W).",
+       DOUBLE, "gpu_power_management_limit_max_watts", of=ONCE, default=False),
+    _f("DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF", "gauge", "Default power management limit (in W).",
+       DOUBLE, "gpu_power_management_limit_default_watts", of=ONCE, default=False),
     _f("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "gauge", "Enforced power limit (in W).", DOUBLE,
        "gpu_power_limit_watts", of=ONCE),
     _f("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", INT,
@@ -409,6 +429,11 @@ FIELDS: tuple[CompatField, ...] = (
 )  # fmt: skip
 
 BY_NAME: Mapping[str, CompatField] = {field.name: field for field in FIELDS}
+# By DCGM field id, what a counters file's name resolves to (the clock-event bitmask's two
+# names compute the same value; the first row of an id is the one named in messages).
+BY_ID: Mapping[int, CompatField] = {field.field_id: field for field in reversed(FIELDS)}
+# The output without a counters file.
+DEFAULT_FIELDS = tuple(field for field in FIELDS if field.default)
 # The native counters whose per-second rates compat families carry (DCGM's own rates).
 RATE_FAMILIES = tuple(dict.fromkeys(field.native for field in FIELDS if field.rate))
 # Every native family a compat value is computed from (a derived field names its own).
@@ -433,6 +458,29 @@ NOT_CARRIED: Mapping[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class LabelField:
+    """A DCGM string field a counters file's `label` row turns into a label on every series
+    (dcgm-exporter's "Labels"), copied from the GPU's `gpu_info` label `info`."""
+
+    name: str
+    field_id: int
+    info: str
+    default: bool = True  # a label without a counters file too
+
+
+def _label(name: str, info: str, default: bool = True) -> LabelField:
+    return LabelField(name, FIELD_IDS[name], info, default)
+
+
+LABEL_FIELDS: tuple[LabelField, ...] = (
+    _label("DCGM_FI_DRIVER_VERSION", "driver_version"),
+    _label("DCGM_FI_DEV_NAME", "model", default=False),
+)
+LABELS_BY_ID: Mapping[int, LabelField] = {label.field_id: label for label in LABEL_FIELDS}
+DEFAULT_LABELS = tuple(label for label in LABEL_FIELDS if label.default)
+
+
 _ON_MIG = {
     Of.ENTITY: "each GPU instance's own",
     Of.PARENT: "the GPU's, on each GPU instance",
@@ -443,18 +491,43 @@ _ON_MIG = {
 def markdown_table() -> str:
     """The migration guide's mapping (docs/migrating-from-dcgm-exporter.md, drift-tested)."""
     rows = [
-        "| dcgm-exporter family | DCGM id | type | printed | on a MIG GPU | computed from |",
-        "|---|---|---|---|---|---|",
+        "| dcgm-exporter family | DCGM id | type | printed | without a file | on a MIG GPU "
+        "| computed from | other names a file may use |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for field in FIELDS:
         printed = "`%d`" if field.integer else "`%f`"
         rows.append(
             f"| `{field.name}` | {field.field_id} | {field.type} | {printed} "
-            f"| {_ON_MIG[field.of]} | {field.mapping()} |"
+            f"| {'yes' if field.default else 'no'} | {_ON_MIG[field.of]} | {field.mapping()} "
+            f"| {_other_names(field.name, field.field_id)} |"
         )
+    rows += [
+        "",
+        "| label row | DCGM id | without a file | value |",
+        "|---|---|---|---|",
+    ]
+    rows += [
+        f"| `{label.name}` | {label.field_id} | {'yes' if label.default else 'no'} "
+        f"| `gpu_info{{{label.info}}}` |"
+        for label in LABEL_FIELDS
+    ]
     rows += ["", "| not carried | why |", "|---|---|"]
     rows += [f"| `{name}` | {why} |" for name, why in NOT_CARRIED.items()]
     return "\n".join(rows)
+
+
+def _other_names(name: str, field_id: int) -> str:
+    """The names dcgm-exporter 4.8 also accepts for the field (older aliases, 1.x names)
+    that are not rows of their own here."""
+    from gpu_exporter.model.dcgm_field_names import DCGM_EXPORTER_4_8
+
+    others = [
+        f"`{other}`"
+        for other, number in DCGM_EXPORTER_4_8.items()
+        if number == field_id and other != name and other not in BY_NAME
+    ]
+    return ", ".join(sorted(others)) or "—"
 
 
 if __name__ == "__main__":  # pragma: no cover - regenerates the migration guide's table

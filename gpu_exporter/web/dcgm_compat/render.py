@@ -5,11 +5,12 @@ label names and print `40000.0`, and each of those breaks a query or a fixed-ord
 written against dcgm-exporter. What is kept from its renderer (NVIDIA/dcgm-exporter,
 internal/pkg/rendermetrics/render_metrics.go, and collector/gpu_collector.go):
 
-- families in DCGM field-id order, each with its `# HELP` and `# TYPE` line;
+- the families of the selection (selection.py: the default, or a counters file's) in its
+  order, each with its `# HELP` and `# TYPE` line;
 - labels in its order: `gpu`, `UUID`, `pci_bus_id` (`00000000:XX:YY.Z`, upper case),
   `device` (`nvidia<gpu>`), `modelName`, on a GPU instance `GPU_I_PROFILE` and `GPU_I_ID`,
-  `hostname` (or `Hostname`), `DCGM_FI_DRIVER_VERSION`, then in name order `container`,
-  `err_code`, `err_msg`, `namespace`, `pod`;
+  `hostname` (or `Hostname`), the selection's label rows (`DCGM_FI_DRIVER_VERSION` by
+  default), then in name order `container`, `err_code`, `err_msg`, `namespace`, `pod`;
 - one series per pod holding the device (several under time-slicing), none attributed when
   no pod holds it;
 - on a device several pods share, with per-pod use (per-process attribution), what
@@ -33,7 +34,8 @@ from dataclasses import dataclass
 
 from gpu_exporter.model.series import DeviceView, InstanceView, Series, SeriesSet
 from gpu_exporter.model.snapshot import Labels, Reading
-from gpu_exporter.web.dcgm_compat.fields import FIELDS, RATE_FAMILIES, CompatField, Entity, index
+from gpu_exporter.web.dcgm_compat.fields import RATE_FAMILIES, CompatField, Entity, index
+from gpu_exporter.web.dcgm_compat.selection import DEFAULT, Family, Label, Selection
 from gpu_exporter.web.dcgm_compat.xid_messages import message
 
 _XID_FIELD = "DCGM_FI_DEV_XID_ERRORS"
@@ -80,24 +82,35 @@ class _Target:
 
 
 def render(
-    current: SeriesSet, previous: Counters | None, hostname: tuple[str, str] | None
+    current: SeriesSet,
+    previous: Counters | None,
+    hostname: tuple[str, str] | None,
+    selection: Selection = DEFAULT,
 ) -> bytes:
     """The compat exposition of `current`; rates from `previous`, the tick before it.
     `hostname`: the node's label as (name, value), "hostname" (dcgm-exporter 4.8.3 and later)
-    or "Hostname" (before) and the node's name; None leaves it out (dcgm-exporter's `-n`)."""
+    or "Hostname" (before) and the node's name; None leaves it out (dcgm-exporter's `-n`).
+    `selection`: the families and label rows to write."""
     rates = _rates(current, previous)
-    targets = [target for view in current.devices() for target in _targets(view, rates, hostname)]
+    targets = [
+        target
+        for view in current.devices()
+        for target in _targets(view, rates, hostname, selection.labels)
+    ]
     parts: list[str] = []
-    for field in FIELDS:
-        lines = _field_lines(field, targets)
+    for family in selection.families:
+        lines = _field_lines(family, targets)
         if lines:
-            parts.append(f"# HELP {field.name} {field.help}\n# TYPE {field.name} {field.type}\n")
+            name = family.name
+            parts.append(
+                f"# HELP {name} {_escape_help(family.help)}\n# TYPE {name} {family.type}\n"
+            )
             parts.extend(lines)
     return "".join(parts).encode()
 
 
-def _field_lines(field: CompatField, targets: Sequence[_Target]) -> list[str]:
-    lines = []
+def _field_lines(family: Family, targets: Sequence[_Target]) -> list[str]:
+    field, name, lines = family.field, family.name, []
     for target in targets:
         if not target.entity.shows(field.of):
             continue
@@ -109,11 +122,11 @@ def _field_lines(field: CompatField, targets: Sequence[_Target]) -> list[str]:
         if per_pod is not None:
             # The device's own series, then each sharing pod's: the sum over its processes,
             # 0 for a pod with none (as dcgm-exporter's buildIdlePodValues).
-            lines.append(f"{field.name}{{{target.prefix}}} {text}\n")
+            lines.append(f"{name}{{{target.prefix}}} {text}\n")
             for namespace, pod, container in target.pods:
                 own = per_pod.get((namespace, pod), 0.0) * field.scale
                 labels = _attributes({"container": container, "namespace": namespace, "pod": pod})
-                lines.append(f"{field.name}{{{target.prefix}{labels}}} {_number(own, field)}\n")
+                lines.append(f"{name}{{{target.prefix}{labels}}} {_number(own, field)}\n")
             continue
         extra: dict[str, str] = {}
         if field.name == _XID_FIELD:
@@ -125,7 +138,7 @@ def _field_lines(field: CompatField, targets: Sequence[_Target]) -> list[str]:
                 "namespace": namespace,
                 "pod": pod,
             }
-            lines.append(f"{field.name}{{{target.prefix}{_attributes(attributes)}}} {text}\n")
+            lines.append(f"{name}{{{target.prefix}{_attributes(attributes)}}} {text}\n")
     return lines
 
 
@@ -146,6 +159,7 @@ def _targets(
     view: DeviceView,
     rates: Mapping[int, Mapping[tuple[str, Labels], float]],
     hostname: tuple[str, str] | None,
+    rows: Sequence[Label],
 ) -> Iterable[_Target]:
     """A GPU's compat entities: itself, or with MIG instances, one per GPU instance plus its
     own additive quantities (see fields.Of)."""
@@ -153,9 +167,10 @@ def _targets(
     if not view.instances:
         entity = Entity(parent, parent, own_rates)
         pods = _pods(view.readings)
-        yield _Target(entity, _prefix(view, hostname), pods, _pod_use(view.readings))
+        yield _Target(entity, _prefix(view, hostname, rows), pods, _pod_use(view.readings))
         return
-    yield _Target(Entity({}, parent, own_rates, parent_only=True), _prefix(view, hostname), ())
+    parent_prefix = _prefix(view, hostname, rows)
+    yield _Target(Entity({}, parent, own_rates, parent_only=True), parent_prefix, ())
     by_gi: dict[int, list[InstanceView]] = {}
     for instance in view.instances:
         if instance.gpu_instance_id is not None:
@@ -169,12 +184,15 @@ def _targets(
         profile = _COMPUTE_PREFIX.sub("", instances[0].identity.get("mig_profile", ""))
         readings = [reading for instance in instances for reading in instance.readings]
         entity = Entity(own, parent, own_rates, instance=True)
-        prefix = _prefix(view, hostname, (profile, str(gi)))
+        prefix = _prefix(view, hostname, rows, (profile, str(gi)))
         yield _Target(entity, prefix, _pods(readings), _pod_use(readings))
 
 
 def _prefix(
-    view: DeviceView, hostname: tuple[str, str] | None, mig: tuple[str, str] | None = None
+    view: DeviceView,
+    hostname: tuple[str, str] | None,
+    rows: Sequence[Label],
+    mig: tuple[str, str] | None = None,
 ) -> str:
     labels = [
         ("gpu", str(view.index)),
@@ -187,10 +205,10 @@ def _prefix(
         labels += [("GPU_I_PROFILE", mig[0]), ("GPU_I_ID", mig[1])]
     if hostname is not None:
         labels.append(hostname)
-    labels.append(("DCGM_FI_DRIVER_VERSION", view.info.get("driver_version", "")))
-    # dcgm-exporter writes its fixed labels even when blank; a blank driver version (a label
-    # row DCGM left blank) it drops. Here every blank is dropped: Prometheus reads an empty
-    # label as absent anyway.
+    labels += [(row.name, view.info.get(row.field.info, "")) for row in rows]
+    # dcgm-exporter writes its fixed labels even when blank; a blank label row (a driver
+    # version DCGM left blank) it drops. Here every blank is dropped: Prometheus reads an
+    # empty label as absent anyway.
     return ",".join(f'{name}="{_escape(value)}"' for name, value in labels if value)
 
 
@@ -258,6 +276,11 @@ def _counter_key(labels: Labels) -> tuple[str, str, str, str]:
         values.get("mig_uuid", ""),
         values.get("direction", ""),
     )
+
+
+def _escape_help(text: str) -> str:
+    """A help text as the text format writes it (a counters file's may hold line breaks)."""
+    return text.replace("\\", r"\\").replace("\n", r"\n")
 
 
 def _escape(value: str) -> str:

@@ -2,8 +2,11 @@
 
 The management limit is the one an administrator set (or the default); the enforced limit is
 the lowest of it and the other limiters (nvml.h, nvmlDeviceGetEnforcedPowerLimit). The
-management limit is a setting: read at the slow refresh (`nvml.slow_refresh_seconds`), as
-max clocks are; the enforced one, which other limiters move, every tick.
+management limit, the range it may be set in (nvmlDeviceGetPowerManagementLimitConstraints)
+and its default (nvmlDeviceGetPowerManagementDefaultLimit) are settings and board facts: read
+at the slow refresh (`nvml.slow_refresh_seconds`), as max clocks are; the enforced one, which
+other limiters move, every tick. nvml.h: all three for Kepler or newer fully supported devices;
+a board that does not answer one has no series for it.
 """
 
 from __future__ import annotations
@@ -22,24 +25,38 @@ class Power(Collector):
         "gpu_power_watts",
         "gpu_power_limit_watts",
         "gpu_power_management_limit_watts",
+        "gpu_power_management_limit_min_watts",
+        "gpu_power_management_limit_max_watts",
+        "gpu_power_management_limit_default_watts",
         "gpu_energy_joules_total",
     )
     calls = (
         "nvmlDeviceGetPowerUsage",
         "nvmlDeviceGetEnforcedPowerLimit",
         "nvmlDeviceGetPowerManagementLimit",
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        "nvmlDeviceGetPowerManagementDefaultLimit",
         "nvmlDeviceGetTotalEnergyConsumption",  # without the energy field
     )
     fields = (ENERGY,)
     refreshes = True
 
     def refresh(self, nvml: Device) -> list[Reading]:
-        managed = nvml.call(
-            "power_management_limit", N.nvmlDeviceGetPowerManagementLimit, nvml.handle
+        h, out = nvml.handle, []
+        managed = nvml.call("power_management_limit", N.nvmlDeviceGetPowerManagementLimit, h)
+        if managed is not None:
+            out.append(Reading("gpu_power_management_limit_watts", managed / 1000.0))
+        bounds = nvml.call(
+            "power_limit_constraints", N.nvmlDeviceGetPowerManagementLimitConstraints, h
         )
-        if managed is None:
-            return []
-        return [Reading("gpu_power_management_limit_watts", managed / 1000.0)]
+        if bounds is not None:
+            low, high = bounds
+            out.append(Reading("gpu_power_management_limit_min_watts", low / 1000.0))
+            out.append(Reading("gpu_power_management_limit_max_watts", high / 1000.0))
+        default = nvml.call("power_default_limit", N.nvmlDeviceGetPowerManagementDefaultLimit, h)
+        if default is not None:
+            out.append(Reading("gpu_power_management_limit_default_watts", default / 1000.0))
+        return out
 
     def read(self, nvml: Device) -> list[Reading]:
         h, out = nvml.handle, []
