@@ -40,6 +40,10 @@ ARG DCGM_DEBS_FROM=scratch
 FROM ${DCGM_DEBS_FROM} AS dcgm-debs
 
 FROM ${BASE} AS builder
+# BuildKit's SBOM (the release workflow's `sbom: true`) scans this stage too: the final image
+# has no dpkg database, so its Debian packages (python3.11, libssl3, ...) are only found here.
+# The SBOM thus also lists build-only packages. Other builders ignore the argument.
+ARG BUILDKIT_SBOM_SCAN_STAGE=true
 SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \

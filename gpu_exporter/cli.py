@@ -1,5 +1,5 @@
-"""Command line: `gpu-exporter serve`, `gpu-exporter --version`; `rules`, `config check` and
-`diagnose` are registered here and live in their own modules.
+"""Command line: `gpu-exporter serve`, `gpu-exporter --version`; `rules`, `config check`,
+`diagnose` and `probe` are registered here and live in their own modules.
 
 Exit status: 0 after a clean stop, 1 when there is nothing to monitor (no driver), 2 for bad
 input (flags, config file, scenario file, rule files, web-config file, more GPUs than
@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_check.add_parser(commands)
 
     diagnose.add_parser(commands)
+    from gpu_exporter.web import probe
+
+    probe.add_parser(commands)
     return parser
 
 
@@ -414,6 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_exporter import diagnose
 
         return diagnose.run(args)
+    if args.command == "probe":
+        from gpu_exporter.web import probe
+
+        return probe.run(args)
     parser.print_help(sys.stderr)
     return EXIT_USAGE
 

@@ -7,7 +7,8 @@
 #   2. buildah bud --build-arg BASE=<that image> -t "$IMAGE" . (the builder stage installs the
 #      wheel's dependencies from PyPI);
 #   3. buildah run: `gpu-exporter --version`, `gpu-exporter rules export`, /runbook, and
-#      `gpu-exporter serve --simulate mixed` answering /readyz and /metrics as UID 65532, then
+#      `gpu-exporter serve --simulate mixed` answering /readyz and /metrics as UID 65532 (and
+#      `gpu-exporter probe .../readyz`, the chart's `helm test`, exiting 0), then
 #      stopping cleanly on SIGTERM. The image has no shell and no curl, so the probe is a Python
 #      snippet run by the image's own interpreter inside the same `buildah run`.
 # Takes about 1-2 minutes from a cold cache (see the timings it prints); `.ci/run` runs it after
@@ -154,6 +155,11 @@ try:
     with urllib.request.urlopen(base + "/runbook", timeout=5) as answer:
         assert answer.status == 200 and "id=\"gpulost\"" in answer.read().decode()
     assert "\ngpu_up{" in body and "gpu_exporter_build_info{" in body, body[:500]
+    # What the `helm test` pod of the chart runs in this image (no shell, wget or curl here).
+    probe = subprocess.run(
+        ["gpu-exporter", "probe", base + "/readyz"], capture_output=True, text=True, timeout=30
+    )
+    assert probe.returncode == 0, f"gpu-exporter probe: {probe.returncode} {probe.stderr}"
 finally:
     proc.terminate()
     status = proc.wait(30)

@@ -41,12 +41,17 @@ ConfigMaps, a headless Service, and optionally a ServiceMonitor, a PrometheusRul
 dashboard ConfigMaps. Chart {version}, gpu-exporter {app_version}, Kubernetes {kube_version}.
 
 ```sh
-helm install gpu-exporter helm/gpu-exporter -n gpu-exporter --create-namespace \\
-  --set image.repository=REGISTRY/gpu-exporter \\
+helm install gpu-exporter oci://ghcr.io/gpu-exporter/charts/gpu-exporter --version {version} \\
+  -n gpu-exporter --create-namespace \\
   --set serviceMonitor.enabled=true --set prometheusRule.enabled=true
 kubectl label namespace gpu-exporter pod-security.kubernetes.io/enforce=privileged  # attribution
 helm test gpu-exporter -n gpu-exporter
 ```
+
+The chart (`helm/gpu-exporter` in a checkout works the same) runs the image
+`ghcr.io/gpu-exporter/gpu-exporter:{app_version}` (linux/amd64 and linux/arm64), signed with
+cosign. To run exactly the image a release signed, add `--set image.digest=sha256:...` with the
+digest printed in that release's notes (docs/kubernetes.md, "Pin the image by digest").
 
 Node setup, verification, scraping without the Prometheus Operator, the security posture and
 migration from dcgm-exporter: [docs/kubernetes.md](../../docs/kubernetes.md).

