@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from gpu_exporter.alerting.settings import AlertingConfig
@@ -15,6 +16,11 @@ from tests.test_values_schema import CHART, HELM, rendered, rendered_config
 
 AM = "alerting.alertmanagers"
 SECRETS = "/etc/gpu-exporter/secrets"
+# The image the chart runs by default: values.yaml's repository at the chart's appVersion.
+DEFAULT_IMAGE = "{}:{}".format(
+    yaml.safe_load((CHART / "values.yaml").read_text())["image"]["repository"],
+    yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"],
+)
 
 
 def refused(*args: str) -> str:
@@ -50,7 +56,7 @@ def refused(*args: str) -> str:
 def test_dcgm_modes_that_need_the_library_fail_with_the_default_image(args, key, mode, instead):
     error = refused(*args)
     assert f"{key}={mode} needs DCGM's libdcgm.so.4 in the image" in error
-    assert "image.dcgm=false says gpu-exporter:0.1.0 has none" in error
+    assert f"image.dcgm=false says {DEFAULT_IMAGE} has none" in error
     assert "Dockerfile's DCGM_DEB argument" in error
     assert "point image.repository/image.tag at it and set image.dcgm=true" in error
     assert f"or set {instead}" in error
