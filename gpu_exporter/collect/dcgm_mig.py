@@ -16,8 +16,9 @@ reach the NVML instance of the same id. The source reads the hierarchy when it s
 watch and again before every read, and sets the watch up anew when the pairing changed.
 
 Watched are the GPU instances with exactly one compute instance: one without a compute
-instance has no MIG device (no series) and no data (DCGM 4.6.0 DcgmGpmManager.cpp: "No data
-available"); one split into several compute instances has activity of its own, but no series
+instance has no MIG device (no series), and no data either where DCGM says (its GPM path,
+DCGM 4.6.0 DcgmGpmManager.cpp: "No data available"); one split into several compute
+instances has activity of its own, but no series
 of its own: its compute instances' series are the MIG devices, and the instance's activity
 would be repeated on each, so it stays absent there, as with NVML GPM (collect/nvml/
 collectors/mig.py).
