@@ -1,6 +1,7 @@
 """The DCGM source: what reading activity from DCGM costs a tick on a node without GPM.
 
-The same simulated A100 node (`pre-hopper-dcgm`: 4 GPUs, a DCGM host engine) runs with
+The same simulated A100 node (`pre-hopper-dcgm`: 4 whole GPUs and one in MIG mode with 4 GPU
+instances, a DCGM host engine) runs with
 `dcgm.mode` auto and off, in this process on the manual clock (`bench.inproc`) with the shipped
 rules, in alternating rounds so that drift on the machine hits both alike. The process CPU
 includes the DCGM worker thread and the fake libdcgm itself, which is Python here (a real
@@ -16,6 +17,7 @@ from typing import Any
 from bench.inproc import build
 from bench.scaling import measure_ticks
 from bench.stats import ratio
+from gpu_exporter.model.snapshot import DeviceSample
 
 SCENARIO = "pre-hopper-dcgm"
 
@@ -40,10 +42,19 @@ def _tick_cpu(mode: str, ticks: int) -> tuple[float, bool]:
         cpu: float = measure_ticks(pipeline, ticks)["cpu_seconds_per_tick"]
         snapshot = pipeline.sampler.latest
         assert snapshot is not None
-        measured = all(d.value("gpu_sm_active_ratio") is not None for d in snapshot.devices)
+        measured = all(_has_activity(d) for d in snapshot.devices)
         return cpu, measured
     finally:
         pipeline.close()
+
+
+def _has_activity(device: DeviceSample) -> bool:
+    """A whole GPU's SM activity, or on a MIG GPU every instance's."""
+    if device.mig_enabled:
+        return bool(device.instances) and all(
+            i.value("gpu_sm_active_ratio") is not None for i in device.instances
+        )
+    return device.value("gpu_sm_active_ratio") is not None
 
 
 def run(settings: DcgmSettings, workdir: Path) -> dict[str, Any]:

@@ -907,8 +907,9 @@ def dashboard(
 ACTIVITY_NOTE = (
     "SM, Tensor and DRAM activity come from NVML GPM (Hopper and newer) or, before Hopper, "
     "from DCGM's profiling fields where the exporter has a DCGM host engine (dcgm.mode; "
-    "gpu_activity_source_info says which). Without either they are absent, which means "
-    "unknown, not idle, and their lines and cells stay empty."
+    "gpu_activity_source_info says which), on a MIG instance from its GPU instance's either "
+    "way. Without either they are absent, which means unknown, not idle, and their lines and "
+    "cells stay empty."
 )
 CLASS_NOTE = (
     "Classes come from the exporter's classifier (ordered checks over a few seconds: idle, "
@@ -918,7 +919,8 @@ CLASS_NOTE = (
 MIG_WEIGHT_NOTE = "Each MIG instance weighs its share of a full GPU (1/7 for a 1g instance)."
 MIG_NOTE = (
     "For a MIG instance, utilization is its graphics-engine activity (NVML has none under MIG); "
-    f"A100 and A30 instances report memory only. {MIG_WEIGHT_NOTE}"
+    "A100 and A30 instances have activity only from DCGM, else memory only. "
+    f"{MIG_WEIGHT_NOTE}"
 )
 BUSY_BUT_IDLE_NOTE = (
     "Busy but idle = the launch-bound and link-bound classes: kernels run while most SMs have "

@@ -796,3 +796,31 @@ def test_the_xid_panel_shows_the_first_xid_of_a_code(tmp_path: Path) -> None:
                 )
 
             assert wait_until(gpu_2_shows_it, 60, "the XID panel to show GPU 2's XID 48")
+
+
+def test_the_activity_panels_show_a100_mig_instances_from_dcgm(tmp_path: Path) -> None:
+    """`pre-hopper-dcgm`: GPU 4, an A100 in MIG mode, has its instances' activity from DCGM per
+    GPU instance. The per-GPU activity panel (for GPU 4) and the efficiency table show a line
+    and a row per instance, labelled with its profile and GPU-instance id as their legend and
+    columns read them, as they do for NVML's GPM on Hopper."""
+    name = "gpu-efficiency.json"
+    instances = {("3g.40gb", "1"), ("2g.20gb", "5"), ("1g.10gb", "13"), ("1g.10gb", "14")}
+    values = dict.fromkeys(variable_names(load(name)), ".*") | {"gpu": "4"}
+    panels = {
+        "GPU $gpu: utilization vs SM, Tensor and DRAM activity": "ABCD",
+        "Efficiency per GPU (averages over the range)": "ABCDF",
+    }
+    with serve(tmp_path, "--simulate", "pre-hopper-dcgm", "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+        target = {"a100-node": f"127.0.0.1:{daemon.port}"}
+        with prometheus(tmp_path / "prometheus", target, rule_file(tmp_path / "r.yaml")) as url:
+            stack = Stack(url, {})
+            stack.wait_for('gpu_bottleneck{gpu="4", gpu_instance="14", class="idle"} == 1')
+            for title, refs in panels.items():
+                for ref in refs:
+                    expr = substitute(panel_expr(name, title, ref), values)
+                    shown = {
+                        (s["metric"].get("mig_profile"), s["metric"].get("gpu_instance"))
+                        for s in stack.query(expr)
+                    }
+                    assert shown == instances, (title, ref, expr)

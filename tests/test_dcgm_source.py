@@ -60,9 +60,9 @@ def scenario(dcgm_section: dict[str, Any] | None = None, faults: list | None = N
     return spec
 
 
-@pytest.fixture
-def node() -> Iterator[Callable[..., tuple[NvmlSource, ManualClock]]]:
-    """node(spec, mode="auto", **settings) -> a started NVML source with its DCGM supplement
+def node_factory() -> Iterator[Callable[..., tuple[NvmlSource, ManualClock]]]:
+    """The `node` fixture (other modules make it theirs with pytest.fixture):
+    node(spec, mode="auto", **settings) -> a started NVML source with its DCGM supplement
     (None for `off` or no libdcgm), on a manual clock; closed and uninstalled afterwards."""
     made: list[NvmlSource] = []
 
@@ -88,6 +88,9 @@ def node() -> Iterator[Callable[..., tuple[NvmlSource, ManualClock]]]:
         for source in made:
             source.close()
         sim.uninstall()
+
+
+node = pytest.fixture(node_factory, name="node")
 
 
 def tick(source: NvmlSource, clock: ManualClock, seconds: float = INTERVAL) -> list[DeviceSample]:
@@ -517,7 +520,7 @@ def test_a_value_whose_timestamp_stops_moving_goes_stale(
         if live:
             return values
         return [
-            dcgm_api.FieldValue(v.gpu, v.field_id, v.value, v.problem, 42)
+            dcgm_api.FieldValue(v.entity_id, v.field_id, v.value, v.problem, 42)
             if v.field_id == 1002
             else v
             for v in values
@@ -541,7 +544,9 @@ def test_gpus_dcgm_does_not_know_leave_it_not_up(
         values = real(self, *args, live=live)
         if not live:
             return values
-        return [dcgm_api.FieldValue(v.gpu, v.field_id, f"GPU-other-{v.gpu}") for v in values]
+        return [
+            dcgm_api.FieldValue(v.entity_id, v.field_id, f"GPU-other-{v.entity_id}") for v in values
+        ]
 
     monkeypatch.setattr(dcgm_api.Library, "latest_values", other_uuids)
     source, clock = node(scenario({"host_engine": "running"}), mode="standalone")

@@ -106,7 +106,10 @@ def test_pre_hopper_with_dcgm_gives_the_answers_hopper_gives(capsys) -> None:
     )
     devices = report["devices"]
     classes = {d["index"]: d["class"] for d in devices}
-    assert classes == {0: "compute_bound", 1: "idle", 2: "launch_bound", 3: "memory_bound"}
+    # GPU 4 is in MIG mode: no class of its own, one per instance, from DCGM per GPU instance
+    assert classes == {0: "compute_bound", 1: "idle", 2: "launch_bound", 3: "memory_bound", 4: None}
+    instances = {i["gpu_instance"]: i["class"] for i in devices[4]["instances"]}
+    assert instances == {1: "tensor_bound", 5: "launch_bound", 13: "memory_bound", 14: "idle"}
     assert {d["activity_source"] for d in devices} == {"dcgm"}
     launch = devices[2]
     assert launch["profile"]["utilization"] > 0.9 > 0.2 > launch["profile"]["sm_active"]
@@ -131,7 +134,7 @@ def test_dcgm_asked_for_without_libdcgm_is_bad_input(capsys) -> None:
 
 def test_the_text_report_says_where_activity_came_from(capsys) -> None:
     diagnose.run(parse("--simulate", "pre-hopper-dcgm", "--duration", "3", "--interval", "0.5"))
-    assert "SM, tensor and DRAM of GPU 0, 1, 2, 3: DCGM's profiling fields" in (
+    assert "SM, tensor and DRAM of GPU 0, 1, 2, 3, 4: DCGM's profiling fields" in (
         capsys.readouterr().out
     )
 

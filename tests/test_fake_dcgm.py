@@ -33,7 +33,8 @@ from tests.test_scenario import assert_names_line
 OK, BADPARAM, GENERIC_ERROR, NOT_CONFIGURED, NOT_SUPPORTED = 0, -1, -3, -5, -6
 INIT_ERROR, UNINITIALIZED, VER_MISMATCH, UNKNOWN_FIELD, NO_DATA = -7, -10, -12, -13, -14
 NOT_WATCHED, CONNECTION_NOT_VALID, REQUIRES_ROOT, MODULE_NOT_LOADED = -16, -21, -29, -33
-FE_GPU, FE_GPU_I = 1, 4
+FE_GPU, FE_GPU_I, FE_GPU_CI = 1, 4, 5
+INSUFFICIENT_SIZE = -31
 GROUP_EMPTY, GROUP_ALL_GPUS = 1, 0x7FFFFFFF
 FV_FLAG_LIVE_DATA = 1
 FT_DOUBLE, FT_INT64, FT_STRING = ord("d"), ord("i"), ord("s")
@@ -83,6 +84,29 @@ class FieldValueV2(ctypes.Structure):  # dcgmFieldValue_v2
     ]
 
 
+class MigEntityInfo(ctypes.Structure):  # dcgmMigEntityInfo_t
+    _fields_ = [
+        ("gpuUuid", ctypes.c_char * 128),
+        ("nvmlGpuIndex", ctypes.c_uint),
+        ("nvmlInstanceId", ctypes.c_uint),
+        ("nvmlComputeInstanceId", ctypes.c_uint),
+        ("nvmlMigProfileId", ctypes.c_uint),
+        ("nvmlProfileSlices", ctypes.c_uint),
+    ]
+
+
+class MigHierarchyInfo(ctypes.Structure):  # dcgmMigHierarchyInfo_v2
+    _fields_ = [("entity", EntityPair), ("parent", EntityPair), ("info", MigEntityInfo)]
+
+
+class MigHierarchy(ctypes.Structure):  # dcgmMigHierarchy_v2: DCGM_MAX_HIERARCHY_INFO = 32 * 14
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("count", ctypes.c_uint),
+        ("entityList", MigHierarchyInfo * (32 * 14)),
+    ]
+
+
 def make_version(struct: type[ctypes.Structure], version: int) -> int:
     return ctypes.sizeof(struct) | version << 24
 
@@ -100,6 +124,7 @@ ARGTYPES: dict[str, tuple[list[Any], Any]] = {
         [H, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int)],
         ctypes.c_int,
     ),
+    "dcgmGetGpuInstanceHierarchy": ([H, ctypes.POINTER(MigHierarchy)], ctypes.c_int),
     "dcgmGroupCreate": ([H, ctypes.c_int, ctypes.c_char_p, HP], ctypes.c_int),
     "dcgmGroupAddEntity": ([H, H, ctypes.c_int, ctypes.c_uint], ctypes.c_int),
     "dcgmGroupDestroy": ([H, H], ctypes.c_int),
@@ -157,13 +182,18 @@ class Api:
         return handle.value
 
     def watch(
-        self, handle: int, gpus: list[int], fields: list[int], every_s: float = 1.0
+        self,
+        handle: int,
+        gpus: list[int],
+        fields: list[int],
+        every_s: float = 1.0,
+        entity_group: int = FE_GPU,
     ) -> tuple[int, int, int]:
         """(rc of dcgmWatchFields, group, field group) for a new group and field group."""
         group, field_group = H(), H()
         assert self("dcgmGroupCreate", handle, GROUP_EMPTY, b"g", ctypes.byref(group)) == OK
         for gpu in gpus:
-            assert self("dcgmGroupAddEntity", handle, group.value, FE_GPU, gpu) == OK
+            assert self("dcgmGroupAddEntity", handle, group.value, entity_group, gpu) == OK
         ids = (ctypes.c_ushort * len(fields))(*fields)
         name = f"fields-{group.value}".encode()
         rc = self("dcgmFieldGroupCreate", handle, len(fields), ids, name, ctypes.byref(field_group))
@@ -195,9 +225,16 @@ class Api:
         )
         return rc, list(values)
 
-    def values(self, handle: int, gpus: list[int], fields: list[int], flags: int = 0) -> list:
+    def values(
+        self,
+        handle: int,
+        gpus: list[int],
+        fields: list[int],
+        flags: int = 0,
+        entity_group: int = FE_GPU,
+    ) -> list:
         """(status, value) per record, the value by its field type."""
-        rc, records = self.read(handle, gpus, fields, flags)
+        rc, records = self.read(handle, gpus, fields, flags, entity_group)
         assert rc == OK
         return [(r.status, _value(r)) for r in records]
 
@@ -359,7 +396,9 @@ def test_fields_served_and_refused(make: Make, clock: ManualClock) -> None:
     uuid, bus = api.values(handle, [1], [54, 57], flags=FV_FLAG_LIVE_DATA)
     device = fake.scenario.devices[1]
     assert uuid == (OK, device.uuid) and bus == (OK, device.pci_bus_id)
-    rc, records = api.read(handle, [0], [1002], entity_group=FE_GPU_I)  # MIG: whole GPUs only
+    rc, records = api.read(handle, [0], [1002], entity_group=FE_GPU_I)  # no MIG: no such entity
+    assert (rc, records[0].status) == (OK, NOT_WATCHED)
+    rc, records = api.read(handle, [0], [1002], entity_group=FE_GPU_CI)  # not modelled
     assert (rc, records[0].status) == (OK, NOT_SUPPORTED)
 
 
@@ -676,6 +715,17 @@ BAD_DCGM = {
         """,
         "faults[0].kind: dcgm_paused needs a top-level `dcgm:` section",
     ),
+    "a blank of a GPU instance the GPU never has": (
+        """
+        name: t
+        devices:
+          - {model: NVIDIA A100-SXM4-80GB, mig: {instances: [{profile: 1g.10gb, gpu_instance: 9}]}}
+        dcgm: {}
+        faults:
+          - {kind: dcgm_blank, device: 0, at: 0, field: 1002, gpu_instance: 7}  # <-
+        """,
+        "faults[0].gpu_instance: GPU 0 has no GPU instance 7",
+    ),
 }
 
 
@@ -712,6 +762,143 @@ def test_install_plugs_the_fake_into_the_binding_or_none(
     assert sim.installed_dcgm() is None and used[-1] is None  # the real one again
 
 
+# -- MIG: GPU instances ------------------------------------------------------------------------
+
+GI_SM = {1: 0.8, 5: 0.1, 13: 0.5, 14: 0.3}
+
+
+def mig_scenario(dcgm: dict | None = None, faults: list | None = None) -> dict:
+    """GPU 0 whole; GPU 1 in MIG mode: 3g (GI 1) and 2g (GI 5) for good, 1g GI 13 until 5 s,
+    1g GI 14 from 5 s, and a 1g GI 9 without a compute instance."""
+    spec = scenario(dcgm, faults)
+
+    def gi(gi: int, profile: str, **more: Any) -> dict:
+        values = {"sm_active": GI_SM[gi], "tensor_active": 0.2} if gi in GI_SM else {}
+        return {"profile": profile, "gpu_instance": gi, "values": values, **more}
+
+    spec["devices"][1] = {
+        "label": "mig",
+        "mig": {
+            "instances": [
+                gi(1, "3g.40gb"),
+                gi(5, "2g.20gb"),
+                gi(13, "1g.10gb", until=5),
+                gi(14, "1g.10gb", **{"from": 5}),
+                gi(9, "1g.10gb", compute_instances=0),
+            ]
+        },
+    }
+    return spec
+
+
+def hierarchy(api: Api, handle: int) -> list[tuple[Any, ...]]:
+    """(entity, parent, NVML GPU-instance id, compute-instance id, slices, parent UUID) rows."""
+    out = MigHierarchy()
+    out.version = make_version(MigHierarchy, 2)
+    assert api("dcgmGetGpuInstanceHierarchy", handle, ctypes.byref(out)) == OK
+    return [
+        (
+            (row.entity.entityGroupId, row.entity.entityId),
+            (row.parent.entityGroupId, row.parent.entityId),
+            row.info.nvmlInstanceId,
+            row.info.nvmlComputeInstanceId,
+            row.info.nvmlProfileSlices,
+            row.info.gpuUuid.decode(),
+        )
+        for row in out.entityList[: out.count]
+    ]
+
+
+def test_hierarchy_numbers_gpu_instances_as_dcgm_does(make: Make, clock: ManualClock) -> None:
+    api, fake = make(mig_scenario())
+    _, handle = api.connect()
+    uuid = fake.scenario.devices[1].uuid
+    assert ctypes.sizeof(MigHierarchy) == 8 + 32 * 14 * (8 + 8 + 128 + 5 * 4)
+    # GPU 1, maxGpcs 7: GPU instances 7 + n by profile (smallest first), then GPU-instance id;
+    # compute instances 7 + c; the whole GPU 0 lists nothing. NVML's -1 is 0xFFFFFFFF here.
+    no_ci = 0xFFFFFFFF
+    assert hierarchy(api, handle) == [
+        ((FE_GPU_I, 7), (FE_GPU, 1), 9, no_ci, 1, uuid),  # no compute instance
+        ((FE_GPU_I, 8), (FE_GPU, 1), 13, no_ci, 1, uuid),
+        ((FE_GPU_CI, 7), (FE_GPU_I, 8), 13, 0, 1, uuid),
+        ((FE_GPU_I, 9), (FE_GPU, 1), 5, no_ci, 2, uuid),
+        ((FE_GPU_CI, 8), (FE_GPU_I, 9), 5, 0, 2, uuid),
+        ((FE_GPU_I, 10), (FE_GPU, 1), 1, no_ci, 3, uuid),
+        ((FE_GPU_CI, 9), (FE_GPU_I, 10), 1, 0, 3, uuid),
+    ]
+    clock.now = 5.0  # GI 13 destroyed, GI 14 made: DCGM numbers them again
+    rows = hierarchy(api, handle)
+    assert [(entity, gi) for entity, _, gi, ci, _, _ in rows if ci == no_ci] == [
+        ((FE_GPU_I, 7), 9),
+        ((FE_GPU_I, 8), 14),  # GI 13's entity id, now another instance's
+        ((FE_GPU_I, 9), 5),
+        ((FE_GPU_I, 10), 1),
+    ]
+    stale = MigHierarchy()
+    stale.version = make_version(MigHierarchy, 1)
+    assert api("dcgmGetGpuInstanceHierarchy", handle, ctypes.byref(stale)) == VER_MISMATCH
+
+
+def test_a_host_engine_without_root_lists_no_gpu_instances(make: Make) -> None:
+    api, _ = make(mig_scenario({"host_engine": "running", "mig": "requires_root"}))
+    _, handle = api.connect()
+    assert hierarchy(api, handle) == []
+    assert api("dcgmGroupCreate", handle, GROUP_EMPTY, b"g", ctypes.byref(group := H())) == OK
+    assert api("dcgmGroupAddEntity", handle, group.value, FE_GPU_I, 8) == BADPARAM  # not there
+
+
+def test_gpu_instance_watches_read_each_instances_own_activity(
+    make: Make, clock: ManualClock
+) -> None:
+    fault = {"kind": "dcgm_blank", "device": 1, "gpu_instance": 5, "field": 1004, "at": 0}
+    api, _ = make(mig_scenario(faults=[fault]))
+    _, handle = api.connect()
+    group = H()
+    assert api("dcgmGroupCreate", handle, GROUP_EMPTY, b"g", ctypes.byref(group)) == OK
+    assert api("dcgmGroupAddEntity", handle, group.value, FE_GPU_I, 40) == BADPARAM  # none
+    assert api("dcgmGroupAddEntity", handle, group.value, FE_GPU_CI, 7) == NOT_SUPPORTED
+    entities = [7, 8, 9, 10]  # GI 9 (no compute instance), 13, 5, 1
+    assert api.watch(handle, entities, [1002, 1004], entity_group=FE_GPU_I)[0] == OK
+    clock.now = 2.0
+    values = api.values(handle, entities, [1002, 1004], entity_group=FE_GPU_I)
+    assert values[0:2] == [(NO_DATA, FP64_BLANK)] * 2  # GI 9: "No data available"
+    assert values[2:4] == [(OK, pytest.approx(GI_SM[13])), (OK, pytest.approx(0.2))]
+    assert values[4:6] == [(OK, pytest.approx(GI_SM[5])), (OK, FP64_BLANK)]  # the fault
+    assert values[6:8] == [(OK, pytest.approx(GI_SM[1])), (OK, pytest.approx(0.2))]
+    _, records = api.read(handle, [8], [1002], entity_group=FE_GPU_I)
+    assert (records[0].entityGroupId, records[0].entityId) == (FE_GPU_I, 8)
+
+
+def test_a_watch_follows_its_entity_id_across_a_reconfiguration(
+    make: Make, clock: ManualClock
+) -> None:
+    """Watches are DCGM's by entity id. At 5 s GIs 5 and 13 go and GI 14 comes: DCGM numbers
+    the instances again, so entity 8 (GI 13) samples GI 14 and entity 9 (GI 5) samples GI 1,
+    which now have those ids; entity 10 (GI 1 before) names no instance any longer and keeps
+    its last sample, its timestamp stopped."""
+    spec = mig_scenario()
+    spec["devices"][1]["mig"]["instances"][1]["until"] = 5  # GI 5
+    api, fake = make(spec)
+    _, handle = api.connect()
+    entities = [8, 9, 10]
+    assert api.watch(handle, entities, [1002], entity_group=FE_GPU_I)[0] == OK
+    clock.now = 4.5
+    assert api.values(handle, entities, [1002], entity_group=FE_GPU_I) == [
+        (OK, pytest.approx(GI_SM[13])),
+        (OK, pytest.approx(GI_SM[5])),
+        (OK, pytest.approx(GI_SM[1])),
+    ]
+    clock.now = 7.5  # from 5 s: GIs 9, 14 and 1 are entities 7, 8 and 9
+    _, records = api.read(handle, entities, [1002], entity_group=FE_GPU_I)
+    assert [(r.status, r.value.dbl) for r in records] == [
+        (OK, pytest.approx(GI_SM[14])),
+        (OK, pytest.approx(GI_SM[1])),
+        (OK, pytest.approx(GI_SM[1])),
+    ]
+    epoch = fake._epoch_us
+    assert [r.ts - epoch for r in records] == [7_000_000, 7_000_000, 4_000_000]
+
+
 def test_the_pre_hopper_dcgm_builtin_classifies_as_mixed_does(
     make: Make, clock: ManualClock
 ) -> None:
@@ -722,12 +909,13 @@ def test_the_pre_hopper_dcgm_builtin_classifies_as_mixed_does(
     api = Api(fake)
     assert api("dcgmInit") == OK
     _, handle = api.connect()
-    gpus = [d.index for d in s.devices]
+    whole = [d for d in s.devices if not d.mig_enabled]
+    gpus = [d.index for d in whole]
     assert api.watch(handle, gpus, [1002, 1004, 1005])[0] == OK
     clock.now = 10.0
     values = api.values(handle, gpus, [1002, 1004, 1005])
     classes = []
-    for dev in s.devices:
+    for dev in whole:
         sm, tensor, dram = (v for _, v in values[3 * dev.index : 3 * dev.index + 3])
         pcie = max(dev.value(f"pcie_{d}_bytes_per_second", 10.0) for d in ("tx", "rx"))
         nvlink = max(dev.value(f"nvlink_{d}_bytes_per_second", 10.0) for d in ("tx", "rx"))
@@ -752,7 +940,7 @@ def test_the_pre_hopper_dcgm_builtin_classifies_as_mixed_does(
         )
         classes.append(decide(stats, ClassifierConfig())[0])
     assert classes == ["compute_bound", "idle", "launch_bound", "memory_bound"]
-    assert {p.device_id for p in s.pods} == {d.uuid for d in s.devices}  # every GPU held
+    assert {d.uuid for d in whole} <= {p.device_id for p in s.pods}  # every whole GPU held
     assert fake.internal_errors == []
 
 

@@ -7,7 +7,9 @@ source keeps one session with a DCGM host engine, either a running `nv-hostengin
 (embedded: `dcgmStartEmbedded`, needs root and CAP_SYS_ADMIN), watches the configured fields at
 the sampling interval and reads their latest values once per tick. Its readings go into the
 very families GPM fills (`gpu_sm_active_ratio`, ...): one name per quantity, whichever source
-measured it; `gpu_activity_source_info` says which one did.
+measured it; `gpu_activity_source_info` says which one did. On a GPU with MIG enabled and no
+GPM (A100, A30) the fields are watched on its GPU instances and their readings go onto its MIG
+instances' series, as GPM's go on Hopper (collect/dcgm_mig.py).
 
 Every DCGM call runs on this source's own worker thread. A tick starts the read (`begin`)
 before the NVML reads and collects it (`finish`) by the NVML deadline; a read already late is
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field, replace
 from uuid import uuid4
 
 from gpu_exporter.collect import dcgm_api as api
+from gpu_exporter.collect import dcgm_mig
+from gpu_exporter.collect.dcgm_mig import InstanceActivity, InstanceKey, WatchedInstance
 from gpu_exporter.collect.settings import DcgmConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 from gpu_exporter.collect.worker import Worker
@@ -114,6 +118,30 @@ class _Session:
     group: int | None = None
     field_group: int | None = None
     good_reads: int = 0
+    # MIG GPUs whose GPU instances were asked for, and the instances watched: DCGM entity id
+    # -> the NVML GPU instance it was when the watch was set up.
+    mig_covered: frozenset[str] = frozenset()
+    instances: dict[int, WatchedInstance] = field(default_factory=dict)
+    hierarchy_read: bool = False  # the hierarchy answered at setup: check it before each read
+
+    def covers(self, wanted: frozenset[str] | None, mig_parents: frozenset[str]) -> bool:
+        return (wanted is None or wanted == self.covered) and mig_parents == self.mig_covered
+
+    def entities(self) -> list[api.Entity]:
+        gpus = [(api.FE_GPU, gpu) for gpu in self.gpu_ids.values()]
+        return gpus + [(api.FE_GPU_I, entity) for entity in self.instances]
+
+
+@dataclass(frozen=True)
+class DcgmReadings:
+    """One read's activity: by GPU UUID for whole GPUs, by (parent UUID, NVML GPU-instance id)
+    for the GPU instances of MIG GPUs."""
+
+    gpus: Mapping[str, list[Reading]] = field(default_factory=dict)
+    instances: Mapping[InstanceKey, InstanceActivity] = field(default_factory=dict)
+
+
+NO_READINGS = DcgmReadings()
 
 
 @dataclass
@@ -125,12 +153,9 @@ class _Connection:
     session: _Session | None = None
 
 
-_Readings = dict[str, list[Reading]]  # by GPU UUID
-
-
 @dataclass
 class _Job:
-    future: Future[_Readings]
+    future: Future[DcgmReadings]
     started: float
     connecting: bool  # no session when it started: a connect may outlast the deadline
     late: bool = False
@@ -145,7 +170,9 @@ class _State:
     next_attempt: float = 0.0
     backoff: float = 0.0
     given_up: str = ""  # why the source stopped trying for good (an embedded engine that hung)
-    freshness: dict[tuple[int, int], tuple[int, float]] = field(default_factory=dict)
+    last_hierarchy_problem: str = ""
+    # (entity group, entity id, field id) -> (DCGM timestamp, when it was first seen)
+    freshness: dict[tuple[int, int, int], tuple[int, float]] = field(default_factory=dict)
 
 
 class DcgmSource:
@@ -172,7 +199,7 @@ class DcgmSource:
         self._clock = clock
         self._lib: api.Library | None = None
         self._connection = _Connection(Worker("dcgm"))
-        self._abandoned: list[Future[_Readings]] = []
+        self._abandoned: list[Future[DcgmReadings]] = []
         self._job: _Job | None = None
         self._closed = False
         self._lock = threading.Lock()  # guards _state and the two below
@@ -196,7 +223,7 @@ class DcgmSource:
         readings = self.finish(self.interval)
         return [
             DeviceSample(i, uuid, {}, True, tuple(values))
-            for i, (uuid, values) in enumerate(sorted(readings.items()))
+            for i, (uuid, values) in enumerate(sorted(readings.gpus.items()))
         ]
 
     def node_info(self) -> dict[str, str]:
@@ -234,11 +261,14 @@ class DcgmSource:
         """True once the library is loaded."""
         return self._lib is not None
 
-    def begin(self, wanted: Collection[str] | None) -> None:
-        """Start reading the GPUs with these UUIDs (None: all) on the worker, unless the last
-        read is still running (then this tick has no DCGM values)."""
+    def begin(
+        self, wanted: Collection[str] | None, mig_parents: Collection[str] = frozenset()
+    ) -> None:
+        """Start reading the GPUs with these UUIDs (None: all) and the GPU instances of the MIG
+        GPUs in `mig_parents` on the worker, unless the last read is still running (then this
+        tick has no DCGM values)."""
         with self._lock:
-            self._state.idle = wanted is not None and not wanted
+            self._state.idle = wanted is not None and not wanted and not mig_parents
             given_up = bool(self._state.given_up)
         job = self._job
         if job is not None and not job.future.done():
@@ -249,18 +279,19 @@ class DcgmSource:
             return
         connection = self._connection
         wanted_set = None if wanted is None else frozenset(wanted)
+        mig_set = frozenset(mig_parents)
         session = connection.session
-        connecting = session is None or (wanted_set is not None and wanted_set != session.covered)
-        future = connection.worker.submit(self._read, connection, wanted_set)
+        connecting = session is None or not session.covers(wanted_set, mig_set)
+        future = connection.worker.submit(self._read, connection, wanted_set, mig_set)
         self._job = _Job(future, self._clock(), connecting)
 
-    def finish(self, timeout: float) -> dict[str, list[Reading]]:
+    def finish(self, timeout: float) -> DcgmReadings:
         """The readings of the read `begin` started, waited for up to `timeout` seconds (not at
         all for a read already known to be late); nothing when it is not done by then."""
         job = self._job
         if job is None:
             self._status = CollectorStatus(SOURCE, True, 0.0)
-            return {}
+            return NO_READINGS
         try:
             result = job.future.result(timeout=0.0 if job.late else max(0.0, timeout))
         except TimeoutError:  # DCGM not answering is an error count, not a failed collector
@@ -270,12 +301,12 @@ class DcgmSource:
                     self.errors.add(SOURCE, "read", "Timeout")
                 self._set_state(self._connection, up=False, blank=0)
             self._status = CollectorStatus(SOURCE, True, self._clock() - job.started)
-            return {}
+            return NO_READINGS
         except Exception:  # a bug in the read (a failed collector): this tick's values lost
             log.exception("DCGM read failed")
             self.errors.add(SOURCE, "read", "exception")
             self._status = CollectorStatus(SOURCE, False, self._clock() - job.started)
-            return {}
+            return NO_READINGS
         self._status = CollectorStatus(SOURCE, True, self._clock() - job.started)
         return result
 
@@ -336,43 +367,99 @@ class DcgmSource:
         closed, not given up (a hung embedded engine's read that returns changes nothing)."""
         return connection is self._connection and not self._closed and not self._state.given_up
 
-    def _read(self, connection: _Connection, wanted: frozenset[str] | None) -> _Readings:
+    def _read(
+        self, connection: _Connection, wanted: frozenset[str] | None, mig_parents: frozenset[str]
+    ) -> DcgmReadings:
         lib = self._lib
         if lib is None or not self._current(connection):
-            return {}
-        session = connection.session
-        if session is not None and wanted is not None and wanted != session.covered:
-            self._teardown(connection)  # GPUs came or went: watch exactly those that need it
-            session = None
-        if session is None:
-            with self._lock:
-                if self._clock() < self._state.next_attempt:
-                    return {}
-            try:
-                session = self._connect(lib, connection, wanted)
-            except Exception as exc:  # DcgmError, and anything a bug or a library may raise
-                self._failed(connection, exc, connecting=True)
-                self._teardown(connection)
-                return {}
-        if not session.gpu_ids:
+            return NO_READINGS
+        try:
+            session, instances_checked = self._session(lib, connection, wanted, mig_parents)
+        except Exception as exc:  # DcgmError, and anything a bug or a library may raise
+            session = connection.session
+            self._failed(connection, exc, connecting=session is None or session.good_reads == 0)
+            self._teardown(connection)
+            return NO_READINGS
+        if session is None:  # backing off
+            return NO_READINGS
+        if not session.gpu_ids and not session.instances:
             # DCGM knows none of the GPUs asked for: nothing is measured, so DCGM is not up.
             self._set_state(connection, up=wanted is None, blank=0)
-            return {}
+            return NO_READINGS
         try:
-            ids = list(session.gpu_ids.values())
-            values = lib.latest_values(session.handle, ids, self.settings.fields)
-            readings, blank = self._readings(connection, values, session.gpu_ids)
+            values = lib.latest_values(session.handle, session.entities(), self.settings.fields)
+            readings, blank = self._readings(connection, values, session, instances_checked)
         except Exception as exc:
             # A session that worked and broke (a host engine restart): reconnect at once. One
             # that fails on its first read backs off like a failed connect.
             self._failed(connection, exc, connecting=session.good_reads == 0)
             self._teardown(connection)
-            return {}
+            return NO_READINGS
         self._succeeded(connection, session, blank)
         return readings
 
+    def _session(
+        self,
+        lib: api.Library,
+        connection: _Connection,
+        wanted: frozenset[str] | None,
+        mig_parents: frozenset[str],
+    ) -> tuple[_Session | None, bool]:
+        """The session to read through (None: backing off), made or made again as needed,
+        and whether its GPU instances are known to still be what they were when watched."""
+        session = connection.session
+        if session is not None and not session.covers(wanted, mig_parents):
+            self._teardown(connection)  # GPUs came or went: watch exactly those that need it
+            session = None
+        if session is not None:
+            if not session.hierarchy_read:
+                return session, False
+            hierarchy = self._hierarchy(lib, session.handle)
+            if hierarchy is None:
+                return session, False
+            if dcgm_mig.watched_instances(hierarchy, mig_parents) == session.instances:
+                return session, True
+            # A MIG reconfiguration: DCGM numbered its GPU instances again.
+            log.info("DCGM: the MIG layout changed: watching the GPU instances anew")
+            self._teardown(connection)
+        with self._lock:
+            if self._clock() < self._state.next_attempt:
+                return None, False
+        try:
+            session = self._connect(lib, connection, wanted, mig_parents)
+        except Exception as exc:
+            self._failed(connection, exc, connecting=True)
+            self._teardown(connection)
+            return None, False
+        return session, True
+
+    def _hierarchy(self, lib: api.Library, handle: int) -> list[api.MigEntity] | None:
+        """DCGM's MIG hierarchy; None when it cannot be read (counted, said once per problem:
+        the GPU instances' activity is then absent, the whole GPUs' is not). A connection that
+        is gone raises, as any other call would."""
+        try:
+            hierarchy = lib.gpu_instance_hierarchy(handle)
+        except api.DcgmError as exc:
+            if exc.code == api.ST_CONNECTION_NOT_VALID:
+                raise
+            self.errors.add(SOURCE, exc.function, exc.name)
+            message = f"{exc}: the activity of MIG instances stays absent"
+            with self._lock:
+                repeated = message == self._state.last_hierarchy_problem
+                self._state.last_hierarchy_problem = message
+            if not repeated:
+                log.warning("DCGM: %s", message)
+            return None
+        with self._lock:
+            self._state.last_hierarchy_problem = ""
+        return hierarchy
+
     def _connect(
-        self, lib: api.Library, connection: _Connection, wanted: frozenset[str] | None
+        self,
+        lib: api.Library,
+        connection: _Connection,
+        wanted: frozenset[str] | None,
+        mig_parents: frozenset[str] = frozenset(),
     ) -> _Session:
         settings = self.settings
         with self._lock:
@@ -393,17 +480,20 @@ class DcgmSource:
             handle = lib.connect(address, unix, timeout_ms)
         is_embedded = settings.mode == "embedded"
         connection.session = session = _Session(
-            handle, {}, frozenset(wanted or ()), embedded=is_embedded
+            handle, {}, frozenset(wanted or ()), embedded=is_embedded, mig_covered=mig_parents
         )
         known = lib.supported_gpus(handle)
         uuids = {}
         if known:
-            for value in lib.latest_values(handle, known, [api.FI_DEV_GPU_UUID], live=True):
+            gpus = [(api.FE_GPU, gpu) for gpu in known]
+            for value in lib.latest_values(handle, gpus, [api.FI_DEV_GPU_UUID], live=True):
                 if isinstance(value.value, str):
-                    uuids[value.value] = value.gpu
+                    uuids[value.value] = value.entity_id
         session.gpu_ids = {
             uuid: gpu for uuid, gpu in uuids.items() if wanted is None or uuid in wanted
         }
+        if mig_parents:
+            self._watch_instances(lib, session, mig_parents)
         if not self._current(connection):
             raise _Abandoned  # a hung call returned after its session was given up
         missing = sorted((wanted or frozenset()) - set(uuids))
@@ -412,11 +502,12 @@ class DcgmSource:
             log.warning(
                 "DCGM does not know GPU(s) %s: their activity stays absent", ", ".join(missing)
             )
-        if session.gpu_ids:
+        if session.gpu_ids or session.instances:
             # Unique per host engine: every exporter pod is PID 1, and two may share one
             # host engine during a rolling update.
             name = f"gpu-exporter-{uuid4().hex[:16]}"
-            session.group = lib.group_create(handle, name, sorted(session.gpu_ids.values()))
+            entities = sorted(session.entities())
+            session.group = lib.group_create(handle, name, entities)
             session.field_group = lib.field_group_create(handle, name, settings.fields)
             keep = max(2 * self.interval, 1.0)
             lib.watch(handle, session.group, session.field_group, self.interval, keep)
@@ -426,12 +517,32 @@ class DcgmSource:
             self._state.freshness.clear()
         where = "the embedded host engine" if is_embedded else settings.address
         log.info(
-            "DCGM: watching fields %s on %d GPU(s) at %s",
+            "DCGM: watching fields %s on %d GPU(s) and %d MIG GPU instance(s) at %s",
             ",".join(map(str, settings.fields)),
             len(session.gpu_ids),
+            len(session.instances),
             where,
         )
         return session
+
+    def _watch_instances(
+        self, lib: api.Library, session: _Session, mig_parents: frozenset[str]
+    ) -> None:
+        """Which GPU instances of the MIG GPUs `session` watches, from DCGM's hierarchy; a
+        MIG GPU DCGM lists no GPU instance of is said once per session (and counted)."""
+        hierarchy = self._hierarchy(lib, session.handle)
+        if hierarchy is None:
+            return
+        session.instances = dcgm_mig.watched_instances(hierarchy, mig_parents)
+        session.hierarchy_read = True
+        unlisted = sorted(mig_parents - dcgm_mig.listed_parents(hierarchy))
+        if unlisted:
+            self.errors.add(SOURCE, "gpu_instances", "NotListed")
+            log.warning(
+                "DCGM lists no GPU instance of MIG GPU(s) %s: their instances' activity stays "
+                "absent (a host engine reads MIG only when it runs as root)",
+                ", ".join(unlisted),
+            )
 
     def _succeeded(self, connection: _Connection, session: _Session, blank: int) -> None:
         """A good read: up, and the back-off starts over (only now, not at connect: a
@@ -525,21 +636,35 @@ class DcgmSource:
                 log.debug("DCGM shutdown: %s", exc)
 
     def _readings(
-        self, connection: _Connection, values: list[api.FieldValue], gpu_ids: Mapping[str, int]
-    ) -> tuple[_Readings, int]:
+        self,
+        connection: _Connection,
+        values: list[api.FieldValue],
+        session: _Session,
+        instances_checked: bool,
+    ) -> tuple[DcgmReadings, int]:
+        """The read's values as readings, by GPU and by GPU instance; a problem with one value
+        (one field of one GPU or GPU instance) leaves that value absent, the others not. The
+        GPU instances' values are used only when the hierarchy read with them still pairs
+        each entity with the instance it was watched as (`instances_checked`)."""
         now = self._clock()
         stale_after = STALE_AFTER_INTERVALS * self.interval
-        readings: _Readings = {}
+        gpus: dict[str, list[Reading]] = {}
+        instances: dict[InstanceKey, list[Reading]] = {}
         blank = 0
-        uuid_of = {gpu: uuid for uuid, gpu in gpu_ids.items()}
+        uuid_of = {gpu: uuid for uuid, gpu in session.gpu_ids.items()}
+        watched = session.instances if instances_checked else {}
         if not self._current(connection):
-            return readings, blank  # an abandoned read: its values and errors are not ours
+            return NO_READINGS, blank  # an abandoned read: its values and errors are not ours
         with self._lock:
             freshness = self._state.freshness
         for value in values:
-            uuid = uuid_of.get(value.gpu)
+            target: list[Reading] | None = None
+            if value.entity_group == api.FE_GPU and value.entity_id in uuid_of:
+                target = gpus.setdefault(uuid_of[value.entity_id], [])
+            elif value.entity_group == api.FE_GPU_I and value.entity_id in watched:
+                target = instances.setdefault(watched[value.entity_id].key, [])
             spec = BY_ID.get(value.field_id)
-            if uuid is None or spec is None:
+            if target is None or spec is None:
                 continue
             if value.value is None or isinstance(value.value, str):
                 if value.problem == "Blank":
@@ -547,7 +672,7 @@ class DcgmSource:
                 if value.problem not in _QUIET:
                     self.errors.add(SOURCE, f"field_{value.field_id}", value.problem)
                 continue
-            key = (value.gpu, value.field_id)
+            key = (value.entity_group, value.entity_id, value.field_id)
             seen = freshness.get(key)
             if seen is None or seen[0] != value.timestamp_us:
                 freshness[key] = (value.timestamp_us, now)
@@ -560,10 +685,16 @@ class DcgmSource:
                 continue
             if ratio > 1.0:  # DCGM issue 152: SM activity above 1.0; kept, clamped, counted
                 self.errors.add(SOURCE, f"field_{value.field_id}", "AboveOne")
-            readings.setdefault(uuid, []).append(
-                Reading(spec.family, min(max(ratio, 0.0), 1.0), spec.labels)
-            )
-        return readings, blank
+            target.append(Reading(spec.family, min(max(ratio, 0.0), 1.0), spec.labels))
+        slices = {w.key: w.slices for w in watched.values()}
+        return DcgmReadings(
+            {uuid: found for uuid, found in gpus.items() if found},
+            {
+                key: InstanceActivity(slices[key], tuple(found))
+                for key, found in instances.items()
+                if found
+            },
+        ), blank
 
     def _set_state(self, connection: _Connection, up: bool, blank: int) -> None:
         if not self._current(connection):
@@ -598,19 +729,36 @@ def configured(
 def with_dcgm_activity(
     samples: list[DeviceSample],
     needing: Collection[str],
-    readings: Mapping[str, list[Reading]],
+    readings: DcgmReadings,
+    mig_needing: Collection[str] = frozenset(),
 ) -> list[DeviceSample]:
-    """The tick's samples with DCGM's activity added to the GPUs that needed it, and
-    gpu_activity_source_info on every GPU whose activity one of the two sources measured."""
+    """The tick's samples with DCGM's activity added to the GPUs that needed it (and to the MIG
+    instances of the MIG GPUs in `mig_needing`), and gpu_activity_source_info on every GPU
+    whose activity (or whose MIG instances' activity) one of the two sources measured."""
     merged = []
     for sample in samples:
+        if sample.up and sample.mig_enabled:
+            merged.append(_with_mig_activity(sample, sample.uuid in mig_needing, readings))
+            continue
         extra: list[Reading] = []
-        if sample.up and readings.get(sample.uuid) and sample.uuid in needing:
-            extra = [*readings[sample.uuid], _source_info("dcgm")]
+        if sample.up and readings.gpus.get(sample.uuid) and sample.uuid in needing:
+            extra = [*readings.gpus[sample.uuid], _source_info("dcgm")]
         elif sample.up and sample.value("gpu_sm_active_ratio") is not None:
             extra = [_source_info("gpm")]
         merged.append(replace(sample, readings=(*sample.readings, *extra)) if extra else sample)
     return merged
+
+
+def _with_mig_activity(sample: DeviceSample, needing: bool, readings: DcgmReadings) -> DeviceSample:
+    source = ""
+    if needing:
+        sample, given = dcgm_mig.with_instance_activity(sample, readings.instances)
+        source = "dcgm" if given else ""
+    elif dcgm_mig.has_instance_activity(sample):
+        source = "gpm"
+    if not source:
+        return sample
+    return replace(sample, readings=(*sample.readings, _source_info(source)))
 
 
 def _source_info(source: str) -> Reading:

@@ -1,11 +1,12 @@
 """A small ctypes binding of libdcgm (DCGM's C API), written from NVIDIA's public headers.
 
-Only what the DCGM source needs: start or connect, one GPU group, one field group, a watch, and
-the latest values. Struct layouts, versions, return codes and blank sentinels are those of
-`dcgmlib/dcgm_structs.h`, `dcgm_agent.h` and `dcgm_fields.h` in github.com/NVIDIA/DCGM (DCGM
-4.6.0); each definition below names its header. NVIDIA ships its own Python bindings only
-inside the DCGM OS package (not on PyPI), so the exporter binds the dozen calls itself and
-loads the library lazily: without libdcgm.so.4 nothing here is touched.
+Only what the DCGM source needs: start or connect, the MIG hierarchy, one group of GPUs and GPU
+instances, one field group, a watch, and the latest values. Struct layouts, versions, return
+codes and blank sentinels are those of `dcgmlib/dcgm_structs.h`, `dcgm_agent.h` and
+`dcgm_fields.h` in github.com/NVIDIA/DCGM (DCGM 4.6.0); each definition below names its
+header. NVIDIA ships its own Python bindings only inside the DCGM OS package (not on PyPI), so
+the exporter binds the dozen calls itself and loads the library lazily: without libdcgm.so.4
+nothing here is touched.
 
 The simulator's fake libdcgm reads and writes these same structures and codes; the fake's
 tests (tests/test_fake_dcgm.py) keep their own copies of the headers, so a layout or version
@@ -44,6 +45,7 @@ ST_REQUIRES_ROOT = -29
 ST_MODULE_NOT_LOADED = -33
 ST_PROFILING_NOT_SUPPORTED = -36
 ST_PROFILING_MULTI_PASS = -38
+ST_INSTANCE_NOT_FOUND = -45
 ST_PAUSED = -54
 
 # Short names for gpu_exporter_errors_total{error}, as NVML's are ("Timeout", "NotSupported").
@@ -66,6 +68,7 @@ STATUS_NAMES: dict[int, str] = {
     ST_MODULE_NOT_LOADED: "ModuleNotLoaded",
     ST_PROFILING_NOT_SUPPORTED: "ProfilingNotSupported",
     ST_PROFILING_MULTI_PASS: "ProfilingMultiPass",
+    ST_INSTANCE_NOT_FOUND: "InstanceNotFound",
     ST_PAUSED: "Paused",
 }
 
@@ -76,11 +79,18 @@ MAX_NUM_DEVICES = 32  # DCGM 2.0 and newer
 MAX_FIELD_IDS_PER_FIELD_GROUP = 128
 MAX_STR_LENGTH = 256
 MAX_BLOB_LENGTH = 4096
+# dcgmMigHierarchy_v2's capacity: DCGM_MAX_NUM_DEVICES * DCGM_MAX_TOTAL_INSTANCES_PER_GPU (14:
+# at most 7 GPU instances and 7 compute instances per GPU).
+MAX_HIERARCHY_INFO = MAX_NUM_DEVICES * 14
+GPU_UUID_LENGTH = 128  # dcgmMigEntityInfo_t.gpuUuid
 FV_FLAG_LIVE_DATA = 0x1  # dcgmEntitiesGetLatestValues: read the driver, not the cache
 HOST_ENGINE_PORT = 5555  # DCGM_HE_PORT_NUMBER
 
 # --- dcgm_fields.h ---------------------------------------------------------------------------
-FE_GPU = 1  # dcgm_field_entity_group_t
+# dcgm_field_entity_group_t: NONE 0, GPU 1, VGPU 2, SWITCH 3, GPU_I 4, GPU_CI 5, LINK 6, ...
+FE_GPU = 1
+FE_GPU_I = 4  # a MIG GPU instance
+FE_GPU_CI = 5  # a MIG compute instance
 FT_DOUBLE = ord("d")
 FT_INT64 = ord("i")
 FT_STRING = ord("s")
@@ -115,6 +125,33 @@ class GroupEntityPair(ctypes.Structure):  # dcgmGroupEntityPair_t
     _fields_ = [("entityGroupId", ctypes.c_uint), ("entityId", ctypes.c_uint)]
 
 
+class MigEntityInfo(ctypes.Structure):  # dcgmMigEntityInfo_t
+    _fields_ = [
+        ("gpuUuid", ctypes.c_char * GPU_UUID_LENGTH),
+        ("nvmlGpuIndex", ctypes.c_uint),
+        ("nvmlInstanceId", ctypes.c_uint),  # NVML's GPU-instance id
+        ("nvmlComputeInstanceId", ctypes.c_uint),  # NVML's compute-instance id; -1 on a GI
+        ("nvmlMigProfileId", ctypes.c_uint),
+        ("nvmlProfileSlices", ctypes.c_uint),
+    ]
+
+
+class MigHierarchyInfoV2(ctypes.Structure):  # dcgmMigHierarchyInfo_v2
+    _fields_ = [
+        ("entity", GroupEntityPair),
+        ("parent", GroupEntityPair),
+        ("info", MigEntityInfo),
+    ]
+
+
+class MigHierarchyV2(ctypes.Structure):  # dcgmMigHierarchy_v2
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("count", ctypes.c_uint),
+        ("entityList", MigHierarchyInfoV2 * MAX_HIERARCHY_INFO),
+    ]
+
+
 class _FieldValueUnion(ctypes.Union):
     _fields_ = [
         ("i64", ctypes.c_int64),
@@ -141,6 +178,7 @@ class FieldValueV2(ctypes.Structure):  # dcgmFieldValue_v2
 CONNECT_V2_PARAMS_VERSION1 = make_version(ConnectV2ParamsV1, 1)
 CONNECT_V2_PARAMS_VERSION2 = make_version(ConnectV2ParamsV2, 2)
 FIELD_VALUE_VERSION2 = make_version(FieldValueV2, 2)
+MIG_HIERARCHY_VERSION2 = make_version(MigHierarchyV2, 2)
 
 _Handle = ctypes.c_size_t  # dcgmHandle_t, dcgmGpuGrp_t, dcgmFieldGrp_t: uintptr_t
 _P = ctypes.POINTER
@@ -157,6 +195,7 @@ _SIGNATURES: dict[str, tuple[list[Any], Any]] = {
         [_Handle, _P(ctypes.c_uint), _P(ctypes.c_int)],
         ctypes.c_int,
     ),
+    "dcgmGetGpuInstanceHierarchy": ([_Handle, _P(MigHierarchyV2)], ctypes.c_int),
     "dcgmGroupCreate": ([_Handle, ctypes.c_int, ctypes.c_char_p, _P(_Handle)], ctypes.c_int),
     "dcgmGroupAddEntity": ([_Handle, _Handle, ctypes.c_uint, ctypes.c_uint], ctypes.c_int),
     "dcgmGroupDestroy": ([_Handle, _Handle], ctypes.c_int),
@@ -205,14 +244,44 @@ class DcgmError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class FieldValue:
-    """One value from dcgmEntitiesGetLatestValues. `value` is None when DCGM has none:
-    `problem` then names why (a status name, or a blank kind: "Blank", "NotSupported", ...)."""
+    """One value from dcgmEntitiesGetLatestValues, of entity (`entity_group`, `entity_id`): a
+    GPU (FE_GPU, its DCGM GPU id) or a GPU instance (FE_GPU_I, its DCGM entity id). `value` is
+    None when DCGM has none: `problem` then names why (a status name, or a blank kind:
+    "Blank", "NotSupported", ...)."""
 
-    gpu: int
+    entity_id: int
     field_id: int
     value: float | str | None
     problem: str = ""
     timestamp_us: int = 0
+    entity_group: int = FE_GPU
+
+
+# An entity as dcgmGroupAddEntity and dcgmEntitiesGetLatestValues take it: (group, id).
+Entity = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MigEntity:
+    """One row of dcgmGetGpuInstanceHierarchy: a GPU instance (FE_GPU_I, parent a GPU) or a
+    compute instance (FE_GPU_CI, parent a GPU instance), with NVML's ids for it.
+
+    DCGM numbers these entities itself: a GPU instance's entity id is `gpuId * maxGpcs + n`,
+    n counting the GPU's instances in the order DCGM enumerated them (DCGM 4.6.0
+    dcgmlib/src/DcgmCacheManager.cpp, InitializeGpuInstances), and it enumerates again after
+    every MIG reconfiguration. So the entity id is no NVML id and may name another instance
+    after a reconfiguration; `gpu_instance` (dcgmMigEntityInfo_t.nvmlInstanceId, "GPU instance
+    index within GPU") is NVML's GPU-instance id, and `gpu_uuid` the parent GPU's UUID.
+    """
+
+    entity_group: int
+    entity_id: int
+    parent_group: int
+    parent_id: int
+    gpu_uuid: str
+    gpu_instance: int
+    compute_instance: int
+    slices: int
 
 
 def _library_paths() -> list[str]:
@@ -335,12 +404,24 @@ class Library:
         self._check("dcgmGetAllSupportedDevices", handle, ids, ctypes.byref(count))
         return list(ids[: max(0, min(count.value, MAX_NUM_DEVICES))])
 
-    def group_create(self, handle: int, name: str, gpus: Sequence[int]) -> int:
+    def gpu_instance_hierarchy(self, handle: int) -> list[MigEntity]:
+        """The GPU instances and compute instances DCGM knows (dcgmGetGpuInstanceHierarchy):
+        none for a GPU without MIG, and none for any GPU when the host engine cannot read MIG
+        (DCGM reads it only as root: DcgmCacheManager.cpp, "DCGM must be run as root if MIG
+        mode is enabled")."""
+        hierarchy = MigHierarchyV2()
+        hierarchy.version = MIG_HIERARCHY_VERSION2
+        self._check("dcgmGetGpuInstanceHierarchy", handle, ctypes.byref(hierarchy))
+        count = max(0, min(hierarchy.count, MAX_HIERARCHY_INFO))
+        return [_mig_entity(row) for row in hierarchy.entityList[:count]]
+
+    def group_create(self, handle: int, name: str, entities: Sequence[Entity]) -> int:
+        """An empty group with these entities (GPUs, GPU instances) added."""
         group = _Handle()
         self._check("dcgmGroupCreate", handle, GROUP_EMPTY, name.encode(), ctypes.byref(group))
         try:
-            for gpu in gpus:
-                self._check("dcgmGroupAddEntity", handle, group.value, FE_GPU, gpu)
+            for entity_group, entity_id in entities:
+                self._check("dcgmGroupAddEntity", handle, group.value, entity_group, entity_id)
         except DcgmError:
             self.group_destroy(handle, group.value)
             raise
@@ -373,19 +454,24 @@ class Library:
         self._check("dcgmUnwatchFields", handle, group, field_group)
 
     def latest_values(
-        self, handle: int, gpus: Sequence[int], field_ids: Sequence[int], live: bool = False
+        self,
+        handle: int,
+        entities: Sequence[Entity],
+        field_ids: Sequence[int],
+        live: bool = False,
     ) -> list[FieldValue]:
-        """The latest value of each field of each GPU (the host engine's cache, or the driver
-        itself when `live`), decoded; a value DCGM has none for is None with its reason."""
-        entities = (GroupEntityPair * len(gpus))(*(GroupEntityPair(FE_GPU, gpu) for gpu in gpus))
+        """The latest value of each field of each entity (the host engine's cache, or the
+        driver itself when `live`), decoded; a value DCGM has none for is None with its
+        reason."""
+        pairs = (GroupEntityPair * len(entities))(*(GroupEntityPair(*e) for e in entities))
         ids = (ctypes.c_ushort * len(field_ids))(*field_ids)
-        values = (FieldValueV2 * (len(gpus) * len(field_ids)))()
+        values = (FieldValueV2 * (len(entities) * len(field_ids)))()
         flags = FV_FLAG_LIVE_DATA if live else 0
         self._check(
             "dcgmEntitiesGetLatestValues",
             handle,
-            entities,
-            len(gpus),
+            pairs,
+            len(entities),
             ids,
             len(field_ids),
             flags,
@@ -396,28 +482,46 @@ class Library:
 
 def decode(raw: FieldValueV2) -> FieldValue:
     """One dcgmFieldValue_v2 as a FieldValue: blanks and failed statuses become no value."""
-    gpu, field_id = raw.entityId, raw.fieldId
+    entity, field_id, group = raw.entityId, raw.fieldId, raw.entityGroupId
+
+    def value(number: float | str | None, problem: str = "", ts: int = 0) -> FieldValue:
+        return FieldValue(entity, field_id, number, problem, ts, group)
+
     if raw.version != FIELD_VALUE_VERSION2:
         # A library writing another layout: its bytes cannot be trusted, at any offset.
-        return FieldValue(gpu, field_id, None, "VersionMismatch")
+        return FieldValue(entity, field_id, None, "VersionMismatch")
     if raw.status != ST_OK:
-        return FieldValue(gpu, field_id, None, STATUS_NAMES.get(raw.status, f"Code{-raw.status}"))
+        return value(None, STATUS_NAMES.get(raw.status, f"Code{-raw.status}"))
     if raw.fieldType == FT_DOUBLE:
         number = raw.value.dbl
         if number >= FP64_BLANK:  # DCGM_FP64_IS_BLANK
-            return FieldValue(gpu, field_id, None, _blank_name(number - FP64_BLANK), raw.ts)
-        return FieldValue(gpu, field_id, number, "", raw.ts)
+            return value(None, _blank_name(number - FP64_BLANK), raw.ts)
+        return value(number, "", raw.ts)
     if raw.fieldType == FT_INT64:
         integer = raw.value.i64
         if integer >= INT64_BLANK:  # DCGM_INT64_IS_BLANK
-            return FieldValue(gpu, field_id, None, _blank_name(integer - INT64_BLANK), raw.ts)
-        return FieldValue(gpu, field_id, float(integer), "", raw.ts)
+            return value(None, _blank_name(integer - INT64_BLANK), raw.ts)
+        return value(float(integer), "", raw.ts)
     if raw.fieldType == FT_STRING:
         text = raw.value.str.decode(errors="replace")
         if text.startswith("<<<") and ">>>" in text:  # DCGM_STR_IS_BLANK
-            return FieldValue(gpu, field_id, None, "Blank", raw.ts)
-        return FieldValue(gpu, field_id, text, "", raw.ts)
-    return FieldValue(gpu, field_id, None, f"FieldType{raw.fieldType}")
+            return value(None, "Blank", raw.ts)
+        return value(text, "", raw.ts)
+    return value(None, f"FieldType{raw.fieldType}")
+
+
+def _mig_entity(row: MigHierarchyInfoV2) -> MigEntity:
+    info = row.info
+    return MigEntity(
+        row.entity.entityGroupId,
+        row.entity.entityId,
+        row.parent.entityGroupId,
+        row.parent.entityId,
+        info.gpuUuid.decode(errors="replace"),
+        info.nvmlInstanceId,
+        info.nvmlComputeInstanceId,
+        info.nvmlProfileSlices,
+    )
 
 
 def _blank_name(offset: float) -> str:

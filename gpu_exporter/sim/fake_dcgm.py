@@ -33,7 +33,26 @@ Assumptions, not verified against a real DCGM:
   DCGM_OPERATION_MODE_MANUAL samples as AUTO (there is no dcgmUpdateAllFields here);
 - profiling is paused node-wide (a `dcgm_paused` fault, or dcgmProfPause through any handle);
 - group types other than DEFAULT / DEFAULT_EVERYTHING make empty groups (no NVSwitches, no MIG
-  entities); entities other than whole GPUs are refused (DCGM_ST_NOT_SUPPORTED).
+  entities); entities other than whole GPUs and GPU instances are refused
+  (DCGM_ST_NOT_SUPPORTED);
+- MIG (see "MIG" below): DCGM enumerates a GPU's GPU instances by profile, smallest first,
+  then by GPU-instance id; the profiling module gives a GPU instance's own activity (the
+  scenario instance's `values`); a GPU instance without a compute instance reads
+  DCGM_ST_NO_DATA; a GPU's profiling fields read on a MIG-enabled GPU are its `values`, as
+  without MIG.
+
+MIG. dcgmGetGpuInstanceHierarchy lists the GPU instances of the MIG-enabled GPUs live now
+(none with `dcgm.mig: requires_root`: DCGM reads MIG only as root), each followed by its
+compute instances, numbered as DCGM 4.6.0 dcgmlib/src/DcgmCacheManager.cpp numbers them: a GPU
+instance is entity `gpuId * maxGpcs + n` (n counting the GPU's instances in enumeration order,
+maxGpcs = nvmlDeviceGetMaxMigDeviceCount), a compute instance `gpuId * maxGpcs + c` (c counting
+the GPU's compute instances). The numbering is made again at every layout change, as DCGM does
+on nvmlEventMigConfigChange, so after a reconfiguration an entity id may name another GPU
+instance. Watches are by entity id (DcgmCacheManager's watch key), so a watch keeps sampling
+whatever instance its entity id names; an entity id no instance has any longer keeps its last
+sample (GetLatestSample returns what a watch has cached), and its timestamp stops. Fields that
+exist only per GPU (PCIe, NVLink, the UUID) read on a GPU instance are its GPU's, as DCGM
+remaps them to the parent GPU.
 
 Every implementation catches every exception and answers DCGM_ST_GENERIC_ERROR (an exception
 in a ctypes callback would otherwise be printed and answer 0, DCGM_ST_OK); `internal_errors`
@@ -56,6 +75,7 @@ from typing import Any, TypeVar
 from gpu_exporter.collect import dcgm_api as api
 from gpu_exporter.model.dcgm_fields import FIELD_IDS
 from gpu_exporter.sim import activity as sim_activity
+from gpu_exporter.sim.mig import MigInstanceSpec
 from gpu_exporter.sim.spec import (
     DcgmSpec,
     DeviceSpec,
@@ -71,6 +91,7 @@ log = logging.getLogger(__name__)
 # dcgmReturn_t codes (dcgm_structs.h) the binding has no use for, and errorString's text for
 # each code (the header's description of it).
 ST_NOT_CONFIGURED = -5
+ST_INSUFFICIENT_SIZE = -31
 ST_GROUP_IS_EMPTY = -35
 _MESSAGES: dict[int, bytes] = {
     api.ST_OK: b"Success",
@@ -90,6 +111,7 @@ _MESSAGES: dict[int, bytes] = {
     api.ST_CONNECTION_NOT_VALID: b"The connection to the host engine is not valid any longer",
     api.ST_REQUIRES_ROOT: b"This operation cannot be performed when the host engine is running "
     b"as non-root",
+    ST_INSUFFICIENT_SIZE: b"An input argument is not large enough",
     api.ST_MODULE_NOT_LOADED: b"This request is serviced by a module of DCGM that is not "
     b"currently loaded",
     ST_GROUP_IS_EMPTY: b"This group is empty and the requested operation is not valid on an "
@@ -164,6 +186,7 @@ _PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "dcgmConnect_v2": (_I, (_P, _P, _P)),
     "dcgmDisconnect": (_I, (_H,)),
     "dcgmGetAllSupportedDevices": (_I, (_H, _P, _P)),
+    "dcgmGetGpuInstanceHierarchy": (_I, (_H, _P)),
     "dcgmGroupCreate": (_I, (_H, _I, _P, _P)),
     "dcgmGroupAddEntity": (_I, (_H, _H, _U, _U)),
     "dcgmGroupDestroy": (_I, (_H, _H)),
@@ -209,7 +232,8 @@ class _Watch:
         return self.since_us + k * self.every_us if k >= 1 else None
 
 
-_Key = tuple[int, int]  # (GPU id, field id)
+_Entity = tuple[int, int]  # (entity group, entity id)
+_Key = tuple[int, int, int]  # (entity group, entity id, field id)
 
 
 @dataclass
@@ -219,9 +243,25 @@ class _Connection:
 
     embedded: bool
     life: int = 0
-    groups: dict[int, list[int]] = field(default_factory=dict)  # group -> GPU ids
+    groups: dict[int, list[_Entity]] = field(default_factory=dict)  # group -> its entities
     field_groups: dict[int, _FieldGroup] = field(default_factory=dict)
-    watches: dict[_Key, dict[_Key, _Watch]] = field(default_factory=dict)  # (grp, fgrp) -> ...
+    # (group, field group) -> its watches
+    watches: dict[tuple[int, int], dict[_Key, _Watch]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _MigRow:
+    """One row of the MIG hierarchy: a GPU instance (compute_instance None) or one of its
+    compute instances."""
+
+    entity: _Entity
+    parent: _Entity
+    device: DeviceSpec
+    instance: MigInstanceSpec
+    compute_instance: int | None = None
+
+
+_NO_ID = 0xFFFFFFFF  # dcgmMigEntityInfo_t's -1 in an unsigned int: "GPU Instance entities"
 
 
 @dataclass(frozen=True)
@@ -517,6 +557,68 @@ class FakeDcgmLib:
         _store(count_p, ctypes.c_int, len(ids))
         return api.ST_OK
 
+    @_c("dcgmGetGpuInstanceHierarchy")
+    def _hierarchy(self, handle: int, out: int | None) -> int:
+        t = self.clock()
+        with self._lock:
+            rc, _ = self._connection(handle, t)
+        if rc != api.ST_OK:
+            return rc
+        if out is None:
+            return api.ST_BADPARAM
+        hierarchy = api.MigHierarchyV2.from_address(out)
+        if hierarchy.version != api.MIG_HIERARCHY_VERSION2:
+            return api.ST_VER_MISMATCH
+        rows = self._mig_rows(t)
+        if len(rows) > api.MAX_HIERARCHY_INFO:
+            return ST_INSUFFICIENT_SIZE
+        ctypes.memset(
+            ctypes.addressof(hierarchy.entityList), 0, ctypes.sizeof(hierarchy.entityList)
+        )
+        hierarchy.count = len(rows)
+        for out_row, row in zip(hierarchy.entityList, rows, strict=False):
+            out_row.entity = api.GroupEntityPair(*row.entity)
+            out_row.parent = api.GroupEntityPair(*row.parent)
+            info = out_row.info
+            info.gpuUuid = row.device.uuid.encode()[: api.GPU_UUID_LENGTH - 1]
+            info.nvmlGpuIndex = row.device.index
+            info.nvmlInstanceId = row.instance.gpu_instance
+            ci = row.compute_instance
+            info.nvmlComputeInstanceId = _NO_ID if ci is None else ci
+            info.nvmlMigProfileId = 0  # NVML's profile id: not modelled
+            slices = row.instance.profile.gpu_slices if ci is None else row.instance.compute_slices
+            info.nvmlProfileSlices = slices
+        return api.ST_OK
+
+    def _mig_rows(self, t: float) -> list[_MigRow]:
+        """The MIG hierarchy at scenario time `t` (module docstring, "MIG")."""
+        if not self.spec.mig_visible:
+            return []
+        rows = []
+        for index in sorted(self._devices):
+            dev = self._devices[index]
+            if dev.mig is None:
+                continue
+            base = index * dev.mig.max_devices
+            gpu: _Entity = (api.FE_GPU, index)
+            ci_count = 0
+            order = sorted(dev.mig.live(t), key=lambda i: (i.profile.gpu_slices, i.gpu_instance))
+            for n, instance in enumerate(order):
+                gi: _Entity = (api.FE_GPU_I, base + n)
+                rows.append(_MigRow(gi, gpu, dev, instance))
+                for ci in range(instance.compute_instances):
+                    entity = (api.FE_GPU_CI, base + ci_count)
+                    rows.append(_MigRow(entity, gi, dev, instance, ci))
+                    ci_count += 1
+        return rows
+
+    def _gpu_instance(self, entity: int, t: float) -> tuple[DeviceSpec, MigInstanceSpec] | None:
+        """The GPU instance with this entity id at scenario time `t`, with its GPU."""
+        for row in self._mig_rows(t):
+            if row.entity == (api.FE_GPU_I, entity):
+                return row.device, row.instance
+        return None
+
     @_c("dcgmGroupCreate")
     def _group_create(self, handle: int, kind: int, name_p: int | None, out: int | None) -> int:
         if not _text(name_p) or out is None or kind not in _GROUP_TYPES:
@@ -527,24 +629,32 @@ class FakeDcgmLib:
             if conn is None:
                 return rc
             group = self._new_token(_GROUP_BASE)
-            conn.groups[group] = sorted(self._devices) if everything else []
+            gpus = [(api.FE_GPU, gpu) for gpu in sorted(self._devices)]
+            conn.groups[group] = gpus if everything else []
         _store(out, _H, group)
         return api.ST_OK
 
     @_c("dcgmGroupAddEntity")
     def _group_add(self, handle: int, group: int, entity_group: int, entity: int) -> int:
+        t = self.clock()
         with self._lock:
-            rc, conn = self._connection(handle, self.clock())
+            rc, conn = self._connection(handle, t)
             if conn is None:
                 return rc
             members = conn.groups.get(group)
             if members is None:
                 return ST_NOT_CONFIGURED
-            if entity_group != api.FE_GPU:
-                return api.ST_NOT_SUPPORTED  # whole GPUs only: no MIG, vGPU or NVSwitch entities
-            if entity not in self._devices or entity in members:
+            if entity_group == api.FE_GPU:
+                exists = entity in self._devices
+            elif entity_group == api.FE_GPU_I:
+                exists = self._gpu_instance(entity, t) is not None
+            else:
+                return api.ST_NOT_SUPPORTED  # no compute instance, vGPU or NVSwitch entities
+            # DcgmGroupManager.inl AddEntityToGroup: an entity that is not there, or is in the
+            # group already, is a bad parameter.
+            if not exists or (entity_group, entity) in members:
                 return api.ST_BADPARAM
-            members.append(entity)
+            members.append((entity_group, entity))
         return api.ST_OK
 
     @_c("dcgmGroupDestroy")
@@ -608,23 +718,25 @@ class FakeDcgmLib:
             rc, conn = self._connection(handle, now_us / 1e6)
             if conn is None:
                 return rc
-            gpus = sorted(self._devices) if group == GROUP_ALL_GPUS else conn.groups.get(group)
+            if group == GROUP_ALL_GPUS:
+                entities: list[_Entity] | None = [(api.FE_GPU, g) for g in sorted(self._devices)]
+            else:
+                entities = conn.groups.get(group)
             fields = conn.field_groups.get(field_group)
-            if gpus is None or fields is None or every_us <= 0:
+            if entities is None or fields is None or every_us <= 0:
                 return api.ST_BADPARAM
             if keep_age < 0 or keep_samples < 0:
                 return api.ST_BADPARAM
             rc = self._refusal(conn, fields.fields)
             if rc != api.ST_OK:
                 return rc
-            if not gpus:
+            if not entities:
                 return ST_GROUP_IS_EMPTY
             old = conn.watches.get((group, field_group), {})
             # Watching again keeps the samples' schedule: DCGM keeps a watched field's cache.
+            keys = [(group_id, entity, f) for group_id, entity in entities for f in fields.fields]
             conn.watches[(group, field_group)] = {
-                (gpu, f): _Watch(old[(gpu, f)].since_us if (gpu, f) in old else now_us, every_us)
-                for gpu in gpus
-                for f in fields.fields
+                key: _Watch(old[key].since_us if key in old else now_us, every_us) for key in keys
             }
         return api.ST_OK
 
@@ -693,8 +805,8 @@ class FakeDcgmLib:
         live = bool(flags & api.FV_FLAG_LIVE_DATA)
         for i, entity in enumerate(entities):
             for j, field_id in enumerate(fields):
-                key = (entity.entityId, field_id)
-                reading = self._reading(entity.entityGroupId, key, watches, live, now_us)
+                key = (entity.entityGroupId, entity.entityId, field_id)
+                reading = self._reading(key, watches, live, now_us)
                 self._write(records[i * field_count + j], entity, field_id, reading)
         return api.ST_OK
 
@@ -708,41 +820,82 @@ class FakeDcgmLib:
         return index
 
     def _reading(
-        self,
-        entity_group: int,
-        key: _Key,
-        watches: dict[_Key, list[_Watch]],
-        live: bool,
-        now_us: int,
+        self, key: _Key, watches: dict[_Key, list[_Watch]], live: bool, now_us: int
     ) -> _Reading:
-        gpu, field_id = key
+        entity_group, entity, field_id = key
         field_type = _FIELD_TYPES.get(field_id)
         if field_type is None:
             return _Reading(api.ST_UNKNOWN_FIELD, api.FT_INT64, api.INT64_BLANK)
         blank = _blank(field_type, BLANK)
-        if entity_group != api.FE_GPU:
-            return _Reading(api.ST_NOT_SUPPORTED, field_type, blank)  # whole GPUs only
-        dev = self._devices.get(gpu)
-        if dev is None:
-            return _Reading(api.ST_BADPARAM, field_type, blank)
-        if live and field_id in _STRING_FIELDS:
-            return _Reading(api.ST_OK, field_type, self._sample(dev, field_id, now_us), now_us)
+        if entity_group not in (api.FE_GPU, api.FE_GPU_I):
+            return _Reading(api.ST_NOT_SUPPORTED, field_type, blank)  # GPUs and GPU instances
+        if entity_group == api.FE_GPU:
+            dev = self._devices.get(entity)
+            if dev is None:
+                return _Reading(api.ST_BADPARAM, field_type, blank)
+            if live and field_id in _STRING_FIELDS:
+                sample = self._sample(dev, field_id, now_us)
+                return _Reading(api.ST_OK, field_type, sample, now_us)
         if key not in watches:
             return _Reading(api.ST_NOT_WATCHED, field_type, blank)
         updates = [u for w in watches[key] if (u := w.latest_us(now_us)) is not None]
         if not updates:
             return _Reading(api.ST_NO_DATA, field_type, blank)  # before the first update cycle
         at = max(updates)
-        return _Reading(api.ST_OK, field_type, self._sample(dev, field_id, at), at)
+        if entity_group == api.FE_GPU:
+            return _Reading(
+                api.ST_OK, field_type, self._sample(self._devices[entity], field_id, at), at
+            )
+        return self._instance_reading(entity, field_id, watches[key], at)
 
-    def _sample(self, dev: DeviceSpec, field_id: int, t_us: int) -> float | int | bytes:
-        """The value the host engine sampled for this field at scenario time `t_us`."""
+    def _instance_reading(
+        self, entity: int, field_id: int, watches: list[_Watch], at: int
+    ) -> _Reading:
+        """A GPU instance's watched value: sampled at `at` from the instance that has this
+        entity id then, or, if none has, the last sample taken while one had (module
+        docstring, "MIG")."""
+        field_type = _FIELD_TYPES[field_id]
+        found = self._gpu_instance(entity, at / 1e6)
+        if found is None:
+            earlier = self._last_alive(entity, watches, at)
+            if earlier is None:
+                return _Reading(api.ST_NO_DATA, field_type, _blank(field_type, BLANK))
+            at, found = earlier
+        dev, instance = found
+        if not instance.compute_instances:  # DcgmGpmManager.cpp: "No data available"
+            return _Reading(api.ST_NO_DATA, field_type, _blank(field_type, BLANK))
+        return _Reading(api.ST_OK, field_type, self._sample(dev, field_id, at, instance), at)
+
+    def _last_alive(
+        self, entity: int, watches: list[_Watch], at: int
+    ) -> tuple[int, tuple[DeviceSpec, MigInstanceSpec]] | None:
+        """The latest update time before `at` at which an instance had this entity id, with
+        that instance; None if none had it since the watch began."""
+        changes = sorted(
+            {round(c * 1e6) for dev in self._devices.values() for c in _mig_changes(dev)}
+        )
+        for change in reversed([c for c in changes if c <= at]):
+            times = [u for w in watches if (u := w.latest_us(change - 1)) is not None]
+            if not times:
+                return None
+            before = max(times)
+            found = self._gpu_instance(entity, before / 1e6)
+            if found is not None:
+                return before, found
+        return None
+
+    def _sample(
+        self, dev: DeviceSpec, field_id: int, t_us: int, instance: MigInstanceSpec | None = None
+    ) -> float | int | bytes:
+        """The value the host engine sampled for this field of this GPU (or of this GPU
+        instance of it) at scenario time `t_us`."""
         t = t_us / 1e6
         field_type = _FIELD_TYPES[field_id]
         profiling = field_id in PROFILING_FIELDS
+        gpu_instance = None if instance is None else instance.gpu_instance
         if profiling and not dev.at_least("volta"):
             return _blank(field_type, NOT_SUPPORTED_BLANK)  # no profiling before Volta
-        if any(self._blanked(f, dev, field_id, t) for f in self._blanks):
+        if any(self._blanked(f, dev, gpu_instance, field_id, t) for f in self._blanks):
             return _blank(field_type, BLANK)
         if profiling:
             with self._lock:
@@ -752,15 +905,28 @@ class FakeDcgmLib:
             return _STRING_FIELDS[field_id](dev).encode()
         if field_id in _NVLINK_FIELDS and not dev.supports("nvlink"):
             return _blank(field_type, NOT_SUPPORTED_BLANK)  # as GPM: no links, no metric
-        if field_id in _BYTES_FIELDS:
+        if field_id in _BYTES_FIELDS:  # the GPU's own, on a GPU instance too
             return round(dev.value(_BYTES_FIELDS[field_id], t))
+
+        def value(quantity: str) -> float:
+            if instance is None:
+                return dev.value(quantity, t)
+            return instance.values[quantity].value_at(t)
+
         if field_id == _HMMA_FIELD:
-            return min(1.0, sim_activity.hmma_share(lambda quantity: dev.value(quantity, t)))
-        return dev.value(_RATIO_FIELDS[field_id], t)
+            return min(1.0, sim_activity.hmma_share(value))
+        return value(_RATIO_FIELDS[field_id])
 
     @staticmethod
-    def _blanked(fault: FaultSpec, dev: DeviceSpec, field_id: int, t: float) -> bool:
-        return fault.device == dev.index and fault.field == field_id and fault.active(t)
+    def _blanked(
+        fault: FaultSpec, dev: DeviceSpec, gpu_instance: int | None, field_id: int, t: float
+    ) -> bool:
+        return (
+            fault.device == dev.index
+            and fault.gpu_instance == gpu_instance
+            and fault.field == field_id
+            and fault.active(t)
+        )
 
     def _write(self, record: Any, entity: Any, field_id: int, reading: _Reading) -> None:
         ctypes.memset(ctypes.addressof(record), 0, ctypes.sizeof(record))
@@ -778,3 +944,8 @@ class FakeDcgmLib:
             record.value.dbl = float(value)
         else:
             record.value.i64 = int(value)
+
+
+def _mig_changes(dev: DeviceSpec) -> tuple[float, ...]:
+    """When `dev`'s MIG layout changes (DCGM numbers its GPU instances again each time)."""
+    return dev.mig.changes() if dev.mig is not None and dev.mig.enabled else ()

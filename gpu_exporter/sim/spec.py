@@ -340,6 +340,11 @@ class DcgmSpec(Strict):
     embedded_requires_root: Annotated[bool, _either("requires_root", "allowed")] = Field(
         default=False, alias="embedded"
     )
+    # visible: the host engine lists the MIG GPU instances (it runs as root); requires_root:
+    # it lists none (DCGM reads MIG only as root), so none can be watched
+    mig_visible: Annotated[bool, _either("visible", "requires_root")] = Field(
+        default=True, alias="mig"
+    )
     # dcgmConnectV2Params versions (the version's top byte) the host engine accepts
     connect_params_versions: Annotated[frozenset[Annotated[int, int_in(1, 255)]], nonempty] = (
         frozenset({1, 2})
@@ -707,6 +712,7 @@ class FaultSpec(Strict):
         duration: float
         metric: int
         field: int  # dcgm_blank: the DCGM field id
+        gpu_instance: int | None  # dcgm_blank: that GPU instance's value (None: the GPU's)
         pid: int  # proc_vanished, proc_unreadable: the process
         files: frozenset[str]  # proc_vanished, proc_unreadable: which of /proc/<pid>'s files
 
@@ -735,7 +741,7 @@ class FaultSpec(Strict):
 
 _FAULT_DEFAULTS: dict[str, Any] = {
     "device": NO_DEVICE, "xid": 0, "until": None, "function": "", "duration": 0.0, "metric": 0,
-    "field": 0, "pid": 0, "files": frozenset(),
+    "field": 0, "pid": 0, "files": frozenset(), "gpu_instance": None,
 }  # fmt: skip
 _TIMED_KINDS = frozenset({"hang", "dcgm_hang", "cri_hang"})
 
@@ -804,6 +810,7 @@ class _DcgmBlank(FaultSpec):
     kind: Literal["dcgm_blank"]
     device: DeviceIndex
     field: _DcgmField
+    gpu_instance: Annotated[int | None, int_in(0, 63)] = None
     until: _Until = None
 
 
@@ -1077,6 +1084,7 @@ class Scenario(Strict):
             ) from None
         scenario._refuse_shared_ids(data)
         scenario._refuse_dcgm_faults_without_dcgm()
+        scenario._refuse_faults_on_unknown_gpu_instances()
         scenario._refuse_process_faults_without_processes()
         if scenario.dra is None and any(p.claim is not None for p in scenario.pods):
             settle(scenario, dra=DraSpec())
@@ -1105,6 +1113,19 @@ class Scenario(Strict):
             if fault.kind in _DCGM_FAULTS:
                 raise error_at(
                     ("faults", i, "kind"), f"{fault.kind} needs a top-level `dcgm:` section"
+                )
+
+    def _refuse_faults_on_unknown_gpu_instances(self) -> None:
+        """A fault on a GPU instance its GPU never has would silently do nothing."""
+        for i, fault in enumerate(self.faults):
+            if fault.gpu_instance is None or fault.device == NO_DEVICE:
+                continue
+            mig = self.devices[fault.device].mig if fault.device < len(self.devices) else None
+            if mig is None or all(g.gpu_instance != fault.gpu_instance for g in mig.instances):
+                raise error_at(
+                    ("faults", i, "gpu_instance"),
+                    f"GPU {fault.device} has no GPU instance {fault.gpu_instance}",
+                    fault.gpu_instance,
                 )
 
     def _refuse_process_faults_without_processes(self) -> None:

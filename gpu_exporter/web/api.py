@@ -120,8 +120,9 @@ class InstanceMemory(_Body):
 
 class InstanceActivity(_Body):
     """Fractions of the last sample period; null where not measured: NVML GPM (Hopper and
-    newer) reads them per GPU instance, so A100/A30 MIG instances and the compute instances
-    of a shared GPU instance have none."""
+    newer), or DCGM where the exporter has a host engine (A100, A30), reads them per GPU
+    instance, so A100/A30 MIG instances without DCGM and the compute instances of a shared GPU
+    instance have none."""
 
     graphics_engine: float | None = Field(
         description="gpu_graphics_engine_active_ratio: the share of time a kernel ran; it "

@@ -52,6 +52,7 @@ from gpu_exporter.collect.nvml.calls import (
     NvmlCalls,
     TickAbandonedError,
 )
+from gpu_exporter.collect.nvml.collectors.mig import MIG_GPM
 from gpu_exporter.collect.nvml.device import DeviceReader, TickResult
 from gpu_exporter.collect.nvml.values import error_name
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
@@ -676,9 +677,9 @@ class NvmlSource:
             return self._all_down("NVML is being re-initialised")
         self._tick += 1
         started = self.clock()
-        needing_dcgm = self._needing_dcgm()
+        needing_dcgm, mig_needing_dcgm = self._needing_dcgm()
         if self.dcgm is not None:
-            self.dcgm.begin(needing_dcgm)  # in parallel with the NVML reads
+            self.dcgm.begin(needing_dcgm, mig_needing_dcgm)  # in parallel with the NVML reads
         running: dict[str, futures.Future[Any]] = {}
         driver = self._node_info.get("driver_version", "")
         for uuid, device in self._devices.items():
@@ -696,23 +697,33 @@ class NvmlSource:
         ]
         if self.dcgm is not None:
             left = started + self.deadline_seconds - self.clock()
-            samples = with_dcgm_activity(samples, needing_dcgm, self.dcgm.finish(left))
+            readings = self.dcgm.finish(left)
+            samples = with_dcgm_activity(samples, needing_dcgm, readings, mig_needing_dcgm)
         return sorted(samples, key=lambda s: s.index)
 
-    def _needing_dcgm(self) -> frozenset[str]:
-        """The answering whole GPUs whose activity GPM cannot give: learned unsupported
-        (before Hopper) or the gpm collector turned off. MIG-enabled GPUs are left out (their
-        activity is per GPU instance)."""
+    def _needing_dcgm(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The answering GPUs whose activity GPM cannot give (learned unsupported before
+        Hopper, or the gpm setting off): the whole GPUs, and the MIG-enabled GPUs, whose
+        activity is per GPU instance (the mig collector learns "mig_gpm" unsupported)."""
         if self.dcgm is None or not self.dcgm.available:
-            return frozenset()
-        return frozenset(
-            uuid
+            return frozenset(), frozenset()
+        answering = [
+            (uuid, device.reader)
             for uuid, device in self._devices.items()
-            if device.identified
-            and not device.lost
-            and not device.reader.mig_enabled
-            and (not self.settings.gpm or device.reader.is_unsupported("gpm"))
+            if device.identified and not device.lost
+        ]
+        gpm = self.settings.gpm
+        whole = frozenset(
+            uuid
+            for uuid, reader in answering
+            if not reader.mig_enabled and (not gpm or reader.is_unsupported("gpm"))
         )
+        mig = frozenset(
+            uuid
+            for uuid, reader in answering
+            if reader.mig_enabled and (not gpm or reader.is_unsupported(MIG_GPM))
+        )
+        return whole, mig
 
     def read_each_device(
         self, read: Callable[[DeviceReader], Any], timeout: float

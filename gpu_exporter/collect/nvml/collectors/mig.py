@@ -40,6 +40,10 @@ from gpu_exporter.collect.nvml.collectors.gpm import METRICS, open_window, windo
 from gpu_exporter.collect.nvml.collectors.memory import MEMORY_FAMILIES, memory_readings
 from gpu_exporter.model.snapshot import InstanceSample, Reading
 
+# Learned unsupported on a MIG GPU without GPM (A100, A30): its instances' activity is then
+# DCGM's to give, where a DCGM source is configured (collect/dcgm_mig.py).
+MIG_GPM = "mig_gpm"
+
 # An empty slot, or a handle a reconfiguration destroyed.
 _GONE = (N.NVMLError_NotFound, N.NVMLError_InvalidArgument)
 _MIB = 1024 * 1024
@@ -234,6 +238,8 @@ class Mig(Collector):
             supported = nvml.call("mig_gpm_support", gpm.is_supported, nvml.handle)
             if supported is not None or nvml.is_unsupported("mig_gpm_support"):
                 self.gpm_supported = bool(supported)  # A100/A30: MIG without GPM
+                if not supported:
+                    nvml.learn_unsupported(MIG_GPM)
         if not self.gpm_supported:
             return []
         window = self.windows.get(device.window_key)
