@@ -39,7 +39,7 @@ from gpu_exporter.collect import dcgm_api as api
 from gpu_exporter.collect.settings import DcgmConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 from gpu_exporter.collect.worker import Worker
-from gpu_exporter.model.activity import BY_DCGM_FIELD
+from gpu_exporter.model.activity import AWAITED_FAMILY, BY_DCGM_FIELD
 from gpu_exporter.model.series import Producer, Series, series
 from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample, Labels, Reading
 
@@ -74,6 +74,9 @@ FIELDS: tuple[DcgmField, ...] = tuple(
     for field_id, activity in BY_DCGM_FIELD.items()
 )
 BY_ID: Mapping[int, DcgmField] = {f.field_id: f for f in FIELDS}
+
+# What a GPU DCGM has no first value for yet reports (model/activity.py).
+AWAITED = Reading(AWAITED_FAMILY, 1.0)
 
 # Per-value problems that are not errors: no sample yet (the first update cycle), a field this
 # GPU lacks, and blank values (profiling paused; counted apart).
@@ -536,6 +539,7 @@ class DcgmSource:
             return readings, blank  # an abandoned read: its values and errors are not ours
         with self._lock:
             freshness = self._state.freshness
+        no_data: set[str] = set()  # GPUs with a field not sampled yet
         for value in values:
             uuid = uuid_of.get(value.gpu)
             spec = BY_ID.get(value.field_id)
@@ -544,6 +548,8 @@ class DcgmSource:
             if value.value is None or isinstance(value.value, str):
                 if value.problem == "Blank":
                     blank += 1
+                if value.problem == "NoData":
+                    no_data.add(uuid)
                 if value.problem not in _QUIET:
                     self.errors.add(SOURCE, f"field_{value.field_id}", value.problem)
                 continue
@@ -563,6 +569,9 @@ class DcgmSource:
             readings.setdefault(uuid, []).append(
                 Reading(spec.family, min(max(ratio, 0.0), 1.0), spec.labels)
             )
+        # Before the first update cycle of a new watch: activity is awaited, not missing.
+        for uuid in no_data - readings.keys():
+            readings[uuid] = [AWAITED]
         return readings, blank
 
     def _set_state(self, connection: _Connection, up: bool, blank: int) -> None:
@@ -599,14 +608,21 @@ def with_dcgm_activity(
     samples: list[DeviceSample],
     needing: Collection[str],
     readings: Mapping[str, list[Reading]],
+    starting: Collection[str] = (),
 ) -> list[DeviceSample]:
     """The tick's samples with DCGM's activity added to the GPUs that needed it, and
-    gpu_activity_source_info on every GPU whose activity one of the two sources measured."""
+    gpu_activity_source_info on every GPU whose activity one of the two sources measured.
+    `starting`: GPUs that need DCGM from the next tick on (GPM was just learned unsupported):
+    their activity is awaited, as it is while DCGM has no first value for a GPU."""
     merged = []
     for sample in samples:
         extra: list[Reading] = []
         if sample.up and readings.get(sample.uuid) and sample.uuid in needing:
-            extra = [*readings[sample.uuid], _source_info("dcgm")]
+            extra = list(readings[sample.uuid])
+            if readings[sample.uuid] != [AWAITED]:
+                extra.append(_source_info("dcgm"))
+        elif sample.up and sample.uuid in starting:
+            extra = [AWAITED]
         elif sample.up and sample.value("gpu_sm_active_ratio") is not None:
             extra = [_source_info("gpm")]
         merged.append(replace(sample, readings=(*sample.readings, *extra)) if extra else sample)

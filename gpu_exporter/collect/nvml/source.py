@@ -696,7 +696,9 @@ class NvmlSource:
         ]
         if self.dcgm is not None:
             left = started + self.deadline_seconds - self.clock()
-            samples = with_dcgm_activity(samples, needing_dcgm, self.dcgm.finish(left))
+            readings = self.dcgm.finish(left)
+            starting = self._needing_dcgm() - needing_dcgm  # asked from the next tick on
+            samples = with_dcgm_activity(samples, needing_dcgm, readings, starting)
         return sorted(samples, key=lambda s: s.index)
 
     def _needing_dcgm(self) -> frozenset[str]:
