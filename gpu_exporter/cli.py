@@ -269,7 +269,7 @@ def _simulated_kubelet(
     path."""
     if not scenario.pods or config.kubernetes.enabled != "auto":
         return None, config
-    from gpu_exporter.sim.kubelet import start_for
+    from gpu_exporter.sim.kubelet import describe, start_for
 
     kubelet = start_for(scenario, clock)
     if kubelet is None:
@@ -277,7 +277,8 @@ def _simulated_kubelet(
     kubernetes = config.kubernetes.model_copy(
         update={"enabled": True, "socket_path": kubelet.socket_path}
     )
-    log.info("simulated kubelet with %d pod devices at %s", len(scenario.pods), kubelet.socket_path)
+    # Counted as pod attribution counts what it reads ("N devices held by pods").
+    log.info("simulated kubelet at %s: %s", kubelet.socket_path, describe(scenario, clock()))
     return kubelet, config.model_copy(update={"kubernetes": kubernetes})
 
 
