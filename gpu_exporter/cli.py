@@ -210,7 +210,7 @@ def serve(args: argparse.Namespace) -> int:
             scenario = sim.load_scenario(config.simulate)
         except ValueError as exc:  # ScenarioError and YAML errors name the file and field
             for problem in str(exc).splitlines():  # one line per problem, each on its own
-                print(f"scenario error: {problem}", file=sys.stderr)
+                print(f"scenario error: {_set_by(config, 'simulate')}{problem}", file=sys.stderr)
             return EXIT_USAGE
         simulator = sim.install(scenario)
         log.info("simulating scenario %r", config.simulate)
@@ -228,7 +228,7 @@ def serve(args: argparse.Namespace) -> int:
         try:
             dcgm_source = dcgm.configured(config.dcgm, errors, config.interval_seconds)
         except SourceUnavailableError as exc:  # a DCGM mode that cannot work on this host
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {_set_by(config, 'dcgm.mode')}{exc}", file=sys.stderr)
             return EXIT_USAGE
         source = NvmlSource(
             settings=config.nvml,
@@ -248,6 +248,13 @@ def serve(args: argparse.Namespace) -> int:
             kubelet.close()
         if api_server is not None:
             api_server.close()
+
+
+def _set_by(config: Config, setting: str) -> str:
+    """ "environment variable X (setting): " when one set the setting a later error is about
+    (a scenario, a rule file): a person may not know that it is set there."""
+    origin = config.origin_of(setting)
+    return f"{origin} ({setting}): " if origin else ""
 
 
 def _simulated_dcgm(scenario: Any, config: Config) -> Config:
@@ -348,12 +355,15 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
             return EXIT_USAGE
     problem = http_server.web_config_problem(config.web_config_file)
     if problem:
-        print(f"web config error: {problem}", file=sys.stderr)
+        print(f"web config error: {_set_by(config, 'web_config_file')}{problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
         assembly = assemble(config, source, errors)
     except ValueError as exc:  # RuleFileError, bad Alertmanager settings
-        print(f"rule error: {exc}", file=sys.stderr)
+        from gpu_exporter.alerting.rules.loader import RuleFileError
+
+        named = _set_by(config, "rules.files") if isinstance(exc, RuleFileError) else ""
+        print(f"rule error: {named}{exc}", file=sys.stderr)
         return EXIT_USAGE
     failure = source.progress.commit(max(0.0, grace_ends - time.monotonic()))
     if failure is not None:

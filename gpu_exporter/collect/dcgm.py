@@ -600,8 +600,20 @@ def configured(
         if settings.mode == "auto":
             log.info("DCGM: %s; activity before Hopper stays absent", exc)
             return None
-        raise SourceUnavailableError(f"dcgm.mode is {settings.mode}, but {exc}") from None
+        raise SourceUnavailableError(
+            f"dcgm.mode is {settings.mode}, but {exc}; {INSTALL_HINT}"
+        ) from None
     return source
+
+
+# Where libdcgm comes from: NVIDIA's DCGM 4 packages (the CUDA apt/yum repository), or an image
+# built with them (docs/kubernetes.md, "An image with DCGM").
+INSTALL_HINT = (
+    "install NVIDIA's DCGM 4 from its CUDA repository (datacenter-gpu-manager-4-core, and "
+    "datacenter-gpu-manager-4-proprietary for the profiling fields), or in a container use an "
+    "image built with them (docs/kubernetes.md, An image with DCGM); dcgm.mode auto runs "
+    "without DCGM where it is missing"
+)
 
 
 def with_dcgm_activity(
