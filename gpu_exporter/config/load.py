@@ -8,6 +8,7 @@ environment variable; or the flag.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -237,6 +238,54 @@ def load_config(
         raise ConfigError("\n".join(problems)) from exc
     config._origins = {format_path(setting): where for setting, (_, where) in origins.items()}
     return config
+
+
+def load_config_leniently(path: str | Path) -> Config | None:
+    """The file's configuration with every invalid setting left at its default (environment
+    and flags not read), or None when the file cannot be read as a mapping: what `config
+    check` checks the files a configuration names with (its scenario, web-config and rule
+    files), so that one run reports their problems next to the settings' own."""
+    try:
+        located = load_yaml_file(path)
+    except YamlFileError:
+        return None
+    if not isinstance(located.data, dict):
+        return None if located.data is not None else Config()
+    data: dict[str, Any] = copy.deepcopy(located.data)
+    for _ in range(_LENIENT_ROUNDS):  # a setting dropped may reveal a check across others
+        try:
+            return Config.model_validate(data)
+        except ValidationError as exc:
+            dropped = False
+            for err in exc.errors():
+                loc = tuple(part for part in err["loc"] if part != "[key]")
+                paths = [loc] if loc else _mentioned(str(err.get("msg", "")))
+                dropped = any([_drop(data, p) for p in paths]) or dropped
+            if not dropped:
+                return None
+    return None
+
+
+_LENIENT_ROUNDS = 5
+
+
+def _drop(data: Any, path: tuple[Any, ...]) -> bool:
+    """Remove the value at `path` when it is there; False when it is not."""
+    node = data
+    for part in path[:-1]:
+        if not _holds(node, part):
+            return False
+        node = node[part]
+    if not path or not _holds(node, path[-1]):
+        return False
+    del node[path[-1]]
+    return True
+
+
+def _holds(node: Any, key: Any) -> bool:
+    if isinstance(node, dict):
+        return key in node
+    return isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)
 
 
 # Pydantic's own words, but for an unknown key: the settings' vocabulary.
