@@ -251,10 +251,11 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _set_by(config: Config, setting: str) -> str:
-    """ "environment variable X (setting): " when one set the setting a later error is about
-    (a scenario, a rule file): a person may not know that it is set there."""
+    """The prefix naming the environment variable that set the setting a later error is about
+    (a scenario, a rule file), as "environment variable X (setting): ": a person may not know
+    that it is set there. A flag they just typed needs no naming."""
     origin = config.origin_of(setting)
-    return f"{origin} ({setting}): " if origin else ""
+    return f"{origin} ({setting}): " if origin.startswith("environment variable") else ""
 
 
 def _simulated_dcgm(scenario: Any, config: Config) -> Config:

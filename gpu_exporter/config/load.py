@@ -85,8 +85,8 @@ class Config(SettingsModel):
     _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def origin_of(self, setting: str) -> str:
-        """ "environment variable GPU_EXPORTER_X" or "flag --x" when one set `setting` (as
-        written in the file, "a.b"); "" for the file's settings and defaults."""
+        """Which environment variable or flag set `setting` ("a.b", as the file writes it):
+        "environment variable GPU_EXPORTER_X" or "flag --x"; "" for the file's and defaults."""
         return self._origins.get(setting, "")
 
     def runbook_base_url(
