@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="mixed",
         metavar="SCENARIO",
-        help="run on a simulated GPU node: a built-in scenario name (default mixed) or a file",
+        help="run on a simulated GPU node: a built-in scenario name (default mixed) or a "
+        "file's path (with a / or ending in .yaml or .yml: ./mixed is a file, mixed the built-in)",
     )
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
