@@ -63,7 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run on a simulated GPU node: a built-in scenario name (default mixed) or a "
         "file's path (with a / or ending in .yaml or .yml: ./mixed is a file, mixed the built-in)",
     )
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log (default info)",
+    )
     serve.add_argument(
         "--rules",
         action="append",
@@ -122,7 +126,11 @@ def _add_semantics_argument(parser: argparse.ArgumentParser) -> None:
 def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
     rules = commands.add_parser("rules", help="check, test and export rule files")
     verbs = rules.add_subparsers(dest="rules_command", metavar="VERB", required=True)
-    check = verbs.add_parser("check", help="validate rule files (promtool check rules + subset)")
+    check = verbs.add_parser(
+        "check",
+        help="validate rule files as `promtool check rules` does, and that the daemon can "
+        "evaluate them (its PromQL, how far back a rule reads)",
+    )
     check.add_argument(
         "--max-range-seconds",
         type=_positive_seconds,
@@ -136,12 +144,17 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
         "not implement, such as native-histogram functions; a warning otherwise), for CI",
     )
     _add_semantics_argument(check)
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="FILE", help="rule files, or globs of them")
     test = verbs.add_parser("test", help="run promtool-format rule unit tests on our evaluator")
     _add_semantics_argument(test)
-    test.add_argument("files", nargs="+", metavar="FILE")
+    test.add_argument("files", nargs="+", metavar="FILE", help="promtool-format unit-test files")
     export = verbs.add_parser("export", help="render rule files as a Kubernetes manifest")
-    export.add_argument("--format", choices=["prometheusrule"], default="prometheusrule")
+    export.add_argument(
+        "--format",
+        choices=["prometheusrule"],
+        default="prometheusrule",
+        help="what to render (default prometheusrule: a Prometheus Operator PrometheusRule)",
+    )
     export.add_argument("--name", default="gpu-exporter", help="metadata.name")
     export.add_argument("--namespace", help="metadata.namespace")
     export.add_argument(
@@ -151,7 +164,8 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
         "--runbook-base-url",
         metavar="URL",
         help="where runbook_url links to docs/runbook.md point, e.g. the exporters' own "
-        "/runbook through their Service (required when the files have such links)",
+        "/runbook through their Service (required when the files have such links, as the "
+        "shipped pack does)",
     )
     export.add_argument("files", nargs="*", metavar="FILE", help="default: the shipped pack")
 

@@ -60,7 +60,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="read the absolute paths the configuration and its web-config file name under DIR "
         "(files laid out as the pod mounts them, e.g. extracted from `helm template`)",
     )
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="FILE", help="configuration files")
 
 
 def run(args: argparse.Namespace) -> int:
