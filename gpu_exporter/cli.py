@@ -60,9 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         const="mixed",
         metavar="SCENARIO",
-        help="run on a simulated GPU node: a built-in scenario name (default mixed) or a file",
+        help="run on a simulated GPU node: a built-in scenario name (default mixed) or a "
+        "file's path (with a / or ending in .yaml or .yml: ./mixed is a file, mixed the built-in)",
     )
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="how much to log (default info)",
+    )
     serve.add_argument(
         "--rules",
         action="append",
@@ -130,7 +135,11 @@ def _add_semantics_argument(parser: argparse.ArgumentParser) -> None:
 def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
     rules = commands.add_parser("rules", help="check, test and export rule files")
     verbs = rules.add_subparsers(dest="rules_command", metavar="VERB", required=True)
-    check = verbs.add_parser("check", help="validate rule files (promtool check rules + subset)")
+    check = verbs.add_parser(
+        "check",
+        help="validate rule files as `promtool check rules` does, and that the daemon can "
+        "evaluate them (its PromQL, how far back a rule reads)",
+    )
     check.add_argument(
         "--max-range-seconds",
         type=_positive_seconds,
@@ -144,12 +153,17 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
         "not implement, such as native-histogram functions; a warning otherwise), for CI",
     )
     _add_semantics_argument(check)
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="FILE", help="rule files, or globs of them")
     test = verbs.add_parser("test", help="run promtool-format rule unit tests on our evaluator")
     _add_semantics_argument(test)
-    test.add_argument("files", nargs="+", metavar="FILE")
+    test.add_argument("files", nargs="+", metavar="FILE", help="promtool-format unit-test files")
     export = verbs.add_parser("export", help="render rule files as a Kubernetes manifest")
-    export.add_argument("--format", choices=["prometheusrule"], default="prometheusrule")
+    export.add_argument(
+        "--format",
+        choices=["prometheusrule"],
+        default="prometheusrule",
+        help="what to render (default prometheusrule: a Prometheus Operator PrometheusRule)",
+    )
     export.add_argument("--name", default="gpu-exporter", help="metadata.name")
     export.add_argument("--namespace", help="metadata.namespace")
     export.add_argument(
@@ -159,7 +173,8 @@ def _add_rules_commands(commands: argparse._SubParsersAction) -> None:
         "--runbook-base-url",
         metavar="URL",
         help="where runbook_url links to docs/runbook.md point, e.g. the exporters' own "
-        "/runbook through their Service (required when the files have such links)",
+        "/runbook through their Service (required when the files have such links, as the "
+        "shipped pack does)",
     )
     export.add_argument("files", nargs="*", metavar="FILE", help="default: the shipped pack")
 
@@ -220,7 +235,7 @@ def serve(args: argparse.Namespace) -> int:
             scenario = sim.load_scenario(config.simulate)
         except ValueError as exc:  # ScenarioError and YAML errors name the file and field
             for problem in str(exc).splitlines():  # one line per problem, each on its own
-                print(f"scenario error: {problem}", file=sys.stderr)
+                print(f"scenario error: {_set_by(config, 'simulate')}{problem}", file=sys.stderr)
             return EXIT_USAGE
         simulator = sim.install(scenario)
         log.info("simulating scenario %r", config.simulate)
@@ -238,7 +253,7 @@ def serve(args: argparse.Namespace) -> int:
         try:
             dcgm_source = dcgm.configured(config.dcgm, errors, config.interval_seconds)
         except SourceUnavailableError as exc:  # a DCGM mode that cannot work on this host
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {_set_by(config, 'dcgm.mode')}{exc}", file=sys.stderr)
             return EXIT_USAGE
         source = NvmlSource(
             settings=config.nvml,
@@ -260,6 +275,14 @@ def serve(args: argparse.Namespace) -> int:
             api_server.close()
 
 
+def _set_by(config: Config, setting: str) -> str:
+    """The prefix naming the environment variable that set the setting a later error is about
+    (a scenario, a rule file), as "environment variable X (setting): ": a person may not know
+    that it is set there. A flag they just typed needs no naming."""
+    origin = config.origin_of(setting)
+    return f"{origin} ({setting}): " if origin.startswith("environment variable") else ""
+
+
 def _simulated_dcgm(scenario: Any, config: Config) -> Config:
     """A scenario with a DCGM host engine (`dcgm:`) is a node whose operator runs one for the
     exporter: `dcgm.mode` is then `auto` unless it was set (elsewhere DCGM is opt-in)."""
@@ -279,7 +302,7 @@ def _simulated_kubelet(
     path."""
     if not scenario.pods or config.kubernetes.enabled != "auto":
         return None, config
-    from gpu_exporter.sim.kubelet import start_for
+    from gpu_exporter.sim.kubelet import describe, start_for
 
     kubelet = start_for(scenario, clock)
     if kubelet is None:
@@ -287,7 +310,8 @@ def _simulated_kubelet(
     kubernetes = config.kubernetes.model_copy(
         update={"enabled": True, "socket_path": kubelet.socket_path}
     )
-    log.info("simulated kubelet with %d pod devices at %s", len(scenario.pods), kubelet.socket_path)
+    # Counted as pod attribution counts what it reads ("N devices held by pods").
+    log.info("simulated kubelet at %s: %s", kubelet.socket_path, describe(scenario, clock()))
     return kubelet, config.model_copy(update={"kubernetes": kubernetes})
 
 
@@ -358,7 +382,7 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
             return EXIT_USAGE
     problem = http_server.web_config_problem(config.web_config_file)
     if problem:
-        print(f"web config error: {problem}", file=sys.stderr)
+        print(f"web config error: {_set_by(config, 'web_config_file')}{problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
         assembly = assemble(config, source, errors)
@@ -367,7 +391,10 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
             print(f"counters file error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     except ValueError as exc:  # RuleFileError, bad Alertmanager settings
-        print(f"rule error: {exc}", file=sys.stderr)
+        from gpu_exporter.alerting.rules.loader import RuleFileError
+
+        named = _set_by(config, "rules.files") if isinstance(exc, RuleFileError) else ""
+        print(f"rule error: {named}{exc}", file=sys.stderr)
         return EXIT_USAGE
     failure = source.progress.commit(max(0.0, grace_ends - time.monotonic()))
     if failure is not None:

@@ -12,6 +12,7 @@ command -v prometheus-alertmanager >/dev/null 2>&1 || need_debs+=(prometheus-ale
 command -v openssl >/dev/null 2>&1 || need_debs+=(openssl)  # test TLS certificates
 command -v chromium >/dev/null 2>&1 || need_debs+=(chromium)  # status page browser test
 command -v npm >/dev/null 2>&1 || need_debs+=(nodejs npm)  # tsc; helm/kubectl come via npm
+command -v htpasswd >/dev/null 2>&1 || need_debs+=(apache2-utils)  # docs/security.md's hash command
 if [ "${#need_debs[@]}" -gt 0 ]; then
   echo "installing Debian packages: ${need_debs[*]}"
   as_root apt-get update -qq

@@ -20,6 +20,7 @@ from gpu_exporter.collect import dcgm, dcgm_api
 from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.collect.settings import DcgmConfig, NvmlConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
+from gpu_exporter.model.activity import AWAITED_FAMILY
 from gpu_exporter.model.snapshot import DeviceSample
 from gpu_exporter.sim.clock import ManualClock
 
@@ -573,3 +574,39 @@ def test_an_abandoned_read_that_returns_changes_nothing(node: Any) -> None:
     time.sleep(2.3)  # the abandoned read returns with good values
     assert dcgm_series(source)["gpu_exporter_dcgm_up"] == 0.0  # still not up: not ours
     assert source.errors.snapshot() == before
+
+
+# --- activity not sampled yet ------------------------------------------------------------------
+
+
+def awaited(samples: list[DeviceSample]) -> list[float | None]:
+    return [s.value(AWAITED_FAMILY) for s in samples]
+
+
+def test_activity_is_awaited_until_dcgms_first_update_cycle(node: Any) -> None:
+    """Tick 1 learns "no GPM" (DCGM is asked from tick 2), tick 2's watch has not had its first
+    update cycle (NoData): both say the activity is awaited, which the rules read as "not
+    sampled yet"; from tick 3 on DCGM's values are there and nothing is awaited."""
+    source, clock = node(scenario({"host_engine": "running"}))
+    for samples in (tick(source, clock), tick(source, clock)):
+        assert sm(samples) == [None, None]
+        assert awaited(samples) == [1.0, 1.0]
+        assert all(s.value("gpu_activity_source_info", source="dcgm") is None for s in samples)
+    samples = tick(source, clock)
+    assert sm(samples) == pytest.approx([SM["training"], SM["launch"]])
+    assert awaited(samples) == [None, None]
+    assert errors_of(source) == 0
+
+
+def test_activity_is_not_awaited_from_a_host_engine_that_is_not_there(node: Any) -> None:
+    """Awaited is "not sampled yet", never "unavailable": once the connect has failed, the
+    activity is simply absent (and GpuActivityMetricsUnavailable may judge it)."""
+    source, clock = node(scenario({"host_engine": "absent"}))
+    assert awaited(tick(source, clock)) == [1.0, 1.0]  # DCGM not asked yet
+    for samples in ticks_each(source, clock, 4):
+        assert sm(samples) == [None, None]
+        assert awaited(samples) == [None, None]
+
+
+def ticks_each(source: NvmlSource, clock: ManualClock, n: int) -> list[list[DeviceSample]]:
+    return [tick(source, clock) for _ in range(n)]

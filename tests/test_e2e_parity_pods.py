@@ -96,10 +96,17 @@ LabelSet = frozenset[tuple[str, str]]
 # --- the rule file ---------------------------------------------------------------------------
 
 
+# Families present for a single tick at a time (gpu_activity_awaited: the tick that takes a
+# GPM window's first sample, at start or after a re-init): whether a scrape sees one is a matter
+# of phase, not of labels, so they get no Parity_ alert. Their labels are the device's, which
+# every other per-GPU family compares.
+ONE_TICK_FAMILIES = frozenset({"gpu_activity_awaited"})
+
+
 def per_gpu_families() -> list[str]:
     from gpu_exporter.model.catalog import FAMILIES
 
-    return [family.name for family in FAMILIES if family.per_device]
+    return [f.name for f in FAMILIES if f.per_device and f.name not in ONE_TICK_FAMILIES]
 
 
 def alert_names(path: Path) -> set[str]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_exporter.collect.nvml.source import NvmlSource
+from gpu_exporter.model.activity import AWAITED_FAMILY
 from gpu_exporter.model.series import SeriesBuilder, SeriesSet
 from gpu_exporter.model.snapshot import DeviceSample, InstanceSample, Snapshot
 from gpu_exporter.sim.clock import ManualClock
@@ -176,6 +177,21 @@ def test_reconfiguration_replaces_instances_without_diffing_across_them(
     assert later and ticks(mig, clock, n=1)[1].up
     stale = [e for e in mig.errors.snapshot() if e.field.startswith("mig_")]
     assert stale == []
+
+
+def test_instance_activity_is_awaited_on_the_tick_of_its_first_gpm_sample(
+    mig: NvmlSource, clock: ManualClock
+) -> None:
+    """Each Hopper instance's GPM window starts on the first tick, with its activity awaited
+    (not unavailable); A100 instances have no GPM and are never awaited."""
+    clock.advance(1.0)
+    first = [i for d in mig.sample() for i in d.instances]
+    second = [i for d in ticks(mig, clock, n=1).values() for i in d.instances]
+    hopper = [i.value("gpu_sm_active_ratio") is not None for i in second]
+    assert any(hopper) and not all(hopper)  # both kinds are there
+    assert [i.value(AWAITED_FAMILY) for i in first] == [1.0 if h else None for h in hopper]
+    assert all(i.value("gpu_sm_active_ratio") is None for i in first)
+    assert all(i.value(AWAITED_FAMILY) is None for i in second)
 
 
 def test_gpm_samples_of_vanished_instances_are_freed(mig: NvmlSource, clock: ManualClock) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.source import SourceUnavailableError
+from gpu_exporter.model.activity import AWAITED_FAMILY
 from tests.conftest import ManualClock
 from tests.support import wait_for
 
@@ -64,6 +65,26 @@ def test_mixed_matches_the_scenario(start, clock: ManualClock) -> None:
     hw_thermal = later[5].value("gpu_clock_event_seconds_total", reason="hw_thermal_slowdown")
     assert hw_thermal - throttle == pytest.approx(2.0, abs=0.1)
     assert source.errors.snapshot() == ()
+
+
+def test_activity_is_awaited_on_the_tick_that_takes_the_first_gpm_sample(
+    start, clock: ManualClock
+) -> None:
+    """GPM diffs two samples: the first tick has no activity, and says it is awaited (not
+    unavailable); the next has it, and nothing is awaited."""
+    source = start("mixed")
+    first = {d.index: d for d in source.sample()}
+    assert all(d.value("gpu_sm_active_ratio") is None for d in first.values())
+    assert [d.value(AWAITED_FAMILY) for d in first.values()] == [1.0] * 8
+    second = tick(source, clock)
+    assert all(d.value("gpu_sm_active_ratio") is not None for d in second.values())
+    assert [d.value(AWAITED_FAMILY) for d in second.values()] == [None] * 8
+
+
+def test_pre_hopper_activity_is_not_awaited(start, clock: ManualClock) -> None:
+    source = start("pre-hopper")
+    for samples in (source.sample(), tick(source, clock).values()):
+        assert all(d.value(AWAITED_FAMILY) is None for d in samples)
 
 
 def test_pre_hopper_has_no_activity_and_uses_older_calls(start, clock: ManualClock) -> None:

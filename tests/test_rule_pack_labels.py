@@ -104,7 +104,8 @@ SCENARIOS = [
     Scenario(
         "GpuActivityMetricsUnavailable",
         "20m",
-        (("gpu_utilization_ratio", "0.9x40"),),
+        # Awaited on the first sample only (GPM's first window), then missing for good.
+        (("gpu_utilization_ratio", "0.9x40"), ("gpu_activity_awaited", "1 stale")),
         branch="missing",
     ),
     Scenario(

@@ -204,6 +204,12 @@ def test_serve_simulate_default_scenario_has_pod_labels_and_a_free_gpu(tmp_path:
             else:
                 assert "namespace=" in series and "pod=" in series and "container=" in series
         assert "gpu_exporter_attribution_up 1.0" in text
+        # The fake kubelet's start-up line and pod attribution's first answer count alike.
+        log = daemon.output()
+    held = len({uuid_to_gpu[s.device_id] for s in scenario.pods if s.active(0)})
+    pods = len({(s.namespace, s.pod) for s in scenario.pods if s.active(0)})
+    assert f": {pods} pods holding {held} devices at 0 s" in log
+    assert f"({held} devices held by pods)" in log
 
 
 def test_serve_simulate_follows_the_scenario_pods_over_time(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ from gpu_exporter.collect.dcgm_mig import InstanceActivity, InstanceKey, Watched
 from gpu_exporter.collect.settings import DcgmConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError
 from gpu_exporter.collect.worker import Worker
-from gpu_exporter.model.activity import BY_DCGM_FIELD
+from gpu_exporter.model.activity import AWAITED_FAMILY, BY_DCGM_FIELD
 from gpu_exporter.model.series import Producer, Series, series
 from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample, Labels, Reading
 
@@ -78,6 +78,9 @@ FIELDS: tuple[DcgmField, ...] = tuple(
     for field_id, activity in BY_DCGM_FIELD.items()
 )
 BY_ID: Mapping[int, DcgmField] = {f.field_id: f for f in FIELDS}
+
+# What a GPU DCGM has no first value for yet reports (model/activity.py).
+AWAITED = Reading(AWAITED_FAMILY, 1.0)
 
 # Per-value problems that are not errors: no sample yet (the first update cycle), a field this
 # GPU lacks, and blank values (profiling paused; counted apart).
@@ -657,6 +660,9 @@ class DcgmSource:
             return NO_READINGS, blank  # an abandoned read: its values and errors are not ours
         with self._lock:
             freshness = self._state.freshness
+        # GPUs and GPU instances with a field not sampled yet (before the first update cycle)
+        no_data: set[str] = set()
+        no_data_instances: set[InstanceKey] = set()
         for value in values:
             target: list[Reading] | None = None
             if value.entity_group == api.FE_GPU and value.entity_id in uuid_of:
@@ -669,6 +675,10 @@ class DcgmSource:
             if value.value is None or isinstance(value.value, str):
                 if value.problem == "Blank":
                     blank += 1
+                if value.problem == "NoData" and value.entity_group == api.FE_GPU:
+                    no_data.add(uuid_of[value.entity_id])
+                elif value.problem == "NoData":
+                    no_data_instances.add(watched[value.entity_id].key)
                 if value.problem not in _QUIET:
                     self.errors.add(SOURCE, f"field_{value.field_id}", value.problem)
                 continue
@@ -687,14 +697,18 @@ class DcgmSource:
                 self.errors.add(SOURCE, f"field_{value.field_id}", "AboveOne")
             target.append(Reading(spec.family, min(max(ratio, 0.0), 1.0), spec.labels))
         slices = {w.key: w.slices for w in watched.values()}
-        return DcgmReadings(
-            {uuid: found for uuid, found in gpus.items() if found},
-            {
-                key: InstanceActivity(slices[key], tuple(found))
-                for key, found in instances.items()
-                if found
-            },
-        ), blank
+        found_gpus = {uuid: found for uuid, found in gpus.items() if found}
+        found_instances = {
+            key: InstanceActivity(slices[key], tuple(found))
+            for key, found in instances.items()
+            if found
+        }
+        # Before the first update cycle of a new watch: activity is awaited, not missing.
+        for uuid in no_data - found_gpus.keys():
+            found_gpus[uuid] = [AWAITED]
+        for key in no_data_instances - found_instances.keys():
+            found_instances[key] = InstanceActivity(slices[key], (AWAITED,))
+        return DcgmReadings(found_gpus, found_instances), blank
 
     def _set_state(self, connection: _Connection, up: bool, blank: int) -> None:
         if not self._current(connection):
@@ -722,8 +736,20 @@ def configured(
         if settings.mode == "auto":
             log.info("DCGM: %s; activity before Hopper stays absent", exc)
             return None
-        raise SourceUnavailableError(f"dcgm.mode is {settings.mode}, but {exc}") from None
+        raise SourceUnavailableError(
+            f"dcgm.mode is {settings.mode}, but {exc}; {INSTALL_HINT}"
+        ) from None
     return source
+
+
+# Where libdcgm comes from: NVIDIA's DCGM 4 packages (the CUDA apt/yum repository), or an image
+# built with them (docs/kubernetes.md, "An image with DCGM").
+INSTALL_HINT = (
+    "install NVIDIA's DCGM 4 from its CUDA repository (datacenter-gpu-manager-4-core, and "
+    "datacenter-gpu-manager-4-proprietary for the profiling fields), or in a container use an "
+    "image built with them (docs/kubernetes.md, An image with DCGM); dcgm.mode auto runs "
+    "without DCGM where it is missing"
+)
 
 
 def with_dcgm_activity(
@@ -731,18 +757,26 @@ def with_dcgm_activity(
     needing: Collection[str],
     readings: DcgmReadings,
     mig_needing: Collection[str] = frozenset(),
+    starting: Collection[str] = (),
 ) -> list[DeviceSample]:
     """The tick's samples with DCGM's activity added to the GPUs that needed it (and to the MIG
     instances of the MIG GPUs in `mig_needing`), and gpu_activity_source_info on every GPU
-    whose activity (or whose MIG instances' activity) one of the two sources measured."""
+    whose activity (or whose MIG instances' activity) one of the two sources measured.
+    `starting`: GPUs that need DCGM from the next tick on (GPM was just learned unsupported):
+    their activity is awaited, as it is while DCGM has no first value for a GPU."""
     merged = []
     for sample in samples:
         if sample.up and sample.mig_enabled:
             merged.append(_with_mig_activity(sample, sample.uuid in mig_needing, readings))
             continue
         extra: list[Reading] = []
-        if sample.up and readings.gpus.get(sample.uuid) and sample.uuid in needing:
-            extra = [*readings.gpus[sample.uuid], _source_info("dcgm")]
+        found = readings.gpus.get(sample.uuid)
+        if sample.up and found and sample.uuid in needing:
+            extra = list(found)
+            if found != [AWAITED]:
+                extra.append(_source_info("dcgm"))
+        elif sample.up and sample.uuid in starting:
+            extra = [AWAITED]
         elif sample.up and sample.value("gpu_sm_active_ratio") is not None:
             extra = [_source_info("gpm")]
         merged.append(replace(sample, readings=(*sample.readings, *extra)) if extra else sample)

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ import yaml
 
 if TYPE_CHECKING:
     from gpu_exporter.config.load import Config
+    from gpu_exporter.support.yamlfile import LocatedYaml
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 2  # what `serve` exits with on the same input
@@ -41,9 +43,10 @@ Check daemon configuration files as `serve --config FILE` would load them: the s
 simulation scenario (simulate:), the web-config file (web_config_file:), the dcgm-exporter
 counters file (dcgm_compat.counters_file) and the rule files (rules.files, the shipped pack
 unless the file says otherwise). Environment variables and flags are not read. Prints
-`FILE: OK`, or each problem as `file:line: field: message`; exits 0 when every file passes, 2
-otherwise. Warnings (counters-file rows /metrics/dcgm does not serve) do not fail a file
-unless --strict is given."""
+`FILE: OK`, or every problem as `file:line: field: message` (wrong settings do not hide the
+problems of the files the others name); exits 0 when every file passes, 2 otherwise. Warnings
+(counters-file rows /metrics/dcgm does not serve) do not fail a file unless --strict is
+given."""
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -67,7 +70,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="also fail on what the daemon would start with but warn about (rows of the "
         "counters file /metrics/dcgm does not serve; a warning otherwise), for CI",
     )
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="FILE", help="configuration files")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,23 +92,59 @@ def check_file(
     path: str, root: Path | None = None, strict: bool = False
 ) -> tuple[list[str], list[str]]:
     """Every problem `serve --config path` would stop at (with `strict`, also what it would
-    warn about), and what it would warn about otherwise."""
-    from gpu_exporter.config.load import ConfigError, load_config
+    warn about), and what it would warn about otherwise. Settings that are wrong do not hide
+    the problems of the files the others name: those are checked with the wrong settings left
+    at their defaults."""
+    from gpu_exporter.config.load import ConfigError, load_config, load_config_leniently
 
+    problems: list[str] = []
     with _rerooted(path, root) as (readable, shown):
         try:
             config = load_config(readable, environ={})
         except ConfigError as exc:
-            return [
+            problems = [
                 line.removeprefix(_CONFIG_PREFIX).replace(readable, shown)
                 for line in str(exc).splitlines()
-            ], []
+            ]
+            lenient = load_config_leniently(readable)
+            if lenient is None:
+                return problems, []
+            config = lenient
+        located = _located(readable, shown)
     counters, warnings = _counters_problems(config, root, strict)
-    problems = _scenario_problems(config) + _web_config_problems(config, root) + counters
-    return problems + _rule_problems(config), warnings
+    problems += (
+        _scenario_problems(config, located)
+        + _web_config_problems(config, root, located)
+        + counters
+        + _rule_problems(config, located)
+    )
+    return problems, warnings
 
 
-def _scenario_problems(config: Config) -> list[str]:
+def _located(readable: str, shown: str) -> LocatedYaml | None:
+    """The configuration file as read, named as shown, for the lines of its settings."""
+    from gpu_exporter.support.yamlfile import YamlFileError, load_yaml_file
+
+    try:
+        located = load_yaml_file(readable)
+    except YamlFileError:
+        return None
+    located.filename = shown
+    return located
+
+
+def _setting_at(located: LocatedYaml | None, path: tuple[str | int, ...]) -> str:
+    """`file:line: setting: ` for a setting the file sets (a list given as one string: the
+    list's); "" for one it does not."""
+    if located is None:
+        return ""
+    for end in range(len(path), 0, -1):
+        if located.line_of(path[:end]):
+            return f"{located.where(path[:end])}: "
+    return ""
+
+
+def _scenario_problems(config: Config, located: LocatedYaml | None) -> list[str]:
     if not config.simulate:
         return []
     from gpu_exporter.sim.scenario import load_scenario
@@ -113,18 +152,21 @@ def _scenario_problems(config: Config) -> list[str]:
     try:
         load_scenario(config.simulate)
     except ValueError as exc:  # ScenarioError and YAML errors name the file and field
-        return str(exc).splitlines()
+        return _unplaced_at(str(exc).splitlines(), config.simulate, located, ("simulate",))
     return []
 
 
-def _web_config_problems(config: Config, root: Path | None) -> list[str]:
+def _web_config_problems(
+    config: Config, root: Path | None, located: LocatedYaml | None
+) -> list[str]:
     from gpu_exporter.web.http_server import web_config_problem
 
     if config.web_config_file is None:
         return []
     with _rerooted(config.web_config_file, root) as (readable, shown):
         problem = web_config_problem(readable)
-    return problem.replace(readable, shown).splitlines()
+    lines = problem.replace(readable, shown).splitlines()
+    return _unplaced_at(lines, config.web_config_file, located, ("web_config_file",))
 
 
 def _counters_problems(
@@ -146,7 +188,7 @@ def _counters_problems(
     return problems, warnings
 
 
-def _rule_problems(config: Config) -> list[str]:
+def _rule_problems(config: Config, located: LocatedYaml | None) -> list[str]:
     if not config.rules.enabled:
         return []
     from gpu_exporter.config.load import rule_manager
@@ -154,8 +196,26 @@ def _rule_problems(config: Config) -> list[str]:
     try:
         rule_manager(config).load()  # what `serve` does before it starts
     except ValueError as exc:  # RuleFileError: one line per problem
-        return str(exc).splitlines()
+        lines = str(exc).splitlines()
+        for i, pattern in enumerate(config.rules.files):
+            lines = _unplaced_at(lines, pattern, located, ("rules", "files", i))
+        return lines
     return []
+
+
+def _unplaced_at(
+    lines: list[str], named: str, located: LocatedYaml | None, setting: tuple[str | int, ...]
+) -> list[str]:
+    """Problems of the file `named` that have no line in it (it is missing, unreadable, or
+    matches nothing) get the line of the setting that names it, `file:line: setting: `."""
+    where = _setting_at(located, setting)
+    if not where:
+        return lines
+    has_line = re.compile(re.escape(named) + r":\d+: ")
+    return [
+        f"{where}{line}" if line.startswith(f"{named}: ") and not has_line.match(line) else line
+        for line in lines
+    ]
 
 
 @contextlib.contextmanager

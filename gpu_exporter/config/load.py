@@ -8,12 +8,14 @@ environment variable; or the flag.
 
 from __future__ import annotations
 
+import copy
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from gpu_exporter.alerting.rules.runbook import default_base_url as default_runbook_base_url
 from gpu_exporter.alerting.settings import AlertingConfig, RulesConfig
@@ -79,6 +81,14 @@ class Config(SettingsModel):
     web_config_file: str | None = None
     web: WebConfig = WebConfig()
     dcgm_compat: DcgmCompatConfig = DcgmCompatConfig()
+    # Setting ("a.b") -> the environment variable or flag that set it (the file's are absent):
+    # errors found after loading (a scenario, a rule file) name where their setting came from.
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def origin_of(self, setting: str) -> str:
+        """Which environment variable or flag set `setting` ("a.b", as the file writes it):
+        "environment variable GPU_EXPORTER_X" or "flag --x"; "" for the file's and defaults."""
+        return self._origins.get(setting, "")
 
     def runbook_base_url(
         self, tls: Callable[[], bool], environ: Mapping[str, str] | None = None
@@ -201,6 +211,8 @@ def load_config(
 ) -> Config:
     """Build the effective configuration. `flags` holds only flags the user gave."""
     environ = os.environ if environ is None else environ
+    # A file named by GPU_EXPORTER_CONFIG: its errors say so (the person may not know it is set).
+    named_by = "" if path else f"environment variable {ENV_CONFIG_FILE}: "
     path = path or environ.get(ENV_CONFIG_FILE) or None
     located: LocatedYaml | None = None
     data: dict[str, Any] = {}
@@ -208,11 +220,11 @@ def load_config(
         try:
             located = load_yaml_file(path)
         except YamlFileError as exc:
-            raise ConfigError(f"config error: {exc}") from exc
+            raise ConfigError(f"config error: {named_by}{exc}") from exc
         if located.data is None:
             located.data = {}
         if not isinstance(located.data, dict):
-            raise ConfigError(f"config error: {path}: the top level must be a mapping")
+            raise ConfigError(f"config error: {named_by}{path}: the top level must be a mapping")
         data = dict(located.data)
     origins: _Origins = {}
     for setting, value, where in _env_settings(environ):
@@ -221,10 +233,60 @@ def load_config(
         flag = f"flag --{FLAG_NAMES.get(key, key.replace('_', '-'))}"
         _place(data, tuple(key.split(".")), value, (_FROM_FLAG, flag), origins)
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         problems = [_describe(err, located, origins, data) for err in exc.errors()]
         raise ConfigError("\n".join(problems)) from exc
+    config._origins = {format_path(setting): where for setting, (_, where) in origins.items()}
+    return config
+
+
+def load_config_leniently(path: str | Path) -> Config | None:
+    """The file's configuration with every invalid setting left at its default (environment
+    and flags not read), or None when the file cannot be read as a mapping: what `config
+    check` checks the files a configuration names with (its scenario, web-config and rule
+    files), so that one run reports their problems next to the settings' own."""
+    try:
+        located = load_yaml_file(path)
+    except YamlFileError:
+        return None
+    if not isinstance(located.data, dict):
+        return None if located.data is not None else Config()
+    data: dict[str, Any] = copy.deepcopy(located.data)
+    for _ in range(_LENIENT_ROUNDS):  # a setting dropped may reveal a check across others
+        try:
+            return Config.model_validate(data)
+        except ValidationError as exc:
+            dropped = False
+            for err in exc.errors():
+                loc = tuple(part for part in err["loc"] if part != "[key]")
+                paths = [loc] if loc else _mentioned(str(err.get("msg", "")))
+                dropped = any([_drop(data, p) for p in paths]) or dropped
+            if not dropped:
+                return None
+    return None
+
+
+_LENIENT_ROUNDS = 5
+
+
+def _drop(data: Any, path: tuple[Any, ...]) -> bool:
+    """Remove the value at `path` when it is there; False when it is not."""
+    node = data
+    for part in path[:-1]:
+        if not _holds(node, part):
+            return False
+        node = node[part]
+    if not path or not _holds(node, path[-1]):
+        return False
+    del node[path[-1]]
+    return True
+
+
+def _holds(node: Any, key: Any) -> bool:
+    if isinstance(node, dict):
+        return key in node
+    return isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)
 
 
 # Pydantic's own words, but for an unknown key: the settings' vocabulary.
@@ -243,9 +305,26 @@ def _describe(
     for i in range(len(loc), 0, -1):
         if loc[:i] in origins:
             return f"config error: {origins[loc[:i]][1]} ({format_path(loc)}): {message}"
+    # A check across settings (a section's or the top level's): the settings inside it that an
+    # environment variable or flag set, those its message names (or, for a section, all).
+    mentioned = _mentioned(message)
+    inside = [p for p in origins if p[: len(loc)] == loc and len(p) > len(loc)]
+    named = [p for p in inside if p in mentioned] or (inside if loc else [])
+    also = "; ".join(f"{format_path(p)} from {origins[p][1]}" for p in named)
+    suffix = f" ({also})" if also else ""
     if located is not None:
-        return f"config error: {located.where(path)}: {message}"
-    return f"config error: {format_path(path)}: {message}"
+        # The top level's checks name their settings: point at the first one the file sets.
+        in_file = [p for p in mentioned if not loc and located.line_of(p)]
+        return f"config error: {located.where(in_file[0] if in_file else path)}: {message}{suffix}"
+    return f"config error: {format_path(path)}: {message}{suffix}"
+
+
+_SETTING = re.compile(r"\b[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)+\b|\b[a-z]+_[a-z0-9_]+\b")
+
+
+def _mentioned(message: str) -> list[tuple[str, ...]]:
+    """The setting paths a message names ("nvml.device_deadline_seconds"), in its order."""
+    return [tuple(name.split(".")) for name in _SETTING.findall(message)]
 
 
 def rule_manager(config: Config, notifier: AlertSink | None = None) -> RuleManager:

@@ -20,6 +20,13 @@ from types import MappingProxyType
 
 from gpu_exporter.model.snapshot import Labels
 
+# Present (value 1) while a device's activity is measured but has no value yet, so that rules
+# can tell "not sampled yet" from "not available". NVML GPM diffs two samples taken at least
+# 100 ms apart (nvml.h, nvmlGpmMetricsGet), so the tick that takes a window's first sample (at
+# start, after a driver re-init or a MIG change) has none; DCGM answers DCGM_ST_NO_DATA for a
+# watched field before its first update cycle (dcgm_structs.h).
+AWAITED_FAMILY = "gpu_activity_awaited"
+
 
 @dataclass(frozen=True, slots=True)
 class Activity:

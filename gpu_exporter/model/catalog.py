@@ -221,6 +221,16 @@ FAMILIES: tuple[Family, ...] = (
         ("source",),
         source="dcgm",
     ),
+    Family(
+        "gpu_activity_awaited",
+        G,
+        "1 while the device's SM/Tensor/DRAM activity is measured but has no value yet (NVML GPM"
+        " diffs two samples, so the tick that takes the first one, at start, after a driver"
+        " re-init or a MIG change, has none; DCGM has none before its first update cycle);"
+        " absent otherwise. Activity missing while this is present is not sampled yet, not"
+        " unavailable.",
+        scope=BOTH,
+    ),
     Family("gpu_memory_total_bytes", G, scope=BOTH, help="Total device memory.", unit="bytes"),
     Family(
         "gpu_memory_used_bytes",

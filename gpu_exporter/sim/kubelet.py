@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
+from gpu_exporter.collect.k8s.attribution import normalize_device_id
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from gpu_exporter.sim.dra import DRIVER
 from gpu_exporter.sim.spec import DraSpec, Scenario
@@ -230,6 +231,27 @@ def scenario_pods(scenario: Scenario, t: float | None = None) -> list[api_pb2.Po
         pod(namespace, name, containers, claims[namespace, name])
         for (namespace, name), containers in devices.items()
     ]
+
+
+def describe(scenario: Scenario, t: float) -> str:
+    """What the fake kubelet reports at scenario time `t`, counted as pod attribution counts
+    it (a time-slice replica's id is its GPU's; "N devices held by pods"): "6 pods holding 7
+    devices at 0 s (7 pods in the scenario, which come and go with from/until)"."""
+    active = [spec for spec in scenario.pods if spec.active(t)]
+    pods = {(spec.namespace, spec.pod) for spec in active}
+    devices = {normalize_device_id(spec.device_id) for spec in active if spec.claim is None}
+    claimed = sum(1 for spec in active if spec.claim is not None)
+    everyone = {(spec.namespace, spec.pod) for spec in scenario.pods}
+    through_dra = f" and {_count(claimed, 'DRA device')}" if claimed else ""
+    return (
+        f"{_count(len(pods), 'pod')} holding {_count(len(devices), 'device')}{through_dra} "
+        f"at {t:.0f} s ({_count(len(everyone), 'pod')} in the scenario, which come and go with "
+        "from/until)"
+    )
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
 def start_for(scenario: Scenario, clock: Callable[[], float] | None = None) -> FakeKubelet | None:

@@ -90,17 +90,29 @@ def builtin_path(name: str) -> Path:
     return Path(str(resources.files("gpu_exporter.sim") / "scenarios" / f"{name}.yaml"))
 
 
+def names_a_file(text: str) -> bool:
+    """Whether a scenario argument is a file's path (it has a `/` or ends in .yaml or .yml)
+    rather than a built-in's name: `--simulate mixed` is the built-in even where the working
+    directory holds something called `mixed`, and `./mixed` is that file."""
+    return "/" in text or text.endswith((".yaml", ".yml"))
+
+
 def load_scenario(name_or_path: str | Path | Mapping[str, Any]) -> Scenario:
-    """Load a scenario from a mapping, a YAML file path, or a built-in name."""
+    """Load a scenario from a mapping, a YAML file path (a Path, or a string `names_a_file`
+    says is one), or a built-in name."""
     if isinstance(name_or_path, Mapping):
         return _validated(LocatedYaml(dict(name_or_path), "<dict>"))
     path = Path(name_or_path)
     try:
-        if isinstance(name_or_path, str) and not path.suffix and not path.exists():
+        if isinstance(name_or_path, str) and not names_a_file(name_or_path):
             if name_or_path not in builtin_scenarios():
                 known = ", ".join(builtin_scenarios())
+                here = f" (the file {name_or_path} is ./{name_or_path})" if path.exists() else ""
                 raise ScenarioError(
-                    [f"{name_or_path}: no such scenario file or built-in (built-ins: {known})"]
+                    [
+                        f"{name_or_path}: no such scenario file or built-in; a file is named by "
+                        f"a path, with a / or ending in .yaml or .yml{here} (built-ins: {known})"
+                    ]
                 )
             resource = resources.files("gpu_exporter.sim") / "scenarios" / f"{name_or_path}.yaml"
             located = load_yaml(resource.read_text(encoding="utf-8"), str(resource))

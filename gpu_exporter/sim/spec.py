@@ -1073,26 +1073,36 @@ class Scenario(Strict):
         if not isinstance(data, dict):
             return handler(data)
         merged = _under_defaults(data)
+        # Faults that need a section the file lacks: found on the file as written, so that
+        # they are reported beside every other problem, not after those are fixed.
+        missing_sections = _faults_without_their_section(data)
         try:
             scenario = handler(merged)
         except ValidationError as exc:
             problems: dict[tuple[Path_, str], Any] = {}  # one per place and message, in order
             for loc, message, value in reworded(exc, merged, cls):
                 problems.setdefault((_written_at(loc, data)[0], message), value)
+            for loc, message, value in missing_sections:
+                problems.setdefault((loc, message), value)
             raise errors(
                 (loc, message, value) for (loc, message), value in problems.items()
             ) from None
-        scenario._refuse_shared_ids(data)
-        scenario._refuse_dcgm_faults_without_dcgm()
-        scenario._refuse_faults_on_unknown_gpu_instances()
-        scenario._refuse_process_faults_without_processes()
+        across = [
+            *scenario._shared_ids(data),
+            *missing_sections,
+            *scenario._faults_on_unknown_gpu_instances(),
+            *scenario._faults_on_unknown_processes(),
+        ]
+        if across:
+            raise errors(across)
         if scenario.dra is None and any(p.claim is not None for p in scenario.pods):
             settle(scenario, dra=DraSpec())
         settle(scenario, source=context_of(info).get("source", "<dict>"))
         return scenario
 
-    def _refuse_shared_ids(self, data: dict[str, Any]) -> None:
+    def _shared_ids(self, data: dict[str, Any]) -> list[tuple[Path_, str, Any]]:
         """Two GPUs with one UUID or bus id: NVML lookups by either would find only the first."""
+        problems: list[tuple[Path_, str, Any]] = []
         for key, what in (("uuid", "UUID"), ("pci_bus_id", "PCI bus id")):
             first: dict[str, int] = {}
             for device in self.devices:
@@ -1102,43 +1112,40 @@ class Scenario(Strict):
                     message = f"{what} {value!r} is also GPU {first[value]}'s"
                     if from_defaults:
                         message += " (set in defaults, so every GPU shares it)"
-                    raise error_at(loc, message, value)
+                    problems.append((loc, message, value))
+                    if from_defaults:
+                        break  # one line for the one place that says it
+                    continue
                 first[value] = device.index
+        return problems
 
-    def _refuse_dcgm_faults_without_dcgm(self) -> None:
-        """A DCGM fault on a node without DCGM would silently do nothing."""
-        if self.dcgm is not None:
-            return
-        for i, fault in enumerate(self.faults):
-            if fault.kind in _DCGM_FAULTS:
-                raise error_at(
-                    ("faults", i, "kind"), f"{fault.kind} needs a top-level `dcgm:` section"
-                )
-
-    def _refuse_faults_on_unknown_gpu_instances(self) -> None:
+    def _faults_on_unknown_gpu_instances(self) -> list[tuple[Path_, str, Any]]:
         """A fault on a GPU instance its GPU never has would silently do nothing."""
+        problems: list[tuple[Path_, str, Any]] = []
         for i, fault in enumerate(self.faults):
             if fault.gpu_instance is None or fault.device == NO_DEVICE:
                 continue
             mig = self.devices[fault.device].mig if fault.device < len(self.devices) else None
             if mig is None or all(g.gpu_instance != fault.gpu_instance for g in mig.instances):
-                raise error_at(
-                    ("faults", i, "gpu_instance"),
-                    f"GPU {fault.device} has no GPU instance {fault.gpu_instance}",
-                    fault.gpu_instance,
+                problems.append(
+                    (
+                        ("faults", i, "gpu_instance"),
+                        f"GPU {fault.device} has no GPU instance {fault.gpu_instance}",
+                        fault.gpu_instance,
+                    )
                 )
+        return problems
 
-    def _refuse_process_faults_without_processes(self) -> None:
-        """A /proc or CRI fault with nothing to act on would silently do nothing: the fake /proc
-        and CRI runtime run for a scenario with `processes:`, a /proc fault names one's PID."""
+    def _faults_on_unknown_processes(self) -> list[tuple[Path_, str, Any]]:
+        """A /proc fault names one of the scenario's processes by PID."""
+        if not self.processes:
+            return []  # `processes:` missing: _faults_without_their_section says so
         pids = {proc.pid for proc in self.processes}
-        for i, fault in enumerate(self.faults):
-            if fault.kind not in _PROCESS_FAULTS:
-                continue
-            if not self.processes:
-                raise error_at(("faults", i, "kind"), f"{fault.kind} needs `processes:`")
-            if fault.kind.startswith("proc_") and fault.pid not in pids:
-                raise error_at(("faults", i, "pid"), f"no process has PID {fault.pid}", fault.pid)
+        return [
+            (("faults", i, "pid"), f"no process has PID {fault.pid}", fault.pid)
+            for i, fault in enumerate(self.faults)
+            if fault.kind.startswith("proc_") and fault.pid not in pids
+        ]
 
     def topology_level(self, a: int, b: int) -> int:
         """PCIe common-ancestor level of two GPUs: explicit groups, else by NUMA node."""
@@ -1149,6 +1156,26 @@ class Scenario(Strict):
                 return group.level
         same_node = self.devices[a].numa_node == self.devices[b].numa_node
         return TOPOLOGY_LEVELS["node" if same_node else "system"]
+
+
+def _faults_without_their_section(data: dict[str, Any]) -> list[tuple[Path_, str, Any]]:
+    """Faults that would silently do nothing: a DCGM fault on a node without `dcgm:`, a /proc
+    or CRI fault without `processes:` (the fake /proc and CRI runtime run for those)."""
+    faults = data.get("faults")
+    if not isinstance(faults, list):
+        return []
+    has_dcgm = data.get("dcgm") is not None
+    has_processes = bool(data.get("processes"))
+    problems: list[tuple[Path_, str, Any]] = []
+    for i, fault in enumerate(faults):
+        kind = fault.get("kind") if isinstance(fault, dict) else None
+        if kind in _DCGM_FAULTS and not has_dcgm:
+            problems.append(
+                (("faults", i, "kind"), f"{kind} needs a top-level `dcgm:` section", kind)
+            )
+        elif kind in _PROCESS_FAULTS and not has_processes:
+            problems.append((("faults", i, "kind"), f"{kind} needs `processes:`", kind))
+    return problems
 
 
 def _under_defaults(data: dict[str, Any]) -> dict[str, Any]:

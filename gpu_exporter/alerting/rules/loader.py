@@ -204,6 +204,14 @@ def skipped_rules(groups: Iterable[Group]) -> list[SkippedRule]:
 def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
     """Files named by paths or globs, in order, without duplicates; a pattern matching
     nothing is an error (a typo must not silently disable alerting)."""
+    found, missing = _expand(patterns)
+    if missing:
+        raise RuleFileError(missing)
+    return found
+
+
+def _expand(patterns: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
+    """(the files found, a problem for each pattern matching nothing)."""
     found: list[Path] = []
     missing: list[str] = []
     for pattern in patterns:
@@ -216,9 +224,7 @@ def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
             path = Path(match)
             if path not in found:
                 found.append(path)
-    if missing:
-        raise RuleFileError(missing)
-    return found
+    return found, missing
 
 
 @dataclass(frozen=True)
@@ -234,10 +240,11 @@ class LoadLimits:
 def load_rule_files(
     patterns: Iterable[str | Path], limits: LoadLimits | None = None
 ) -> list[Group]:
-    """Every group of every file; raises RuleFileError listing every problem found."""
+    """Every group of every file; raises RuleFileError listing every problem found (a pattern
+    matching nothing does not hide the problems of the files the others match)."""
     groups: list[Group] = []
-    problems: list[str] = []
-    for path in expand_paths(patterns):
+    paths, problems = _expand(patterns)
+    for path in paths:
         try:
             located = load_yaml_file(path)
         except YamlFileError as exc:

@@ -83,10 +83,14 @@ class GpmWindow:
         else:
             N.nvmlGpmMigSampleGet(self._handle, self._gpu_instance, sample)
 
+    def ready(self) -> bool:
+        """True once the window is long enough to be read (100 ms since its baseline)."""
+        started = self._baseline_time
+        return started is not None and self._clock() - started >= MIN_WINDOW_SECONDS
+
     def read(self) -> GpmResult | None:
         """Activity since the previous read, or None while the window is under 100 ms."""
-        started = self._baseline_time
-        if started is None or self._clock() - started < MIN_WINDOW_SECONDS:
+        if not self.ready():
             return None
         wanted = [metric_id for metric_id in self._metric_ids if metric_id not in self._skip]
         self._sample(self._current)

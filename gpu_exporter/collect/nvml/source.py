@@ -698,7 +698,10 @@ class NvmlSource:
         if self.dcgm is not None:
             left = started + self.deadline_seconds - self.clock()
             readings = self.dcgm.finish(left)
-            samples = with_dcgm_activity(samples, needing_dcgm, readings, mig_needing_dcgm)
+            starting = self._needing_dcgm()[0] - needing_dcgm  # asked from the next tick on
+            samples = with_dcgm_activity(
+                samples, needing_dcgm, readings, mig_needing_dcgm, starting
+            )
         return sorted(samples, key=lambda s: s.index)
 
     def _needing_dcgm(self) -> tuple[frozenset[str], frozenset[str]]:

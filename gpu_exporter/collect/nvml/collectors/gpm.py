@@ -1,9 +1,10 @@
 """gpm: SM, Tensor (any, and per tensor pipe), DRAM and pipe activity from NVML GPM (Hopper
 and newer; `nvml.gpm`).
 
-The first tick checks support and takes the baseline sample; every later tick reads the
-activity since the previous one (`collect/nvml/gpm.py`). Pre-Hopper boards are learned unsupported
-once: their activity is absent, never zero.
+The first tick checks support and takes the baseline sample, reporting the activity as
+awaited (`gpu_activity_awaited`); every later tick reads the activity since the previous one
+(`collect/nvml/gpm.py`). Pre-Hopper boards are learned unsupported once: their activity is
+absent, never zero.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import pynvml as N
 from gpu_exporter.collect.nvml import gpm
 from gpu_exporter.collect.nvml.collectors.base import Collector, Device
 from gpu_exporter.collect.nvml.values import return_code_name
-from gpu_exporter.model.activity import ACTIVITY, Activity
+from gpu_exporter.model.activity import ACTIVITY, AWAITED_FAMILY, Activity
 from gpu_exporter.model.snapshot import Reading
 
 # Percent metrics exported as 0..1 ratios, as DCGM does for its profiling fields: every
 # activity quantity (model/activity.py), in the table's order.
 METRICS: tuple[Activity, ...] = ACTIVITY
+# What a device whose window has no activity yet reports: "not sampled yet", not "unsupported".
+AWAITED = Reading(AWAITED_FAMILY, 1.0)
+FAMILIES = (*dict.fromkeys(metric.family for metric in METRICS), AWAITED_FAMILY)
 
 
 _FAILURE_NAMES = {gpm.NOT_A_NUMBER: "NaN", gpm.ABOVE_100: "AboveOne"}
@@ -47,14 +51,17 @@ def open_window(nvml: Device, key: str, gpu_instance: int | None = None) -> gpm.
 
 
 def window_readings(nvml: Device, key: str, window: gpm.GpmWindow) -> list[Reading]:
-    """The activity since the window's last read, as readings."""
+    """The activity since the window's last read, as readings; awaited while the window is
+    shorter than GPM's 100 ms (a failed read is no reading: counted, not awaited)."""
+    if not window.ready():
+        return [AWAITED]
     result = nvml.call(key, window.read)
     return [] if result is None else activity_readings(nvml, result)
 
 
 class Gpm(Collector):
     name = "gpm"
-    families = tuple(dict.fromkeys(metric.family for metric in METRICS))
+    families = FAMILIES
     calls = (
         "nvmlGpmQueryDeviceSupport",
         "nvmlGpmSampleAlloc",
@@ -83,7 +90,8 @@ class Gpm(Collector):
                 return []
             if supported:
                 self.window = open_window(nvml, "gpm_sample")
-            return []  # the first window needs a second sample
+            # The first window needs a second sample: activity comes next tick.
+            return [AWAITED] if self.window is not None else []
         return window_readings(nvml, "gpm_metrics", self.window)
 
     def abandon(self, stuck_tick: Future[Any]) -> None:

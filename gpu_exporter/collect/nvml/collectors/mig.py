@@ -36,7 +36,8 @@ import pynvml as N
 from gpu_exporter.collect.nvml import gpm
 from gpu_exporter.collect.nvml.calls import GoneError
 from gpu_exporter.collect.nvml.collectors.base import Collector, Device
-from gpu_exporter.collect.nvml.collectors.gpm import METRICS, open_window, window_readings
+from gpu_exporter.collect.nvml.collectors.gpm import AWAITED, open_window, window_readings
+from gpu_exporter.collect.nvml.collectors.gpm import FAMILIES as GPM_FAMILIES
 from gpu_exporter.collect.nvml.collectors.memory import MEMORY_FAMILIES, memory_readings
 from gpu_exporter.model.snapshot import InstanceSample, Reading
 
@@ -82,7 +83,7 @@ class Mig(Collector):
         "gpu_mig_instance_info",
         "gpu_mig_instance_slices",
         *MEMORY_FAMILIES,
-        *dict.fromkeys(metric.family for metric in METRICS),
+        *GPM_FAMILIES,
     )
     calls = (
         "nvmlDeviceGetMigMode",
@@ -245,9 +246,10 @@ class Mig(Collector):
         window = self.windows.get(device.window_key)
         if window is None:
             window = open_window(nvml, "mig_gpm_sample", device.gpu_instance)
-            if window is not None:
-                self.windows[device.window_key] = window
-            return []  # the first window needs a second sample
+            if window is None:
+                return []
+            self.windows[device.window_key] = window
+            return [AWAITED]  # the first window needs a second sample: activity comes next tick
         return window_readings(nvml, "mig_gpm_metrics", window)
 
     # -- lifecycle ---------------------------------------------------------------------------
