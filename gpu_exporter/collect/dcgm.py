@@ -706,8 +706,8 @@ class DcgmSource:
         # Before the first update cycle of a new watch: activity is awaited, not missing.
         for uuid in no_data - found_gpus.keys():
             found_gpus[uuid] = [AWAITED]
-        for key in no_data_instances - found_instances.keys():
-            found_instances[key] = InstanceActivity(slices[key], (AWAITED,))
+        for instance in no_data_instances - found_instances.keys():
+            found_instances[instance] = InstanceActivity(slices[instance], (AWAITED,))
         return DcgmReadings(found_gpus, found_instances), blank
 
     def _set_state(self, connection: _Connection, up: bool, blank: int) -> None:
