@@ -130,8 +130,10 @@ def test_a_hung_settings_read_costs_that_gpu_its_settings_not_the_report(tmp_pat
     scenario.write_text(
         MISCONFIGURED.split("devices:")[0]
         + "devices:\n  - {}\n  - {}\n"
+        # Persistence mode: read by the settings read alone, never by a tick (a hung tick call
+        # would make the GPU stop answering during the profile, another story).
         + "faults:\n  - {at: 0, device: 1, kind: hang, duration: 600,"
-        + " function: nvmlDeviceGetPowerManagementDefaultLimit}\n"
+        + " function: nvmlDeviceGetPersistenceMode}\n"
     )
     result = subprocess.run(
         [sys.executable, "-m", "gpu_exporter.diagnose", "--simulate", str(scenario), "--json",

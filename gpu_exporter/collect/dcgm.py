@@ -762,12 +762,15 @@ def with_dcgm_activity(
     """The tick's samples with DCGM's activity added to the GPUs that needed it (and to the MIG
     instances of the MIG GPUs in `mig_needing`), and gpu_activity_source_info on every GPU
     whose activity (or whose MIG instances' activity) one of the two sources measured.
-    `starting`: GPUs that need DCGM from the next tick on (GPM was just learned unsupported):
-    their activity is awaited, as it is while DCGM has no first value for a GPU."""
+    `starting`: GPUs (whole or MIG-enabled) that need DCGM from the next tick on (GPM was just
+    learned unsupported): their activity is awaited, as it is while DCGM has no first value."""
     merged = []
     for sample in samples:
         if sample.up and sample.mig_enabled:
-            merged.append(_with_mig_activity(sample, sample.uuid in mig_needing, readings))
+            if sample.uuid in starting:
+                merged.append(dcgm_mig.awaiting_activity(sample))
+            else:
+                merged.append(_with_mig_activity(sample, sample.uuid in mig_needing, readings))
             continue
         extra: list[Reading] = []
         found = readings.gpus.get(sample.uuid)

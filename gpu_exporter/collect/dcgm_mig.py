@@ -32,6 +32,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from gpu_exporter.collect import dcgm_api as api
+from gpu_exporter.model.activity import AWAITED_FAMILY
 from gpu_exporter.model.snapshot import DeviceSample, InstanceSample, Reading
 
 # A GPU instance as the tick's samples name it: (parent GPU UUID, NVML GPU-instance id).
@@ -99,10 +100,25 @@ def with_instance_activity(
         if found is None or instance.shared or not _same_size(instance, found):
             instances.append(instance)
             continue
-        given = True
+        given = given or any(r.family != AWAITED_FAMILY for r in found.readings)
         readings = (*instance.readings, *found.readings)
         instances.append(dataclasses.replace(instance, readings=readings))
     return (dataclasses.replace(sample, instances=tuple(instances)) if given else sample), given
+
+
+def awaiting_activity(sample: DeviceSample) -> DeviceSample:
+    """`sample` (a MIG-enabled GPU that needs DCGM from the next tick on: GPM was just learned
+    unsupported on it) with its instances' activity marked awaited, as it is while DCGM has no
+    first value. Instances split in several compute instances never get any and stay as
+    they are."""
+    awaited = Reading(AWAITED_FAMILY, 1.0)
+    instances = tuple(
+        instance
+        if instance.shared or instance.value("gpu_sm_active_ratio") is not None
+        else dataclasses.replace(instance, readings=(*instance.readings, awaited))
+        for instance in sample.instances
+    )
+    return dataclasses.replace(sample, instances=instances)
 
 
 def has_instance_activity(sample: DeviceSample) -> bool:

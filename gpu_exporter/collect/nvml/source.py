@@ -698,7 +698,8 @@ class NvmlSource:
         if self.dcgm is not None:
             left = started + self.deadline_seconds - self.clock()
             readings = self.dcgm.finish(left)
-            starting = self._needing_dcgm()[0] - needing_dcgm  # asked from the next tick on
+            whole, mig = self._needing_dcgm()  # asked from the next tick on
+            starting = (whole - needing_dcgm) | (mig - mig_needing_dcgm)
             samples = with_dcgm_activity(
                 samples, needing_dcgm, readings, mig_needing_dcgm, starting
             )
