@@ -84,7 +84,14 @@ def running(
     sim.install(scenario, clock=clock)
     try:
         with _kubelet(mode, uuids) as k8s_flags:
-            flags = {"interval_seconds": 1.0, "nvml.xid_events": False, **k8s_flags}
+            # A group's time budget is wall time: on a loaded machine it would stop a group
+            # and change the file. Budgets have their own tests (tests/test_rule_budgets.py).
+            flags = {
+                "interval_seconds": 1.0,
+                "nvml.xid_events": False,
+                "rules.group_time_budget_seconds": 3600,
+                **k8s_flags,
+            }
             config = load_config(None, flags, environ={})
             errors = ErrorLog()
             source = NvmlSource(

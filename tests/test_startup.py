@@ -25,7 +25,10 @@ import pytest
 from tests.daemon import Daemon, command, free_port, parse_samples, serve
 from tests.support import wait_for
 
-HEALTHZ_WITHIN_SECONDS = 1.0  # the promise: the port answers within a second of the start
+# The port opens before NVML's start, so it answers while a start-up call hangs for
+# HANG_SECONDS. The bound only has to tell that from waiting for the hang: it leaves room for a
+# CI machine running four test workers on two cores (seen: 1.14 s), not a speed promise.
+HEALTHZ_WITHIN_SECONDS = 5.0
 STOP_WITHIN_SECONDS = 5.0  # SIGTERM during a hung start-up: prompt, not after the hang
 HANG_SECONDS = 600  # longer than any test: the call never answers while we look
 GPUS = [{"label": "a"}, {"label": "b"}, {"label": "c"}]
