@@ -63,7 +63,10 @@ def run(
             http_limits.FD_RESERVE,
         )
     limits = http_limits.Limits(
-        settings.header_read_timeout_seconds, settings.idle_timeout_seconds, cap
+        settings.header_read_timeout_seconds,
+        settings.idle_timeout_seconds,
+        cap,
+        http_limits.closing_cap(cap),
     )
     connections = http_limits.Connections(limits, _peer_check(live))
     tls = live.ssl_context
