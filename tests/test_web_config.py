@@ -20,7 +20,8 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 
 from gpu_exporter.web import http_server
-from gpu_exporter.web.auth import PasswordCheck, WebSecurity, basic_credentials
+from gpu_exporter.web.auth import WebSecurity
+from gpu_exporter.web.password_check import PasswordCheck, Verdict, basic_credentials
 from gpu_exporter.web.web_config import LiveWebConfig, WebConfigError, load_web_config
 from tests.daemon import serve
 from tests.support import wait_for
@@ -231,18 +232,25 @@ def test_malformed_authorization_is_refused(header: bytes | None) -> None:
     assert basic_credentials(header) is None
 
 
-def test_only_verified_passwords_are_cached(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    users = {USER: password_hash().encode()}
-    check = PasswordCheck()
-    calls = []
+def counting_checks(check: PasswordCheck, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The passwords `check` runs bcrypt for, in order."""
+    calls: list[bytes] = []
     real = check._check
     monkeypatch.setattr(check, "_check", lambda p, h: calls.append(p) or real(p, h))
+    return calls
+
+
+def authorization(user: str, password: str) -> bytes:
+    return basic(user, password)["Authorization"].encode()
+
+
+def test_only_verified_passwords_are_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    users = {USER: password_hash().encode()}
+    check = PasswordCheck()
+    calls = counting_checks(check, monkeypatch)
 
     def allowed(user: str, password: str) -> bool:
-        header = basic(user, password)["Authorization"].encode()
-        return asyncio.run(check.allowed(users, header))
+        return asyncio.run(check.check(users, authorization(user, password))) is Verdict.ALLOWED
 
     assert [allowed(USER, f"wrong-{i}") for i in range(5)] == [False] * 5
     assert allowed("nobody", "x") is False
@@ -251,6 +259,85 @@ def test_only_verified_passwords_are_cached(
     assert len(calls) == 7  # the right password was checked with bcrypt once
     assert len(check._verified) == 1
     assert allowed(USER, "x" * 100) is False  # over bcrypt's 72 bytes: refused, no error
+    assert allowed(USER, "wrong-0") is False and len(calls) == 9  # a wrong one: bcrypt again
+    assert len(check._verified) == 1
+
+
+def test_the_cache_holds_salted_digests_and_a_reload_empties_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = auth_file(tmp_path)
+    check, other = PasswordCheck(), PasswordCheck()
+    calls = counting_checks(check, monkeypatch)
+
+    def verdict(on: PasswordCheck) -> Verdict:
+        return asyncio.run(on.check(live.current.users, authorization(USER, PASSWORD)))
+
+    assert verdict(check) is verdict(check) is verdict(other) is Verdict.ALLOWED
+    assert len(calls) == 1
+    (digest,) = check._verified
+    assert PASSWORD.encode() not in digest and digest not in other._verified  # a key per process
+
+    # The same user and hash, reloaded with another setting: checked with bcrypt again.
+    path = Path(live.path or "")
+    headers = "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+    path.write_text(path.read_text() + headers)
+    live.check()
+    assert live.current.headers
+    assert verdict(check) is Verdict.ALLOWED and len(calls) == 2
+    # The user removed: refused, whatever was cached.
+    path.write_text(f"basic_auth_users:\n  other: {password_hash()}\n")
+    live.check()
+    assert verdict(check) is Verdict.DENIED
+
+
+def test_a_failing_client_waits_in_its_own_lane_and_a_good_one_passes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    users = {USER: password_hash().encode()}
+    check = PasswordCheck()
+    gate = threading.Event()  # wrong passwords' checks hang until it is set
+    real = check._check
+
+    def gated(password: bytes, hashed: bytes) -> bool:
+        if password != PASSWORD.encode():
+            assert gate.wait(timeout=30)
+        return real(password, hashed)
+
+    monkeypatch.setattr(check, "_check", gated)
+    attacker, scraper, elsewhere = ("10.0.0.66", 40000), ("10.0.0.66", 40001), ("10.0.0.9", 5)
+
+    async def main() -> None:
+        gate.set()
+        assert await check.check(users, authorization(USER, "first"), attacker) is Verdict.DENIED
+        gate.clear()
+        # The attacker's connection failed: its next checks wait in the slow lane, one at a
+        # time, SLOW_LANE_WAITING at most; past that it is answered at once.
+        waiting = [
+            asyncio.create_task(check.check(users, authorization(USER, f"wrong-{i}"), attacker))
+            for i in range(1 + PasswordCheck.SLOW_LANE_WAITING)
+        ]
+        await asyncio.sleep(0.1)
+        assert check.slow_lane.full() and not any(task.done() for task in waiting)
+        assert await check.check(users, authorization(USER, "more"), attacker) is Verdict.BUSY
+        # The same wrong password from another connection is the same failing client.
+        assert await check.check(users, authorization(USER, "first"), elsewhere) is Verdict.BUSY
+        # A good client, even from the attacker's address, is not queued behind them.
+        good = check.check(users, authorization(USER, PASSWORD), scraper)
+        assert await asyncio.wait_for(good, timeout=10) is Verdict.ALLOWED
+        assert check.slow_lane.pending == 1 + PasswordCheck.SLOW_LANE_WAITING
+        gate.set()
+        assert await asyncio.gather(*waiting) == [Verdict.DENIED] * len(waiting)
+        assert check.slow_lane.pending == 0
+        # A connection that failed, then got it right, is in good standing again.
+        assert await check.check(users, authorization(USER, PASSWORD), attacker) is Verdict.ALLOWED
+        assert not check.failures.recent(("connection", attacker))
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+        check.close()
 
 
 def test_an_unknown_user_costs_bcrypt_on_a_worker_thread_only(
@@ -269,10 +356,10 @@ def test_an_unknown_user_costs_bcrypt_on_a_worker_thread_only(
         "checkpw",
         lambda *a: checked_on.append(threading.current_thread()) or real_check(*a),
     )
-    header = basic("nobody", PASSWORD)["Authorization"].encode()
+    nobody = authorization("nobody", PASSWORD)
     check = PasswordCheck()
-    assert asyncio.run(check.allowed(users, header)) is False
-    assert asyncio.run(check.allowed(users, header)) is False
+    assert asyncio.run(check.check(users, nobody)) is Verdict.DENIED
+    assert asyncio.run(check.check(users, nobody)) is Verdict.DENIED
     assert len(hashed_on) == 1 and len(checked_on) == 2  # the dummy is made once, then reused
     assert threading.main_thread() not in hashed_on + checked_on  # never on the event loop
 

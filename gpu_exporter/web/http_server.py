@@ -2,9 +2,9 @@
 
 `run` serves an ASGI app until SIGTERM/SIGINT with the `web:` settings' limits
 (gpu_exporter/web/settings.py) and the web-config file's TLS and basic auth. The limits are
-gpu_exporter/web/http_limits.py's, TLS and basic auth gpu_exporter/web/web_config.py's and
-web_auth.py's; the web config is reloaded when one of its files changes (checked at each
-wake-up, once a second) and on SIGHUP.
+gpu_exporter/web/http_limits.py's, TLS and basic auth gpu_exporter/web/web_config.py's,
+auth.py's and password_check.py's; the web config is reloaded when one of its files changes
+(checked at each wake-up, once a second) and on SIGHUP.
 """
 
 from __future__ import annotations
@@ -63,14 +63,18 @@ def run(
             http_limits.FD_RESERVE,
         )
     limits = http_limits.Limits(
-        settings.header_read_timeout_seconds, settings.idle_timeout_seconds, cap
+        settings.header_read_timeout_seconds,
+        settings.idle_timeout_seconds,
+        cap,
+        http_limits.closing_cap(cap),
     )
     connections = http_limits.Connections(limits, _peer_check(live))
     tls = live.ssl_context
     if also is not None:
         app = ByPort(app, also[1], also[2])
+    security = WebSecurity(app, live, settings.probes_without_auth)
     config = uvicorn.Config(
-        WebSecurity(app, live, settings.probes_without_auth),
+        security,
         host=host,
         port=port,
         log_level=log_level,
@@ -96,6 +100,7 @@ def run(
         with _reload_on_sighup(live, server):
             server.run(sockets=sockets)
     finally:
+        security.passwords.close()
         undo_log_limits()
         for listening in sockets or ():
             listening.close()

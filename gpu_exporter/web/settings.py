@@ -52,8 +52,9 @@ class WebConfig(SettingsModel):
     # A kept-alive connection with no request in flight is closed after this time.
     idle_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     # Open connections at most (lowered to the open-file limit less http_limits.FD_RESERVE);
-    # past it, new ones get a fast 503, and the oldest connection still sending its header is
-    # closed first, so probes get through a slowloris.
+    # past it, the oldest connection still sending its request is answered 503 (with
+    # Retry-After) and closed first, then the oldest idle one, so probes get through a
+    # slowloris; only when all have a request in flight does the new one get that 503.
     max_connections: int = Field(default=256, ge=4, le=65536)
     # /healthz and /readyz without basic auth, for kubelet probes (TLS still applies).
     probes_without_auth: bool = True
