@@ -11,8 +11,8 @@ group (gpu_exporter_rule_group_skipped_rules), and never evaluated.
 
 Budgets: a rule reading further back than `max_range_seconds` is refused at load; a group's
 evaluation running past its time budget (template expansion included) is stopped (its rules
-keep their state and show the error), counted, and logged when it starts (at most once a
-minute while it goes on) and when it ends; the rule history is capped at `history_max_bytes`
+keep their state and show the error), counted, and logged at most once a minute, as is its
+return within the budget; the rule history is capped at `history_max_bytes`
 (gpu_exporter/alerting/store.py says how), and rules whose history cannot fit in it for the
 series this node has (known once a tick was ingested) are refused.
 
@@ -153,6 +153,7 @@ class RuleManager:
         self.budget_exceeded_total: dict[str, int] = {}  # by group name, across reloads
         self._budget_log = RateLimit(BUDGET_LOG_SECONDS)  # by group name
         self._over_budget_now: set[str] = set()  # groups whose last evaluation was stopped
+        self._budget_back_log = RateLimit(BUDGET_LOG_SECONDS)  # by group name
         self.tick_wait = interval_seconds * TICK_WAIT_SHARE
         self.evaluations_skipped_total = 0
         self._skip_log = RateLimit(BUDGET_LOG_SECONDS)
@@ -370,31 +371,30 @@ class RuleManager:
             self._send(group, now)
 
     def _count_budget(self, group: GroupState, budget: float) -> None:
-        """Count a group stopped by its time budget; log when that starts (then at most once a
-        minute while it goes on) and when it ends."""
+        """Count a group stopped by its time budget; log it, and its return within the budget,
+        each at most once a minute."""
         name = group.group.name
         if not group.over_budget:
             if name in self._over_budget_now:
                 self._over_budget_now.discard(name)
-                log.info(
-                    "rule group %s evaluated within its time budget of %gs again (%.3fs)",
-                    name, budget, group.last_duration,
-                )  # fmt: skip
+                if self._budget_back_log.allow(name) is not None:  # a flapping group: rarely
+                    log.info(
+                        "rule group %s evaluated within its time budget of %gs again (%.3fs)",
+                        name, budget, group.last_duration,
+                    )  # fmt: skip
             return
         with self._lock:
             self.budget_exceeded_total[name] = self.budget_exceeded_total.get(name, 0) + 1
-        started = name not in self._over_budget_now
         self._over_budget_now.add(name)
         passed = self._budget_log.allow(name)
-        if passed is None and not started:
+        if passed is None:
             return
-        note = passed.note if passed is not None else ""
         log.warning(
             "rule group %s stopped after %.3fs, over its time budget of %gs "
             "(rules.group_time_budget_seconds): %d of its %d rules not evaluated this time, "
             "their alerts kept as they were; %d annotations not rendered, marked %r%s",
             name, group.last_duration, budget, group.last_stopped, len(group.rules),
-            group.last_annotations_stopped, TEMPLATE_STOPPED, note,
+            group.last_annotations_stopped, TEMPLATE_STOPPED, passed.note,
         )  # fmt: skip
 
     def on_late_series(self, series_set: SeriesSet) -> None:
