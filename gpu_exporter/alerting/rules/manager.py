@@ -76,9 +76,11 @@ class AlertSink(Protocol):
 BUDGET_LOG_SECONDS = 60.0
 # How much of the sampling interval a tick waits for its own evaluation on the rule thread.
 TICK_WAIT_SHARE = 0.25
-# Jobs (a tick's series: two each) the rule thread may have queued; past that a tick's series
-# miss the history. 64 ticks: minutes of history queued only if evaluation is stuck.
+# Jobs (two a tick: its series before and after evaluation) the rule thread may have queued;
+# past that a tick's series miss the history. 64 ticks, a minute at 1 s: only a stuck
+# evaluation gets there, and the memory they hold stays bounded.
 MAX_QUEUED_JOBS = 128
+_NOT_QUEUED = f"not kept for the rules' history ({MAX_QUEUED_JOBS} jobs queued already)"
 
 
 def store_samples(
@@ -321,7 +323,8 @@ class RuleManager:
         if worker.evaluating:
             self.evaluations_skipped_total += 1
             queued = worker.submit(partial(self._ingest, series_set))
-            self._log_skipped(series_set.timestamp, queued is not None)
+            kept = "its series kept for the rules' history" if queued else _NOT_QUEUED
+            self._log_skipped(series_set.timestamp, f"its evaluation skipped, {kept}")
         else:
             done = worker.submit(partial(self._ingest_and_evaluate, series_set), evaluation=True)
             if done is not None:
@@ -329,17 +332,14 @@ class RuleManager:
         if failure is not None:
             raise RuntimeError(f"rule evaluation failed: {failure!r}") from failure
 
-    def _log_skipped(self, timestamp: float, queued: bool) -> None:
+    def _log_skipped(self, timestamp: float, what: str) -> None:
         passed = self._skip_log.allow()
         if passed is None:
             return
         log.warning(
-            "rule evaluation still running at the tick of %s: its evaluation skipped (%d so "
-            "far), %s%s",
-            _rfc3339(timestamp), self.evaluations_skipped_total,
-            "its series kept for the rules' history" if queued
-            else f"its series not kept either ({MAX_QUEUED_JOBS} jobs already queued)",
-            passed.note,
+            "rule evaluation still running at the tick of %s: %s (%d evaluations skipped so "
+            "far)%s",
+            _rfc3339(timestamp), what, self.evaluations_skipped_total, passed.note,
         )  # fmt: skip
 
     def _ingest_and_evaluate(self, series_set: SeriesSet) -> None:
@@ -404,7 +404,7 @@ class RuleManager:
         if worker is None:
             self._ingest_late(series_set)
         elif worker.submit(partial(self._ingest_late, series_set)) is None:
-            self._log_skipped(series_set.timestamp, False)
+            self._log_skipped(series_set.timestamp, f"its late series {_NOT_QUEUED}")
 
     def _ingest_late(self, series_set: SeriesSet) -> None:
         samples = self._store_labels.samples(series_set, self.store.names, "late")
