@@ -428,6 +428,31 @@ def test_rules_check_warns_about_a_costly_template_and_strict_refuses_it(tmp_pat
     assert quiet.returncode == 0 and "WARNING" not in quiet.stdout, quiet.stdout
 
 
+def test_the_cost_estimate_follows_the_text_through_the_template() -> None:
+    from gpu_exporter.alerting.pack import all_pack_files
+    from gpu_exporter.alerting.rules.loader import costly_templates, load_rule_files
+    from gpu_exporter.alerting.rules.template_cost import COSTLY_STEPS, estimate
+
+    assert costly_templates(load_rule_files(all_pack_files())) == []  # the shipped rules
+    cheap = estimate('{{ reReplaceAll "(.*):.*" "$1" $labels.instance }} {{ $value | humanize }}')
+    assert cheap.growth == 1 and not cheap.costly
+    six = estimate(doubling("$labels.uuid"))
+    five = estimate(doubling("$labels.uuid", 5))
+    assert (six.growth, five.growth) == (64, 32) and six.costly and not five.costly
+    assert six.amplifiers == ("reReplaceAll x2",) * 6
+    # A wide printf feeding two doublings: its 1000 characters, not a label's 64.
+    wide = estimate(
+        '{{ printf "%1000s" "" | reReplaceAll "(.)" "$1$1" | reReplaceAll "(.)" "$1$1" }}'
+    )
+    assert wide.steps >= 3000 and wide.costly
+    # Ranges over the labels: each level multiplies its body.
+    ranges = ["{{ range $labels }}" * depth + "{{ . }}" + "{{ end }}" * depth for depth in (2, 3)]
+    assert estimate(ranges[0]).steps < COSTLY_STEPS <= estimate(ranges[1]).steps
+    # A variable carries what was assigned to it.
+    assigned = estimate('{{ $x := printf "%1000s" "" }}' + doubling("$x", 2))
+    assert assigned.steps >= 3000
+
+
 def test_template_expansion_checks_the_deadline_every_few_steps() -> None:
     text = doubling("$labels.uuid", 4)
     counting = CountingDeadline()
