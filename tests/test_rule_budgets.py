@@ -4,20 +4,24 @@ there, enforced at run time where it cannot, counted, and shown."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpu_exporter.alerting.rules import promql
+from gpu_exporter.alerting.rules import promql, template
+from gpu_exporter.alerting.rules.alerts import TEMPLATE_STOPPED
 from gpu_exporter.alerting.rules.loader import RuleFileError
 from gpu_exporter.alerting.rules.manager import RuleManager
 from gpu_exporter.alerting.settings import RulesConfig
 from gpu_exporter.model.series import SeriesSet, series
-from tests.daemon import command, free_port
+from tests.daemon import command, free_port, parse_samples, serve
 
 WEEK = 7 * 86400
 WEEK_RULE = """\
@@ -334,3 +338,280 @@ def test_queries_check_their_deadline_inside_the_loops_over_series() -> None:
         for stop_at in range(1, counting.checks + 1):  # out of time at any check: stopped
             with pytest.raises(promql.EvaluationStopped):
                 promql.evaluate(expr, store, 1002.0, deadline=CountingDeadline(stop_at))
+
+
+# --- templates under the group time budget, and the tick kept from the rules ---------------------
+
+
+def doubling(seed: str, depth: int = 6) -> str:
+    """`seed` through `depth` nested reReplaceAll calls that each double their input."""
+    for _ in range(depth):
+        seed = f'(reReplaceAll "(.)" "$1$1" {seed})'
+    return "{{ " + seed + " }}"
+
+
+# Each annotation: six doublings of three UUIDs (120 characters), about 7,600 regex matches:
+# within the 10,000 steps and 262,144 characters one expansion may spend, but over a node's
+# alerts seconds of work, far more than half a 0.5 s interval.
+SLOW_TEXT = doubling('(printf "%s%s%s" $labels.uuid $labels.uuid $labels.uuid)')
+SLOW_TEMPLATE = f"""\
+groups:
+  - name: slow
+    rules:
+      - alert: GpuUpSlowText
+        expr: gpu_up == 1
+        annotations:
+          summary: '{SLOW_TEXT}'
+          description: '{SLOW_TEXT}'
+"""
+
+
+def test_a_template_past_the_group_budget_is_stopped_and_the_ticks_keep_their_interval(
+    tmp_path: Path,
+) -> None:
+    interval = 0.5  # the group's budget: half of it
+    path = write(tmp_path, SLOW_TEMPLATE)
+    with serve(tmp_path, "--simulate", "--interval", str(interval), "--rules", str(path)) as daemon:
+        daemon.wait_ready()
+        first = parse_samples(daemon.metrics_text())
+        started = time.monotonic()
+        time.sleep(6.0)
+        last = parse_samples(daemon.metrics_text())
+        elapsed = time.monotonic() - started
+        ticks = last["gpu_exporter_ticks_total"] - first["gpu_exporter_ticks_total"]
+        # The sampler's own counter against the ticks the interval asks for, as a ratio.
+        assert ticks / (elapsed / interval) > 0.8, (ticks, elapsed)
+        assert last['gpu_exporter_rule_group_budget_exceeded_total{group="slow"}'] > 0
+        assert (
+            last["gpu_exporter_rule_evaluations_total"]
+            > first["gpu_exporter_rule_evaluations_total"]
+        )
+        up = [k for k, v in last.items() if k.startswith("gpu_up{") and v == 1]
+        alerts = daemon.get("/api/v1/alerts").json()["data"]["alerts"]
+        # The expression was evaluated: every GPU up has its alert, some annotations marked.
+        assert len(alerts) == len(up) > 0
+        texts = [text for alert in alerts for text in alert["annotations"].values()]
+        assert TEMPLATE_STOPPED in texts
+        assert daemon.get("/healthz").status_code == 200
+        (rule,) = daemon.get("/api/v1/rules").json()["data"]["groups"][0]["rules"]
+        assert rule["health"] == "err"
+        assert "ran past its time budget of 0.25s" in rule["lastError"]
+    assert "rule group slow stopped after" in daemon.output()
+
+
+def rules_check(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command("rules", "check", *args), capture_output=True, text=True, check=False
+    )
+
+
+def test_rules_check_warns_about_a_costly_template_and_strict_refuses_it(tmp_path: Path) -> None:
+    path = write(tmp_path, SLOW_TEMPLATE)
+    checked = rules_check(str(path))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    out = checked.stdout
+    assert "WARNING: templates whose estimated expansion cost is high" in out
+    for line, key in ((7, "summary"), (8, "description")):
+        assert (
+            f"{path}:{line}: groups[0].rules[0].annotations.{key}: alert GpuUpSlowText: one "
+            "expansion may run about"
+        ) in out
+    assert "grows 64-fold through 6 nested calls that amplify it (reReplaceAll x2)" in out
+    strict = rules_check("--strict", str(path))
+    assert strict.returncode == 1
+    assert "FAILED: --strict refuses templates whose estimated expansion cost is high" in (
+        strict.stdout
+    )
+    # Five doublings of one label stay under the threshold: no warning.
+    cheap = write(tmp_path, SLOW_TEMPLATE.replace(SLOW_TEXT, doubling("$labels.uuid", 5)), "ok")
+    quiet = rules_check("--strict", str(cheap))
+    assert quiet.returncode == 0 and "WARNING" not in quiet.stdout, quiet.stdout
+
+
+def test_the_cost_estimate_follows_the_text_through_the_template() -> None:
+    from gpu_exporter.alerting.pack import all_pack_files
+    from gpu_exporter.alerting.rules.loader import costly_templates, load_rule_files
+    from gpu_exporter.alerting.rules.template_cost import COSTLY_STEPS, estimate
+
+    assert costly_templates(load_rule_files(all_pack_files())) == []  # the shipped rules
+    cheap = estimate('{{ reReplaceAll "(.*):.*" "$1" $labels.instance }} {{ $value | humanize }}')
+    assert cheap.growth == 1 and not cheap.costly
+    six = estimate(doubling("$labels.uuid"))
+    five = estimate(doubling("$labels.uuid", 5))
+    assert (six.growth, five.growth) == (64, 32) and six.costly and not five.costly
+    assert six.amplifiers == ("reReplaceAll x2",) * 6
+    # A wide printf feeding two doublings: its 1000 characters, not a label's 64.
+    wide = estimate(
+        '{{ printf "%1000s" "" | reReplaceAll "(.)" "$1$1" | reReplaceAll "(.)" "$1$1" }}'
+    )
+    assert wide.steps >= 3000 and wide.costly
+    # Ranges over the labels: each level multiplies its body.
+    ranges = ["{{ range $labels }}" * depth + "{{ . }}" + "{{ end }}" * depth for depth in (2, 3)]
+    assert estimate(ranges[0]).steps < COSTLY_STEPS <= estimate(ranges[1]).steps
+    # A variable carries what was assigned to it.
+    assigned = estimate('{{ $x := printf "%1000s" "" }}' + doubling("$x", 2))
+    assert assigned.steps >= 3000
+
+
+def test_template_expansion_checks_the_deadline_every_few_steps() -> None:
+    text = doubling("$labels.uuid", 4)
+    counting = CountingDeadline()
+    labels = {"uuid": "GPU-" + "0" * 36}
+    expected = template.expand(text, labels=labels, value=1.0)
+    assert template.expand(text, labels=labels, value=1.0, check=counting.check) == expected
+    # 40 characters doubled four times: 600 regex matches, a check every 32 steps at least.
+    assert counting.checks >= 600 // template.CHECK_EVERY_STEPS, counting.checks
+    for stop_at in (1, counting.checks // 2, counting.checks):
+        with pytest.raises(promql.EvaluationStopped):
+            template.expand(text, labels=labels, value=1.0, check=CountingDeadline(stop_at).check)
+
+
+def slow_rules(tmp_path: Path, where: str = "annotations") -> Path:
+    """Alert Hot over gpu_temperature_celsius with a slow template in its `where`, then Cold."""
+    return write(
+        tmp_path,
+        f"""\
+groups:
+  - name: slow
+    rules:
+      - alert: Hot
+        expr: gpu_temperature_celsius > 80
+        {where}:
+          text: '{doubling('(printf "%100s" $labels.uuid)')}'
+      - alert: Cold
+        expr: gpu_temperature_celsius < 0
+""",
+    )
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, alerts: Any) -> None:
+        self.sent += alerts
+
+
+def test_an_annotation_past_the_budget_is_marked_and_the_alert_still_fires(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_exporter.alerting.rules.manager")
+    # 64 alerts of about 6,300 regex matches each: seconds unstopped, against a 0.3 s budget.
+    settings = RulesConfig(files=[str(slow_rules(tmp_path))], group_time_budget_seconds=0.3)
+    sink = Sink()
+    manager = RuleManager(settings, sink)
+    manager.load()
+    manager.on_series(node(1000.0, gpus=64))
+    group = manager.evaluator.groups[0]
+    assert group.last_duration < 2.0, group.last_duration  # stopped near its budget
+    assert group.last_annotations_stopped > 0 and group.last_stopped == 1  # and Cold
+    alerts = manager.alerts_json()
+    assert len(alerts) == 64 and {a["state"] for a in alerts} == {"firing"}
+    marked = [a for a in alerts if a["annotations"]["text"] == TEMPLATE_STOPPED]
+    assert len(marked) == group.last_annotations_stopped
+    assert len(sink.sent) == 64  # sent as evaluated, marked text and all
+    assert metric(manager, "gpu_exporter_rule_group_budget_exceeded_total", group="slow") == 1
+    rules = {r["name"]: r for r in manager.rules_json()[0]["rules"]}
+    assert f"{len(marked)} annotations not rendered" in rules["Hot"]["lastError"]
+    assert "evaluation stopped, state kept" in rules["Cold"]["lastError"]
+    assert caplog.text.count("rule group slow stopped after") == 1
+    # Within the budget again: rendered, the error gone, and said once.
+    manager.settings = settings.model_copy(update={"group_time_budget_seconds": 60.0})
+    manager.on_series(node(1001.0, gpus=64))
+    assert TEMPLATE_STOPPED not in {a["annotations"]["text"] for a in manager.alerts_json()}
+    assert all(r["health"] == "ok" for r in manager.rules_json()[0]["rules"])
+    assert "rule group slow evaluated within its time budget of 60s again" in caplog.text
+
+
+def test_a_label_past_the_budget_stops_the_rule_and_keeps_its_alerts(tmp_path: Path) -> None:
+    settings = RulesConfig(files=[str(slow_rules(tmp_path, "labels"))])
+    manager = RuleManager(settings.model_copy(update={"group_time_budget_seconds": 60.0}))
+    manager.load()
+    manager.on_series(node(1000.0, gpus=64))
+    before = manager.alerts_json()
+    assert len(before) == 64
+    # A marked label would be another alert: the rule is stopped instead, its alerts kept.
+    manager.settings = settings.model_copy(update={"group_time_budget_seconds": 0.3})
+    manager.on_series(node(1001.0, gpus=64, value=95.0))  # would update their values
+    assert manager.evaluator.groups[0].last_stopped == 2
+    assert manager.alerts_json() == before
+
+
+def test_a_slow_evaluation_never_holds_up_the_tick_and_the_next_is_skipped(
+    tmp_path: Path,
+) -> None:
+    # Seconds of templates, a 60 s budget, a 20 ms sampling interval: a tick waits 5 ms.
+    settings = RulesConfig(files=[str(slow_rules(tmp_path))], group_time_budget_seconds=60.0)
+    manager = RuleManager(settings, interval_seconds=0.02)
+    manager.load()
+    manager.start()
+    try:
+        manager.on_series(node(1000.0, gpus=64))
+        assert manager.evaluations_total == 0  # still running on the rule thread
+        manager.on_series(node(1001.0, gpus=64, value=50.0))
+        assert manager.evaluations_total == 0
+        assert metric(manager, "gpu_exporter_rule_evaluations_skipped_total") == 1
+        waited = 0.0
+        while manager.evaluations_total == 0 and waited < 60.0:
+            time.sleep(0.05)
+            waited += 0.05
+        assert manager.evaluations_total == 1
+        # The skipped tick's series still reached the history, after the evaluation.
+        time.sleep(0.2)
+        latest = promql.evaluate(promql.parse("gpu_temperature_celsius"), manager.store, 1001.0)
+        assert {e.value for e in latest} == {50.0}
+        # The next tick evaluates again.
+        manager.on_series(node(1002.0, gpus=64, value=20.0))
+        assert metric(manager, "gpu_exporter_rule_evaluations_skipped_total") == 1
+    finally:
+        manager.stop()
+
+
+def test_the_views_read_while_the_rule_thread_evaluates(tmp_path: Path) -> None:
+    # Thousands of pending alerts appearing and vanishing at every tick while the API and the
+    # self-metrics read them.
+    path = write(
+        tmp_path,
+        "groups:\n  - name: g\n    rules:\n      - alert: Hot\n"
+        "        expr: gpu_temperature_celsius > 80\n        for: 1h\n",
+    )
+
+    def churning(tick: int) -> SeriesSet:
+        name = "gpu_temperature_celsius"
+        rows = tuple(series(name, 90.0, (("gpu", f"{tick}-{g}"),)) for g in range(2000))
+        return SeriesSet(1000.0 + tick, {name: rows})
+
+    manager = RuleManager(RulesConfig(files=[str(path)]), interval_seconds=4.0)
+    manager.load()
+    manager.start()
+    failures: list[BaseException] = []
+    reads = 0
+    done = threading.Event()
+
+    def read() -> None:
+        nonlocal reads
+        while not done.is_set():
+            try:
+                manager.alerts_json()
+                manager.rules_json()
+                list(manager.series())
+                reads += 1
+            except BaseException as exc:
+                failures.append(exc)
+                return
+
+    reader = threading.Thread(target=read)
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns inside each other's loops
+    reader.start()
+    try:
+        for tick in range(25):
+            manager.on_series(churning(tick))
+            time.sleep(0.01)
+    finally:
+        done.set()
+        reader.join(30)
+        manager.stop()
+        sys.setswitchinterval(switching)
+    assert not failures, failures
+    assert reads > 0 and manager.evaluations_total > 0

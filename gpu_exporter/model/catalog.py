@@ -691,9 +691,10 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_exporter_full_tick_duration_seconds",
         Kind.HISTOGRAM,
-        "Time whole ticks took: NVML reads, enrichment, series and rule evaluation (the "
-        "exposition is written on a tick's first scrape, outside it). A tick is counted from "
-        "the next tick's series on, since they are built before it ends.",
+        "Time whole ticks took: NVML reads, enrichment, series and rule evaluation (waited for "
+        "at most a quarter of the interval; the exposition is written on a tick's first "
+        "scrape, outside it). A tick is counted from the next tick's series on, since they are "
+        "built before it ends.",
         unit="seconds",
         source="exporter",
         per_device=False,
@@ -755,6 +756,14 @@ FAMILIES: tuple[Family, ...] = (
         per_device=False,
     ),
     Family(
+        "gpu_exporter_rule_evaluations_skipped_total",
+        C,
+        "Ticks that found the previous rule evaluation still running and skipped theirs (their "
+        "series still feed the rules' history); the sampling goes on at its interval.",
+        source="rules",
+        per_device=False,
+    ),
+    Family(
         "gpu_exporter_rule_evaluation_failures_total",
         C,
         "Rule evaluations that failed (the rule's last good state is kept).",
@@ -796,7 +805,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_exporter_rule_group_budget_exceeded_total",
         C,
-        "Evaluations of each rule group stopped at its time budget (its rules kept their state).",
+        "Evaluations of each rule group stopped at its time budget (its rules kept their "
+        "state; annotations it stopped are marked).",
         ("group",),
         source="rules",
         per_device=False,

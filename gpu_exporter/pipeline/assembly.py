@@ -50,7 +50,8 @@ class Assembly:
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
-        """Background work: attribution refreshes, notifier delivery, the scheduled tick."""
+        """Background work: rule evaluation, attribution refreshes, notifier delivery, the
+        scheduled tick."""
         self._start_helpers()
         self.sampler.start()
 
@@ -71,6 +72,8 @@ class Assembly:
         threading.Thread(target=wait_then_tick, name="start-sampler", daemon=True).start()
 
     def _start_helpers(self) -> None:
+        if self.rules is not None:
+            self.rules.start()  # its own thread: rules never hold up the tick
         if self.attribution is not None:
             self.attribution.start()
         if self.dra is not None:
@@ -84,6 +87,8 @@ class Assembly:
         with self._lock:
             self._stopped.set()
         self.sampler.stop()
+        if self.rules is not None:
+            self.rules.stop()
         if self.processes is not None:
             self.processes.stop()
         if self.notifier is not None:

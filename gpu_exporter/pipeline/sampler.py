@@ -12,7 +12,9 @@ Order within a tick, and why:
   2. processors enrich the device samples (classifier, pod info), each guarded, then the pod
      labels and node facts are read, guarded;
   3. `SeriesBuilder.build`: the device series, self-metrics and the producers (attribution);
-  4. listeners (the rule manager) ingest those series and evaluate, guarded;
+  4. listeners (the rule manager) ingest those series and evaluate, guarded; the daemon's rule
+     manager does it on a thread of its own and the tick waits for it at most a quarter of the
+     interval (a slow rule group never slows the sampling; alerting/rules/manager.py);
   5. late producers (the rule manager's and notifier's own metrics, which evaluation changes)
      and the collector statuses are added, and listeners ingest them at the same timestamp;
   6. the whole set is published; its exposition is written when a scrape first asks for it.

@@ -5,10 +5,21 @@ pending at its first evaluation and fires once it has been active for `for`; a f
 whose expression stops returning it keeps firing for `keep_firing_for`, then resolves; resolved
 alerts are kept for 15 minutes so Alertmanager hears that they ended. `needs_sending` and
 `ends_at` follow Prometheus' `sendAlerts`.
+
+Templates run under the group's deadline too (Prometheus has no such budget). An annotation
+whose expansion is stopped by it reads TEMPLATE_STOPPED and the alert goes on (its state comes
+from the expression, which was evaluated); a label whose expansion is stopped stops the rule,
+which keeps its state, since a marked label would make another alert.
+
+The daemon evaluates on a thread of its own while the HTTP layer and the tick read the alerts:
+an evaluation builds a new `active` dict of new Alert objects and swaps it in whole, so a
+reader always holds one evaluation's alerts and none is changed under it (the sender's
+bookkeeping, `last_sent_at`, is the evaluating thread's alone).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -18,6 +29,9 @@ from gpu_exporter.alerting.rules.loader import Rule
 from gpu_exporter.alerting.store import Labels, make_labels
 
 RESOLVED_RETENTION_SECONDS = 15 * 60
+
+# An annotation whose expansion the group's time budget stopped: the alert goes on with this.
+TEMPLATE_STOPPED = "<template stopped: the rule group's time budget ran out>"
 
 
 class State(StrEnum):
@@ -60,14 +74,22 @@ class AlertingRule:
     last_error: str = ""
     last_evaluation: float = 0.0
     last_duration: float = 0.0
+    # Annotations the last evaluation left TEMPLATE_STOPPED (0: all rendered).
+    annotations_stopped: int = 0
 
     @property
     def name(self) -> str:
         return self.rule.name
 
-    def _expand(self, text: str, labels: Mapping[str, str], value: float) -> str:
+    def _expand(
+        self,
+        text: str,
+        labels: Mapping[str, str],
+        value: float,
+        check: Callable[[], None] | None,
+    ) -> str:
         # A template that fails at run time does not stop the alert: Prometheus puts the
-        # error into the text instead, and so do we.
+        # error into the text instead, and so do we. promql.EvaluationStopped propagates.
         try:
             return template.expand(
                 text,
@@ -75,9 +97,23 @@ class AlertingRule:
                 value=value,
                 external_labels=self.external_labels,
                 external_url=self.external_url,
+                check=check,
             )
         except template.TemplateError as exc:
             return f"<error expanding template: {exc}>"
+
+    def _annotation(
+        self,
+        text: str,
+        labels: Mapping[str, str],
+        value: float,
+        check: Callable[[], None] | None,
+    ) -> str:
+        try:
+            return self._expand(text, labels, value, check)
+        except promql.EvaluationStopped:
+            self.annotations_stopped += 1
+            return TEMPLATE_STOPPED
 
     def evaluate(
         self,
@@ -86,36 +122,41 @@ class AlertingRule:
         check: Callable[[], None] | None = None,
     ) -> None:
         """Update states from one evaluation's result (the expression's elements). `check`
-        (the group's deadline) may stop it while the alerts are built, before any changes."""
+        (the group's deadline) may stop it while the alerts are built, before any changes: in
+        the loop, or expanding a label; an annotation it stops is marked TEMPLATE_STOPPED."""
+        self.annotations_stopped = 0
         current: dict[Labels, Alert] = {}
         for i, (sample_labels, value) in enumerate(result):
             if check is not None and not i % promql.Deadline.CHECK_EVERY:
                 check()
             visible = dict(sample_labels)  # $labels keeps __name__, as in Prometheus
             sample = {k: v for k, v in sample_labels if k != "__name__"}
-            extra = {k: self._expand(v, visible, value) for k, v in self.rule.labels.items()}
+            extra = {k: self._expand(v, visible, value, check) for k, v in self.rule.labels.items()}
             labels = make_labels(None, {**sample, **extra, "alertname": self.name}.items())
             if labels in current:
                 raise RuleEvaluationError(
                     "vector contains metrics with the same labelset after applying alert labels"
                 )
             annotations = {
-                k: self._expand(v, visible, value) for k, v in self.rule.annotations.items()
+                k: self._annotation(v, visible, value, check)
+                for k, v in self.rule.annotations.items()
             }
             current[labels] = Alert(labels, annotations, value, active_at=now)
+        # Copies: a reader on another thread keeps the alerts of the evaluation it took.
+        active = {labels: copy.copy(alert) for labels, alert in self.active.items()}
         for labels, alert in current.items():
-            existing = self.active.get(labels)
+            existing = active.get(labels)
             if existing is not None and existing.state is not State.INACTIVE:
                 existing.value, existing.annotations = alert.value, alert.annotations
                 continue
-            self.active[labels] = alert
-        for labels, alert in list(self.active.items()):
+            active[labels] = alert
+        for labels, alert in list(active.items()):
             if labels not in current:
                 keep_firing = self._keep_firing(alert, now)
                 if alert.state is State.PENDING or (
                     alert.resolved_at and now - alert.resolved_at > RESOLVED_RETENTION_SECONDS
                 ):
-                    del self.active[labels]
+                    del active[labels]
                 if alert.state is not State.INACTIVE and not keep_firing:
                     alert.state = State.INACTIVE
                     alert.resolved_at = now
@@ -126,10 +167,11 @@ class AlertingRule:
             if alert.state is State.PENDING and now - alert.active_at >= self.rule.for_seconds:
                 alert.state = State.FIRING
                 alert.fired_at = now
-        live = len(self.alerts())
+        live = sum(a.state is not State.INACTIVE for a in active.values())
         if self.limit and live > self.limit:
             self.active = {}  # as Prometheus: the rule's alerts are dropped, the eval fails
             raise RuleEvaluationError(f"exceeded limit of {self.limit} with {live} alerts")
+        self.active = active
 
     def _keep_firing(self, alert: Alert, now: float) -> bool:
         if alert.state is not State.FIRING or self.rule.keep_firing_for_seconds <= 0:

@@ -14,6 +14,7 @@ from gpu_exporter.alerting.rules.loader import (
     MAX_RANGE_SETTING,
     LoadLimits,
     RuleFileError,
+    costly_templates,
     expand_paths,
     format_duration,
     load_rule_files,
@@ -25,6 +26,8 @@ from gpu_exporter.support.yamlfile import YamlFileError, load_yaml_file
 
 # `rules check`'s word for the loader's skipped rules.
 _NOT_EVALUATED = "rules the daemon loads but does not evaluate"
+# And for templates whose estimated cost is high (template_cost.py).
+_COSTLY = "templates whose estimated expansion cost is high"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     """Like `promtool check rules`: one verdict per file; exit 1 if any failed. Rules are held
     to what the daemon loads with its default settings (or `--max-range-seconds`, if given).
-    A rule the daemon would load but not evaluate is a warning, or with `--strict` a failure."""
+    A rule the daemon would load but not evaluate, or a template whose estimated cost is high,
+    is a warning, or with `--strict` a failure."""
     max_range = args.max_range_seconds or DEFAULT_MAX_RANGE_SECONDS
     limits = LoadLimits(max_range_seconds=max_range, semantics=promql.SEMANTICS[args.semantics])
     print(
@@ -52,13 +56,20 @@ def check(args: argparse.Namespace) -> int:
             print(f"  FAILED:\n{_listed(exc.problems)}\n")
             continue
         skipped = [s.message for s in skipped_rules(groups)]
-        if skipped and args.strict:
+        costly = costly_templates(groups)
+        if (skipped or costly) and args.strict:
             failed = True
-            print(f"  FAILED: --strict refuses {_NOT_EVALUATED}:\n{_listed(skipped)}\n")
+            for what, lines in ((_NOT_EVALUATED, skipped), (_COSTLY, costly)):
+                if lines:
+                    print(f"  FAILED: --strict refuses {what}:\n{_listed(lines)}")
+            print()
             continue
         if skipped:
             print(f"  WARNING: {_NOT_EVALUATED} (Prometheus does; --strict refuses them):")
             print(_listed(skipped))
+        if costly:
+            print(f"  WARNING: {_COSTLY} (--strict refuses them):")
+            print(_listed(costly))
         count = sum(len(group.rules) + len(group.skipped) for group in groups)
         print(f"  SUCCESS: {count} rules found\n")
     return 1 if failed else 0

@@ -4,9 +4,12 @@
 passes the unit tests is the code that raises the alerts.
 
 A group may be given a time budget: once it is spent, the rule being evaluated stops at its
-next check (between the steps of a query and every few hundred series of a loop), and it and
-the group's remaining rules report the error and keep their state (alerts stay as they were,
-recording rules write nothing), as a failed evaluation does.
+next check (between the steps of a query, every few hundred series of a loop, and every few
+dozen steps of a template), and it and the group's remaining rules report the error and keep
+their state (alerts stay as they were, recording rules write nothing), as a failed evaluation
+does. An alerting rule stopped while expanding an annotation is the exception: its state comes
+from its expression, which was evaluated, so its alerts go on with that annotation marked
+(alerts.TEMPLATE_STOPPED); the rule reports the error, and the rules after it are stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpu_exporter.alerting.rules import promql
-from gpu_exporter.alerting.rules.alerts import AlertingRule, RuleEvaluationError
+from gpu_exporter.alerting.rules.alerts import TEMPLATE_STOPPED, AlertingRule, RuleEvaluationError
 from gpu_exporter.alerting.rules.loader import Group, Rule
 from gpu_exporter.alerting.store import STALE_NAN, Labels, Retention, SeriesStore, make_labels
 
@@ -73,6 +76,13 @@ class GroupState:
     last_duration: float = 0.0
     # Rules the last evaluation did not finish because the time budget ran out (0: none).
     last_stopped: int = 0
+    # Annotations it left marked, not rendered, because the time budget ran out (0: none).
+    last_annotations_stopped: int = 0
+
+    @property
+    def over_budget(self) -> bool:
+        """Whether the last evaluation was cut short by the group's time budget."""
+        return bool(self.last_stopped or self.last_annotations_stopped)
 
 
 class GroupEvaluator:
@@ -140,7 +150,10 @@ class GroupEvaluator:
         check = None if budget is None else deadline.check
         problems: list[str] = []
         stopped: list[RuleState] = []
+        marked: list[AlertingRule] = []  # evaluated, with annotations the budget stopped
         for state in group.rules:
+            if isinstance(state, AlertingRule):
+                state.annotations_stopped = 0  # of this evaluation only
             if stopped or deadline.expired():
                 stopped.append(state)  # not started: its state stays as it was
                 continue
@@ -161,6 +174,8 @@ class GroupEvaluator:
                 ]  # fmt: skip
                 if isinstance(state, AlertingRule):
                     state.evaluate(now, elements, check)
+                    if state.annotations_stopped:
+                        marked.append(state)
                 else:
                     state.evaluate(now, elements, self.store, check)
                 state.last_error = ""
@@ -174,14 +189,19 @@ class GroupEvaluator:
                 continue
             state.last_evaluation = now
             state.last_duration = time.perf_counter() - rule_started
-        if stopped:
-            reason = (
-                f"group {group.group.name!r} ran past its time budget of {budget:g}s "
-                f"(rules.group_time_budget_seconds): evaluation stopped, state kept"
+        over = (
+            f"group {group.group.name!r} ran past its time budget of {budget or 0:g}s "
+            f"(rules.group_time_budget_seconds)"
+        )  # only used when stopped, so with a budget
+        for state in stopped:  # counted and logged by the caller, not as problems
+            state.last_error = f"{over}: evaluation stopped, state kept"
+        for rule in marked:
+            rule.last_error = (
+                f"{over}: {rule.annotations_stopped} annotations not rendered, marked "
+                f"{TEMPLATE_STOPPED!r}; the alerts' states were evaluated"
             )
-            for state in stopped:  # counted and logged by the caller, not as problems
-                state.last_error = reason
         group.last_stopped = len(stopped)
+        group.last_annotations_stopped = sum(rule.annotations_stopped for rule in marked)
         group.last_evaluation = now
         group.last_duration = time.perf_counter() - started
         return problems

@@ -29,7 +29,7 @@ import promql_parser as P
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 from pydantic_core import PydanticCustomError
 
-from gpu_exporter.alerting.rules import promql, template
+from gpu_exporter.alerting.rules import promql, template, template_cost
 from gpu_exporter.alerting.store import DEFAULT_LOOKBACK_SECONDS
 from gpu_exporter.model.promnames import is_label_name, is_metric_name, label_name_problem
 from gpu_exporter.support.validation import InputError, Wording, validate
@@ -195,10 +195,16 @@ class Group:
     interval_seconds: float | None = None  # None: the evaluator's default interval
     limit: int = 0
     skipped: tuple[SkippedRule, ...] = ()
+    # Templates whose estimated cost is high (template_cost.py), each as `file:line: ...`.
+    costly: tuple[str, ...] = ()
 
 
 def skipped_rules(groups: Iterable[Group]) -> list[SkippedRule]:
     return [skipped for group in groups for skipped in group.skipped]
+
+
+def costly_templates(groups: Iterable[Group]) -> list[str]:
+    return [line for group in groups for line in group.costly]
 
 
 def expand_paths(patterns: Iterable[str | Path]) -> list[Path]:
@@ -285,9 +291,10 @@ def _parse_file(located: LocatedYaml, limits: LoadLimits) -> tuple[list[Group], 
                 problem((*path, "interval"), "must be greater than 0")
         rules: list[Rule] = []
         skipped: list[SkippedRule] = []
+        costly: list[str] = []
         for ri, raw_rule in enumerate(raw.rules or ()):
             rule_path = (*path, "rules", ri)
-            parsed = _parse_rule(raw_rule, rule_path, located, problem, limits)
+            parsed = _parse_rule(raw_rule, rule_path, located, problem, limits, costly)
             if parsed is None:
                 continue
             rule, construct = parsed
@@ -297,8 +304,11 @@ def _parse_file(located: LocatedYaml, limits: LoadLimits) -> tuple[list[Group], 
                 where = located.where((*rule_path, "expr"))
                 skipped.append(SkippedRule(rule, name, ri, construct, where))
         groups.append(
-            Group(name, located.filename, tuple(rules), interval, raw.limit, tuple(skipped))
-        )
+            Group(
+                name, located.filename, tuple(rules), interval, raw.limit, tuple(skipped),
+                tuple(costly),
+            )
+        )  # fmt: skip
     return groups, problems
 
 
@@ -311,10 +321,16 @@ def _duration(value: Any, path: tuple, problem) -> float:
 
 
 def _parse_rule(
-    raw: AlertShape | RecordShape, path: tuple, located: LocatedYaml, problem, limits: LoadLimits
+    raw: AlertShape | RecordShape,
+    path: tuple,
+    located: LocatedYaml,
+    problem,
+    limits: LoadLimits,
+    costly: list[str],
 ) -> tuple[Rule, str | None] | None:
     """The rule, with the construct that makes the daemon skip it (None: it is evaluated); None
-    when it is refused (its problems reported)."""
+    when it is refused (its problems reported). Templates whose estimated cost is high are
+    added to `costly`."""
     kind, name = ("alert", raw.alert) if isinstance(raw, AlertShape) else ("record", raw.record)
     label = f"{kind} {name}"
     if kind == "record" and not is_metric_name(name):
@@ -343,12 +359,15 @@ def _parse_rule(
         annotations = _string_map(raw.annotations, (*path, "annotations"), label, problem)
         for_seconds = _duration(raw.for_ or "0s", (*path, "for"), problem)
         keep = _duration(raw.keep_firing_for or "0s", (*path, "keep_firing_for"), problem)
-    for key, text in (*labels.items(), *annotations.items()):
-        try:
-            template.check(text)
-        except template.TemplateError as exc:
-            where = "labels" if key in labels else "annotations"
-            problem((*path, where, key), f"{label}: template: {exc}")
+    for where, texts in (("labels", labels), ("annotations", annotations)):
+        for key, text in texts.items():
+            try:
+                cost = template_cost.estimate(text)
+            except template.TemplateError as exc:
+                problem((*path, where, key), f"{label}: template: {exc}")
+                continue
+            if cost.costly:
+                costly.append(f"{located.where((*path, where, key))}: {label}: {cost.describe()}")
     if expr is None and skipped_for is None:
         return None
     return Rule(

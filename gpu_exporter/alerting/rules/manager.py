@@ -10,10 +10,21 @@ logged once per load, listed in /api/v1/rules with health "err" and the reason, 
 group (gpu_exporter_rule_group_skipped_rules), and never evaluated.
 
 Budgets: a rule reading further back than `max_range_seconds` is refused at load; a group's
-evaluation running past its time budget is stopped (its rules keep their state and show the
-error), counted and logged at most once a minute, and the tick goes on; the rule history is
-capped at `history_max_bytes` (gpu_exporter/alerting/store.py says how), and rules whose history
-cannot fit in it for the series this node has (known once a tick was ingested) are refused.
+evaluation running past its time budget (template expansion included) is stopped (its rules
+keep their state and show the error), counted, and logged at most once a minute, as is its
+return within the budget; the rule history is capped at `history_max_bytes`
+(gpu_exporter/alerting/store.py says how), and rules whose history cannot fit in it for the
+series this node has (known once a tick was ingested) are refused.
+
+Threads: once started (`start`, as the daemon does) the manager ingests and evaluates on a
+thread of its own (worker.py), so rules never hold up the sampler's tick: a tick hands over
+its series and waits for its evaluation at most TICK_WAIT_SHARE of the sampling interval
+(then its scrape shows the rules' metrics of that evaluation, as without the thread); one that
+finds the previous evaluation still running queues its series for the history only and counts
+the evaluation as skipped (gpu_exporter_rule_evaluations_skipped_total). Not started (tests,
+benchmarks, golden files), `on_series` does it all on the caller's thread. The views (API,
+self-metrics) read the rules while they are evaluated: `self.evaluator` is swapped whole on a
+reload, and each rule's alerts are swapped whole by each evaluation (alerts.py).
 """
 
 from __future__ import annotations
@@ -23,22 +34,31 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from gpu_exporter.alerting.rules import promql
-from gpu_exporter.alerting.rules.alerts import Alert, AlertingRule, State, ends_at
+from gpu_exporter.alerting.rules.alerts import (
+    TEMPLATE_STOPPED,
+    Alert,
+    AlertingRule,
+    State,
+    ends_at,
+)
 from gpu_exporter.alerting.rules.engine import GroupEvaluator, GroupState, RuleState
 from gpu_exporter.alerting.rules.loader import (
     LoadLimits,
     Rule,
     RuleFileError,
     SkippedRule,
+    costly_templates,
     expand_paths,
     load_rule_files,
     skipped_rules,
 )
 from gpu_exporter.alerting.rules.runbook import with_runbook_base
+from gpu_exporter.alerting.rules.worker import RuleWorker
 from gpu_exporter.alerting.settings import AlertingConfig, RulesConfig
 from gpu_exporter.alerting.store import Labels, SeriesStore, make_labels
 from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS
@@ -54,6 +74,13 @@ class AlertSink(Protocol):
 
 # A group over its time budget is logged at most this often (each time counted).
 BUDGET_LOG_SECONDS = 60.0
+# How much of the sampling interval a tick waits for its own evaluation on the rule thread.
+TICK_WAIT_SHARE = 0.25
+# Jobs (two a tick: its series before and after evaluation) the rule thread may have queued;
+# past that a tick's series miss the history. 64 ticks, a minute at 1 s: only a stuck
+# evaluation gets there, and the memory they hold stays bounded.
+MAX_QUEUED_JOBS = 128
+_NOT_QUEUED = f"not kept for the rules' history ({MAX_QUEUED_JOBS} jobs queued already)"
 
 
 def store_samples(
@@ -128,6 +155,12 @@ class RuleManager:
         self._ingest_interval: float | None = None  # seconds between the last two ticks
         self.budget_exceeded_total: dict[str, int] = {}  # by group name, across reloads
         self._budget_log = RateLimit(BUDGET_LOG_SECONDS)  # by group name
+        self._over_budget_now: set[str] = set()  # groups whose last evaluation was stopped
+        self._budget_back_log = RateLimit(BUDGET_LOG_SECONDS)  # by group name
+        self.tick_wait = interval_seconds * TICK_WAIT_SHARE
+        self.evaluations_skipped_total = 0
+        self._skip_log = RateLimit(BUDGET_LOG_SECONDS)
+        self._worker: RuleWorker | None = None
         self.evaluator = GroupEvaluator([], self.store)
         self._lock = threading.Lock()
         self._mtimes: dict[Path, float] = {}
@@ -233,6 +266,8 @@ class RuleManager:
             self.last_reload_time = time.time()
         for skipped in skipped_rules(g.group for g in evaluator.groups):
             log.warning("rule loaded but skipped: %s", skipped.message)
+        for line in costly_templates(g.group for g in evaluator.groups):
+            log.warning("rule template may be slow: %s", line)
 
     def _current_mtimes(self) -> dict[Path, float]:
         try:
@@ -265,48 +300,114 @@ class RuleManager:
 
     # -- evaluation ----------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Ingest and evaluate on a thread of the manager's own from now on."""
+        if self._worker is None:
+            self._worker = RuleWorker(MAX_QUEUED_JOBS)
+            self._worker.start()
+
+    def stop(self) -> None:
+        """End the rule thread (after the evaluation it is running, if any)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+
     def on_series(self, series_set: SeriesSet) -> None:
-        """Ingest the tick's series and evaluate the groups that are due."""
+        """Ingest the tick's series and evaluate the groups that are due: here, or on the rule
+        thread once started (waiting at most `tick_wait` for it; skipped, and counted, while
+        the previous evaluation still runs). Raises what the rule thread's last job raised."""
+        worker = self._worker
+        if worker is None:
+            self._ingest_and_evaluate(series_set)
+            return
+        failure = worker.take_failure()
+        if worker.evaluating:
+            self.evaluations_skipped_total += 1
+            queued = worker.submit(partial(self._ingest, series_set))
+            kept = "its series kept for the rules' history" if queued else _NOT_QUEUED
+            self._log_skipped(series_set.timestamp, f"its evaluation skipped, {kept}")
+        else:
+            done = worker.submit(partial(self._ingest_and_evaluate, series_set), evaluation=True)
+            if done is not None:
+                done.wait(self.tick_wait)
+        if failure is not None:
+            raise RuntimeError(f"rule evaluation failed: {failure!r}") from failure
+
+    def _log_skipped(self, timestamp: float, what: str) -> None:
+        passed = self._skip_log.allow()
+        if passed is None:
+            return
+        log.warning(
+            "rule evaluation still running at the tick of %s: %s (%d evaluations skipped so "
+            "far)%s",
+            _rfc3339(timestamp), what, self.evaluations_skipped_total, passed.note,
+        )  # fmt: skip
+
+    def _ingest_and_evaluate(self, series_set: SeriesSet) -> None:
+        self.reload_if_changed(time.monotonic())
+        self._ingest(series_set)
+        self._evaluate(series_set.timestamp)
+
+    def _ingest(self, series_set: SeriesSet) -> None:
         now = series_set.timestamp
         if now > self._last_ingest:
             if self._last_ingest:
                 self._ingest_interval = now - self._last_ingest
             self._last_ingest = now
-        self.reload_if_changed(time.monotonic())
         samples = self._store_labels.samples(series_set, self.store.names, "tick")
         self.store.ingest(now, samples, group="tick")
-        budget = self.group_budget
-        with self._lock:
-            evaluator = self.evaluator
-            for group in evaluator.groups:
-                if not self._due(group, now):
-                    continue
-                problems = evaluator.evaluate_group(group, now, budget)
-                self.evaluations_total += 1
-                self.evaluation_failures_total += len(problems)
-                for problem in problems:
-                    log.warning("rule evaluation failed in group %s: %s", group.group.name, problem)
-                if group.last_stopped:
-                    self._over_budget(group, budget)
-                self._send(group, now)
 
-    def _over_budget(self, group: GroupState, budget: float) -> None:
-        """Count a group stopped by its time budget; log it at most once a minute."""
+    def _evaluate(self, now: float) -> None:
+        budget = self.group_budget
+        evaluator = self.evaluator  # a reload swaps it whole
+        for group in evaluator.groups:
+            if not self._due(group, now):
+                continue
+            problems = evaluator.evaluate_group(group, now, budget)
+            self.evaluations_total += 1
+            self.evaluation_failures_total += len(problems)
+            for problem in problems:
+                log.warning("rule evaluation failed in group %s: %s", group.group.name, problem)
+            self._count_budget(group, budget)
+            self._send(group, now)
+
+    def _count_budget(self, group: GroupState, budget: float) -> None:
+        """Count a group stopped by its time budget; log it, and its return within the budget,
+        each at most once a minute."""
         name = group.group.name
-        self.budget_exceeded_total[name] = self.budget_exceeded_total.get(name, 0) + 1
+        if not group.over_budget:
+            if name in self._over_budget_now:
+                self._over_budget_now.discard(name)
+                if self._budget_back_log.allow(name) is not None:  # a flapping group: rarely
+                    log.info(
+                        "rule group %s evaluated within its time budget of %gs again (%.3fs)",
+                        name, budget, group.last_duration,
+                    )  # fmt: skip
+            return
+        with self._lock:
+            self.budget_exceeded_total[name] = self.budget_exceeded_total.get(name, 0) + 1
+        self._over_budget_now.add(name)
         passed = self._budget_log.allow(name)
         if passed is None:
             return
         log.warning(
             "rule group %s stopped after %.3fs, over its time budget of %gs "
             "(rules.group_time_budget_seconds): %d of its %d rules not evaluated this time, "
-            "their alerts kept as they were%s",
-            name, group.last_duration, budget, group.last_stopped, len(group.rules), passed.note,
+            "their alerts kept as they were; %d annotations not rendered, marked %r%s",
+            name, group.last_duration, budget, group.last_stopped, len(group.rules),
+            group.last_annotations_stopped, TEMPLATE_STOPPED, passed.note,
         )  # fmt: skip
 
     def on_late_series(self, series_set: SeriesSet) -> None:
         """The same tick's families built after evaluation (this manager's own, the notifier's,
         the collector statuses), at the same timestamp, as one scrape would have them."""
+        worker = self._worker
+        if worker is None:
+            self._ingest_late(series_set)
+        elif worker.submit(partial(self._ingest_late, series_set)) is None:
+            self._log_skipped(series_set.timestamp, f"its late series {_NOT_QUEUED}")
+
+    def _ingest_late(self, series_set: SeriesSet) -> None:
         samples = self._store_labels.samples(series_set, self.store.names, "late")
         self.store.ingest(series_set.timestamp, samples, group="late")
 
@@ -334,7 +435,9 @@ class RuleManager:
         interval = self._interval(group)
         outgoing = []
         for rule in group.rules:
-            if not isinstance(rule, AlertingRule) or rule.last_error:
+            if not isinstance(rule, AlertingRule):
+                continue
+            if rule.last_error and not rule.annotations_stopped:
                 continue  # as Prometheus: a failed evaluation sends nothing
             for alert in rule.to_send(now, self.alerting.resend_delay_seconds, interval):
                 outgoing.append(
@@ -393,6 +496,7 @@ class RuleManager:
             labels = (("alertname", name), ("state", state_name))
             yield series("gpu_exporter_alerts", count, labels)
         yield series("gpu_exporter_rule_evaluations_total", self.evaluations_total)
+        yield series("gpu_exporter_rule_evaluations_skipped_total", self.evaluations_skipped_total)
         yield series("gpu_exporter_rule_evaluation_failures_total", self.evaluation_failures_total)
         yield series("gpu_exporter_rule_reload_failures_total", self.reloads_failed_total)
         yield series("gpu_exporter_rule_reload_success", 1.0 if self.last_reload_success else 0.0)

@@ -46,6 +46,9 @@ Budgets (Go has none): printf widths and precisions up to FORMAT_WIDTH_LIMIT, re
 any one string up to OUTPUT_LIMIT characters, BUILD_LIMIT characters built or scanned by all
 function calls, STEP_LIMIT steps and NESTING_LIMIT levels. Past one, expand() fails with
 TemplateError like any run-time error; check() refuses literal widths and nesting at load.
+These bound one expansion; a rule group expands many (each annotation of each alert), so
+expand() also takes the group's deadline and checks it every CHECK_EVERY_STEPS steps
+(template_cost.py estimates, for `rules check`, what a template may cost).
 
 expand() raises TemplateError where Go fails at run time (e.g. `humanize` of a label that is not
 a number); Prometheus renders "<error expanding template: ...>" in that case. Unicode case
@@ -73,6 +76,7 @@ from gpu_exporter.support import regex
 
 __all__ = [
     "BUILD_LIMIT",
+    "CHECK_EVERY_STEPS",
     "FORMAT_WIDTH_LIMIT",
     "NESTING_LIMIT",
     "OUTPUT_LIMIT",
@@ -92,6 +96,9 @@ OUTPUT_LIMIT = 65_536  # characters of rendered text, and of any one string buil
 BUILD_LIMIT = 4 * OUTPUT_LIMIT  # characters all function calls build or scan, together
 STEP_LIMIT = 10_000  # nodes, commands, range iterations and regex matches run
 NESTING_LIMIT = 100  # parentheses and control structures inside each other
+# An expansion given a deadline checks it this often: a step costs microseconds (a regex match
+# at most a few hundred), so a stop comes well within a millisecond of the deadline.
+CHECK_EVERY_STEPS = 32
 
 
 class TemplateError(ValueError):
@@ -110,12 +117,15 @@ def expand(
     value: float,
     external_labels: Mapping[str, str] | None = None,
     external_url: str = "",
+    check: Callable[[], None] | None = None,
 ) -> str:
-    """Render `template` for one alert exactly as Prometheus 2.42 would."""
+    """Render `template` for one alert exactly as Prometheus 2.42 would. `check` (the rule
+    group's deadline) is called before the first step and every CHECK_EVERY_STEPS steps; what
+    it raises stops the expansion and propagates unchanged."""
     nodes = _compile(template)
     data = _Data(dict(labels), dict(external_labels or {}), external_url, float(value))
     try:
-        return _Exec(data).run(nodes)
+        return _Exec(data, budget=_Budget(check)).run(nodes)
     except _Error as exc:
         raise TemplateError(_describe(template, exc)) from None
     except RecursionError:  # cannot happen within NESTING_LIMIT; a failed expansion if it did
@@ -142,13 +152,18 @@ def _describe(src: str, exc: _Error) -> str:
 
 
 class _Budget:
-    """What one expansion may still spend (STEP_LIMIT, BUILD_LIMIT)."""
+    """What one expansion may still spend (STEP_LIMIT, BUILD_LIMIT), and the deadline it runs
+    under: the caps bound one expansion's memory and time, but not a group's many expansions
+    together, so the group's time budget is checked at step granularity too."""
 
-    def __init__(self) -> None:
+    def __init__(self, check: Callable[[], None] | None = None) -> None:
         self.steps_left = STEP_LIMIT
         self.chars_left = BUILD_LIMIT
+        self.check = check
 
     def step(self) -> None:
+        if self.check is not None and not (STEP_LIMIT - self.steps_left) % CHECK_EVERY_STEPS:
+            self.check()  # before the first step, then every CHECK_EVERY_STEPS
         self.steps_left -= 1
         if self.steps_left < 0:
             raise _Error(f"template runs more than {STEP_LIMIT} steps")
