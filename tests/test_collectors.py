@@ -20,7 +20,12 @@ import pytest
 
 from gpu_exporter.collect.nvml import collectors
 from gpu_exporter.collect.nvml.calls import DeviceLostError
-from gpu_exporter.collect.nvml.collectors import COLLECTORS, SOURCE_FAMILIES, Collector
+from gpu_exporter.collect.nvml.collectors import (
+    COLLECTORS,
+    SOURCE_FAMILIES,
+    SOURCE_INSTANCE_FAMILIES,
+    Collector,
+)
 from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
@@ -91,6 +96,7 @@ def test_every_nvml_family_is_declared_by_exactly_one_collector() -> None:
         assert BY_NAME[name].on_gpus and BY_NAME[name].source in NVML_SOURCES, name
     # MIG instances' families, likewise, from the collectors' instance_families.
     of_instances = Counter(name for c in COLLECTORS for name in c.instance_families)
+    of_instances.update(SOURCE_INSTANCE_FAMILIES)
     assert {name: n for name, n in of_instances.items() if n > 1} == {}
     expected = {f.name for f in FAMILIES if f.on_instances and f.source in NVML_SOURCES}
     assert set(of_instances) == expected

@@ -252,11 +252,34 @@ def test_each_row(
     assert got == (verdict, action, reason)
 
 
+# Rows whose input is no reading of the GPU's own: each has a test of its own below.
+OWN_TESTS = {"mig_instances_unknown"}
+
+
 def test_every_row_of_the_table_has_a_case_above() -> None:
-    covered = {row[5] for row in ROWS if row[5]} | {
-        f"recovery_action_{a}" for a in ACTIONS if a != "none"
-    }
+    covered = (
+        {row[5] for row in ROWS if row[5]}
+        | OWN_TESTS
+        | {f"recovery_action_{a}" for a in ACTIONS if a != "none"}
+    )
     assert {row.reason for row in table.all_rows()} | {"healthy"} == covered
+
+
+def test_mig_instances_unknown_warns_until_they_are_listed_again() -> None:
+    latch = HealthLatch()
+
+    def tick(now: float, unknown: str = "", up: bool = True) -> tuple[str, str, str]:
+        sample = DeviceSample(0, "GPU-a", {}, up, (), mig_enabled=True, instances_unknown=unknown)
+        (device,) = latch.process([sample], now)
+        return outputs(device)
+
+    hung = "NVML call mig_uuid hung (asked again once it answers)"
+    assert tick(1.0) == ("pass", "none", "healthy")
+    assert tick(2.0, hung) == ("warning", "none", "mig_instances_unknown")
+    # A GPU down says nothing about its layout: the hold stays under gpu_lost.
+    assert tick(3.0, up=False) == ("critical", "reset_gpu", "gpu_lost")
+    assert tick(4.0, hung) == ("warning", "none", "mig_instances_unknown")
+    assert tick(5.0) == ("pass", "none", "healthy")
 
 
 def test_the_recovery_actions_are_nvml_h_values_in_order() -> None:

@@ -1,5 +1,6 @@
 """Pods on MIG instances: every id a device plugin gives the kubelet for a MIG device finds it,
-from the sampler's enumeration alone, and its series carry that pod (and only that pod)."""
+from the sampler's enumeration alone, and its series carry that pod (and only that pod), also
+while its GPU is lost."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gpu_exporter.collect.k8s.labels import PodsOfTick
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2
 from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.collect.settings import KubernetesConfig
-from gpu_exporter.model.series import SeriesBuilder
+from gpu_exporter.model.series import SeriesBuilder, SeriesSet
 from gpu_exporter.model.snapshot import DeviceSample, Snapshot
 from gpu_exporter.sim.clock import ManualClock
 
@@ -100,3 +101,74 @@ def test_mig_ids_of_every_form_reach_their_instance(devices: list[DeviceSample])
         for r in rows.of("gpu_pod_info")
         if "mig_uuid" not in dict(r.labels) and dict(r.labels)["gpu"] != "2"
     ]
+
+
+def test_a_lost_mig_gpu_keeps_naming_the_pods_on_its_instances(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    """A whole GPU that is lost keeps gpu_up{pod=...} 0; a lost MIG-enabled GPU must likewise
+    keep its instances as last enumerated, down, with their pods, until it answers again."""
+    spec = {
+        "name": "lost-mig",
+        "defaults": {"model": "NVIDIA H200", "architecture": "hopper"},
+        "devices": [
+            {"mig": {"instances": [{"profile": "3g.71gb"}, {"profile": "2g.35gb"}]}},
+            {"label": "whole"},
+        ],
+        "faults": [{"at": 20, "device": 0, "kind": "gpu_lost", "until": 40}],
+    }
+    source: NvmlSource = start_source(
+        spec,
+        xid_events=False,
+        recovery_initial_backoff_seconds=0.5,
+        recovery_max_backoff_seconds=1.0,
+    )
+    clock.now = 10.0
+
+    def tick() -> list[DeviceSample]:
+        clock.advance(1.0)
+        return source.sample()
+
+    mig, whole = [tick() for _ in range(2)][-1]
+    big, small = sorted(mig.instances, key=lambda i: i.profile, reverse=True)
+    kubelet = Kubelet(
+        [
+            pod("train", "big", "nvidia.com/mig-3g.71gb", big.mig_uuid),
+            pod("infer", "small", "nvidia.com/mig-2g.35gb", small.mig_uuid),
+            pod("batch", "job", "nvidia.com/gpu", whole.uuid),
+        ]
+    )
+    pods = PodsOfTick(kubelet)  # type: ignore[arg-type]
+
+    def series_of(devices: list[DeviceSample]) -> SeriesSet:
+        processed = pods.process(devices, clock())
+        return SeriesBuilder().build(Snapshot(0.0, tuple(processed), device_labels=pods.labels()))
+
+    def instance_up(rows: SeriesSet) -> dict[str, float]:
+        return {dict(r.labels)["pod"]: r.value for r in rows.of("gpu_mig_instance_up")}
+
+    assert instance_up(series_of(tick())) == {"big": 1.0, "small": 1.0}
+    clock.now = 20.0
+    for _ in range(5):  # lost, then down while NVML is re-initialised without it
+        devices = tick()
+        assert not devices[0].up and devices[1].up
+        rows = series_of(devices)
+        assert instance_up(rows) == {"big": 0.0, "small": 0.0}
+        held = {
+            (dict(r.labels)["pod"], dict(r.labels)["mig_uuid"])
+            for r in rows.of("gpu_pod_info")
+            if dict(r.labels)["gpu"] == "0"
+        }
+        assert held == {("big", big.mig_uuid), ("small", small.mig_uuid)}
+        # What it cannot read is absent: only the state and the pods are left.
+        assert {r.family for r in rows if dict(r.labels).get("mig_uuid")} == {
+            "gpu_mig_instance_up",
+            "gpu_pod_info",
+        }
+    clock.now = 40.0  # back after the next re-init
+    for _ in range(6):
+        devices = tick()
+        if devices[0].up:
+            break
+    assert devices[0].up, devices[0].down_reason
+    assert instance_up(series_of(devices)) == {"big": 1.0, "small": 1.0}

@@ -2,16 +2,21 @@
 
 Each test names what it would catch: parent quantities repeated on instances, instance
 quantities on the parent, a GI id reused across a reconfiguration diffed as one instance, a
-stale handle taken for a lost GPU, leaked GPM samples, and NoPermission on the parent's
-aggregate memory reported as anything but absent and counted.
+stale handle taken for a lost GPU, leaked GPM samples, NoPermission on the parent's
+aggregate memory reported as anything but absent and counted, and instances that vanish
+while an identity call hangs.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.model.activity import AWAITED_FAMILY
@@ -21,6 +26,7 @@ from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.scenario import load_scenario
 
 MIG = load_scenario("mig")
+MIG_FILE = Path(__file__).resolve().parent.parent / "gpu_exporter/sim/scenarios/mig.yaml"
 PARENT_ONLY = (
     "gpu_power_watts",
     "gpu_energy_joules_total",
@@ -349,3 +355,70 @@ def test_gpm_off_turns_off_mig_activity_too(
     seven = ticks(source, clock)[0]
     assert seven.instances and all(i.value("gpu_sm_active_ratio") is None for i in seven.instances)
     assert source.fake._samples == {}  # type: ignore[attr-defined]
+
+
+def test_a_hung_uuid_read_keeps_the_instances_unknown_and_they_return_once_it_answers(
+    start_source: Callable[..., Any], clock: ManualClock
+) -> None:
+    """nvmlDeviceGetUUID hangs on GPU 0 (its MIG devices' UUIDs are read every tick): that tick
+    the GPU is down, then it answers the rest while the call is stuck. Its instances must stay
+    listed, down, with the reason, and be read again within two ticks of the call answering,
+    not after the quarantine and the next slow refresh."""
+    import pynvml
+
+    hang_seconds = 1.5  # the hung call's real duration: ticks go on meanwhile
+    spec = yaml.safe_load(MIG_FILE.read_text())
+    hang = {"kind": "hang", "function": "nvmlDeviceGetUUID", "duration": hang_seconds}
+    spec["faults"] = [{"at": 20, "device": 0, **hang}]
+    clock.now = 10.0
+    source = start_source(spec, xid_events=False, device_deadline_seconds=0.2)
+    fake = source.fake  # type: ignore[attr-defined]
+    real_uuid = fake.nvmlDeviceGetUUID
+    lock, calls_in_flight = threading.Lock(), [0]
+
+    def uuid(*args: Any) -> int:  # only watches: the fake's fault does the hanging
+        with lock:
+            calls_in_flight[0] += 1
+        try:
+            return int(real_uuid(*args))
+        finally:
+            with lock:
+                calls_in_flight[0] -= 1
+
+    fake.nvmlDeviceGetUUID = uuid
+    pynvml._nvmlGetFunctionPointer_cache.pop("nvmlDeviceGetUUID", None)
+    before = ticks(source, clock)[0]
+    known = sorted((i.gpu_instance, i.mig_uuid) for i in before.instances)
+    assert len(known) == 7 and all(i.up for i in before.instances)
+
+    def listed_down(device: DeviceSample) -> bool:
+        return sorted((i.gpu_instance, i.mig_uuid) for i in device.instances) == known and all(
+            not i.up and not i.readings for i in device.instances
+        )
+
+    clock.now = 20.0
+    hung = source.sample()[0]
+    assert not hung.up and "mig_uuid" in hung.down_reason
+    assert listed_down(hung), "a GPU down keeps its instances, down"
+    clock.now = 25.0  # past the fault: the call answers at once when asked
+    unknown_ticks = 0
+    deadline = time.monotonic() + 30.0
+    while calls_in_flight[0] and time.monotonic() < deadline:
+        waiting = ticks(source, clock, n=1)[0]
+        assert waiting.up, waiting.down_reason
+        assert listed_down(waiting), [(i.mig_uuid, i.up) for i in waiting.instances]
+        assert "mig_uuid hung" in waiting.instances_unknown
+        unknown_ticks += 1
+        time.sleep(0.05)
+    assert not calls_in_flight[0], "the hung call never answered"
+    assert unknown_ticks >= 1, "no tick ran while the call hung"
+    # It answered: the instances are read again at the next tick or the one after.
+    back = [ticks(source, clock, n=1)[0] for _ in range(2)]
+    first_back = next((n for n, d in enumerate(back) if all(i.up for i in d.instances)), None)
+    assert first_back is not None, [d.instances_unknown for d in back]
+    device = back[-1]
+    assert not device.instances_unknown
+    assert sorted((i.gpu_instance, i.mig_uuid) for i in device.instances) == known
+    assert all(i.value("gpu_memory_used_bytes") is not None for i in device.instances)
+    series = series_of({0: device})
+    assert [s.value for s in series.of("gpu_mig_instance_up")] == [1.0] * 7

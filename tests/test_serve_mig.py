@@ -1,7 +1,8 @@
 """`gpu-exporter serve --simulate mig`: the MIG node as Prometheus scrapes it.
 
 The reconfiguration of the built-in scenario (at 90 s) is moved to 8 s here, so that the test
-sees the old layout, then the new one, from the real daemon.
+sees the old layout, then the new one, from the real daemon. Faults added to it show what a
+scrape sees while a MIG GPU's identity call hangs and once a MIG GPU is lost.
 """
 
 from __future__ import annotations
@@ -103,3 +104,108 @@ def test_mig_node_serves_valid_metrics_and_follows_the_reconfiguration(tmp_path:
         gi5 = [s for s in series(after, "gpu_mig_instance_info") if s["mig_uuid"] == new_gi5]
         assert gi5 and gi5[0]["gpu_instance"] == "5" and gi5[0]["mig_profile"] == "1g.18gb"
         assert not [s for s in series(after, "gpu_sm_active_ratio") if s.get("mig_uuid") == old_2g]
+
+
+HANG_AT, HANG_SECONDS, LOST_AT = 10, 4, 16  # scenario seconds: GPU 0's UUID read, GPU 1 lost
+
+
+def with_faults(tmp_path: Path) -> Path:
+    """The built-in scenario, with GPU 0's nvmlDeviceGetUUID (read for its MIG devices every
+    tick) hanging for HANG_SECONDS, then GPU 1 lost for good."""
+    data = yaml.safe_load(SCENARIO.read_text())
+    hang = {"kind": "hang", "function": "nvmlDeviceGetUUID", "duration": HANG_SECONDS}
+    data["faults"] = [
+        {"at": HANG_AT, "device": 0, **hang},
+        {"at": LOST_AT, "device": 1, "kind": "gpu_lost"},
+    ]
+    path = tmp_path / "mig-faults.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def instance_up(text: str, gpu: str) -> dict[str, tuple[float, str]]:
+    """GPU `gpu`'s gpu_mig_instance_up by GPU-instance id: (value, the pods it names)."""
+    return {
+        s.labels["gpu_instance"]: (s.value, s.labels.get("pod") or s.labels.get("holders", ""))
+        for metrics in text_string_to_metric_families(text)
+        for s in metrics.samples
+        if s.name == "gpu_mig_instance_up" and s.labels["gpu"] == gpu
+    }
+
+
+def test_mig_instances_stay_listed_and_say_so_through_a_hang_and_a_lost_gpu(
+    tmp_path: Path,
+) -> None:
+    with serve(tmp_path, "--simulate", str(with_faults(tmp_path)), "--interval", "0.5") as daemon:
+        daemon.wait_ready()
+        before = instance_up(daemon.metrics_text(), "0")
+        assert sorted(before, key=int) == [str(gi) for gi in range(7, 14)], "started after the hang"
+        assert {value for value, _ in before.values()} == {1.0}
+        assert before["9"][1] == "infer/chat-small-0/server,infer/chat-small-1/server"
+
+        # The hang: the GPU answers, its instances are listed down with their pods, the health
+        # verdict and /readyz say why.
+        def hung() -> tuple[str, str] | None:
+            text = daemon.metrics_text()
+            now = instance_up(text, "0")
+            if not now or {value for value, _ in now.values()} != {0.0}:
+                return None
+            if _up_by_gpu(text).get("0") != 1.0:
+                return None  # the tick that hung: the GPU itself is down
+            ready = daemon.get("/readyz")  # the next tick may have answered already
+            return (text, ready.text) if "GPU 0 MIG" in ready.text else None
+
+        text, ready = wait_for(hung, HANG_AT + 10, "GPU 0's instances listed down")
+        assert instance_up(text, "0") == {gi: (0.0, pods) for gi, (_, pods) in before.items()}
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for metrics in text_string_to_metric_families(text)
+            for s in metrics.samples
+        }
+        gpu0 = ("gpu", "0")
+        unknown = [
+            v
+            for (name, labels), v in samples.items()
+            if name == "gpu_health_action_info"
+            and gpu0 in labels
+            and ("reason", "mig_instances_unknown") in labels
+        ]
+        assert unknown == [1.0], "the health verdict names the unknown instances"
+        assert not [
+            name
+            for (name, labels), _ in samples.items()
+            if gpu0 in labels
+            and any(k == "mig_uuid" for k, _ in labels)
+            and name not in ("gpu_mig_instance_up", "gpu_pod_info")
+        ], "an unknown instance's quantities are absent"
+        assert ready.startswith("ok\n"), ready
+        assert "degraded: GPU 0 MIG instances unknown: NVML call mig_uuid hung" in ready, ready
+
+        # The call answers: the instances are read again.
+        def answered() -> str | None:
+            text = daemon.metrics_text()
+            now = instance_up(text, "0")
+            return text if now and {value for value, _ in now.values()} == {1.0} else None
+
+        wait_for(answered, HANG_SECONDS + 10, "GPU 0's instances read again")
+        assert "GPU 0" not in daemon.get("/readyz").text
+
+        # GPU 1 lost: gpu_up 0, and its instances keep naming the pods that lost them.
+        def lost() -> dict[str, tuple[float, str]] | None:
+            text = daemon.metrics_text()
+            return instance_up(text, "1") if _up_by_gpu(text).get("1") == 0.0 else None
+
+        gone = wait_for(lost, LOST_AT + 15, "GPU 1 lost")
+        assert gone["1"] == (0.0, "finetune-0"), gone
+        assert {value for value, _ in gone.values()} == {0.0} and len(gone) == 4
+        ready = daemon.get("/readyz")
+        assert ready.status_code == 200 and "degraded: GPU 1 down: " in ready.text, ready.text
+
+
+def _up_by_gpu(text: str) -> dict[str, float]:
+    return {
+        s.labels["gpu"]: s.value
+        for metrics in text_string_to_metric_families(text)
+        for s in metrics.samples
+        if s.name == "gpu_up"
+    }

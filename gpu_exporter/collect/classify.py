@@ -223,6 +223,9 @@ class Classifier:
         if mig:
             instances = []
             for instance in device.instances:
+                if not instance.up:  # not read: missing from this tick, as below
+                    instances.append(instance)
+                    continue
                 key = _key(device.uuid, instance.mig_uuid)
                 seen.add(key)
                 point = _point(_index(instance.readings), parent, architecture, now)

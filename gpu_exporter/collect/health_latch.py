@@ -6,8 +6,9 @@ tick's readings, holds each input that shows a fault until what the verdict tabl
 it (gpu_exporter/model/health_verdict.py, `Clears`), and exports the worst held input:
 
 - a reading's own fault (the recovery action, the volatile uncorrected ECC count, row remap
-  pending / failure, pending page retirements, the fabric, gpu_up) holds until that reading
-  shows the healthy value; a tick without the reading changes nothing;
+  pending / failure, pending page retirements, the fabric, gpu_up, a MIG layout that could not
+  be read) holds until that reading shows the healthy value; a tick without the reading
+  changes nothing;
 - a critical XID (an increase of gpu_xid_errors_total{xid}) holds until a GPU reset is seen:
   a volatile ECC counter going down, a pending row remap applied, pending page retirements
   done, or the driver's recovery action back to none after it was not;
@@ -35,6 +36,7 @@ from gpu_exporter.model.health_verdict import (
     FABRIC_ISSUE_ROWS,
     FABRIC_SUMMARY_ROWS,
     GPU_LOST,
+    MIG_INSTANCES_UNKNOWN,
     NO_RECOVERY_ACTION,
     RECOVERY_ACTION_ROWS,
     RETIRED_PAGES_PENDING,
@@ -94,6 +96,7 @@ class _Inputs:
     """One tick's health readings of a GPU; None (or a missing key) where absent."""
 
     up: bool
+    mig_instances_unknown: bool | None  # None: not known (the GPU is down)
     recovery_action: str | None
     volatile_ecc: Mapping[str, float]  # error -> count
     flags: Mapping[str, float]  # family -> value
@@ -183,6 +186,7 @@ def _inputs(device: DeviceSample) -> _Inputs:
             xid_counts[int(labels["xid"])] = value
     return _Inputs(
         up=device.up,
+        mig_instances_unknown=bool(device.instances_unknown) if device.up else None,
         recovery_action=recovery,
         volatile_ecc=volatile,
         flags=flags,
@@ -222,6 +226,8 @@ def _hold_readings(gpu: _Gpu, inputs: _Inputs) -> None:
     """The inputs judged by their current reading: held while it shows the fault, let go when
     it shows the healthy value, left as they are when absent."""
     _set(gpu, GPU_LOST, not inputs.up)
+    if inputs.mig_instances_unknown is not None:
+        _set(gpu, MIG_INSTANCES_UNKNOWN, inputs.mig_instances_unknown)
     if inputs.recovery_action is not None:
         for action, row in RECOVERY_ACTION_ROWS.items():
             _set(gpu, row, inputs.recovery_action == action)

@@ -126,6 +126,15 @@ FAMILIES: tuple[Family, ...] = (
         scope=Scope.INSTANCE,
     ),
     Family(
+        "gpu_mig_instance_up",
+        G,
+        "1 when the MIG instance was read in this tick, 0 while it is unknown: its GPU is lost "
+        "or hung, or its GPU's MIG layout could not be read (an NVML call failed or hung). "
+        "Then it is the instance last enumerated, with the pods holding it, until it is read "
+        "again; its quantities are absent meanwhile.",
+        scope=Scope.INSTANCE,
+    ),
+    Family(
         "gpu_utilization_ratio",
         G,
         "Fraction of the last sample period in which at least one kernel ran (NVML).",

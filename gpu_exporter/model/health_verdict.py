@@ -448,6 +448,19 @@ GPU_LOST = Row(
     "gpu_lost", V.CRITICAL, A.RESET_GPU, C.READING, "the GPU does not answer NVML (lost or hung)"
 )
 
+# -- the MIG layout ----------------------------------------------------------------------------
+# A GPU that answers NVML but whose MIG layout could not be read (an identity call of its
+# enumeration failed or hung): its instances are unknown (gpu_mig_instance_up 0) until the
+# call answers. Nothing to do to the GPU for it; a GPU whose calls keep hanging goes down, and
+# gpu_lost says so.
+MIG_INSTANCES_UNKNOWN = Row(
+    "mig_instances_unknown",
+    V.WARNING,
+    A.NONE,
+    C.READING,
+    "the GPU answers, but its MIG instances cannot be listed (an NVML call failed or hung)",
+)
+
 # -- the NVLink fabric --------------------------------------------------------------------------
 # gpu_fabric_health_issue{issue}: nvmlGpuFabricInfo_v3 healthMask (nvml.h, "Fabric
 # definitions", NVML_GPU_FABRIC_HEALTH_MASK_*). A recovery the fabric is making is info; a
@@ -519,6 +532,7 @@ FABRIC_SUMMARY_ROWS: Mapping[str, Row] = MappingProxyType(
 STATE_ROWS: tuple[Row, ...] = (
     *RECOVERY_ACTION_ROWS.values(),
     GPU_LOST,
+    MIG_INSTANCES_UNKNOWN,
     ROW_REMAP_FAILURE,
     UNCORRECTED_ECC,
     ROW_REMAP_PENDING,
@@ -570,6 +584,7 @@ _CLEARED_BY = {
 _READING_CLEARED_BY = {
     "recovery_action_": "the recovery action back to none",
     "gpu_lost": "the GPU answering again under its UUID",
+    "mig_instances_unknown": "its MIG instances listed again",
     "uncorrected_ecc": "the volatile count back to 0 (a GPU reset or driver reload)",
     "row_remap_failure": "the flag back to 0 (in practice a new GPU, with a new UUID)",
     "row_remap_pending": "the remap applied (a GPU reset)",

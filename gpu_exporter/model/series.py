@@ -18,8 +18,9 @@ Labels of a per-GPU series (the exposition and the store sort them by name):
     a rule over any family keeps the same labels on both alert paths. The exceptions are the
     families that say whose they are themselves (`gpu_pod_info`, one series per pod holding the GPU;
     the per-pod use `gpu_pod_*`; `gpu_unattributed_*`, the use of no known pod): they carry only
-    their own. A MIG parent's own series have none (pods hold its instances). In `info` mode (and
-    without attribution) only those families have them.
+    their own. A MIG parent's own series have none (pods hold its instances: an instance's
+    `gpu_mig_instance_up` names them while its GPU is lost). In `info` mode (and without
+    attribution) only those families have them.
 Empty label values are dropped, as Prometheus reads an empty label as absent.
 
 Every series is checked against the catalog: its family exists, its sample name belongs to the
@@ -143,6 +144,11 @@ class InstanceView:
         labels = dict(info.labels)
         names = BY_NAME["gpu_mig_instance_info"].labels
         return {name: self._decimal(labels.get(name, "")) for name in names}
+
+    @property
+    def up(self) -> bool:
+        """Whether it was read in this tick (gpu_mig_instance_up; True without the series)."""
+        return self.value("gpu_mig_instance_up") != 0.0
 
     @property
     def has_activity(self) -> bool:
@@ -359,6 +365,8 @@ class SeriesBuilder:
             for instance in device.instances:
                 labels = (*base, *instance.labels)
                 pods = snapshot.device_labels.get(instance.mig_uuid, ())
+                up = series("gpu_mig_instance_up", float(instance.up), (*labels, *pods))
+                _keep(_checked(up, per_device=True, instance=True), rows, problems)
                 where = f"GPU {device.index} MIG {instance.mig_uuid}"
                 self._readings_rows(instance.readings, labels, pods, where, True, built)
         # GPUs, instances, readings and label sets that are gone drop out here.

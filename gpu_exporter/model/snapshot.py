@@ -68,6 +68,11 @@ class InstanceSample:
     parent's (power, clocks, links) stay on the parent's sample. `shared` is True when its GPU
     instance has several compute instances: then `compute_instance` tells them apart in the
     labels, and the GPU instance's memory and activity belong to none of them alone.
+
+    `up` is False for an instance not read in this tick: its GPU is down, or its GPU's MIG
+    layout could not be read (`DeviceSample.instances_unknown` says why). It is then the
+    instance as last enumerated, identity only: no readings (what is unknown is absent), so
+    that its pods stay named while its device is gone.
     """
 
     gpu_instance: int
@@ -79,6 +84,7 @@ class InstanceSample:
     verdict: Verdict | None = None  # the classifier's, with its reason and numbers
     # Its processes this tick; None: not read (per-process reads off, or the read failed).
     processes: tuple[ProcessSample, ...] | None = None
+    up: bool = True
 
     @property
     def labels(self) -> Labels:
@@ -105,7 +111,10 @@ class DeviceSample:
     exported). `instances` are its MIG devices, and `mig_enabled` whether MIG is on (as last
     read: it stays True through a tick whose MIG read failed, which then has no instances).
     `verdict` is the bottleneck classifier's for this tick (None without one, for a down GPU
-    and for a MIG parent, whose instances have theirs).
+    and for a MIG parent, whose instances have theirs). `instances_unknown` says why the
+    MIG layout of a GPU that answered could not be read in this tick ("" when it was, or MIG
+    is off); its `instances` are then the ones last known, each down (`InstanceSample.up`), as
+    are a down GPU's.
     """
 
     index: int
@@ -119,6 +128,7 @@ class DeviceSample:
     verdict: Verdict | None = None  # the classifier's, with its reason and numbers
     # Its processes this tick (a MIG GPU's are its instances'); None: not read.
     processes: tuple[ProcessSample, ...] | None = None
+    instances_unknown: str = ""
 
     @property
     def labels(self) -> Labels:
@@ -189,6 +199,18 @@ class Snapshot:
             if device.index == index:
                 return device
         return None
+
+    def degraded(self) -> list[str]:
+        """What this tick could not see, one line per GPU: a GPU down, or one whose MIG
+        instances are unknown (each with the reason)."""
+        lines = []
+        for device in self.devices:
+            gpu = f"GPU {device.index}"
+            if not device.up:
+                lines.append(f"{gpu} down: {device.down_reason or 'not answering'}")
+            elif device.instances_unknown:
+                lines.append(f"{gpu} MIG instances unknown: {device.instances_unknown}")
+        return lines
 
     def __iter__(self) -> Iterator[DeviceSample]:
         return iter(self.devices)

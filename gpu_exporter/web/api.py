@@ -613,12 +613,16 @@ def create_app(
             return PlainTextResponse(f"not ready: {why}\n", 503)
         if not source_ready():
             return PlainTextResponse("not ready: NVML has not been initialised\n", 503)
-        if sampler.latest is None:
+        latest = sampler.latest
+        if latest is None:
             return PlainTextResponse("not ready: no snapshot yet\n", 503)
         age = sampler.seconds_since_last_tick()
         if age is not None and age > stale_after:
             return PlainTextResponse(f"not ready: last snapshot {age:.1f}s old\n", 503)
-        return PlainTextResponse("ok\n")
+        # Still ready (unready would take the exporter out of the Service just when its
+        # series say what is missing), but says what the tick could not see.
+        degraded = "".join(f"degraded: {line}\n" for line in latest.degraded())
+        return PlainTextResponse(f"ok\n{degraded}")
 
     @get("/api/v1/devices", response_class=JSONResponse, responses=_DEVICES_RESPONSES)
     def devices() -> Response:

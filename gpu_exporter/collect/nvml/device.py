@@ -81,12 +81,14 @@ class UndeclaredFamilyError(InvalidReadingError):
 @dataclass(frozen=True, slots=True)
 class TickResult:
     """One GPU's tick: its readings, its MIG instances', how each collector did, and the
-    processes on it (None: not read)."""
+    processes on it (None: not read). `instances_unknown`: why its MIG layout could not be
+    read ("" when it was); `instances` are then the last known ones, down."""
 
     readings: tuple[Reading, ...]
     statuses: tuple[CollectorStatus, ...]
     instances: tuple[InstanceSample, ...] = ()
     processes: tuple[ProcessSample, ...] | None = None
+    instances_unknown: str = ""
 
 
 # How a collector's phase is run: guarded in the daemon, plainly in the bare benchmark loop.
@@ -184,6 +186,9 @@ class DeviceReader:
     info: dict[str, str] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)
     quarantine: dict[str, float] = field(default_factory=dict)
+    # The tick stuck in each quarantined call: done once the call answered (`call`'s
+    # retry_when_answered).
+    hung_ticks: dict[str, Future[Any]] = field(default_factory=dict)
     current_call: str = ""
     running: str = ""  # the collector running on the worker thread now
     active_tick: int = 0
@@ -192,7 +197,13 @@ class DeviceReader:
     driver_version: str = ""
     topology: Topology | None = None
     mig_enabled: bool = False  # as the mig collector last read it
+    # The MIG instances last enumerated, identity only and down: what a tick that cannot read
+    # them reports (a GPU down, a layout unread), so their pods stay named. Bounded by one
+    # layout; kept across a re-bind, replaced at the next enumeration.
+    known_instances: tuple[InstanceSample, ...] = ()
     _instances: tuple[InstanceSample, ...] = ()  # reported in this tick
+    _instances_unknown: str = ""  # this tick's: why the layout could not be read
+    _mig_reported: bool = False  # the mig collector reported in this tick
     _mig_handles: Mapping[str, Any] = field(default_factory=dict)  # this tick's, by MIG UUID
     _processes: tuple[ProcessSample, ...] | None = None  # reported in this tick
     _fields: FieldBatch | None = None
@@ -206,11 +217,15 @@ class DeviceReader:
         fn: Callable[..., Any] | None,
         *args: Any,
         gone: tuple[type[N.NVMLError], ...] = (),
+        retry_when_answered: bool = False,
     ) -> Any:
         """Run one NVML call; None when unsupported, quarantined or failed this tick.
 
         `fn` is None when the installed nvidia-ml-py predates the call: same as an old driver.
         An error in `gone` raises GoneError instead (neither counted nor learned).
+        `retry_when_answered`: the call's quarantine after a hang ends as soon as the hung call
+        has returned, not after `hang_quarantine_seconds` (for calls without which whole
+        series are unknown: the MIG layout's).
         """
         if key in self.unsupported:
             return None
@@ -219,9 +234,12 @@ class DeviceReader:
             return None
         until = self.quarantine.get(key)
         if until is not None:
-            if self.clock() < until:
+            hung = self.hung_ticks.get(key)
+            answered = retry_when_answered and hung is not None and hung.done()
+            if self.clock() < until and not answered:
                 return None
             del self.quarantine[key]
+            self.hung_ticks.pop(key, None)
         self._check_owner()
         self.current_call = key
         started = time.perf_counter()
@@ -272,6 +290,9 @@ class DeviceReader:
     def is_unsupported(self, key: str) -> bool:
         return key in self.unsupported
 
+    def is_quarantined(self, key: str) -> bool:
+        return key in self.quarantine
+
     def learn_unsupported(self, key: str) -> None:
         self.unsupported.add(key)
 
@@ -287,11 +308,13 @@ class DeviceReader:
         enabled: bool,
         instances: tuple[InstanceSample, ...] = (),
         handles: Mapping[str, Any] | None = None,
+        unknown: str = "",
     ) -> None:
         """The mig collector's result (from its read: after the tick's commit point). A change
         of mode forgets what was learned about the calls that answer differently with MIG on
         and off (the collectors' `mig_dependent` keys). Instance readings are checked as a
-        collector's own are (InvalidReadingError fails the reporting collector)."""
+        collector's own are (InvalidReadingError fails the reporting collector). `unknown`:
+        why the layout could not be read; the last known instances are reported, down."""
         if instances:
             reporter = next(c for c in self.collectors if c.instance_families)
             for instance in instances:
@@ -300,8 +323,14 @@ class DeviceReader:
             for collector in self.collectors:
                 self.unsupported.difference_update(collector.mig_dependent)
         self.mig_enabled = enabled
-        self._instances = instances
-        self._mig_handles = dict(handles or {})
+        self._mig_reported = True
+        self._instances_unknown = unknown if enabled else ""
+        if not enabled:
+            self.known_instances = ()
+        elif not unknown:
+            self.known_instances = tuple(_down(instance) for instance in instances)
+        self._instances = self.known_instances if self._instances_unknown else instances
+        self._mig_handles = {} if self._instances_unknown else dict(handles or {})
 
     @property
     def mig_handles(self) -> Mapping[str, Any]:
@@ -347,6 +376,8 @@ class DeviceReader:
         """
         self._fields = FieldBatch(self.collectors)
         self._instances = ()
+        self._instances_unknown = ""
+        self._mig_reported = False
         self._mig_handles = {}
         self._processes = None
         statuses: dict[str, CollectorStatus] = {}
@@ -371,7 +402,15 @@ class DeviceReader:
             if status.success:
                 out += [*collector.static, *readings]
         self._fields.share_time(statuses)
-        return TickResult(tuple(out), tuple(statuses.values()), self._instances, self._processes)
+        if self.mig_enabled and not self._mig_reported:  # the mig collector failed
+            self._instances, self._instances_unknown = self.known_instances, "mig collector failed"
+        return TickResult(
+            tuple(out),
+            tuple(statuses.values()),
+            self._instances,
+            self._processes,
+            self._instances_unknown,
+        )
 
     def read_offline(self) -> TickResult:
         """What needs no NVML call (XID counts), for a GPU that is down this tick."""
@@ -417,6 +456,7 @@ class DeviceReader:
         hung = self.current_call
         if hung:
             self.quarantine[hung] = now + self.settings.hang_quarantine_seconds
+            self.hung_ticks[hung] = stuck_tick
         self.active_tick += 1  # the stuck thread raises TickAbandonedError when it wakes
         for collector in self.collectors:
             collector.abandon(stuck_tick)
@@ -440,6 +480,18 @@ class DeviceReader:
 
 
 _NOTHING: list[Reading] = []  # a failed collector's readings (never appended to)
+
+
+def _down(instance: InstanceSample) -> InstanceSample:
+    """The instance as a tick that cannot read it reports it: identity only, down."""
+    return InstanceSample(
+        instance.gpu_instance,
+        instance.compute_instance,
+        instance.mig_uuid,
+        instance.profile,
+        instance.shared,
+        up=False,
+    )
 
 
 def _read_declared(collector: Collector, device: Device) -> list[Reading]:

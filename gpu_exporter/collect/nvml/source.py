@@ -821,14 +821,24 @@ class NvmlSource:
             result.instances,
             reader.mig_enabled,
             processes=result.processes,
+            instances_unknown=result.instances_unknown,
         )
 
     def _down(self, device: _Device, reason: str) -> DeviceSample:
+        """A GPU that did not answer: what needs no NVML call, and its MIG instances as last
+        enumerated, down (so the pods that lost them stay named, as a whole GPU's do)."""
         reader = device.reader
         offline = reader.read_offline()  # XIDs are known without NVML; XID 79 comes with a loss
         self._statuses += offline.statuses
         return DeviceSample(
-            reader.index, reader.uuid, dict(reader.info), False, offline.readings, reason
+            reader.index,
+            reader.uuid,
+            dict(reader.info),
+            False,
+            offline.readings,
+            reason,
+            reader.known_instances,
+            reader.mig_enabled,
         )
 
 

@@ -29,6 +29,7 @@ from gpu_exporter.collect.settings import NvmlConfig
 __all__ = [
     "COLLECTORS",
     "SOURCE_FAMILIES",
+    "SOURCE_INSTANCE_FAMILIES",
     "Collector",
     "Device",
     "FieldSpec",
@@ -59,6 +60,8 @@ COLLECTORS: tuple[type[Collector], ...] = (
 
 # Per-GPU families the NVML source itself emits, not any collector: whether the GPU answered.
 SOURCE_FAMILIES: tuple[str, ...] = ("gpu_up",)
+# Likewise per MIG instance: whether it was read in this tick or is the one last known.
+SOURCE_INSTANCE_FAMILIES: tuple[str, ...] = ("gpu_mig_instance_up",)
 
 
 def enabled(settings: NvmlConfig, *, topology: bool) -> tuple[type[Collector], ...]:

@@ -96,9 +96,12 @@ class Device(Protocol):
         fn: Callable[..., Any] | None,
         *args: Any,
         gone: tuple[type[N.NVMLError], ...] = (),
+        retry_when_answered: bool = False,
     ) -> Any:
         """One NVML call; None when unsupported, quarantined or failed (already counted); an
-        error in `gone` (the thing asked about is not there) raises GoneError, not counted."""
+        error in `gone` (the thing asked about is not there) raises GoneError, not counted.
+        `retry_when_answered`: after a hang, asked again as soon as the hung call returned
+        rather than after the quarantine."""
 
     def first(self, *attempts: tuple[Any, ...]) -> Any:
         """(key, fn, *args) alternatives, newest first, moving on only past unsupported ones."""
@@ -110,6 +113,9 @@ class Device(Protocol):
         """True when none of these fields can be read: time for the older call."""
 
     def is_unsupported(self, key: str) -> bool: ...
+
+    def is_quarantined(self, key: str) -> bool:
+        """Whether the call is skipped because it hung (see `call`)."""
 
     def learn_unsupported(self, key: str) -> None: ...
 
@@ -124,9 +130,11 @@ class Device(Protocol):
         enabled: bool,
         instances: tuple[InstanceSample, ...] = (),
         handles: Mapping[str, Any] | None = None,
+        unknown: str = "",
     ) -> None:
         """The mig collector's result: MIG mode, this tick's MIG instances and their device
-        handles by MIG UUID (for the collectors after it that read per instance)."""
+        handles by MIG UUID (for the collectors after it that read per instance); `unknown`:
+        why the layout could not be read (the last known instances are then reported down)."""
 
     @property
     def mig_handles(self) -> Mapping[str, Any]:

@@ -23,6 +23,14 @@ enumeration that misses it.
 
 A MIG mode read that fails (rather than NOT_SUPPORTED: no MIG on this GPU) keeps what was
 known: one failed read must not turn a partitioned GPU into a whole one for a refresh period.
+
+A layout is replaced only by a complete enumeration. When one of its identity calls (count,
+handle, GI and CI ids, UUID, name) fails or is skipped after a hang, the layout is unknown: the
+last known instances are reported down (`Device.report_mig`'s `unknown`, with the reason; their
+series say so and keep their pods), nothing is read through their unverified handles, and the
+enumeration is tried again every tick. A hung identity call is asked again as soon as it has
+returned (`retry_when_answered`), not after the quarantine, so the instances are back at the
+first tick after the driver answers.
 """
 
 from __future__ import annotations
@@ -50,6 +58,10 @@ _GONE = (N.NVMLError_NotFound, N.NVMLError_InvalidArgument)
 _MIB = 1024 * 1024
 
 WindowKey = tuple[int, int, str, str]
+
+
+class _LayoutUnread(Exception):
+    """An identity call of the enumeration did not answer: the layout is unknown (why)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,7 @@ class Mig(Collector):
         self.abandoned = gpm.AbandonedWindows()
         self.gpm_supported: bool | None = None  # None: not asked yet
         self.changes_seen = 0  # MIG configuration-change events enumerated for
+        self.unknown = ""  # why the layout could not be read ("": `devices` is the layout)
 
     # -- slow: mode and layout ---------------------------------------------------------------
 
@@ -125,7 +138,7 @@ class Mig(Collector):
         current, pending = (int(value) for value in mode)
         if current == 1:
             self.changes_seen = nvml.xid_counts.mig_changes(nvml.uuid)
-            self.devices = self._enumerate(nvml)
+            self._read_layout(nvml)
         else:
             self._forget()
         self.mig_on = current == 1
@@ -134,39 +147,37 @@ class Mig(Collector):
             Reading("gpu_mig_mode", float(pending == 1), (("state", "pending"),)),
         ]
 
+    def _read_layout(self, nvml: Device) -> None:
+        """Enumerate; on an identity call that did not answer, keep the last layout, unknown."""
+        try:
+            self.devices, self.unknown = self._enumerate(nvml), ""
+        except _LayoutUnread as exc:
+            self.unknown = str(exc)
+
     def _enumerate(self, nvml: Device) -> tuple[MigDevice, ...]:
         parent = nvml.handle
-        count = nvml.call("mig_device_count", N.nvmlDeviceGetMaxMigDeviceCount, parent) or 0
+        count = _identity(nvml, "mig_device_count", N.nvmlDeviceGetMaxMigDeviceCount, parent) or 0
         found: list[tuple[Any, int, int, str, str, Any]] = []
         for slot in range(count):
             try:
-                handle = nvml.call(
-                    "mig_device_handle",
-                    N.nvmlDeviceGetMigDeviceHandleByIndex,
-                    parent,
-                    slot,
-                    gone=_GONE,
+                handle = _identity(
+                    nvml, "mig_device_handle", N.nvmlDeviceGetMigDeviceHandleByIndex, parent, slot
                 )
                 if handle is None:
                     continue
-                gi = nvml.call(
-                    "mig_gpu_instance_id", N.nvmlDeviceGetGpuInstanceId, handle, gone=_GONE
+                gi = _identity(nvml, "mig_gpu_instance_id", N.nvmlDeviceGetGpuInstanceId, handle)
+                ci = _identity(
+                    nvml, "mig_compute_instance_id", N.nvmlDeviceGetComputeInstanceId, handle
                 )
-                ci = nvml.call(
-                    "mig_compute_instance_id",
-                    N.nvmlDeviceGetComputeInstanceId,
-                    handle,
-                    gone=_GONE,
-                )
-                uuid = nvml.call("mig_uuid", N.nvmlDeviceGetUUID, handle, gone=_GONE)
-                name = nvml.call("mig_name", N.nvmlDeviceGetName, handle, gone=_GONE) or ""
+                uuid = _identity(nvml, "mig_uuid", N.nvmlDeviceGetUUID, handle)
+                name = _identity(nvml, "mig_name", N.nvmlDeviceGetName, handle) or ""
                 attrs = nvml.call(
                     "mig_attributes", N.nvmlDeviceGetAttributes_v2, handle, gone=_GONE
                 )
             except GoneError:
                 continue  # an empty slot, or destroyed while we looked
             if gi is None or ci is None or not uuid:
-                continue  # counted by the choke point; without identity it cannot be a series
+                continue  # learned unsupported: without identity it cannot be a series
             found.append((handle, int(gi), int(ci), str(uuid), profile_of(str(name)), attrs))
         per_gi: dict[int, int] = {}
         for _, gi, *_rest in found:
@@ -179,7 +190,7 @@ class Mig(Collector):
         return devices
 
     def _forget(self) -> None:
-        self.devices = ()
+        self.devices, self.unknown = (), ""
         self._free_windows_except(set())
 
     # -- every tick: memory and activity -----------------------------------------------------
@@ -189,9 +200,13 @@ class Mig(Collector):
             nvml.report_mig(False)
             return []
         changes = nvml.xid_counts.mig_changes(nvml.uuid)
-        if changes != self.changes_seen or not self._layout_holds(nvml):
-            self.changes_seen = changes  # nvmlEventMigConfigChange, or a handle gone/reused
-            self.devices = self._enumerate(nvml)
+        if self.unknown or changes != self.changes_seen or not self._layout_holds(nvml):
+            # Unknown, nvmlEventMigConfigChange, or a handle gone, reused or not answering.
+            self.changes_seen = changes
+            self._read_layout(nvml)
+        if self.unknown:
+            nvml.report_mig(True, unknown=self.unknown)
+            return []
         nvml.report_mig(
             True,
             tuple(self._instance(nvml, device) for device in self.devices),
@@ -203,10 +218,10 @@ class Mig(Collector):
         """Whether every cached handle still names the MIG device it was enumerated as."""
         for device in self.devices:
             try:
-                uuid = nvml.call("mig_uuid", N.nvmlDeviceGetUUID, device.handle, gone=_GONE)
-            except GoneError:
+                uuid = _identity(nvml, "mig_uuid", N.nvmlDeviceGetUUID, device.handle)
+            except (GoneError, _LayoutUnread):
                 return False
-            if uuid != device.mig_uuid:  # reused for another device, or the read failed
+            if uuid != device.mig_uuid:  # reused for another device
                 return False
         return True
 
@@ -274,6 +289,18 @@ class Mig(Collector):
         """Free every GPM sample (before any NVML shutdown: the source closes readers first)."""
         self._forget()
         self.free_orphans()
+
+
+def _identity(nvml: Device, key: str, fn: Any, *args: Any) -> Any:
+    """One identity call of the enumeration: its answer; None when learned unsupported;
+    GoneError for an empty slot or a destroyed device; _LayoutUnread when it failed or is
+    skipped after a hang (asked again as soon as the hung call returned)."""
+    value = nvml.call(key, fn, *args, gone=_GONE, retry_when_answered=True)
+    if value is None and not nvml.is_unsupported(key):
+        if nvml.is_quarantined(key):
+            raise _LayoutUnread(f"NVML call {key} hung (asked again once it answers)")
+        raise _LayoutUnread(f"NVML call {key} failed")
+    return value
 
 
 def _size_readings(attrs: Any) -> tuple[Reading, ...]:
