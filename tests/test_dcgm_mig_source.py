@@ -215,6 +215,22 @@ def test_activity_goes_only_to_an_instance_of_the_size_dcgm_watched() -> None:
     assert given and merged.instances[0].value("gpu_sm_active_ratio") == 0.7
 
 
+def test_an_instance_not_read_this_tick_gets_no_activity_and_is_not_awaited() -> None:
+    """While a hung identity call leaves an instance unknown (listed, `up` False), DCGM's
+    values for its GPU-instance id are not given to it: which instance holds that id now is
+    not known. Nor is its activity marked awaited: it is unknown, not starting."""
+    reading = Reading("gpu_sm_active_ratio", 0.7)
+    unknown = InstanceSample(
+        5, 0, "MIG-a", "2g.20gb", readings=(Reading("gpu_mig_instance_slices", 2),), up=False
+    )
+    sample = DeviceSample(1, "GPU-p", {}, True, instances=(unknown,), mig_enabled=True)
+    found = {("GPU-p", 5): dcgm_mig.InstanceActivity(2, (reading,))}
+    unchanged, given = dcgm_mig.with_instance_activity(sample, found)
+    assert not given and unchanged.instances[0].value("gpu_sm_active_ratio") is None
+    awaiting = dcgm_mig.awaiting_activity(sample)
+    assert awaiting.instances[0].readings == unknown.readings
+
+
 # --- a host engine that cannot give MIG ----------------------------------------------------------
 
 

@@ -97,7 +97,8 @@ def with_instance_activity(
     instances = []
     for instance in sample.instances:
         found = activity.get((sample.uuid, instance.gpu_instance))
-        if found is None or instance.shared or not _same_size(instance, found):
+        # An instance not read this tick (its identity unknown) is listed without values.
+        if found is None or not instance.up or instance.shared or not _same_size(instance, found):
             instances.append(instance)
             continue
         given = given or any(r.family != AWAITED_FAMILY for r in found.readings)
@@ -114,7 +115,7 @@ def awaiting_activity(sample: DeviceSample) -> DeviceSample:
     awaited = Reading(AWAITED_FAMILY, 1.0)
     instances = tuple(
         instance
-        if instance.shared or instance.value("gpu_sm_active_ratio") is not None
+        if not instance.up or instance.shared or instance.value("gpu_sm_active_ratio") is not None
         else dataclasses.replace(instance, readings=(*instance.readings, awaited))
         for instance in sample.instances
     )
