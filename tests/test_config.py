@@ -199,6 +199,40 @@ def test_serve_exits_2_for_an_invalid_external_label() -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_serve_exits_2_naming_the_flag_for_an_alertmanager_given_twice() -> None:
+    import subprocess
+
+    from tests.daemon import command, free_port
+
+    url = "http://127.0.0.1:9093"
+    listen = f"127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        command("serve", "--listen-address", listen, "--simulate", "mixed",
+                "--alertmanager-url", url, "--alertmanager-url", f"{url}/"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (  # was "rule error: alertmanager url listed more than once"
+        "config error: flag --alertmanager-url (alerting.alertmanagers[1].url): "
+        f"{url} is listed twice (also alerting.alertmanagers[0]): give each Alertmanager once"
+    )
+
+
+def test_a_nan_from_the_environment_is_refused_as_not_finite() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, {}, environ={"GPU_EXPORTER_INTERVAL_SECONDS": "nan"})
+    assert str(err.value) == (
+        "config error: environment variable GPU_EXPORTER_INTERVAL_SECONDS (interval_seconds): "
+        "must be a finite number, got nan"
+    )
+    finite = r"\(nvml\.slow_refresh_seconds\): must be a finite number, got inf"
+    with pytest.raises(ConfigError, match=finite):
+        load_config(None, {}, environ={"GPU_EXPORTER_NVML__SLOW_REFRESH_SECONDS": "inf"})
+
+
 # -- environment variables and flags that collide -----------------------------------------
 
 

@@ -225,3 +225,60 @@ def test_what_config_check_refuses_serve_refuses(tmp_path, files, config_text, m
     )
     assert serve.returncode == 2, serve.stderr
     assert message in serve.stderr, serve.stderr
+
+
+def serve_with(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpu_exporter", "serve", "--config", str(config)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_nan_and_infinite_settings_are_refused_as_not_finite_numbers(tmp_path):
+    # `.nan` was reported as "less than or equal to 3600": every bound is false for NaN.
+    config = write(
+        tmp_path / "config.yaml",
+        f"listen_address: 127.0.0.1:{free_port()}\n"
+        "interval_seconds: .nan\n"
+        "rules:\n"
+        "  group_time_budget_seconds: .inf\n"
+        "web:\n"
+        "  idle_timeout_seconds: -.inf\n"
+        "classifier:\n"
+        "  window_seconds: .NaN\n",
+    )
+    expected = [
+        f"{config}:2: interval_seconds: must be a finite number, got nan",
+        f"{config}:4: rules.group_time_budget_seconds: must be a finite number, got inf",
+        f"{config}:6: web.idle_timeout_seconds: must be a finite number, got -inf",
+        f"{config}:8: classifier.window_seconds: must be a finite number, got nan",
+    ]
+    assert_refused(config_check(config, cwd=tmp_path), *expected)
+    serve = serve_with(config, tmp_path)
+    assert serve.returncode == 2, serve.stderr
+    assert sorted(serve.stderr.splitlines()) == sorted(f"config error: {e}" for e in expected)
+
+
+def test_an_alertmanager_listed_twice_is_a_config_error_at_its_second_entry(tmp_path):
+    # Was accepted by `config check` and stopped `serve` as a "rule error".
+    config = write(
+        tmp_path / "config.yaml",
+        f"listen_address: 127.0.0.1:{free_port()}\n"
+        "simulate: mixed\n"
+        "alerting:\n"
+        "  alertmanagers:\n"
+        "    - url: http://127.0.0.1:9093\n"
+        "    - http://127.0.0.1:9094\n"
+        "    - url: http://127.0.0.1:9093/\n",
+    )
+    expected = (
+        f"{config}:7: alerting.alertmanagers[2].url: http://127.0.0.1:9093 is listed twice "
+        "(also alerting.alertmanagers[0]): give each Alertmanager once"
+    )
+    assert_refused(config_check(config, cwd=tmp_path), expected)
+    serve = serve_with(config, tmp_path)
+    assert serve.returncode == 2, serve.stderr
+    assert serve.stderr.strip() == f"config error: {expected}"

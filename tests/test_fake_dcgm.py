@@ -9,6 +9,7 @@ clock; only `dcgm_hang` uses (short) real time.
 from __future__ import annotations
 
 import ctypes
+import logging
 import re
 import threading
 import time
@@ -466,6 +467,32 @@ def test_an_exception_inside_answers_an_error_not_ok(clock: ManualClock) -> None
     api = Api(fake)
     assert api("dcgmInit") == GENERIC_ERROR  # ctypes alone would have answered 0 (OK)
     assert fake.internal_errors and "clock broke" in fake.internal_errors[0]
+
+
+def test_a_call_failing_every_tick_logs_its_traceback_once_until_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A value that overflowed in the fake used to log a traceback at every call (every tick).
+    broken = [True]
+
+    def clock() -> float:
+        if broken[0]:
+            raise OverflowError("cannot convert float infinity to integer")
+        return 1.0
+
+    fake = FakeDcgmLib(load_scenario(scenario()), clock)
+    api = Api(fake)
+    with caplog.at_level(logging.ERROR, logger="gpu_exporter.sim.fake_dcgm"):
+        for _ in range(5):
+            assert api("dcgmInit") == GENERIC_ERROR
+        assert [r.exc_info is not None for r in caplog.records] == [True]  # once, traceback
+        broken[0] = False
+        assert api("dcgmInit") == OK
+        broken[0] = True
+        assert api("dcgmInit") == GENERIC_ERROR  # failing again after an answer: news
+    assert len(caplog.records) == 2
+    assert fake.failures["dcgmInit"] == 6
+    assert len(fake.internal_errors) == 2
 
 
 # -- the host engine: address, down, restart, refusals --------------------------------------

@@ -5,6 +5,7 @@ real gRPC client with the vendored stubs: its lists, filters and faults; both st
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -21,7 +22,7 @@ from gpu_exporter.collect.k8s.cri.v1 import api_pb2 as cri
 from gpu_exporter.collect.k8s.cri.v1 import api_pb2_grpc as cri_grpc
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.cri import EXITED_KEPT_S
-from gpu_exporter.sim.node import SimulatedNode
+from gpu_exporter.sim.node import SYNC_SECONDS, SimulatedNode
 from gpu_exporter.sim.processes import container_id, pod_uid, sandbox_id, start_ticks
 from gpu_exporter.sim.procfs import entries
 from tests.daemon import parse_samples, serve
@@ -152,6 +153,30 @@ def test_the_thread_follows_the_clock_without_calls(node, clock) -> None:
     while 73310 in entries(node.proc_root) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert 73310 not in entries(node.proc_root)
+
+
+def test_a_sync_failing_ten_times_a_second_logs_once_until_it_succeeds(
+    node, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    failing = [True]
+    synced = node.cri.sync
+
+    def sync(t: float | None = None) -> None:
+        if failing[0]:
+            raise OverflowError("cannot convert float infinity to integer")
+        synced(t)
+
+    def logged_after(seconds: float) -> int:
+        time.sleep(seconds)  # several of the thread's syncs (every SYNC_SECONDS)
+        return len([r for r in caplog.records if r.name == "gpu_exporter.sim.node"])
+
+    monkeypatch.setattr(node.cri, "sync", sync)
+    with caplog.at_level(logging.ERROR, logger="gpu_exporter.sim.node"):
+        assert logged_after(6 * SYNC_SECONDS) == 1
+        failing[0] = False
+        assert logged_after(4 * SYNC_SECONDS) == 1
+        failing[0] = True
+        assert logged_after(4 * SYNC_SECONDS) == 2  # failing again after a success
 
 
 def test_scenario_faults_make_entries_vanish_or_unreadable(clock) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gpu_exporter.alerting.pack import default_rule_files
 from gpu_exporter.model.promnames import label_name_problem
@@ -196,6 +197,29 @@ class AlertingConfig(SettingsModel):
         if isinstance(value, list):
             return [{"url": item} if isinstance(item, str) else item for item in value]
         return value
+
+    @field_validator("alertmanagers")
+    @classmethod
+    def _each_once(cls, targets: list[AlertmanagerConfig]) -> list[AlertmanagerConfig]:
+        """An Alertmanager listed twice: its queue, sender and metrics are keyed by its URL
+        (alerting/notify/alertmanager.py), so a second entry could only collide with the first.
+        Reported at the second entry, so the file's line (or the flag) says which."""
+        first: dict[str, int] = {}
+        for index, target in enumerate(targets):
+            url = target.url.rstrip("/")  # the notifier's key
+            if url in first:
+                problem = PydanticCustomError(
+                    "duplicate_alertmanager",
+                    "{url} is listed twice (also alerting.alertmanagers[{first}]): "
+                    "give each Alertmanager once",
+                    {"url": url, "first": first[url]},
+                )
+                raise ValidationError.from_exception_data(
+                    "alertmanagers",
+                    [{"type": problem, "loc": (index, "url"), "input": target.url}],
+                )
+            first[url] = index
+        return targets
 
     @model_validator(mode="after")
     def _targets_valid(self) -> AlertingConfig:

@@ -18,7 +18,7 @@ import pynvml
 from pydantic import Field, PlainValidator, field_validator
 
 from gpu_exporter.model import nvml_facts as facts
-from gpu_exporter.sim.fields import NonNegative, Strict, error, number_in, one_of, until_after_from
+from gpu_exporter.sim.fields import Seconds, Strict, Until, error, one_of, until_after_from
 
 __all__ = ["FLAG_ISSUES", "STATUSES", "FabricChange", "FabricReading", "FabricSpec"]
 
@@ -66,8 +66,8 @@ class FabricReading:
 class FabricChange(Strict):
     """One entry of `changes`: the keys it gives hold inside [from, until)."""
 
-    start: NonNegative = Field(alias="from")
-    until: Annotated[float | None, number_in(lo=0)] = None
+    start: Seconds = Field(alias="from")
+    until: Until = None
     state: _State | None = None
     status: _Status | None = None
     summary: _Summary | None = None

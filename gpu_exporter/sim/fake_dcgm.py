@@ -56,8 +56,9 @@ remaps them to the parent GPU.
 
 Every implementation catches every exception and answers DCGM_ST_GENERIC_ERROR (an exception
 in a ctypes callback would otherwise be printed and answer 0, DCGM_ST_OK); `internal_errors`
-keeps what was caught, so tests can assert there was none. The fake holds its lock only for
-bookkeeping, never while a `dcgm_hang` fault sleeps.
+keeps what was caught, so tests can assert there was none, and the log has its traceback, each
+once until the function answers again (`failures` counts every one). The fake holds its lock
+only for bookkeeping, never while a `dcgm_hang` fault sleeps.
 """
 
 from __future__ import annotations
@@ -322,7 +323,11 @@ class FakeDcgmLib:
         start = time.monotonic()
         self.clock: Callable[[], float] = clock or (lambda: time.monotonic() - start)
         self.call_counts: Counter[str] = Counter()
+        # What was caught, once per change (a function that starts failing, or fails
+        # otherwise): `failures` counts every time.
         self.internal_errors: list[str] = []
+        self.failures: Counter[str] = Counter()
+        self._failing: dict[str, str] = {}  # function -> what it last failed with
         self._epoch_us = round(time.time() * 1e6)  # ts = this + scenario time
         self._lock = threading.Lock()
         self._initialised = False
@@ -371,14 +376,31 @@ class FakeDcgmLib:
                 with self._lock:
                     self.call_counts[name] += 1
                 self._hang(name)
-                return impl(self, *args)
+                answer = impl(self, *args)
             except BaseException as exc:  # a callback must answer, never raise (docstring)
-                log.exception("fake libdcgm: %s failed", name)
-                self.internal_errors.append(f"{name}: {exc!r}")
+                self._failed(name, exc)
                 return failed
+            if name in self._failing:
+                with self._lock:
+                    self._failing.pop(name, None)  # answers again: a new failure is news
+            return answer
 
         entry.__name__ = name
         return entry
+
+    def _failed(self, name: str, exc: BaseException) -> None:
+        """Logged with its traceback when the function starts failing or fails otherwise, not
+        at every call: the daemon calls each function every tick, and a fault that persists
+        (a value the scenario should not allow) would fill the log."""
+        what = f"{name}: {exc!r}"
+        with self._lock:
+            self.failures[name] += 1
+            news = self._failing.get(name) != what
+            self._failing[name] = what
+            if news:
+                self.internal_errors.append(what)
+        if news:
+            log.error("fake libdcgm: %s failed (logged once until it answers)", name, exc_info=exc)
 
     def _hang(self, name: str) -> None:
         """dcgm_hang: sleep `duration` real seconds, no lock held, then answer normally."""

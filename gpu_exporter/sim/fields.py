@@ -20,6 +20,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainValidator, Val
 from pydantic import ValidationInfo as Info
 from pydantic_core import PydanticCustomError
 
+from gpu_exporter.sim.limits import SECONDS, Limit
 from gpu_exporter.support.validation import Wording, explain, kind_of
 from gpu_exporter.support.yamlfile import Path_
 
@@ -32,8 +33,10 @@ __all__ = [
     "NonNegative",
     "Number",
     "OrNone",
+    "Seconds",
     "Strict",
     "Text",
+    "Until",
     "choice",
     "context_of",
     "each",
@@ -175,19 +178,23 @@ def _finite(value: int | float) -> bool:
         return False
 
 
-def number(value: Any, lo: float | None = None, hi: float | None = None) -> float:
+def number(value: Any, lo: float | None = None, hi: float | Limit | None = None) -> float:
+    """A finite number within [lo, hi]; a `Limit` says why it is the most there can be."""
     if isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):
         value = float(value)
     if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
         raise error(f"expected a number, got {kind_of(value)}")
     if lo is not None and value < lo:
         raise error(f"must be >= {lo:g}, got {value:g}")
-    if hi is not None and value > hi:
+    if isinstance(hi, Limit):
+        if value > hi.value:  # exact, int against int: 2^64 is past 2^64-1
+            raise error(hi.problem(value))
+    elif hi is not None and value > hi:
         raise error(f"must be <= {hi:g}, got {value:g}")
     return float(value)
 
 
-def integer(value: Any, lo: int | None = None, hi: int | None = None) -> int:
+def integer(value: Any, lo: int | None = None, hi: int | Limit | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"expected an integer, got {kind_of(value)}")
     number(value, lo, hi)
@@ -219,11 +226,11 @@ def _device_index(value: Any, info: Info) -> int:
     return integer(value, lo=0, hi=len(devices) - 1 if devices is not None else None)
 
 
-def number_in(lo: float | None = None, hi: float | None = None) -> PlainValidator:
+def number_in(lo: float | None = None, hi: float | Limit | None = None) -> PlainValidator:
     return PlainValidator(lambda value: number(value, lo, hi))
 
 
-def int_in(lo: int | None = None, hi: int | None = None) -> PlainValidator:
+def int_in(lo: int | None = None, hi: int | Limit | None = None) -> PlainValidator:
     return PlainValidator(lambda value: integer(value, lo, hi))
 
 
@@ -259,6 +266,9 @@ OrNone = BeforeValidator(_none_is_empty)  # a list key written empty (`faults:`)
 
 Number = Annotated[float, number_in()]
 NonNegative = Annotated[float, number_in(lo=0)]
+# Scenario time (`at`, `from`, `until`, a step's time) and durations, in seconds.
+Seconds = Annotated[float, number_in(lo=0, hi=SECONDS)]
+Until = Annotated[float | None, number_in(lo=0, hi=SECONDS)]  # None: for the rest of the run
 Integer = Annotated[int, int_in()]
 Text = Annotated[str, PlainValidator(string)]
 Flag = Annotated[bool, PlainValidator(flag)]

@@ -23,8 +23,9 @@ from pydantic import Field, PlainValidator, field_validator, model_validator
 from gpu_exporter.sim.fields import (
     Flag,
     Info,
-    NonNegative,
+    Seconds,
     Strict,
+    Until,
     choice,
     context_of,
     each,
@@ -32,7 +33,6 @@ from gpu_exporter.sim.fields import (
     error_at,
     int_in,
     integer,
-    number_in,
     settle,
     until_after_from,
 )
@@ -127,8 +127,8 @@ class MigInstanceSpec(Strict):
     compute_instances: int = 1  # 0: a GPU instance without a compute instance (no MIG device)
     slots: tuple[Annotated[int, int_in(0, 63)], ...] = ()  # MIG device index of each; not
     # given: the lowest free at its start (MigSpec places them)
-    start: NonNegative = Field(default=0.0, alias="from")
-    until: Annotated[float | None, number_in(lo=0)] = None
+    start: Seconds = Field(default=0.0, alias="from")
+    until: Until = None
     values: Annotated[Mapping[str, ValueSpec], value_table(INSTANCE_QUANTITIES)] = Field(
         default_factory=dict
     )

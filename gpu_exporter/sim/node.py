@@ -62,11 +62,16 @@ class SimulatedNode:
         self.cri.sync(t)
 
     def _follow(self) -> None:
+        failing = ""  # what the last sync failed with: logged once, not ten times a second
         while not self._stopped.wait(SYNC_SECONDS):
             try:
                 self.sync()
-            except Exception:  # keep following: the next sync may well succeed
-                log.exception("the simulated node could not follow the clock")
+            except Exception as exc:  # keep following: the next sync may well succeed
+                if repr(exc) != failing:
+                    log.exception("the simulated node could not follow the clock")
+                failing = repr(exc)
+            else:
+                failing = ""
 
     def close(self) -> None:
         self._stopped.set()

@@ -29,16 +29,16 @@ from pydantic import Field, PlainValidator, field_validator, model_validator
 from gpu_exporter.sim.fields import (
     DeviceIndex,
     Info,
-    NonNegative,
+    Seconds,
     Strict,
     Text,
+    Until,
     context_of,
     each,
     error,
     error_at,
     errors,
     int_in,
-    number_in,
     one_of,
     settle,
     string,
@@ -225,8 +225,8 @@ class ProcessSpec(Strict):
         0.0, "process_bytes"
     )
     utilization: ProcessUtilization = Field(default_factory=ProcessUtilization)
-    start: NonNegative = Field(default=0.0, alias="from")
-    until: Annotated[float | None, number_in(lo=0)] = None
+    start: Seconds = Field(default=0.0, alias="from")
+    until: Until = None
     start_time: Annotated[int, int_in(lo=0)] = 0  # derived: start_ticks(from)
 
     if TYPE_CHECKING:  # set at validation, not written in the file

@@ -37,6 +37,7 @@ from pydantic_core import PydanticCustomError
 
 from gpu_exporter.collect.nvml.device_config import COMPUTE_MODE_NAMES
 from gpu_exporter.model import nvml_facts as facts
+from gpu_exporter.sim import limits
 from gpu_exporter.sim.dra import DRIVER, gpu_device_name, mig_device_name
 from gpu_exporter.sim.fabric import FabricSpec
 from gpu_exporter.sim.fields import (
@@ -44,10 +45,11 @@ from gpu_exporter.sim.fields import (
     Flag,
     Info,
     Integer,
-    NonNegative,
     OrNone,
+    Seconds,
     Strict,
     Text,
+    Until,
     choice,
     context_of,
     each,
@@ -279,9 +281,11 @@ DcgmFunction = Annotated[str, PlainValidator(_dcgm_function)]
 class DriverSpec(Strict):
     version: Text = "570.124.06"
     nvml_version: Text = "12.570.124.06"
-    cuda_version: Annotated[int, int_in(lo=0)] = 12080
+    cuda_version: Annotated[int, int_in(0, limits.C_INT)] = 12080
     missing_functions: Annotated[frozenset[NvmlFunction], OrNone] = frozenset()
-    unsupported_fields: Annotated[frozenset[Annotated[int, int_in(lo=0)]], OrNone] = frozenset()
+    unsupported_fields: Annotated[frozenset[Annotated[int, int_in(0, limits.UINT)]], OrNone] = (
+        frozenset()
+    )
     # nvmlGpuFabricInfo_v<n> structs nvmlDeviceGetGpuFabricInfoV accepts (others answer
     # ARGUMENT_VERSION_MISMATCH): [2] is an older driver's, from before v3's healthSummary.
     fabric_info_versions: Annotated[frozenset[Annotated[int, int_in(2, 3)]], nonempty] = frozenset(
@@ -289,9 +293,12 @@ class DriverSpec(Strict):
     )
 
 
+_Milliseconds = Annotated[float, number_in(0, limits.LATENCY_MS)]
+
+
 class LatencySpec(Strict):
-    default_ms: NonNegative = 0.0
-    functions: Mapping[Annotated[str, PlainValidator(_latency_function)], NonNegative] = Field(
+    default_ms: _Milliseconds = 0.0
+    functions: Mapping[Annotated[str, PlainValidator(_latency_function)], _Milliseconds] = Field(
         default_factory=dict
     )
 
@@ -400,12 +407,15 @@ def _cpu_list(value: Any) -> tuple[int, ...]:
     """'0-55,112-167' -> (0, ..., 55, 112, ..., 167)."""
     written = str(value) if isinstance(value, int) else string(value)
     cpus: list[int] = []
-    try:
-        for part in written.split(","):
-            lo, _, hi = part.strip().partition("-")
-            cpus.extend(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise error("expected a CPU list like '0-55,112-167'") from None
+    for part in written.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise error("expected a CPU list like '0-55,112-167'") from None
+        if max(first, last) > limits.CPU.value:  # checked before the range is made
+            raise error(limits.CPU.problem(max(first, last)))
+        cpus.extend(range(first, last + 1))
     return tuple(sorted(set(cpus)))
 
 
@@ -427,11 +437,11 @@ def _default_bus_id(index: int) -> str:
     return f"{domain:08X}:{bus:02X}:00.0"
 
 
-_Positive = Annotated[int, int_in(lo=1)]
-_Clocks = Mapping[Annotated[str, key_in(("graphics", "sm", "memory", "video"))], _Positive]
-_ApplicationClocks = Mapping[Annotated[str, key_in(("sm", "memory"))], _Positive]
-_Watts = Annotated[float, number_in(lo=1)]
-_Bytes = Annotated[int, PlainValidator(lambda value: int(number(value, lo=1)))]
+_Mhz = Annotated[int, int_in(1, limits.CLOCK_MHZ)]
+_Clocks = Mapping[Annotated[str, key_in(("graphics", "sm", "memory", "video"))], _Mhz]
+_ApplicationClocks = Mapping[Annotated[str, key_in(("sm", "memory"))], _Mhz]
+_Watts = Annotated[float, number_in(1, limits.WATTS)]
+_Bytes = Annotated[int, PlainValidator(lambda value: int(number(value, 1, limits.BYTES)))]
 
 
 class PcieSpec(Strict):
@@ -452,7 +462,7 @@ class DeviceSpec(Strict):
     architecture: Annotated[str, one_of(ARCHITECTURES)] = ""
     model: Text = "NVIDIA H200"
     compute_capability: Annotated[
-        tuple[Annotated[int, int_in(lo=0)], Annotated[int, int_in(lo=0)]],
+        tuple[Annotated[int, int_in(0, limits.C_INT)], Annotated[int, int_in(0, limits.C_INT)]],
         _length(2, "expected [major, minor]"),
     ] = (0, 0)  # derived
     uuid: Annotated[str, PlainValidator(_uuid)] = ""  # derived
@@ -480,7 +490,7 @@ class DeviceSpec(Strict):
     nvlink_version: Annotated[int, int_in(1, 8)] = 0  # derived
     ecc: Flag = True  # derived
     ecc_pending: Flag = True  # derived; ECC mode after the next reboot (GetEccMode's pending)
-    numa_node: Annotated[int, int_in(lo=0)] = 0  # derived
+    numa_node: Annotated[int, int_in(0, limits.NUMA_NODE)] = 0  # derived
     cpus: Annotated[tuple[int, ...], PlainValidator(_cpu_list)] = ()  # derived
     persistence_mode: Flag = True
     performance_state: Annotated[int, int_in(0, 15)] = 0
@@ -702,7 +712,7 @@ class FaultSpec(Strict):
     # dcgm_down | dcgm_blank | dcgm_paused | dcgm_hang (DCGM);
     # proc_vanished | proc_unreadable (the fake /proc); cri_down | cri_hang | cri_garbage (CRI)
     kind: str
-    at: NonNegative
+    at: Seconds
 
     if TYPE_CHECKING:  # a field of the kinds that take the key
         device: int  # NO_DEVICE for dcgm_down, dcgm_paused, dcgm_hang
@@ -721,7 +731,7 @@ class FaultSpec(Strict):
     def _after_at(cls, until: float | None, info: Info) -> float | None:
         at = info.data.get("at")
         if until is not None and at is not None:
-            number(until, lo=at)
+            number(until, lo=at, hi=limits.SECONDS)
             if until <= at:
                 raise error("`until` must be after `at`")
         return until
@@ -747,13 +757,13 @@ _TIMED_KINDS = frozenset({"hang", "dcgm_hang", "cri_hang"})
 
 
 def _positive(value: Any) -> float:
-    duration = number(value, lo=0)
+    duration = number(value, lo=0, hi=limits.SECONDS)
     if duration <= 0:
         raise error("must be > 0")
     return duration
 
 
-_Until = Annotated[float | None, number_in()]
+_Until = Annotated[float | None, number_in(hi=limits.SECONDS)]  # >= `at`: _after_at
 _Duration = Annotated[float, PlainValidator(_positive)]
 _DcgmField = Annotated[int, PlainValidator(_dcgm_field)]
 
@@ -761,7 +771,7 @@ _DcgmField = Annotated[int, PlainValidator(_dcgm_field)]
 class _Xid(FaultSpec):
     kind: Literal["xid"]
     device: DeviceIndex
-    xid: Annotated[int, int_in(lo=0)]
+    xid: Annotated[int, int_in(0, limits.EVENT_DATA)]
 
 
 class _GpuLost(FaultSpec):
@@ -787,7 +797,7 @@ class _NoPermission(FaultSpec):
 class _GpmNan(FaultSpec):
     kind: Literal["gpm_nan"]
     device: DeviceIndex
-    metric: Annotated[int, int_in(lo=1)]
+    metric: Annotated[int, int_in(1, limits.C_INT)]
     until: _Until = None
 
 
@@ -937,7 +947,7 @@ class DraSpec(Strict):
     node_name: Text = "sim-node"  # the slices' spec.nodeName and pool
     # When the driver replaces its slice (a restart: the old one deleted, a new one under a new
     # name and pool generation added), in scenario seconds.
-    republish: tuple[NonNegative, ...] = ()
+    republish: tuple[Seconds, ...] = ()
 
     @field_validator("node_name")
     @classmethod
@@ -963,9 +973,9 @@ class PodSpec(Strict):
     replica: Annotated[int | None, int_in(lo=0)] = None  # a time-slicing share
     claim: PodClaimSpec | None = None  # through DRA, not the device plugin
     # `from`: scenario seconds at which the kubelet starts reporting it
-    start: NonNegative = Field(default=0.0, alias="from")
+    start: Seconds = Field(default=0.0, alias="from")
     # `until`: when it stops (None: for the rest of the run)
-    until: Annotated[float | None, number_in(lo=0)] = None
+    until: Until = None
 
     if TYPE_CHECKING:  # set at validation, not written in the file
         # the device plugin's id: GPU or MIG UUID, `::<n>` for a time-slice replica

@@ -27,23 +27,28 @@ from pydantic import (
     create_model,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from gpu_exporter.model import nvml_facts as facts
+from gpu_exporter.sim import limits
 from gpu_exporter.sim.fields import (
     Info,
-    NonNegative,
     Number,
+    Seconds,
     Strict,
     choice,
     context_of,
     error,
     error_at,
+    errors,
     nested,
     nonempty,
     number,
     number_in,
     one_of,
 )
+from gpu_exporter.sim.limits import SECONDS, Limit
+from gpu_exporter.support.yamlfile import Path_
 
 __all__ = [
     "CLOCK_EVENT_REASONS",
@@ -69,28 +74,41 @@ CLOCK_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
 
 @dataclass(frozen=True)
 class _Quantity:
-    lo: float | None  # clamp bounds applied after noise
-    hi: float | None
+    lo: float  # clamp bounds applied after noise
+    hi: float | Limit  # a plain bound, or the most its C type holds (limits.py: why)
     fallback: str | None = None  # quantity whose spec is reused when this one is absent
+
+    @property
+    def top(self) -> float:
+        """`hi` as the clamp: the largest float its type holds."""
+        return self.hi.clamp if isinstance(self.hi, Limit) else self.hi
+
+    @property
+    def span(self) -> float:
+        return self.top - self.lo
 
 
 _RATIO = _Quantity(0.0, 1.0)
-_NONNEG = _Quantity(0.0, None)
 _TEMP = _Quantity(-40.0, 150.0)
+_BYTES = _Quantity(0.0, limits.BYTES)
+_MHZ = _Quantity(0.0, limits.CLOCK_MHZ)
+_COUNT = _Quantity(0.0, limits.COUNT)
+_UINT = _Quantity(0.0, limits.UINT)
+_FLAG = _Quantity(0.0, 1.0)
 
 QUANTITIES: dict[str, _Quantity] = {
     "utilization": _RATIO,
     "memory_utilization": _Quantity(0.0, 1.0, fallback="dram_active"),
     "encoder_utilization": _RATIO,
     "decoder_utilization": _RATIO,
-    "memory_used_bytes": _NONNEG,
-    "power_watts": _NONNEG,
+    "memory_used_bytes": _BYTES,
+    "power_watts": _Quantity(0.0, limits.WATTS),
     "temperature_celsius": _TEMP,
     "memory_temperature_celsius": _Quantity(-40.0, 150.0, fallback="temperature_celsius"),
-    "sm_clock_mhz": _NONNEG,
-    "memory_clock_mhz": _NONNEG,
-    "graphics_clock_mhz": _Quantity(0.0, None, fallback="sm_clock_mhz"),
-    "clock_event_reasons": _NONNEG,
+    "sm_clock_mhz": _MHZ,
+    "memory_clock_mhz": _MHZ,
+    "graphics_clock_mhz": _Quantity(0.0, limits.CLOCK_MHZ, fallback="sm_clock_mhz"),
+    "clock_event_reasons": _COUNT,  # a mask of reason names (nvml.h: unsigned long long)
     "sm_active": _RATIO,
     "sm_occupancy": _RATIO,
     "tensor_active": _RATIO,
@@ -103,36 +121,38 @@ QUANTITIES: dict[str, _Quantity] = {
     "fp32_active": _RATIO,
     "fp16_active": _RATIO,
     "int_active": _RATIO,
-    "pcie_tx_bytes_per_second": _NONNEG,
-    "pcie_rx_bytes_per_second": _NONNEG,
-    "nvlink_tx_bytes_per_second": _NONNEG,
-    "nvlink_rx_bytes_per_second": _NONNEG,
-    "pcie_generation": _NONNEG,
-    "pcie_width": _NONNEG,
-    "ecc_corrected_total": _NONNEG,
-    "ecc_uncorrected_total": _NONNEG,
+    "pcie_tx_bytes_per_second": _Quantity(0.0, limits.PCIE_BYTES_PER_SECOND),
+    "pcie_rx_bytes_per_second": _Quantity(0.0, limits.PCIE_BYTES_PER_SECOND),
+    "nvlink_tx_bytes_per_second": _Quantity(0.0, limits.NVLINK_BYTES_PER_SECOND),
+    "nvlink_rx_bytes_per_second": _Quantity(0.0, limits.NVLINK_BYTES_PER_SECOND),
+    "pcie_generation": _Quantity(0.0, limits.PCIE_GENERATION),
+    "pcie_width": _Quantity(0.0, limits.PCIE_WIDTH),
+    "ecc_corrected_total": _COUNT,
+    "ecc_uncorrected_total": _COUNT,
     # Lifetime (InfoROM) counts; unset: the same as since the driver loaded.
-    "ecc_corrected_aggregate_total": _Quantity(0.0, None, fallback="ecc_corrected_total"),
-    "ecc_uncorrected_aggregate_total": _Quantity(0.0, None, fallback="ecc_uncorrected_total"),
-    "pcie_replay_total": _NONNEG,
-    "nvlink_crc_flit_errors_total": _NONNEG,  # summed over links, as NVML's *_TOTAL fields
-    "nvlink_crc_data_errors_total": _NONNEG,
-    "nvlink_replay_errors_total": _NONNEG,
-    "nvlink_recovery_errors_total": _NONNEG,
-    "remapped_rows_correctable": _NONNEG,
-    "remapped_rows_uncorrectable": _NONNEG,
-    "row_remap_pending": _Quantity(0.0, 1.0),
-    "row_remap_failure": _Quantity(0.0, 1.0),
-    "retired_pages_sbe": _NONNEG,
-    "retired_pages_dbe": _NONNEG,
-    "retired_pages_pending": _Quantity(0.0, 1.0),
+    "ecc_corrected_aggregate_total": _Quantity(0.0, limits.COUNT, fallback="ecc_corrected_total"),
+    "ecc_uncorrected_aggregate_total": _Quantity(
+        0.0, limits.COUNT, fallback="ecc_uncorrected_total"
+    ),
+    "pcie_replay_total": _UINT,
+    "nvlink_crc_flit_errors_total": _COUNT,  # summed over links, as NVML's *_TOTAL fields
+    "nvlink_crc_data_errors_total": _COUNT,
+    "nvlink_replay_errors_total": _COUNT,
+    "nvlink_recovery_errors_total": _COUNT,
+    "remapped_rows_correctable": _UINT,
+    "remapped_rows_uncorrectable": _UINT,
+    "row_remap_pending": _FLAG,
+    "row_remap_failure": _FLAG,
+    "retired_pages_sbe": _Quantity(0.0, limits.RETIRED_PAGES),
+    "retired_pages_dbe": _Quantity(0.0, limits.RETIRED_PAGES),
+    "retired_pages_pending": _FLAG,
     # NVML field 230's nvmlDeviceGpuRecoveryAction_t, written as action names or numbers.
-    "recovery_action": _NONNEG,
+    "recovery_action": _UINT,
 }
 
 # Value specs outside a device's `values` (a process's memory and utilization, sim/processes.py),
 # by kind: not device quantities, so a device's `values` refuses their names.
-_OTHER: dict[str, _Quantity] = {"process_bytes": _NONNEG, "process_ratio": _RATIO}
+_OTHER: dict[str, _Quantity] = {"process_bytes": _BYTES, "process_ratio": _RATIO}
 _BOUNDS: Mapping[str, _Quantity] = MappingProxyType({**QUANTITIES, **_OTHER})
 
 _REASONS = "clock_event_reasons"  # takes lists of reason names where others take numbers
@@ -229,7 +249,7 @@ def _pattern_at(points: tuple[tuple[float, float], ...], t: float) -> float:
 def constant(value: float, kind: str) -> ValueSpec:
     """A constant of that kind of value spec (`value_spec`'s), as a file writing it would get."""
     bounds = _BOUNDS[kind]
-    return _constant(value, bounds.lo, bounds.hi)
+    return _constant(value, bounds.lo, bounds.top)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -275,7 +295,7 @@ def _point_value(value: Any, info: Info) -> float:
 
 
 def _duration(value: Any) -> float:
-    duration = number(value, lo=0)
+    duration = number(value, lo=0, hi=SECONDS)
     if duration <= 0:
         raise error("a pattern duration must be > 0")
     return duration
@@ -300,7 +320,7 @@ def _increasing(points: tuple[tuple[float, float], ...]) -> tuple[tuple[float, f
 
 _PointValue = Annotated[float, PlainValidator(_point_value)]
 _Timeline = Annotated[
-    tuple[Annotated[tuple[NonNegative, _PointValue], _pair("time")], ...],
+    tuple[Annotated[tuple[Seconds, _PointValue], _pair("time")], ...],
     nonempty,
     AfterValidator(_increasing),
 ]
@@ -313,7 +333,7 @@ _Pattern = Annotated[
 class _Sine(Strict):
     mean: Number
     amplitude: Number
-    period: Annotated[float, number_in(lo=1e-3)]
+    period: Annotated[float, number_in(lo=1e-3, hi=SECONDS)]
 
 
 _FORMS = ("steps", "ramp", "pattern", "sine")
@@ -336,7 +356,7 @@ class _Form(Strict):
     ramp: Annotated[_Timeline | None, _written("a list")] = None
     pattern: Annotated[_Pattern | None, _written("a list")] = None
     sine: Annotated[_Sine | None, _written("a mapping")] = None
-    noise: NonNegative = 0.0
+    noise: Annotated[float, number_in(lo=0)] = 0.0
     lo: Annotated[float | None, number_in()] = Field(default=None, alias="min")
     hi: Annotated[float | None, number_in()] = Field(default=None, alias="max")
 
@@ -352,13 +372,42 @@ class _Form(Strict):
             raise error(f"{quantity} takes only steps or pattern (no noise/min/max)")
         return self
 
+    @model_validator(mode="after")
+    def _within_the_quantity(self, info: Info) -> _Form:
+        """The form's own numbers are the quantity's: a level (mean, min, max) within its
+        bounds, a swing (amplitude, noise) no wider than its range; past its C type, a sum
+        of them would overflow where the fake converts it (limits.py)."""
+        quantity = context_of(info)["quantity"]
+        if quantity in _DISCRETE:
+            return self  # names, no noise/min/max (_one_form)
+        bounds = _BOUNDS[quantity]
+        widest = bounds.hi if bounds.lo == 0 else bounds.span
+        checks: list[tuple[Path_, float | None, float, float | Limit]] = [
+            (("min",), self.lo, bounds.lo, bounds.hi),
+            (("max",), self.hi, bounds.lo, bounds.hi),
+            (("noise",), self.noise, 0.0, widest),
+        ]
+        if self.sine is not None:
+            checks.append((("sine", "mean"), self.sine.mean, bounds.lo, bounds.hi))
+            checks.append((("sine", "amplitude"), abs(self.sine.amplitude), 0.0, widest))
+        problems: list[tuple[Path_, str, Any]] = []
+        for loc, value, lo, hi in checks:
+            try:
+                if value is not None:
+                    number(value, lo, hi)
+            except PydanticCustomError as exc:
+                problems.append((loc, exc.message(), value))
+        if problems:
+            raise errors(problems)
+        return self
+
     def spec(self, quantity: str, noise_key: str) -> ValueSpec:
         bounds = _BOUNDS[quantity]
-        lo, hi = bounds.lo, bounds.hi
+        lo, hi = bounds.lo, bounds.top
         if self.lo is not None:
-            lo = self.lo if lo is None else max(lo, self.lo)
+            lo = max(lo, self.lo)
         if self.hi is not None:
-            hi = self.hi if hi is None else min(hi, self.hi)
+            hi = min(hi, self.hi)
         common: dict[str, Any] = {"noise": self.noise, "lo": lo, "hi": hi, "noise_key": noise_key}
         if self.sine is not None:
             sine = (self.sine.mean, self.sine.amplitude, self.sine.period)
@@ -387,10 +436,10 @@ def _spec_of(quantity: str, name: str | None = None) -> PlainValidator:
         if quantity == _REASONS:
             if not isinstance(value, list):
                 raise error("expected a list of reason names or a steps/pattern mapping")
-            return _constant(_reason_mask(value), bounds.lo, bounds.hi)
+            return _constant(_reason_mask(value), bounds.lo, bounds.top)
         if quantity == _ACTION:
-            return _constant(_action_value(value), bounds.lo, bounds.hi)
-        return _constant(number(value, bounds.lo, bounds.hi), bounds.lo, bounds.hi)
+            return _constant(_action_value(value), bounds.lo, bounds.top)
+        return _constant(number(value, bounds.lo, bounds.hi), bounds.lo, bounds.top)
 
     return PlainValidator(check)
 

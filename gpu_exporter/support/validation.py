@@ -47,9 +47,11 @@ DEFAULT_WORDING = Wording()
 
 class SettingsModel(BaseModel):
     """One section of the daemon's settings. An unknown key is an error (a misspelt setting must
-    not be ignored), and a validated section never changes: the threads that read it share it."""
+    not be ignored), and a validated section never changes: the threads that read it share it.
+    No float setting may be NaN or infinite: every bound is false for NaN, so pydantic would
+    report `.nan` as past whichever bound it checks first ("less than or equal to 3600")."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 def split_commas(value: Any) -> Any:
@@ -127,6 +129,8 @@ def explain(
         return path, wording.not_a_mapping.format(kind=kind_of(value))
     if kind in _LIST_TYPES and wording.not_a_list is not None:
         return path, wording.not_a_list.format(kind=kind_of(value))
+    if kind == "finite_number":  # NaN or an infinity (SettingsModel refuses them)
+        return path, f"must be a finite number, got {value}"
     return path, str(err["msg"]).removeprefix("Value error, ")
 
 
