@@ -103,5 +103,5 @@ def test_a_good_scrape_is_not_queued_behind_twenty_clients_with_wrong_passwords(
         assert not attack.errors, attack.errors[:3]
         # Not queued behind the attackers: while the good scrape waited, the daemon finished
         # a few of their checks (the failing clients' lane, one at a time), not all twenty.
+        # Counted, not timed: how long it waited depends on what else the machine runs.
         assert checked_meanwhile <= 4, (checked_meanwhile, took, one_check)
-        assert took < 6 * one_check, (took, one_check, checked_meanwhile)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpu_exporter.web.auth import PasswordCheck
+from gpu_exporter.web.password_check import PasswordCheck, Verdict
 from gpu_exporter.web.web_config import load_web_config
 from tests.support import require_tool
 
@@ -56,5 +56,9 @@ def test_the_documented_hash_command_makes_a_hash_the_daemon_verifies(tmp_path: 
     web_config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
     users = load_web_config(web_config).users
     check = PasswordCheck()
-    assert asyncio.run(check.allowed(users, authorization("prometheus", PASSWORD)))
-    assert not asyncio.run(check.allowed(users, authorization("prometheus", "wrong")))
+    try:
+        good = asyncio.run(check.check(users, authorization("prometheus", PASSWORD)))
+        wrong = asyncio.run(check.check(users, authorization("prometheus", "wrong")))
+    finally:
+        check.close()
+    assert (good, wrong) == (Verdict.ALLOWED, Verdict.DENIED)
