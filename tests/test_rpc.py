@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import pytest
 
 from gpu_exporter.collect.k8s.attribution import map_devices
@@ -276,13 +280,55 @@ def test_a_socket_answering_http1_is_unavailable() -> None:
     assert "HTTP/1.1 400 Bad Request" in error.details()
 
 
+def http2_server(reply: Callable[[h2.connection.H2Connection, int], None]) -> Any:
+    """`raw_server`'s handler for an HTTP/2 server that is not gRPC: `reply` answers the first
+    request's stream."""
+
+    def answer(conn: socket.socket) -> None:
+        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        server.initiate_connection()
+        conn.sendall(server.data_to_send())
+        while data := conn.recv(65536):
+            for event in server.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived) and event.stream_id:
+                    reply(server, event.stream_id)
+            conn.sendall(server.data_to_send())
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("http_status", "code"),
+    [(503, StatusCode.UNAVAILABLE), (404, StatusCode.UNIMPLEMENTED), (500, StatusCode.UNKNOWN)],
+)
+def test_an_http2_answer_without_grpc_status_maps_its_http_status(
+    http_status: int, code: StatusCode
+) -> None:
+    def reply(server: h2.connection.H2Connection, stream: int) -> None:
+        headers = [(":status", str(http_status)), ("content-type", "text/plain")]
+        server.send_headers(stream, headers, end_stream=True)
+
+    with raw_server(http2_server(reply)) as path:
+        error = failure(path)
+    assert error.code() is code
+    assert f"HTTP status {http_status}" in error.details()
+
+
+def test_a_stream_the_server_refuses_is_unavailable() -> None:
+    def reply(server: h2.connection.H2Connection, stream: int) -> None:
+        server.reset_stream(stream, h2.errors.ErrorCodes.REFUSED_STREAM)
+
+    with raw_server(http2_server(reply)) as path:
+        assert failure(path).code() is StatusCode.UNAVAILABLE
+
+
 def test_a_socket_that_hangs_up_is_unavailable() -> None:
     with raw_server(lambda conn: None) as path:
         assert failure(path).code() is StatusCode.UNAVAILABLE
 
 
 def test_a_socket_that_accepts_and_never_answers_is_cut_off_at_the_deadline() -> None:
-    with raw_server(lambda conn: conn.recv(4096) and time.sleep(1.0)) as path:
+    with raw_server(lambda conn: conn.recv(4096) and time.sleep(0.6)) as path:
         started = time.monotonic()
         assert failure(path, timeout=0.3).code() is StatusCode.DEADLINE_EXCEEDED
         assert time.monotonic() - started < 0.9
