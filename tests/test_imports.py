@@ -1,7 +1,8 @@
 """What `serve` imports: optional clients stay unloaded unless their feature is configured.
 
-httpx (the Alertmanager client, with pygments and httpcore: about 2 MiB) and grpc with
-protobuf (pod attribution: about 8 MiB) would otherwise sit in every daemon's memory. Each
+httpx (the Alertmanager client, with pygments and httpcore: about 2 MiB) and h2 with
+protobuf (pod attribution's gRPC client: about 4 MiB) would otherwise sit in every daemon's
+memory; grpcio (about 10 MiB more) is the simulator's server only, never the daemon's. Each
 case runs `gpu-exporter serve` in a fresh interpreter up to the point where uvicorn would
 serve (its config loaded, so its lazy imports happen too), then lists what is loaded.
 """
@@ -61,7 +62,7 @@ def packages(modules: set[str]) -> set[str]:
 
 def test_default_serve_imports_neither_httpx_nor_grpc(tmp_path: Path) -> None:
     loaded = packages(loaded_modules(tmp_path))
-    assert not loaded & {"httpx", "httpcore", "pygments", "grpc", "google"}, sorted(loaded)
+    assert not loaded & {"httpx", "httpcore", "pygments", "grpc", "google", "h2"}, sorted(loaded)
 
 
 def test_re2_is_loaded_only_for_a_matcher_that_needs_it(tmp_path: Path) -> None:
@@ -87,7 +88,7 @@ def test_re2_is_loaded_only_for_a_matcher_that_needs_it(tmp_path: Path) -> None:
                 "GPU_EXPORTER_KUBERNETES__SOCKET_PATH": "x.sock",
                 "GPU_EXPORTER_KUBERNETES__TIMEOUT_SECONDS": "0.5",
             },
-            "grpc",
+            "h2",
         ),
     ],
     ids=["alertmanager", "attribution"],
@@ -97,3 +98,16 @@ def test_the_feature_that_needs_a_client_imports_it(
 ) -> None:
     """The control for the test above: the harness does see these imports when they happen."""
     assert package in packages(loaded_modules(tmp_path, *flags, **environ))
+
+
+def test_attribution_loads_no_grpcio(tmp_path: Path) -> None:
+    loaded = packages(
+        loaded_modules(
+            tmp_path,
+            GPU_EXPORTER_KUBERNETES__ENABLED="true",
+            GPU_EXPORTER_KUBERNETES__SOCKET_PATH="x.sock",
+            GPU_EXPORTER_KUBERNETES__TIMEOUT_SECONDS="0.5",
+        )
+    )
+    assert "gpu_exporter" in loaded and "h2" in loaded
+    assert not loaded & {"grpc", "_grpc"}, sorted(loaded & {"grpc", "_grpc"})

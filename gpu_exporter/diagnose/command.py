@@ -35,7 +35,7 @@ from gpu_exporter.diagnose.text import Text
 from gpu_exporter.model.series import SeriesBuilder
 from gpu_exporter.model.snapshot import DeviceSample, Snapshot, TickStats
 
-if TYPE_CHECKING:  # grpc and protobuf only when pods or processes are read
+if TYPE_CHECKING:  # the gRPC client (h2, protobuf) only when pods or processes are read
     from gpu_exporter.collect.k8s.labels import PodsOfTick
     from gpu_exporter.collect.k8s.process_attribution import ProcessAttribution
 
@@ -225,7 +225,7 @@ def _read_pods(args: argparse.Namespace) -> tuple[PodsRead, PodsOfTick | None]:
         if args.simulate or not os.path.exists(KUBELET_SOCKET):
             return PodsRead(None, False), None
         socket = KUBELET_SOCKET
-    # grpc and protobuf only when pods are read
+    # the gRPC client (h2, protobuf) only when pods are read
     from gpu_exporter.collect.k8s.attribution import PodAttribution
     from gpu_exporter.collect.k8s.labels import PodsOfTick
 

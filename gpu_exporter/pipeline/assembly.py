@@ -28,7 +28,7 @@ from gpu_exporter.config.load import node_name, rule_manager
 from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.web.settings import DcgmCompatConfig
 
-if TYPE_CHECKING:  # grpc and protobuf cost about 8 MiB: imported only when attribution is on
+if TYPE_CHECKING:  # h2 and protobuf cost about 4 MiB: imported only when attribution is on
     from gpu_exporter.collect.k8s.attribution import PodAttribution
     from gpu_exporter.collect.k8s.dra_attribution import DraAttribution
     from gpu_exporter.collect.k8s.process_attribution import ProcessAttribution

@@ -44,11 +44,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-import grpc
-
 from gpu_exporter.collect.k8s.dra import Claim, DraDevice
 from gpu_exporter.collect.k8s.pod_ref import PodRef
-from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
+from gpu_exporter.collect.k8s.podresources.v1 import api_pb2
+from gpu_exporter.collect.k8s.rpc import RpcError, StatusCode, UnixChannel
 from gpu_exporter.collect.settings import KubernetesConfig
 from gpu_exporter.model.series import Producer, Series, series
 
@@ -160,20 +159,21 @@ def _explain(error: Exception) -> tuple[str, str]:
     """(state key, log message) for a failed refresh; the key decides when to log again."""
     if isinstance(error, FileNotFoundError):
         return "missing", "socket missing"
-    if not isinstance(error, grpc.Call):
+    if not isinstance(error, RpcError):
         return type(error).__name__, f"unexpected error: {error!r}"
     code = error.code()
-    if code is grpc.StatusCode.UNIMPLEMENTED:
+    if code is StatusCode.UNIMPLEMENTED:
         return (
             code.name,
             "the kubelet does not serve the PodResources v1 API (Kubernetes older than 1.20?)",
         )
-    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+    if code is StatusCode.DEADLINE_EXCEEDED:
         return code.name, "the kubelet did not answer List() in time"
     return code.name, f"{code.name}: {error.details()}"
 
 
-_CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
+# The service's List method (api.proto: `package v1; service PodResourcesLister`).
+_LIST = "/v1.PodResourcesLister/List"
 
 
 class PodAttribution:
@@ -265,16 +265,15 @@ class PodAttribution:
         path = self.settings.socket_path
         if not os.path.exists(path):
             raise FileNotFoundError(path)
-        # A fresh channel per refresh: a long-lived one backs off for up to two minutes after
-        # a kubelet restart, while a unix-socket connect every few seconds costs nothing. Its
-        # own subchannel pool: from gRPC's global one, a new channel may pick up the previous
-        # channel's subchannel still in back-off from a refused connect, and fail at once.
-        with grpc.insecure_channel(
-            "unix://" + os.path.abspath(path), options=_CHANNEL_OPTIONS
-        ) as channel:
-            stub = api_pb2_grpc.PodResourcesListerStub(channel)
-            request = api_pb2.ListPodResourcesRequest()
-            return stub.List(request, timeout=self.settings.timeout_seconds)
+        # A fresh connection per refresh: a kubelet restart leaves nothing behind to recover
+        # from, and a unix-socket connect every few seconds costs nothing.
+        with UnixChannel(os.path.abspath(path)) as channel:
+            return channel.call(
+                _LIST,
+                api_pb2.ListPodResourcesRequest(),
+                api_pb2.ListPodResourcesResponse,
+                timeout=self.settings.timeout_seconds,
+            )
 
     def _succeeded(self, snapshot: AttributionSnapshot) -> None:
         # Pods absent from this answer (finished, evicted) lose their labels here.

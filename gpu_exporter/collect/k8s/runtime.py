@@ -28,6 +28,7 @@ from typing import Any
 
 from gpu_exporter.collect.k8s.attribution import PodRef
 from gpu_exporter.collect.k8s.processes import ContainerRef
+from gpu_exporter.collect.k8s.rpc import RpcError, StatusCode, UnixChannel
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,8 @@ MIN_REFRESH_GAP_SECONDS = 1.0
 # maxMsgSize): a node with many containers may answer ListContainers with more than gRPC's 4 MiB
 # default.
 _MAX_ANSWER_BYTES = 16 * 1024 * 1024
-_CHANNEL_OPTIONS = (
-    ("grpc.use_local_subchannel_pool", 1),
-    ("grpc.max_receive_message_length", _MAX_ANSWER_BYTES),
-)
+# The CRI service (api.proto: `package runtime.v1; service RuntimeService`).
+_SERVICE = "/runtime.v1.RuntimeService/"
 _OK = "ok"
 
 
@@ -159,21 +158,27 @@ class RuntimeContainers:
             return True
 
     def _list(self) -> tuple[Any, Any]:
-        import grpc  # only where per-process attribution is on (about 8 MiB with protobuf)
-
-        from gpu_exporter.collect.k8s.cri.v1 import api_pb2, api_pb2_grpc
+        # Only where per-process attribution is on: the CRI's messages cost about 1 MiB.
+        from gpu_exporter.collect.k8s.cri.v1 import api_pb2
 
         if not os.path.exists(self.socket):
             raise FileNotFoundError(self.socket)
-        # A fresh channel per refresh, as for the kubelet: a runtime restart must not leave a
-        # channel in back-off.
-        with grpc.insecure_channel(
-            "unix://" + os.path.abspath(self.socket), options=_CHANNEL_OPTIONS
-        ) as channel:
-            stub = api_pb2_grpc.RuntimeServiceStub(channel)
-            timeout = self.timeout_seconds
-            containers = stub.ListContainers(api_pb2.ListContainersRequest(), timeout=timeout)
-            sandboxes = stub.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=timeout)
+        # A fresh connection per refresh, as for the kubelet: nothing of a runtime's restart
+        # lingers. Both calls on it, each with the whole timeout.
+        timeout = self.timeout_seconds
+        with UnixChannel(os.path.abspath(self.socket), _MAX_ANSWER_BYTES) as channel:
+            containers = channel.call(
+                _SERVICE + "ListContainers",
+                api_pb2.ListContainersRequest(),
+                api_pb2.ListContainersResponse,
+                timeout,
+            )
+            sandboxes = channel.call(
+                _SERVICE + "ListPodSandbox",
+                api_pb2.ListPodSandboxRequest(),
+                api_pb2.ListPodSandboxResponse,
+                timeout,
+            )
         return containers.containers, sandboxes.items
 
     def _failed(self, error: Exception) -> None:
@@ -194,13 +199,11 @@ def _explain(error: Exception) -> tuple[str, str]:
     """(state key, message) for a failed refresh; the key decides when to log again."""
     if isinstance(error, FileNotFoundError):
         return "missing", "socket missing"
-    code = getattr(error, "code", None)
-    if callable(code):
-        name = getattr(code(), "name", str(code()))
-        if name == "DEADLINE_EXCEEDED":
-            return name, "no answer in time"
-        if name == "UNIMPLEMENTED":
-            return name, "the socket does not serve the CRI runtime v1 API"
-        details = getattr(error, "details", lambda: "")()
-        return name, f"{name}: {details}"
-    return type(error).__name__, f"unexpected error: {error!r}"
+    if not isinstance(error, RpcError):
+        return type(error).__name__, f"unexpected error: {error!r}"
+    code = error.code()
+    if code is StatusCode.DEADLINE_EXCEEDED:
+        return code.name, "no answer in time"
+    if code is StatusCode.UNIMPLEMENTED:
+        return code.name, "the socket does not serve the CRI runtime v1 API"
+    return code.name, f"{code.name}: {error.details()}"
