@@ -385,6 +385,91 @@ def processes_section(processes: Mapping[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def _mib(value: Any) -> Any:
+    return None if _missing(value) else value / 2**20
+
+
+def _thousands(value: Any) -> str:
+    return "n/a" if _missing(value) else f"{value:,.0f}"
+
+
+def fleet_section(fleet: Mapping[str, Any]) -> str:
+    if fleet.get("unavailable"):
+        return f"Not measured: {fleet['unavailable']}."
+    runs = fleet.get("runs", {})
+    per = _get(fleet, "settings", "per") or 1000
+    rows = [
+        [
+            f"{name} (`{data.get('job')}`)",
+            ", ".join(data.get("rule_files") or []) or "none",
+            fmt(data.get("nodes"), "count"),
+            _thousands(data.get("exposition_series")),
+            _thousands(data.get("head_series")),
+            _thousands(_get(data, "per_1000", "head_series")),
+            fmt(_mib(data.get("rss_bytes")), "MiB", 0),
+            fmt(_mib(_get(data, "per_1000", "rss_bytes")), "MiB", 0),
+            fmt(_mib(data.get("peak_rss_bytes")), "MiB", 0),
+            f"{fmt(data.get('scrape_seconds_mean'), 'ms')} / "
+            f"{fmt(data.get('scrape_seconds_max'), 'ms')}",
+            fmt(_get(data, "per_1000", "cpu_cores"), "", 2),
+            "yes" if data.get("head_series_accounted") else "NO",
+        ]
+        for name, data in runs.items()
+    ]
+    headers = [
+        "run",
+        "rule files",
+        "nodes",
+        "series per node",
+        "head series",
+        f"head series per {per:,} nodes",
+        "Prometheus RSS",
+        f"RSS per {per:,} nodes",
+        "peak RSS",
+        "scrape mean / max",
+        f"Prometheus CPU cores per {per:,} nodes",
+        "head = scraped + Prometheus' own",
+    ]
+    parts = [
+        table(headers, rows),
+        f"{fleet.get('prometheus', '?')}; {fleet.get('scaling', '')}; idle Prometheus "
+        f"{fmt(_mib(fleet.get('idle_rss_bytes')), 'MiB', 0)}.",
+    ]
+    for name, data in runs.items():
+        groups = data.get("rule_groups") or {}
+        if not groups:
+            continue
+        group_rows = [
+            [
+                group,
+                fmt(info.get("interval_seconds"), "s", 0),
+                fmt(info.get("rules"), "count"),
+                f"{fmt(info.get('min_seconds'), 'ms', 0)} / "
+                f"{fmt(info.get('median_seconds'), 'ms', 0)} / "
+                f"{fmt(info.get('max_seconds'), 'ms', 0)}",
+                f"{fmt(info.get('min_seconds_per_1000'), 's')} / "
+                f"{fmt(info.get('median_seconds_per_1000'), 's')}",
+                ", ".join(
+                    f"{rule} {fmt(seconds, 'ms')}"
+                    for rule, seconds in info.get("slowest_rules", [])[:2]
+                ),
+                ", ".join(rule for rule, _ in info.get("errors", [])) or "none",
+            ]
+            for group, info in groups.items()
+        ]
+        group_headers = [
+            "rule group",
+            "interval",
+            "rules",
+            f"evaluation at {data.get('nodes')} nodes, fastest / median / slowest",
+            f"per {per:,} nodes, fastest / median",
+            "slowest rules",
+            "failing rules",
+        ]
+        parts.append(f"Rule groups, {name}:\n\n" + table(group_headers, group_rows))
+    return "\n\n".join(parts)
+
+
 # -- targets -------------------------------------------------------------------------------------
 
 
@@ -669,6 +754,11 @@ SECTIONS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
         "processes",
         "Per-process attribution (in-process, shipped rules, pod attribution on both sides)",
         processes_section,
+    ),
+    (
+        "fleet",
+        "Fleet emulation (a real Prometheus scraping one node's output as many)",
+        fleet_section,
     ),
 )
 

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Run the whole benchmark suite: one command, JSON per benchmark, Markdown tables.
 
-    python bench/run_all.py            # full run (about 25 minutes on 2 cores)
+    python bench/run_all.py            # full run (about 32 minutes on 2 cores)
     python bench/run_all.py --quick    # every benchmark, briefly (about 1 minute)
 
 Writes `bench/results/<benchmark>.json`, `bench/results/machine.json` and
 `bench/results/summary.md` (`bench/results/quick/` with `--quick`), and prints the summary.
 Benchmarks: peer (vs nvitop-exporter), scaling, overhead (vs bare NVML), soak, detection,
 compat (the dcgm-exporter compatible output), dcgm (the DCGM source), processes (per-process
-attribution on vs off).
+attribution on vs off), fleet (one node's output as 200 nodes to a real Prometheus).
 Needs: this repository installed (`pip install -e .`), nvitop-exporter 1.7.2 for the peer
 (without it the peer columns stay empty), Debian's prometheus and prometheus-alertmanager for
-the detection benchmark. Everything listens on 127.0.0.1 only.
+the detection benchmark (prometheus for the fleet one). Everything listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from bench import (  # noqa: E402
     compat,
     dcgm_activity,
     detection,
+    fleet,
     overhead,
     peer,
     process_attribution,
@@ -49,7 +50,17 @@ from bench import (  # noqa: E402
 )
 from bench.procs import OURS, PEER  # noqa: E402
 
-BENCHMARKS = ("peer", "scaling", "overhead", "soak", "detection", "compat", "dcgm", "processes")
+BENCHMARKS = (
+    "peer",
+    "scaling",
+    "overhead",
+    "soak",
+    "detection",
+    "compat",
+    "dcgm",
+    "processes",
+    "fleet",
+)
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -159,6 +170,7 @@ def runners(args: argparse.Namespace, workdir: Path) -> dict[str, Callable[[], d
         if quick
         else process_attribution.ProcessSettings()
     )
+    fleet_settings = fleet.FleetSettings.quick() if quick else fleet.FleetSettings()
     return {
         "peer": lambda: peer.run(peer_settings, workdir / "peer"),
         "scaling": lambda: scaling.run(scaling_settings, workdir / "scaling"),
@@ -168,6 +180,7 @@ def runners(args: argparse.Namespace, workdir: Path) -> dict[str, Callable[[], d
         "compat": lambda: compat.run(compat_settings, workdir / "compat"),
         "dcgm": lambda: dcgm_activity.run(dcgm_settings, workdir / "dcgm"),
         "processes": lambda: process_attribution.run(processes_settings, workdir / "processes"),
+        "fleet": lambda: fleet.run(fleet_settings, workdir / "fleet"),
     }
 
 
