@@ -224,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results[name] = {"error": traceback.format_exc()}
                 print(results[name]["error"], file=sys.stderr)
             results[name]["duration_seconds"] = time.monotonic() - started
+            results[name]["revision"] = info["revision"]  # JSONs of several runs get committed
             write_json(out / f"{name}.json", results[name])
     finally:
         if args.keep_workdir:
