@@ -258,6 +258,24 @@ def overhead_section(overhead: Mapping[str, Any]) -> str:
 SOAK_QUANTITIES = (("rss_mib", "RSS", "MiB"), ("threads", "threads", ""), ("fds", "open fds", ""))
 
 
+# What the soak samples beside RSS (bench/soak.py EXPLAINING): key, name, unit.
+SOAK_EXPLAINING = (
+    ("python_blocks", "Python's live blocks", "count"),
+    ("malloc_in_use_mib", "malloc's bytes in use", "MiB"),
+    ("store_samples", "rule history samples", "count"),
+)
+
+
+def _soak_explaining(explaining: Mapping[str, Any]) -> str:
+    parts = [
+        f"{name} {fmt(entry['settled_start'], unit)} to {fmt(entry['end'], unit)} "
+        f"({fmt(entry['slope_per_hour'], unit, 3)} / h)"
+        for key, name, unit in SOAK_EXPLAINING
+        if (entry := explaining.get(key))
+    ]
+    return f" Over the settled part: {'; '.join(parts)}." if parts else ""
+
+
 def soak_section(soak: Mapping[str, Any]) -> str:
     rows = []
     notes = []
@@ -285,6 +303,7 @@ def soak_section(soak: Mapping[str, Any]) -> str:
             f"{mode}: {fmt(data.get('ticks'), 'count')} ticks, {fmt(hours, 'h')} of scenario "
             f"time, settled part from {fmt(settled.get('settled_from_seconds', 0) / 3600, 'h')}. "
             f"Verdict: {settled.get('verdict_line', 'n/a')}."
+            + _soak_explaining(settled.get("explaining") or {})
         )
     headers = ["mode", "quantity", "start", "peak", "end", "slope, settled", "limit", "verdict"]
     return "\n\n".join([table(headers, rows), *notes])

@@ -35,7 +35,10 @@ Reported for each of RSS, threads and descriptors: start, peak, end, and the lea
 per hour of scenario time over the settled part of the run (`settle`: from the longest history
 the loaded rules keep, plus `SETTLE_MARGIN_SECONDS` for ended series to age out), against
 `GROWTH_LIMITS_PER_HOUR`; the verdict is "growing" when a slope is above its limit, "flat" when
-none is, "unsettled" when less than `MIN_SETTLED_SECONDS` of the run came after the fill.
+none is, "unsettled" when less than `MIN_SETTLED_SECONDS` of the run came after the fill. The
+accelerated mode also samples what the resident set is made of (`EXPLAINING`: Python's live
+blocks and malloc's bytes in use, `bench.heap`, and the rule history's samples), whose slopes
+tell objects kept from memory the allocators hold free.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from typing import Any
 import yaml
 
 from bench import loadgen, scenarios
+from bench.heap import live_heap
 from bench.inproc import Pipeline, build
 from bench.procfs import Probe
 from bench.procs import OUR_TICK_FAMILY, OURS, ROOT, free_port, our_command, running
@@ -74,6 +78,9 @@ CHURN_GPU = 7  # time-sliced by two pods (`scenarios.PROCESS_LAYOUTS`); the jobs
 # more thread started once during the run reads flat and one per job, refresh or alert does not.
 GROWTH_LIMITS_PER_HOUR: Mapping[str, float] = {"rss_mib": 5.0 / 24, "threads": 1.0, "fds": 1.0}
 QUANTITIES: Mapping[str, str] = {"rss_mib": "RSS (MiB)", "threads": "threads", "fds": "open fds"}
+# Sampled beside RSS in the accelerated mode, to tell objects kept (live Python blocks, malloc's
+# bytes in use: `bench.heap`) from memory the allocators keep, and a full history (its samples).
+EXPLAINING = ("python_blocks", "malloc_in_use_mib", "store_samples")
 # Series of a pod that ended keep their samples until the longest window has passed them; a
 # job's series end when the job does, so the settled part starts a margin after the fill.
 SETTLE_MARGIN_SECONDS = 600.0
@@ -153,7 +160,7 @@ class CountingSink:
 
 @dataclass(frozen=True)
 class SoakSettings:
-    ticks: int = 14_400  # accelerated mode: stop at this many ticks (4 h of scenario time) ...
+    ticks: int = 21_600  # accelerated mode: stop at this many ticks (6 h of scenario time) ...
     seconds: float = 1_200.0  # ... or after this long, whichever comes first
     sample_every_ticks: int = 60
     churn_seconds: float = 300.0  # a new batch job this often (scenario time)
@@ -211,11 +218,22 @@ def settle(
     verdict = (
         "growing" if "growing" in verdicts else "unsettled" if "unsettled" in verdicts else "flat"
     )
+    # What the resident set is made of, where sampled: no verdict, the reading of one.
+    explaining: dict[str, dict[str, float | None]] = {}
+    for key in EXPLAINING:
+        values = [p.get(key) for p in settled]
+        if span >= MIN_SETTLED_SECONDS and None not in values:
+            explaining[key] = {
+                "settled_start": float(values[0]),
+                "end": float(values[-1]),
+                "slope_per_hour": slope([p[x] / 3600 for p in settled], values),
+            }
     result = {
         "settled_from_seconds": settled_from,
         "settled_seconds": span,
         "settled_points": len(settled),
         "resources": resources,
+        "explaining": explaining,
         "verdict": verdict,
     }
     result["verdict_line"] = verdict_line(result)
@@ -335,6 +353,7 @@ def accelerated(settings: SoakSettings, alertmanager_url: str) -> dict[str, Any]
                     "scenario_seconds": pipeline.clock(),
                     "elapsed_seconds": time.monotonic() - started,
                     **sample(probe),
+                    **live_heap(),
                     "cpu_seconds_per_tick": (cpu_now - cpu_mark) / settings.sample_every_ticks,
                     "store_series": store.series_count() if store else None,
                     "store_samples": store.sample_count() if store else None,
