@@ -266,10 +266,15 @@ SOAK_EXPLAINING = (
 )
 
 
+def _per_hour(value: float | None, unit: str) -> str:
+    text = fmt(value, unit, 3)
+    return text if text == "n/a" else f"{text} / h"
+
+
 def _soak_explaining(explaining: Mapping[str, Any]) -> str:
     parts = [
         f"{name} {fmt(entry['settled_start'], unit)} to {fmt(entry['end'], unit)} "
-        f"({fmt(entry['slope_per_hour'], unit, 3)} / h)"
+        f"({_per_hour(entry['slope_per_hour'], unit)})"
         for key, name, unit in SOAK_EXPLAINING
         if (entry := explaining.get(key))
     ]
@@ -293,8 +298,8 @@ def soak_section(soak: Mapping[str, Any]) -> str:
                     fmt(entry.get("start"), unit),
                     fmt(entry.get("peak"), unit),
                     fmt(entry.get("end"), unit),
-                    fmt(entry.get("slope_per_hour"), unit, 3) + " / h",
-                    fmt(entry.get("limit_per_hour"), unit, 3) + " / h",
+                    _per_hour(entry.get("slope_per_hour"), unit),
+                    _per_hour(entry.get("limit_per_hour"), unit),
                     entry.get("verdict", "n/a"),
                 ]
             )

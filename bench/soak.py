@@ -21,10 +21,10 @@ Two modes:
   metric kept as far back as the pack reads it, at most `rules.max_range_seconds`, 1 h) fills
   early in the run. The fake NVML, kubelet, /proc and container runtime run in that process
   too: their threads and sockets are in the counts. Their refresh threads (the kubelet's and the
-  runtime's) and the XID thread wait in real time, which runs about 20 times slower than the
+  runtime's) and the XID thread wait in real time, which runs 20-30 times slower than the
   scenario here: `ACCELERATED_SETTINGS` refreshes both every second (the settings' minimum)
-  instead of the chart's 10 s, so they refresh about as often per hour of scenario time as a
-  node would. No HTTP server.
+  instead of the chart's 10 s, so they refresh a third to half as often per hour of scenario
+  time as a node would, rather than 20-30 times less. No HTTP server.
 - realtime (`gpu-exporter serve --simulate --config` as a process, scraped every 5 s): the
   whole daemon with its HTTP server, for as long as the budget allows; it ends long before the
   history fills, so it shows the levels of the whole process, not whether they settle.
