@@ -75,7 +75,8 @@ NODE_NAME = "soak-node"  # $NODE_NAME, which the chart's DaemonSet sets: the ale
 CHURN_GPU = 7  # time-sliced by two pods (`scenarios.PROCESS_LAYOUTS`); the jobs take a third share
 # A leak shows as a slope over the settled part; these are the largest slopes called flat. RSS:
 # the suite's "flat" target (5 MiB a day). Threads and descriptors: one an hour, so that one
-# more thread started once during the run reads flat and one per job, refresh or alert does not.
+# more thread started once in a settled part of 1.5 h or more reads flat (a step of one in the
+# middle of T hours has a slope of 1.5 / T) and one more per job, refresh or alert does not.
 GROWTH_LIMITS_PER_HOUR: Mapping[str, float] = {"rss_mib": 5.0 / 24, "threads": 1.0, "fds": 1.0}
 QUANTITIES: Mapping[str, str] = {"rss_mib": "RSS (MiB)", "threads": "threads", "fds": "open fds"}
 # Sampled beside RSS in the accelerated mode, to tell objects kept (live Python blocks, malloc's
