@@ -30,7 +30,7 @@ from gpu_exporter.collect import dcgm
 from gpu_exporter.collect.nvml.source import NvmlSource
 from gpu_exporter.collect.nvml.topology import read_topology
 from gpu_exporter.collect.source import ErrorLog
-from gpu_exporter.config.load import load_config
+from gpu_exporter.config.load import Config, load_config
 from gpu_exporter.model.series import SeriesSet
 from gpu_exporter.pipeline.assembly import Assembly, assemble
 from gpu_exporter.pipeline.sampler import Sampler
@@ -51,6 +51,7 @@ class Pipeline:
     dcgm_compat: DcgmCompat | None = None
     assembly: Assembly | None = None
     kubelet: Any = None  # the fake kubelet of `build(node=True)`
+    config: Config | None = None  # what the pipeline was assembled from
     _closed: bool = field(default=False, repr=False)
 
     def tick(self) -> None:
@@ -112,6 +113,7 @@ def build(
     dcgm_mode: str = "off",
     node: bool = False,
     processes: bool = True,
+    settings: Mapping[str, Any] | None = None,
 ) -> Pipeline:
     """The daemon's tick pipeline, wired by the CLI's own helpers from a configuration built
     as `serve`'s flags would build it. `rules=None`: the shipped pack; `rules=[]`: none.
@@ -124,6 +126,8 @@ def build(
     (`processes=False`: `kubernetes.processes.enabled: false` given, as a user who leaves it
     off); their refresh threads started as the daemon starts them. Off by default: the other
     benchmarks measure no attribution, whatever pods their scenarios declare.
+    `settings`: further configuration by dotted name (`{"kubernetes.refresh_seconds": 1}`),
+    as flags give it, over the arguments above.
     """
     clock = ManualClock(start)
     fake = sim.install(scenario, clock=clock)
@@ -139,6 +143,7 @@ def build(
     flags["dcgm.mode"] = dcgm_mode
     if node and not processes:
         flags["kubernetes.processes.enabled"] = False
+    flags.update(settings or {})
     config = load_config(None, flags, environ={})
     kubelet = None
     if node:
@@ -173,6 +178,7 @@ def build(
         assembly.dcgm_compat,
         assembly,
         kubelet,
+        config,
     )
 
 

@@ -1,4 +1,5 @@
-"""CPU time and resident memory of a process, from /proc/<pid>/stat and /proc/<pid>/status."""
+"""CPU time, resident memory, threads and open file descriptors of a process, from
+/proc/<pid>/stat, /proc/<pid>/status and /proc/<pid>/fd (proc(5))."""
 
 from __future__ import annotations
 
@@ -66,6 +67,15 @@ def parse_status(text: str) -> Memory:
     return Memory(values["VmRSS"], values["VmHWM"])
 
 
+def parse_threads(text: str) -> int:
+    """The `Threads:` line of /proc/<pid>/status: the process' thread count."""
+    for line in text.splitlines():
+        key, sep, rest = line.partition(":")
+        if sep and key == "Threads":
+            return int(rest.strip())
+    raise ValueError("missing from status: Threads")
+
+
 @dataclass(frozen=True)
 class Probe:
     """Reads one process' counters; `pid` may be "self"."""
@@ -78,3 +88,14 @@ class Probe:
 
     def memory(self) -> Memory:
         return parse_status((self.root / str(self.pid) / "status").read_text())
+
+    def threads(self) -> int:
+        return parse_threads((self.root / str(self.pid) / "status").read_text())
+
+    def open_fds(self) -> int:
+        """Entries of /proc/<pid>/fd: one per open file descriptor (sockets and pipes too).
+        Listing our own process' folder shows the descriptor the listing itself holds open
+        while it reads; that one is not counted."""
+        entries = len(os.listdir(self.root / str(self.pid) / "fd"))
+        own = self.root == Path("/proc") and self.pid in ("self", os.getpid())
+        return entries - 1 if own else entries

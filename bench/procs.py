@@ -35,23 +35,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_flags(port: int, interval: float, extra: Sequence[str] = ()) -> list[str]:
+def serve_flags(
+    port: int, interval: float, extra: Sequence[str] = (), log_level: str = "warning"
+) -> list[str]:
     return [
         "--listen-address",
         f"127.0.0.1:{port}",
         "--interval",
         f"{interval:g}",
         "--log-level",
-        "warning",
+        log_level,
         *extra,
     ]
 
 
 def our_command(
-    scenario: Path | str, port: int, interval: float, extra: Sequence[str] = ()
+    scenario: Path | str,
+    port: int,
+    interval: float,
+    extra: Sequence[str] = (),
+    log_level: str = "warning",
 ) -> list[str]:
     """`gpu-exporter serve` exactly as a user runs it on the simulator."""
-    flags = serve_flags(port, interval, extra)
+    flags = serve_flags(port, interval, extra, log_level)
     return [sys.executable, "-m", "gpu_exporter", "serve", "--simulate", str(scenario), *flags]
 
 

@@ -254,40 +254,64 @@ def overhead_section(overhead: Mapping[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+# The soak's quantities (bench/soak.py GROWTH_LIMITS_PER_HOUR): key, name, unit.
+SOAK_QUANTITIES = (("rss_mib", "RSS", "MiB"), ("threads", "threads", ""), ("fds", "open fds", ""))
+
+
+# What the soak samples beside RSS (bench/soak.py EXPLAINING): key, name, unit.
+SOAK_EXPLAINING = (
+    ("python_blocks", "Python's live blocks", "count"),
+    ("malloc_in_use_mib", "malloc's bytes in use", "MiB"),
+    ("store_samples", "rule history samples", "count"),
+)
+
+
+def _per_hour(value: float | None, unit: str) -> str:
+    text = fmt(value, unit, 3)
+    return text if text == "n/a" else f"{text} / h"
+
+
+def _soak_explaining(explaining: Mapping[str, Any]) -> str:
+    parts = [
+        f"{name} {fmt(entry['settled_start'], unit)} to {fmt(entry['end'], unit)} "
+        f"({_per_hour(entry['slope_per_hour'], unit)})"
+        for key, name, unit in SOAK_EXPLAINING
+        if (entry := explaining.get(key))
+    ]
+    return f" Over the settled part: {'; '.join(parts)}." if parts else ""
+
+
 def soak_section(soak: Mapping[str, Any]) -> str:
     rows = []
+    notes = []
     for mode in ("accelerated", "realtime"):
         data = soak.get(mode)
         if not data:
             continue
-        memory = data.get("memory", {})
-        unit = memory.get("slope_unit")
-        per = 10_000 if unit == "tick" else 3600
-        slope_value = memory.get("slope_second_half_mib_per_unit")
-        rows.append(
-            [
-                mode,
-                fmt(data.get("ticks"), "count"),
-                fmt(data.get("scenario_hours") or data.get("seconds", 0) / 3600, "h"),
-                fmt(memory.get("rss_start_mib"), "MiB"),
-                fmt(memory.get("rss_peak_mib"), "MiB"),
-                fmt(memory.get("rss_end_mib"), "MiB"),
-                fmt(None if _missing(slope_value) else slope_value * per, "MiB")
-                + (" / 10k ticks" if unit == "tick" else " / hour"),
-                fmt(data.get("alerts_sent"), "count"),
-            ]
+        settled = data.get("settle") or {}
+        for key, name, unit in SOAK_QUANTITIES:
+            entry = _get(settled, "resources", key) or {}
+            rows.append(
+                [
+                    mode,
+                    name,
+                    fmt(entry.get("start"), unit),
+                    fmt(entry.get("peak"), unit),
+                    fmt(entry.get("end"), unit),
+                    _per_hour(entry.get("slope_per_hour"), unit),
+                    _per_hour(entry.get("limit_per_hour"), unit),
+                    entry.get("verdict", "n/a"),
+                ]
+            )
+        hours = data.get("scenario_hours") or (data.get("seconds") or 0) / 3600
+        notes.append(
+            f"{mode}: {fmt(data.get('ticks'), 'count')} ticks, {fmt(hours, 'h')} of scenario "
+            f"time, settled part from {fmt(settled.get('settled_from_seconds', 0) / 3600, 'h')}. "
+            f"Verdict: {settled.get('verdict_line', 'n/a')}."
+            + _soak_explaining(settled.get("explaining") or {})
         )
-    headers = [
-        "mode",
-        "ticks",
-        "daemon time",
-        "RSS start",
-        "RSS peak",
-        "RSS end",
-        "slope (2nd half)",
-        "alerts sent",
-    ]
-    return table(headers, rows)
+    headers = ["mode", "quantity", "start", "peak", "end", "slope, settled", "limit", "verdict"]
+    return "\n\n".join([table(headers, rows), *notes])
 
 
 def detection_section(detection: Mapping[str, Any]) -> str:
@@ -532,9 +556,6 @@ def _memory_targets(results: Mapping[str, Any]) -> list[Target]:
     ours_added = None if _missing(steady) or _missing(stack) else steady - stack
     peer_added = None if _missing(peer) or _missing(python) else peer - python
     added_ratio = ratio(ours_added, peer_added)
-    accel = _get(results, "soak", "accelerated", "memory") or {}
-    slope_value = accel.get("slope_second_half_mib_per_unit")
-    per_day = None if _missing(slope_value) else slope_value * 86_400
     return [
         _limit("RSS <= 56 MiB (steady, full rule history)", steady, "MiB", 56),
         _ratio_target(
@@ -545,13 +566,26 @@ def _memory_targets(results: Mapping[str, Any]) -> list[Target]:
             f"prometheus-client, APScheduler); theirs {fmt(peer, 'MiB')} - "
             f"{fmt(python, 'MiB')} (bare interpreter)",
         ),
-        (
-            "RSS flat over the soak (second half)",
-            fmt(per_day, "MiB") + " per day of ticks",
-            "flat = under 5 MiB per 86,400 ticks",
-            None if per_day is None else abs(per_day) < 5,
-        ),
     ]
+
+
+def _soak_targets(results: Mapping[str, Any]) -> list[Target]:
+    """RSS, threads and open fds flat over the accelerated soak's settled part (n/a when the
+    run ended before the rule history filled)."""
+    settled = _get(results, "soak", "accelerated", "settle") or {}
+    targets = []
+    for key, name, unit in SOAK_QUANTITIES:
+        entry = _get(settled, "resources", key) or {}
+        verdict = entry.get("verdict")
+        targets.append(
+            (
+                f"{name} flat over the soak, after the rule history filled",
+                fmt(entry.get("slope_per_hour"), unit, 3) + " per hour of scenario time",
+                f"flat = at most {fmt(entry.get('limit_per_hour'), unit, 3)} per hour",
+                None if verdict not in ("flat", "growing") else verdict == "flat",
+            )
+        )
+    return targets
 
 
 def _linear_targets(results: Mapping[str, Any]) -> list[Target]:
@@ -721,6 +755,7 @@ def _dcgm_targets(results: Mapping[str, Any]) -> list[Target]:
 TARGET_GROUPS: tuple[Callable[[Mapping[str, Any]], list[Target]], ...] = (
     _cpu_targets,
     _memory_targets,
+    _soak_targets,
     _linear_targets,
     _mig_targets,
     _overhead_targets,

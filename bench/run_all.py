@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the whole benchmark suite: one command, JSON per benchmark, Markdown tables.
 
-    python bench/run_all.py            # full run (about 32 minutes on 2 cores)
+    python bench/run_all.py            # full run (about 45 minutes on 2 cores)
     python bench/run_all.py --quick    # every benchmark, briefly (about 1 minute)
 
 Writes `bench/results/<benchmark>.json`, `bench/results/machine.json` and
@@ -237,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results[name] = {"error": traceback.format_exc()}
                 print(results[name]["error"], file=sys.stderr)
             results[name]["duration_seconds"] = time.monotonic() - started
+            results[name]["revision"] = info["revision"]  # JSONs of several runs get committed
             write_json(out / f"{name}.json", results[name])
     finally:
         if args.keep_workdir:

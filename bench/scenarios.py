@@ -274,6 +274,46 @@ def generate_processes(devices: int, *, name: str | None = None) -> dict[str, An
     return scenario
 
 
+def add_job_churn(
+    scenario: dict[str, Any],
+    *,
+    until: float,
+    every: float,
+    gpu: int = 7,
+    replica: int = 2,
+    processes: int = 2,
+) -> dict[str, Any]:
+    """Batch jobs coming and going on one time-slicing share of `gpu`, up to scenario time
+    `until`: job n is the pod `batch/job-<n>` from `n * every` for 80 % of `every`, with
+    `processes` processes, so new pods (new UIDs, new per-pod series) appear and old ones end
+    all run long. Jobs n and n + 2 use the same PIDs (another pod, a later start time): the
+    reuse a busy node shows. Changes `scenario` (one with `pods:` and `processes:`) in place."""
+    if every <= 0 or until <= 0:
+        raise ValueError("job churn needs a positive period and end")
+    devices = len(scenario["devices"])
+    if not 0 <= gpu < devices:
+        raise ValueError(f"job churn on GPU {gpu}: the scenario has {devices} GPUs")
+    first_pid = FIRST_PID + 100 * devices  # past every GPU's own processes
+    jobs = int(-(-until // every))  # ceil
+    for n in range(jobs):
+        start = n * every
+        owner = {"namespace": "batch", "pod": f"job-{n}", "container": "worker"}
+        span = {"from": start, "until": start + 0.8 * every}
+        scenario["pods"].append({**owner, "gpu": gpu, "replica": replica, **span})
+        for k in range(processes):
+            scenario["processes"].append(
+                {
+                    "pid": first_pid + processes * (n % 2) + k,
+                    "gpu": gpu,
+                    "pod": dict(owner),
+                    "memory_bytes": 1 * GIB,
+                    "utilization": {"sm": 0.05, "memory": 0.02},
+                    **span,
+                }
+            )
+    return scenario
+
+
 def write_yaml(data: Mapping[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(dict(data), sort_keys=False))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench import loadgen, overhead, peer, promtext, report, run_all, scenarios, soak
+from bench import loadgen, overhead, peer, promtext, report, run_all, scenarios
 from bench.procfs import Probe, parse_stat, parse_status
 from bench.stats import percentile, ratio, slope, summarize
 from gpu_exporter import sim
@@ -423,17 +423,11 @@ def test_mig_targets_are_na_without_the_mig_run() -> None:
     )
 
 
-def test_per_device_cost_and_soak_memory_summary() -> None:
+def test_per_device_cost() -> None:
     costs = {"1gpu": 0.008, "8gpu": 0.064, "64gpu": 1.28}
     configs = {name: {"tick": {"steady": {"cpu_seconds_per_tick": c}}} for name, c in costs.items()}
     per_device = report.per_device_cost({"configs": configs})
     assert per_device == pytest.approx({1: 0.008, 8: 0.008, 64: 0.02})
-    points = [{"tick": t, "rss_mib": 50.0 + min(t, 3)} for t in range(6)]
-    memory = soak.memory_summary(points, "tick")
-    assert memory["rss_start_mib"] == 50.0
-    assert memory["rss_peak_mib"] == memory["rss_end_mib"] == 53.0
-    assert memory["slope_second_half_mib_per_unit"] == 0.0
-    assert soak.memory_summary([], "tick") == {}
 
 
 def test_cpu_model_from_cpuinfo() -> None:
