@@ -1001,6 +1001,16 @@ FAMILIES: tuple[Family, ...] = (
         source="exporter",
         per_device=False,
     ),
+    Family(
+        "gpu_exporter_series",
+        G,
+        "Series of each family in this tick's /metrics, after metrics.profile, metrics.include "
+        "and metrics.exclude (this family's own included): what the node costs a time-series "
+        "database, family by family.",
+        ("family",),
+        source="exporter",
+        per_device=False,
+    ),
 )
 
 BY_NAME: dict[str, Family] = {family.name: family for family in FAMILIES}

@@ -25,6 +25,7 @@ from gpu_exporter.collect.health_latch import HealthLatch
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
 from gpu_exporter.config.load import node_name, rule_manager
+from gpu_exporter.model.profile import ExportFilter
 from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.web.settings import DcgmCompatConfig
 
@@ -111,7 +112,11 @@ def assemble(
     before anything is built) CountersFileError for dcgm_compat.counters_file.
     """
     compat = _dcgm_compat(config)
-    sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
+    metrics = config.metrics
+    export = ExportFilter(metrics.profile, metrics.include, metrics.exclude)
+    sampler = Sampler(
+        source, errors, interval=config.interval_seconds, wall_clock=wall_clock, export=export
+    )
     sampler.add_processor("activity_time", ActivityTime().process)
     sampler.add_processor("classifier", classifier(config).process)
     # Reads only the NVML readings (XIDs, ECC, remapping, recovery action, fabric, up): its place
@@ -221,7 +226,7 @@ def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifi
         notifier = Notifier(config.alerting, external_labels=config.external_labels())
     manager = rule_manager(config, notifier)
     manager.load()
-    sampler.add_listener(manager)
+    sampler.add_listener(manager, exported_only=True)  # the rules see what Prometheus scrapes
     sampler.add_late_producer(manager.producer())
     if notifier is not None:
         from gpu_exporter.alerting.notify.metrics import notifier_producer

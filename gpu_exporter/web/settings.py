@@ -1,6 +1,6 @@
 """The settings of what is served over HTTP, one pydantic model per section of the
-configuration, each default with its reason: `web:` (the server's limits) and `dcgm_compat:`
-(the dcgm-exporter compatible endpoint).
+configuration, each default with its reason: `web:` (the server's limits), `metrics:` (what
+/metrics exports) and `dcgm_compat:` (the dcgm-exporter compatible endpoint).
 
 Light on purpose (pydantic only, no uvicorn): the configuration (`gpu_exporter/config/load.py`)
 composes these models, and the HTTP server and the compat endpoint are built from the validated
@@ -14,7 +14,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from gpu_exporter.support.validation import SettingsModel
+from gpu_exporter.model.profile import ProfileName, unknown_families
+from gpu_exporter.support.validation import SettingsModel, split_commas
 
 # Where the daemon serves HTTP (the top-level listen_address): every interface, since
 # Prometheus scrapes it from another host.
@@ -58,6 +59,37 @@ class WebConfig(SettingsModel):
     max_connections: int = Field(default=256, ge=4, le=65536)
     # /healthz and /readyz without basic auth, for kubelet probes (TLS still applies).
     probes_without_auth: bool = True
+
+
+class MetricsConfig(SettingsModel):
+    """`metrics:`, which of each tick's series /metrics exports, and the daemon's rules see
+    (gpu_exporter/model/profile.py; the README's "Metrics profiles")."""
+
+    # default: what the shipped rules, recording rules and dashboards read, fewer series than
+    # dcgm-exporter's default output for the same node; full: every family and series.
+    profile: ProfileName = "default"
+    # Families exported whole whatever the profile, and families never exported (catalog names,
+    # as /metrics writes them; the README's metric table lists them).
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    _lists = field_validator("include", "exclude", mode="before")(split_commas)
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _known(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = unknown_families(value)
+        if unknown:
+            names = ", ".join(repr(name) for name in unknown)
+            raise ValueError(f"unknown metric famil{'ies' if len(unknown) > 1 else 'y'} {names}")
+        return value
+
+    @model_validator(mode="after")
+    def _not_both(self) -> MetricsConfig:
+        both = [name for name in self.include if name in self.exclude]
+        if both:
+            raise ValueError(f"{', '.join(both)} both in include and in exclude; keep one")
+        return self
 
 
 class DcgmCompatConfig(SettingsModel):
