@@ -159,6 +159,7 @@ DEFAULT: Mapping[str, Part] = MappingProxyType(
         "gpu_exporter_build_info": WHOLE,
         "gpu_exporter_tick_duration_seconds": WHOLE,
         "gpu_exporter_last_tick_timestamp_seconds": WHOLE,
+        "gpu_exporter_ticks_total": WHOLE,
         "gpu_exporter_collector_success": Part(
             quiet=1.0, note="the collectors that failed since the exporter started"
         ),
@@ -170,6 +171,7 @@ DEFAULT: Mapping[str, Part] = MappingProxyType(
             note='state="firing", for the alerts that fired since the exporter started',
         ),
         "gpu_exporter_rule_evaluation_failures_total": WHOLE,
+        "gpu_exporter_rule_reload_success": WHOLE,
         "gpu_exporter_notifications_sent_total": WHOLE,
         "gpu_exporter_notifications_errors_total": WHOLE,
         "gpu_exporter_notifications_rejected_total": WHOLE,
