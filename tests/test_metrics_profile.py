@@ -26,7 +26,12 @@ import yaml
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_exporter.config.load import ConfigError, load_config
+from gpu_exporter.model.default_profile import DEFAULT
 from gpu_exporter.model.nvml_facts import CLOCK_EVENT_REASONS
+from gpu_exporter.model.profile import ExportFilter, series_counts, unknown_families
+from gpu_exporter.model.series import Series as SeriesRow
+from gpu_exporter.model.series import SeriesSet, series
 from gpu_exporter.model.snapshot import DeviceSample
 from gpu_exporter.pipeline.assembly import Assembly
 from gpu_exporter.sim.scenario import builtin_path, builtin_scenarios
@@ -316,3 +321,117 @@ def test_the_api_and_the_status_page_see_every_family() -> None:
     assert "gpu_mig_mode" not in exported and "gpu_mig_mode" in device["metrics"]
     clocks = {entry["labels"]["clock"] for entry in device["metrics"]["gpu_clock_max_hertz"]}
     assert {"sm", "memory"} <= clocks
+
+
+# --- the filter, series by series ----------------------------------------------------------------
+
+
+def tick(*rows: SeriesRow) -> SeriesSet:
+    families: dict[str, tuple[SeriesRow, ...]] = {}
+    for row in rows:
+        families[row.family] = (*families.get(row.family, ()), row)
+    return SeriesSet(0.0, families)
+
+
+def names(series_set: SeriesSet) -> list[tuple[str, dict[str, str], float]]:
+    return [(row.name, dict(row.labels), row.value) for row in series_set]
+
+
+GPU0 = (("gpu", "0"), ("uuid", "GPU-0"))
+
+
+def test_the_default_profile_keeps_the_part_of_a_family_it_names() -> None:
+    clocks = [series("gpu_clock_hertz", 1e9, (*GPU0, ("clock", c))) for c in ("sm", "memory")]
+    pipes = series("gpu_pipe_active_ratio", 0.5, (*GPU0, ("pipe", "fp32")))
+    exported = ExportFilter("default").apply(tick(*clocks, pipes, series("gpu_up", 1.0, GPU0)))
+    assert names(exported) == [
+        ("gpu_clock_hertz", {**dict(GPU0), "clock": "sm"}, 1e9),
+        ("gpu_up", dict(GPU0), 1.0),
+    ]
+
+
+def test_a_clock_event_state_is_left_out_where_its_counter_measures_it() -> None:
+    def active(reason: str) -> SeriesRow:
+        return series("gpu_clock_event_active", 0.0, (*GPU0, ("reason", reason)))
+
+    counted = series("gpu_clock_event_seconds_total", 3.0, (*GPU0, ("reason", "sw_power_cap")))
+    rows = [active("sw_power_cap"), active("hw_slowdown"), active("gpu_idle"), counted]
+    kept = names(ExportFilter("default").apply(tick(*rows)))
+    assert [(name, labels["reason"]) for name, labels, _ in kept] == [
+        ("gpu_clock_event_active", "hw_slowdown"),
+        ("gpu_clock_event_seconds_total", "sw_power_cap"),
+    ]
+    assert len(list(ExportFilter("full").apply(tick(*rows)))) == 4
+
+
+def test_a_quiet_series_is_exported_from_the_first_time_it_says_something() -> None:
+    export = ExportFilter("default")
+
+    def xids(count: float, *more: SeriesRow) -> list[float]:
+        row = series("gpu_xid_errors_total", count, (*GPU0, ("xid", "79")))
+        return [value for _, _, value in names(export.apply(tick(row, *more)))]
+
+    assert xids(0.0) == []
+    assert xids(2.0) == [2.0]
+    assert xids(0.0) == [0.0]  # a driver reload set it back: still there, as Prometheus saw it
+    assert xids(0.0, series("gpu_up", 1.0, GPU0)) == [0.0, 1.0]
+    other = series("gpu_xid_errors_total", 1.0, (*GPU0, ("xid", "48")))
+    export.apply(tick(other))  # XID 79's series went away (a pod's labels changed): forgotten
+    assert xids(0.0) == []
+
+
+def test_include_exports_a_family_whole_and_exclude_none_of_it() -> None:
+    rows = [
+        series("gpu_pipe_active_ratio", 0.5, (*GPU0, ("pipe", "fp32"))),
+        series("gpu_clock_hertz", 1e9, (*GPU0, ("clock", "memory"))),
+        series("gpu_up", 1.0, GPU0),
+    ]
+    export = ExportFilter("default", include=["gpu_pipe_active_ratio", "gpu_clock_hertz"])
+    assert len(list(export.apply(tick(*rows)))) == 3
+    export = ExportFilter("full", exclude=["gpu_up"])
+    assert [name for name, _, _ in names(export.apply(tick(*rows)))] == [
+        "gpu_pipe_active_ratio",
+        "gpu_clock_hertz",
+    ]
+    with pytest.raises(ValueError, match="gpu_pipes"):
+        ExportFilter("default", include=["gpu_pipes"])
+
+
+def test_the_full_profile_hands_the_tick_on_as_it_is() -> None:
+    series_set = tick(series("gpu_up", 1.0, GPU0))
+    assert ExportFilter("full").apply(series_set) is series_set
+
+
+def test_the_default_profile_names_catalog_families_only() -> None:
+    assert not unknown_families(DEFAULT), "a misspelt family in the default profile"
+
+
+def test_series_counts_count_each_family_and_themselves() -> None:
+    counted = series_counts(tick(*(series("gpu_up", 1.0, (("gpu", str(i)),)) for i in range(3))))
+    assert {dict(row.labels)["family"]: row.value for row in counted} == {
+        "gpu_up": 3.0,
+        "gpu_exporter_series": 2.0,
+    }
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+def test_an_unknown_family_is_an_error_naming_file_line_and_item(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("metrics:\n  include:\n    - gpu_up\n    - gpu_pipes\n")
+    with pytest.raises(ConfigError, match=rf"{path}:4: metrics.include\[1\]: .*'gpu_pipes'"):
+        load_config(str(path), {}, environ={})
+    path.write_text("metrics:\n  include: [gpu_up]\n  exclude: [gpu_up]\n")
+    with pytest.raises(ConfigError, match="gpu_up both in include and in exclude"):
+        load_config(str(path), {}, environ={})
+
+
+def test_the_profile_from_the_flag_the_environment_and_the_file(tmp_path: Path) -> None:
+    assert load_config(None, {}, environ={}).metrics.profile == "default"
+    assert load_config(None, {"metrics.profile": "full"}, environ={}).metrics.profile == "full"
+    environ = {"GPU_EXPORTER_METRICS__INCLUDE": "gpu_pipe_active_ratio, gpu_mig_mode"}
+    metrics = load_config(None, {}, environ=environ).metrics
+    assert metrics.include == ("gpu_pipe_active_ratio", "gpu_mig_mode")
+    with pytest.raises(ConfigError, match="--metrics-profile"):
+        load_config(None, {"metrics.profile": "everything"}, environ={})

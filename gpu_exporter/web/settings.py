@@ -10,10 +10,11 @@ sections themselves. The README's "Limits, security and failure handling" says m
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
 
+from gpu_exporter.model.catalog import FAMILIES
 from gpu_exporter.model.profile import ProfileName, unknown_families
 from gpu_exporter.support.validation import SettingsModel, split_commas
 
@@ -61,6 +62,21 @@ class WebConfig(SettingsModel):
     probes_without_auth: bool = True
 
 
+def _known_family(name: str) -> str:
+    if unknown_families([name]):
+        raise ValueError(f"unknown metric family {name!r} (the README's metric table lists them)")
+    return name
+
+
+# A family's name as /metrics writes it; the JSON schema (the chart's values.schema.json) lists
+# them, so helm refuses a misspelt one too.
+FamilyName = Annotated[
+    str,
+    AfterValidator(_known_family),
+    WithJsonSchema({"type": "string", "enum": [family.name for family in FAMILIES]}),
+]
+
+
 class MetricsConfig(SettingsModel):
     """`metrics:`, which of each tick's series /metrics exports, and the daemon's rules see
     (gpu_exporter/model/profile.py; the README's "Metrics profiles")."""
@@ -70,19 +86,10 @@ class MetricsConfig(SettingsModel):
     profile: ProfileName = "default"
     # Families exported whole whatever the profile, and families never exported (catalog names,
     # as /metrics writes them; the README's metric table lists them).
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
+    include: tuple[FamilyName, ...] = ()
+    exclude: tuple[FamilyName, ...] = ()
 
     _lists = field_validator("include", "exclude", mode="before")(split_commas)
-
-    @field_validator("include", "exclude")
-    @classmethod
-    def _known(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = unknown_families(value)
-        if unknown:
-            names = ", ".join(repr(name) for name in unknown)
-            raise ValueError(f"unknown metric famil{'ies' if len(unknown) > 1 else 'y'} {names}")
-        return value
 
     @model_validator(mode="after")
     def _not_both(self) -> MetricsConfig:
