@@ -288,6 +288,15 @@ def slowdown_code() -> str:
     return f"max by ({BY_GPU}) ({scoped(parts)})"
 
 
+def xid_count(window: str) -> str:
+    """XIDs per GPU and code over `window`: increase() of the counter, or the whole count of a
+    counter born within the window. The default metrics profile exports an XID's counter from
+    its first XID on, born at 1 with no earlier sample, where increase() alone sees nothing;
+    the full profile's are born at 0 for the alerted XIDs."""
+    counter = sel("gpu_xid_errors_total")
+    return f"({counter} unless {counter} offset {window}) or {over('increase', counter, window)}"
+
+
 def gpu_hours(recorded: str) -> str:
     """GPU-hours over the dashboard range from a recorded rate of GPU-seconds per second.
 
@@ -1668,7 +1677,7 @@ def health() -> grafana.Dashboard:
     )
 
     board.row("Errors")
-    xid = scoped(over("increase", sel("gpu_xid_errors_total"), "$__rate_interval"))
+    xid = scoped(xid_count("$__rate_interval"))
     board.add(
         timeseries(
             "XID errors",
@@ -1697,12 +1706,9 @@ def health() -> grafana.Dashboard:
             [
                 (
                     "Count",
-                    # > 0: the alerted XIDs' counters exist at 0 before the first one.
-                    Q(
-                        "sum by (cluster, node, gpu, xid) "
-                        f"({scoped(over('increase', sel('gpu_xid_errors_total'), '$__range'))})"
-                        " > 0"
-                    ),
+                    # > 0: in the full profile the alerted XIDs' counters exist at 0 before the
+                    # first one.
+                    Q(f"sum by (cluster, node, gpu, xid) ({scoped(xid_count('$__range'))}) > 0"),
                 ),
                 (
                     "Last seen",
@@ -1762,7 +1768,8 @@ def health() -> grafana.Dashboard:
             "Memory health per GPU",
             "ECC mode, uncorrected ECC errors over the range, remapped rows (Ampere and newer) "
             "and retired pages (older GPUs), and whether a reset is pending or a remap failed. "
-            "Cells stay empty where the GPU does not report the quantity.",
+            "Cells stay empty where the GPU does not report the quantity, and with the default "
+            "metrics profile the remapped rows and retired pages until a GPU's first one.",
             [
                 ("ECC on", Q(per_gpu(sel("gpu_ecc_enabled")))),
                 (
