@@ -138,6 +138,11 @@ DEFAULT: Mapping[str, Part] = MappingProxyType(
         "gpu_pod_memory_used_bytes": WHOLE,
         "gpu_pod_utilization_ratio": WHOLE,
         "gpu_pod_energy_joules_total": WHOLE,
+        # The use of no known container: with the gpu_pod_* families, the whole GPU's (only
+        # with kubernetes.processes on, as they).
+        "gpu_unattributed_processes": WHOLE,
+        "gpu_unattributed_memory_used_bytes": WHOLE,
+        "gpu_unattributed_utilization_ratio": WHOLE,
         # The exporter itself.
         "gpu_exporter_build_info": WHOLE,
         "gpu_exporter_tick_duration_seconds": WHOLE,
