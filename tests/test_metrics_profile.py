@@ -310,6 +310,14 @@ def test_the_rules_see_what_metrics_exports(tmp_path: Path, profile: str, fired:
     assert ("gpu_pipe_active_ratio" in {name for name, _ in samples(text)}) == (profile == "full")
 
 
+def test_the_shipped_rules_read_nothing_the_default_profile_leaves_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with running("mixed"):
+        pass
+    assert not [r.getMessage() for r in caplog.records if "does not export" in r.getMessage()]
+
+
 def test_the_api_and_the_status_page_see_every_family() -> None:
     """The status page reads /api/v1/devices, built from every series of the tick: the GPU's MIG
     mode and memory clock are there whatever the profile."""

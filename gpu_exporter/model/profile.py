@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Literal
 
-from gpu_exporter.model.catalog import BY_NAME
+from gpu_exporter.model.catalog import BY_NAME, Kind
 from gpu_exporter.model.default_profile import DEFAULT, SERIES_FAMILY, WHOLE, Part
 from gpu_exporter.model.series import Series, SeriesSet
 from gpu_exporter.model.snapshot import Labels
@@ -35,6 +35,19 @@ PROFILES: tuple[ProfileName, ...] = ("default", "full")
 def unknown_families(names: Iterable[str]) -> list[str]:
     """The names in `names` that are no family of the catalog, in their order."""
     return [name for name in names if name not in BY_NAME]
+
+
+def family_of(sample: str) -> str | None:
+    """The catalog family of a sample name (a histogram's `_bucket`, `_sum`, `_count` too);
+    None for a name no family has."""
+    if sample in BY_NAME:
+        return sample
+    base, _, suffix = sample.rpartition("_")
+    family = BY_NAME.get(base)
+    histogram = family is not None and family.kind is Kind.HISTOGRAM
+    if histogram and suffix in ("bucket", "sum", "count"):
+        return base
+    return None
 
 
 def part_of(family: str, profile: ProfileName = "default") -> Part | None:
