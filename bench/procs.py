@@ -183,7 +183,14 @@ def running(
 ) -> Iterator[Running]:
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / f"{name}-{port}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": _pythonpath(), **(env or {})}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": _pythonpath(),
+        # Whole ticks are timed by this family, which the default metrics profile leaves out.
+        "GPU_EXPORTER_METRICS__INCLUDE": OUR_FULL_TICK_FAMILY,
+        **(env or {}),
+    }
     with log.open("wb") as sink:
         process = subprocess.Popen(list(argv), stdout=sink, stderr=subprocess.STDOUT, env=env)
     target = Running(name, process, port, log, tick_family)

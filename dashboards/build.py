@@ -63,6 +63,7 @@ if str(HERE.parent) not in sys.path:  # run as a script from a source tree
 
 from gpu_exporter.model.nvml_facts import (  # noqa: E402 - after the path it may need
     APPLICATIONS_CLOCKS_SETTING,
+    CLOCK_EVENT_REASONS,
     DISPLAY_CLOCK_SETTING,
     GPU_IDLE,
     HW_POWER_BRAKE_SLOWDOWN,
@@ -262,13 +263,38 @@ def class_code() -> str:
     return f"sum by ({BY_DEVICE}) ({scoped(parts)})"
 
 
+def clock_event_now(*matchers: str) -> str:
+    """1 while a clock-event reason holds, 0 while not, per GPU and reason: its state, or where
+    the metrics profile `default` leaves the state out for the reason's time counter, whether
+    that counter grew over the last rate interval."""
+    grew = over("rate", sel("gpu_clock_event_seconds_total", *matchers), "$__rate_interval")
+    return f"({sel('gpu_clock_event_active', *matchers)} or {grew} > bool 0)"
+
+
+# The reasons NVML keeps a time counter of (gpu_clock_event_seconds_total).
+COUNTED_REASONS = frozenset(r.name for r in CLOCK_EVENT_REASONS if r.counter_field is not None)
+
+
 def slowdown_code() -> str:
     """One series per GPU: the code of the most severe slowdown reason active now (0: none)."""
     parts = " or ".join(
-        f"{sel('gpu_clock_event_active', eq('reason', name))} * {code}"
+        (
+            f"{clock_event_now(eq('reason', name))} * {code}"
+            if name in COUNTED_REASONS
+            else f"{sel('gpu_clock_event_active', eq('reason', name))} * {code}"
+        )
         for code, (name, _, _) in enumerate(SLOWDOWN_REASONS, start=1)
     )
     return f"max by ({BY_GPU}) ({scoped(parts)})"
+
+
+def xid_count(window: str) -> str:
+    """XIDs per GPU and code over `window`: increase() of the counter, or the whole count of a
+    counter born within the window. The default metrics profile exports an XID's counter from
+    its first XID on, born at 1 with no earlier sample, where increase() alone sees nothing;
+    the full profile's are born at 0 for the alerted XIDs."""
+    counter = sel("gpu_xid_errors_total")
+    return f"({counter} unless {counter} offset {window}) or {over('increase', counter, window)}"
 
 
 def gpu_hours(recorded: str) -> str:
@@ -935,13 +961,14 @@ def efficiency() -> grafana.Dashboard:
     def class_seconds(classes: str) -> Callable[[str], str]:
         def selector(pod_matchers: str) -> str:
             matchers = (classes, pod_matchers) if classes else (pod_matchers,)
-            return over("increase", sel("gpu_bottleneck_seconds_total", *matchers), "$__range")
+            mean = over("avg_over_time", sel("gpu_bottleneck", *matchers), "$__range")
+            return f"{mean} * $__range_s"
 
         return selector
 
-    busy_but_idle_share = over(
-        "rate", sel("gpu_bottleneck_seconds_total", BUSY_BUT_IDLE), "$__range"
-    )
+    # The time in a class is the average of its 0/1 state (gpu_bottleneck_seconds_total, the
+    # exact count, is exported by the metrics profile `full` only).
+    busy_but_idle_share = over("avg_over_time", sel("gpu_bottleneck", BUSY_BUT_IDLE), "$__range")
     board = Layout()
     board.row("Now")
     board.add(
@@ -1115,13 +1142,13 @@ def efficiency() -> grafana.Dashboard:
         w=12,
         h=8,
     )
-    seconds = sized(scoped(over("increase", sel("gpu_bottleneck_seconds_total"), "$__range")))
+    seconds = sized(scoped(over("avg_over_time", sel("gpu_bottleneck"), "$__range")))
     board.add(
         bargauge(
             "Share of GPU time by class (range)",
             "Share of the GPU time in scope spent in each class over the dashboard range, from "
-            "gpu_bottleneck_seconds_total, each device weighted by its size; a class never seen "
-            f"shows 0. {CLASS_NOTE}",
+            "gpu_bottleneck averaged over it, each device weighted by its size; a class never "
+            f"seen shows 0. {CLASS_NOTE}",
             Q(
                 f"sort_desc(sum by (class) ({seconds}) / ignoring (class) group_left "
                 f"sum({seconds}))",
@@ -1170,20 +1197,6 @@ def efficiency() -> grafana.Dashboard:
     )
 
     board.row("Inside the SMs and memory")
-    board.add(
-        timeseries(
-            "Pipe activity (FP64, FP32, FP16, integer)",
-            "Share of cycles each non-tensor pipe was active. Which pipe is hot tells whether "
-            "work runs in the intended precision (FP32 where bf16/fp16 was meant, say). "
-            + ACTIVITY_NOTE,
-            [Q(scoped(sel("gpu_pipe_active_ratio")), DEVICE_LEGEND + " {{pipe}}")],
-            unit="percentunit",
-            limits=(0, 1),
-            legend_calcs=("mean",),
-        ),
-        w=12,
-        h=8,
-    )
     board.add(
         timeseries(
             "SM occupancy",
@@ -1390,8 +1403,9 @@ def health() -> grafana.Dashboard:
             "Clock-event reasons, each GPU and reason",
             "Every clock-event reason the driver reports, per GPU: red while a reason that "
             "slows the GPU holds, blue for informational ones (GPU idle, sync boost, "
-            "application/display clock settings). Pick a GPU to keep this readable.",
-            [Q(scoped(sel("gpu_clock_event_active")), GPU_LEGEND + " {{reason}}")],
+            "application/display clock settings: with the metrics profile full only). Pick a "
+            "GPU to keep this readable.",
+            [Q(scoped(clock_event_now()), GPU_LEGEND + " {{reason}}")],
             mappings=[value_map([(0, "off", "transparent"), (1, "active", "red")])],
             overrides=[
                 override(
@@ -1663,7 +1677,7 @@ def health() -> grafana.Dashboard:
     )
 
     board.row("Errors")
-    xid = scoped(over("increase", sel("gpu_xid_errors_total"), "$__rate_interval"))
+    xid = scoped(xid_count("$__rate_interval"))
     board.add(
         timeseries(
             "XID errors",
@@ -1692,12 +1706,9 @@ def health() -> grafana.Dashboard:
             [
                 (
                     "Count",
-                    # > 0: the alerted XIDs' counters exist at 0 before the first one.
-                    Q(
-                        "sum by (cluster, node, gpu, xid) "
-                        f"({scoped(over('increase', sel('gpu_xid_errors_total'), '$__range'))})"
-                        " > 0"
-                    ),
+                    # > 0: in the full profile the alerted XIDs' counters exist at 0 before the
+                    # first one.
+                    Q(f"sum by (cluster, node, gpu, xid) ({scoped(xid_count('$__range'))}) > 0"),
                 ),
                 (
                     "Last seen",
@@ -1757,7 +1768,8 @@ def health() -> grafana.Dashboard:
             "Memory health per GPU",
             "ECC mode, uncorrected ECC errors over the range, remapped rows (Ampere and newer) "
             "and retired pages (older GPUs), and whether a reset is pending or a remap failed. "
-            "Cells stay empty where the GPU does not report the quantity.",
+            "Cells stay empty where the GPU does not report the quantity, and with the default "
+            "metrics profile the remapped rows and retired pages until a GPU's first one.",
             [
                 ("ECC on", Q(per_gpu(sel("gpu_ecc_enabled")))),
                 (

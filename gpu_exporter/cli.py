@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_exporter import __version__
 from gpu_exporter.alerting.settings import DEFAULT_RULE_SEMANTICS, RULE_SEMANTICS
 from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS, add_dcgm_arguments
+from gpu_exporter.model.profile import PROFILES
 from gpu_exporter.web.settings import DEFAULT_LISTEN_ADDRESS
 
 if TYPE_CHECKING:  # imported by `serve` only: `--version` and `rules` stay light
@@ -92,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="TLS and basic auth for every endpoint, in the exporter-toolkit web-config format",
     )
     add_dcgm_arguments(serve, None)
+    serve.add_argument(
+        "--metrics-profile",
+        choices=PROFILES,
+        help="which series /metrics exports (metrics.profile): default, what the shipped rules "
+        "and dashboards read; full, every family (default: default)",
+    )
     serve.add_argument(
         "--dcgm-compat",
         action="store_true",
@@ -201,6 +208,7 @@ def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
         "web_config_file": args.web_config_file,
         "dcgm.mode": args.dcgm,
         "dcgm.address": args.dcgm_address,
+        "metrics.profile": args.metrics_profile,
         "dcgm_compat.enabled": args.dcgm_compat,
         "dcgm_compat.listen_address": args.dcgm_compat_listen_address,
         "dcgm_compat.counters_file": args.dcgm_compat_counters_file,

@@ -5,15 +5,15 @@ the daemon would refuse (an unknown setting, a wrong type, a value out of range)
 template` / `helm install` time instead of every pod exiting 2. The rest of the schema is
 written by hand and left as it is.
 
-Generated: `config.extra` (the whole configuration), `config.nvml`, and the chart values that
-become one daemon setting each (`GENERATED_LEAVES`; those in `EMPTY_MEANS_DEFAULT` also accept
-"", which the chart writes as no setting at all). Every subschema is inlined (no `$ref`),
-which every JSON-schema validator Helm has used reads. Numbers also accept numeric strings:
-`helm --set` makes `0.5` a string (only integers, true/false and null get a type), and
-`--set-string` makes every value one; the daemon reads numeric strings as numbers, and the
-chart's template converts its own values with float64/int. A numeric string's range is
-checked by the daemon (and `gpu-exporter config check`), not by the schema, which cannot
-compare strings as numbers. What the model checks in code (listen addresses, label names,
+Generated: `config.extra` (the whole configuration), `config.nvml`, `config.metrics`, and the
+chart values that become one daemon setting each (`GENERATED_LEAVES`; those in
+`EMPTY_MEANS_DEFAULT` also accept "", which the chart writes as no setting at all). Every
+subschema is inlined (no `$ref`), which every JSON-schema validator Helm has used reads. Numbers
+also accept numeric strings: `helm --set` makes `0.5` a string (only integers, true/false and
+null get a type), and `--set-string` makes every value one; the daemon reads numeric strings as
+numbers, and the chart's template converts its own values with float64/int. A numeric string's
+range is checked by the daemon (and `gpu-exporter config check`), not by the schema, which
+cannot compare strings as numbers. What the model checks in code (listen addresses, label names,
 settings that must agree with each other) is left to the daemon too.
 
     scripts/gen-values-schema.py           # rewrite the generated parts
@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpu_exporter.collect.settings import NvmlConfig  # noqa: E402
 from gpu_exporter.config.load import Config  # noqa: E402
+from gpu_exporter.web.settings import MetricsConfig  # noqa: E402
 
 SCHEMA_FILE = ROOT / "helm" / "gpu-exporter" / "values.schema.json"
 COMMENT = (
@@ -78,6 +79,7 @@ EMPTY_MEANS_DEFAULT: frozenset[tuple[str, ...]] = frozenset({("dcgm", "address")
 # Whole objects: chart value -> model.
 GENERATED_OBJECTS: dict[tuple[str, ...], type[Any]] = {
     ("config", "nvml"): NvmlConfig,
+    ("config", "metrics"): MetricsConfig,
     ("config", "extra"): Config,
 }
 _DROPPED = ("title", "default", "description")  # for people reading the model, not validators

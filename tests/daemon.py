@@ -114,11 +114,12 @@ def serve(
 @contextmanager
 def serve_with_live_rules(tmp_path: Path, rules_text: str) -> Iterator[tuple[Daemon, Path]]:
     """A ready simulated daemon evaluating one rule file (yielded with it), which it reloads on
-    `Daemon.reload_rules` (SIGHUP) only: the periodic check is an hour away."""
+    `Daemon.reload_rules` (SIGHUP) only: the periodic check is an hour away. Every family is
+    exported (metrics.profile full): the rule engine's own metrics with the rest."""
     rules = tmp_path / "live.rules.yaml"
     rules.write_text(rules_text)
     config = tmp_path / "daemon.yaml"
-    config.write_text("rules:\n  reload_check_seconds: 3600\n")
+    config.write_text("rules:\n  reload_check_seconds: 3600\nmetrics:\n  profile: full\n")
     with serve(
         tmp_path, "--simulate", "mixed", "--rules", str(rules), "--config", str(config)
     ) as daemon:

@@ -1,5 +1,6 @@
-"""Golden expositions: `/metrics` of the `mixed` scenario at fixed times, pinned in files (and
-`/metrics/dcgm`, the dcgm-exporter compatible output, with pods in labels mode).
+"""Golden expositions: `/metrics` of the `mixed` scenario at fixed times, pinned in files (the
+default metrics profile; the full one too, with pods in labels mode, as text), and
+`/metrics/dcgm`, the dcgm-exporter compatible output, with pods in labels mode.
 
 The daemon is assembled as `serve` assembles it (`gpu_exporter.pipeline.assembly`), on the fake NVML
 driven by a manual clock, with the shipped rule pack, ticked `TICKS` times one second apart;
@@ -75,9 +76,11 @@ def _kubelet(mode: str, uuids: list[str]) -> Iterator[dict[str, object]]:
 
 @contextmanager
 def running(
-    mode: str, before_ticks: Callable[[Assembly], None] = lambda _: None
+    mode: str,
+    before_ticks: Callable[[Assembly], None] = lambda _: None,
+    profile: str = "default",
 ) -> Iterator[Assembly]:
-    """The assembled daemon after TICKS ticks, for attribution `mode`."""
+    """The assembled daemon after TICKS ticks, for attribution `mode` and metrics `profile`."""
     clock = ManualClock()
     scenario = sim.load_scenario(SCENARIO)
     uuids = [device.uuid for device in scenario.devices]
@@ -90,6 +93,7 @@ def running(
                 "interval_seconds": 1.0,
                 "nvml.xid_events": False,
                 "rules.group_time_budget_seconds": 3600,
+                "metrics.profile": profile,
                 **k8s_flags,
             }
             config = load_config(None, flags, environ={})
@@ -117,15 +121,23 @@ def running(
         sim.uninstall()
 
 
-def render(mode: str) -> dict[str, str]:
-    """format -> masked exposition after TICKS ticks, for attribution `mode`."""
-    with running(mode) as assembly:
+def render(mode: str, profile: str = "default") -> dict[str, str]:
+    """format -> masked exposition after TICKS ticks, for attribution `mode` and `profile`."""
+    with running(mode, profile=profile) as assembly:
         rendered = assembly.sampler.rendered
         assert rendered is not None
         return {
             "text": mask(rendered.body(False, False).decode()),
             "openmetrics": mask(rendered.body(True, False).decode()),
         }
+
+
+# The full metrics profile's /metrics, pods in labels mode.
+FULL_PATH = GOLDEN / f"{SCENARIO}-labels.full.metrics.txt"
+
+
+def render_full() -> str:
+    return render("labels", "full")["text"]
 
 
 # The dcgm-exporter compatible output (/metrics/dcgm) of the same daemon, pods in labels mode.
@@ -177,6 +189,8 @@ def main() -> int:
         for fmt, text in render(mode).items():
             path(mode, fmt).write_text(text)
             print(f"wrote {path(mode, fmt).relative_to(GOLDEN.parent.parent)}")
+    FULL_PATH.write_text(render_full())
+    print(f"wrote {FULL_PATH.relative_to(GOLDEN.parent.parent)}")
     COMPAT_PATH.write_text(render_compat())
     print(f"wrote {COMPAT_PATH.relative_to(GOLDEN.parent.parent)}")
     return 0

@@ -575,7 +575,7 @@ def test_compat_benchmark_measures_both_pipelines_and_a_scrape() -> None:
     data = compat.run(settings, Path("/nonexistent"))["configs"]["8gpu"]
     assert len(data["tick_cpu_off"]) == len(data["tick_cpu_on"]) == 1
     assert data["on_vs_off"] == data["tick_cpu_on_mean"] / data["tick_cpu_off_mean"]
-    assert data["compat_bytes"] > 50_000 and data["native_bytes"] > 50_000
+    assert data["compat_bytes"] > 50_000 and data["native_bytes"] > 30_000  # default profile
     assert data["compat_render"]["count"] == data["native_render"]["count"] == 1
     section = report.compat_section({"configs": {"8gpu": data}})
     assert section.splitlines()[2].startswith("| 8gpu ")

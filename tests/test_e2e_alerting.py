@@ -131,6 +131,8 @@ def test_alerts_survive_alertmanager_downtime(tmp_path: Path) -> None:
             tmp_path,
             "--simulate",
             "mixed",
+            "--metrics-profile",
+            "full",  # the notifier's queue length with the rest
             "--interval",
             "0.5",
             "--config",

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.golden_exposition import COMPAT_PATH, FORMATS, MODES, path, render, render_compat
+from tests.golden_exposition import (
+    COMPAT_PATH,
+    FORMATS,
+    FULL_PATH,
+    MODES,
+    path,
+    render,
+    render_compat,
+    render_full,
+)
 from tests.support import promtool_check_metrics
 
 REGENERATE = "regenerate with `.venv/bin/python -m tests.golden_exposition` and review the diff"
@@ -44,12 +53,17 @@ def assert_as_pinned(golden: Path, actual: str, endpoint: str) -> None:
         pytest.fail(f"{endpoint} differs from {golden.name} ({REGENERATE}):\n{diff[:6000]}")
 
 
+def test_full_profile_matches_the_golden_file() -> None:
+    """The full metrics profile: every family the mixed node has."""
+    assert_as_pinned(FULL_PATH, render_full(), "/metrics (metrics.profile full)")
+
+
 def test_golden_text_is_valid_exposition() -> None:
     """The pinned files are what Prometheus would accept (durations unmasked to a number)."""
-    for mode in MODES:
-        text = path(mode, "text").read_text().replace("<measured>", "0.001")
+    for golden in [*(path(mode, "text") for mode in MODES), FULL_PATH]:
+        text = golden.read_text().replace("<measured>", "0.001")
         result = promtool_check_metrics(text.encode())
-        assert result.returncode == 0, (mode, result.stdout, result.stderr)
+        assert result.returncode == 0, (golden.name, result.stdout, result.stderr)
 
 
 def test_golden_openmetrics_is_valid_openmetrics() -> None:

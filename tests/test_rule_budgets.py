@@ -371,7 +371,10 @@ def test_a_template_past_the_group_budget_is_stopped_and_the_ticks_keep_their_in
 ) -> None:
     interval = 0.5  # the group's budget: half of it
     path = write(tmp_path, SLOW_TEMPLATE)
-    with serve(tmp_path, "--simulate", "--interval", str(interval), "--rules", str(path)) as daemon:
+    with serve(
+        tmp_path, "--simulate", "--interval", str(interval), "--rules", str(path),
+        "--metrics-profile", "full",  # the rule engine's own metrics
+    ) as daemon:  # fmt: skip
         daemon.wait_ready()
         first = parse_samples(daemon.metrics_text())
         started = time.monotonic()

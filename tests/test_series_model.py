@@ -56,14 +56,20 @@ def keep_everything(assembly: Assembly) -> None:
     manager.store.configure(manager.store.retention, None)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_the_rule_store_holds_exactly_what_a_scrape_returns(mode: str) -> None:
-    with running(mode, keep_everything) as assembly:
+@pytest.mark.parametrize(
+    ("mode", "profile", "least"),
+    [*((mode, "default", 400) for mode in MODES), ("labels", "full", 1000)],
+)
+def test_the_rule_store_holds_exactly_what_a_scrape_returns(
+    mode: str, profile: str, least: int
+) -> None:
+    """In every metrics profile: the rules see what the profile exports, no more, no less."""
+    with running(mode, keep_everything, profile) as assembly:
         sampler, manager = assembly.sampler, assembly.rules
         assert sampler.rendered is not None and sampler.latest is not None and manager
         exposed = scraped(sampler.rendered.text.decode())
         in_store = stored(manager, sampler.latest.timestamp)
-    assert len(exposed) > 500
+    assert len(exposed) > least
     only_scraped, only_stored = exposed - in_store, in_store - exposed
     assert not only_scraped and not only_stored, (
         f"scraped only: {sorted(only_scraped)[:10]}\nstored only: {sorted(only_stored)[:10]}"
@@ -107,7 +113,7 @@ def test_a_producer_that_raises_loses_only_its_own_families(
         )
 
     caplog.set_level(logging.ERROR, logger="gpu_exporter.model.guard")
-    with running("off", add) as assembly:
+    with running("off", add, "full") as assembly:
         text = exposition(assembly)
         assert 'gpu_exporter_collector_success{collector="kubernetes"} 0.0' in text
         assert "gpu_exporter_attribution_up" not in text
@@ -130,7 +136,7 @@ def test_a_processor_that_raises_costs_its_enrichment_not_the_telemetry() -> Non
     def add(assembly: Assembly) -> None:
         assembly.sampler._processors = [("classifier", broken)]  # replaces the real one
 
-    with running("off", add) as assembly:
+    with running("off", add, "full") as assembly:
         text = exposition(assembly)
     assert 'gpu_exporter_collector_success{collector="classifier"} 0.0' in text
     assert "gpu_bottleneck{" not in text
@@ -151,7 +157,7 @@ def test_rule_evaluation_and_rule_metrics_that_raise_are_reported() -> None:
         manager.on_series = broken_evaluation  # type: ignore[method-assign]
         manager.series = broken_metrics  # type: ignore[method-assign]
 
-    with running("off", add) as assembly:
+    with running("off", add, "full") as assembly:
         text = exposition(assembly)
     assert 'gpu_exporter_collector_success{collector="rule_evaluation"} 0.0' in text
     assert 'gpu_exporter_collector_success{collector="rules"} 0.0' in text
@@ -259,7 +265,7 @@ def test_a_failed_late_ingest_is_reported_by_the_next_tick() -> None:
 
         manager.on_late_series = flaky  # type: ignore[method-assign]
 
-    with running("off", add) as assembly:
+    with running("off", add, "full") as assembly:
         text = exposition(assembly)
         assert 'gpu_exporter_collector_success{collector="rule_evaluation"} 0.0' in text
         assembly.sampler.tick()
@@ -275,7 +281,7 @@ def test_when_the_whole_source_fails_every_collector_says_so() -> None:
     def broken() -> list[DeviceSample]:
         raise RuntimeError("source bug")
 
-    with running("off", add) as assembly:
+    with running("off", add, "full") as assembly:
         text = exposition(assembly)
     for collector in ("nvml", "clocks", "memory", "gpm", "topology"):
         assert f'gpu_exporter_collector_success{{collector="{collector}"}} 0.0' in text

@@ -59,9 +59,13 @@ def test_mixed_scenario_serves_valid_metrics_matching_the_scenario(tmp_path: Pat
         # GPU 4 is launch-bound: busy-looking, little SM work.
         assert gpu_value(samples, "gpu_utilization_ratio", 4) >= 0.9
         assert gpu_value(samples, "gpu_sm_active_ratio", 4) < 0.2
-        # GPU 5 is held down by HW thermal slowdown, GPU 1 is not.
-        assert gpu_value(samples, "gpu_clock_event_active", 5, reason="hw_thermal_slowdown") == 1
-        assert gpu_value(samples, "gpu_clock_event_active", 1, reason="hw_thermal_slowdown") == 0
+        # GPU 5 is held down by HW thermal slowdown, GPU 1 is not: their time counters (the
+        # default metrics profile leaves the 0/1 state out where the counter measures it).
+        assert gpu_value(samples, "gpu_clock_event_seconds_total", 5, reason="hw_thermal_slowdown")
+        assert not gpu_value(
+            samples, "gpu_clock_event_seconds_total", 1, reason="hw_thermal_slowdown"
+        )
+        assert gpu_value(samples, "gpu_clock_event_active", 5, reason="hw_thermal_slowdown") is None
         assert gpu_value(samples, "gpu_tensor_active_ratio", 2) > 0.5
         assert gpu_value(samples, "gpu_dram_active_ratio", 3) > 0.8
 
@@ -84,6 +88,13 @@ def test_mixed_scenario_serves_valid_metrics_matching_the_scenario(tmp_path: Pat
         devices = daemon.get("/api/v1/devices").json()["data"]["devices"]
         assert len(devices) == 8
         assert devices[4]["metrics"]["gpu_sm_active_ratio"] < 0.2
+        # The API has every series: the states too.
+        states = {
+            (index, entry["labels"]["reason"]): entry["value"]
+            for index in (1, 5)
+            for entry in devices[index]["metrics"]["gpu_clock_event_active"]
+        }
+        assert states[(5, "hw_thermal_slowdown")] == 1 and states[(1, "hw_thermal_slowdown")] == 0
         assert daemon.get("/healthz").status_code == 200
 
 

@@ -99,7 +99,7 @@ def test_info_mode_only_adds_the_join_metric(tmp_path: Path) -> None:
 def test_without_a_kubelet_every_metric_is_still_served(tmp_path: Path) -> None:
     with serve(
         tmp_path, "--simulate", "mixed", "--interval", "0.5", "--config",
-        str(config(tmp_path, None)),
+        str(config(tmp_path, None)), "--metrics-profile", "full",
     ) as daemon:  # fmt: skip
         daemon.wait_ready()
         text = text_with(daemon, "gpu_sm_active_ratio{")

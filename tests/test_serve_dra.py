@@ -23,6 +23,9 @@ from tests.test_serve_shared import Samples, on_gpu, samples
 ROOT = Path(__file__).resolve().parent.parent
 NODE = "sim-node"
 
+# Every family: these tests read families the default metrics profile leaves out.
+FULL = ("--metrics-profile", "full")
+
 
 def attributed(daemon: Daemon) -> Samples:
     """A scrape once the ResourceSlices were read (claimed GPU 0 carries its pod)."""
@@ -47,7 +50,7 @@ def only(found: Samples, name: str) -> float:
 
 
 def test_claimed_gpus_and_mig_devices_carry_their_pods_and_claims(tmp_path: Path) -> None:
-    with serve(tmp_path, "--simulate", "dra", "--interval", "0.5") as daemon:
+    with serve(tmp_path, "--simulate", "dra", "--interval", "0.5", *FULL) as daemon:
         daemon.wait_ready()
         found = attributed(daemon)
         text = daemon.metrics_text()
@@ -105,7 +108,7 @@ def test_the_replaced_slice_is_followed_without_losing_a_pod(tmp_path: Path) -> 
     scenario = tmp_path / "dra-soon.yaml"
     text = (ROOT / "gpu_exporter/sim/scenarios/dra.yaml").read_text()
     scenario.write_text(text.replace("republish: [60]", "republish: [4]"))
-    with serve(tmp_path, "--simulate", str(scenario), "--interval", "0.5") as daemon:
+    with serve(tmp_path, "--simulate", str(scenario), "--interval", "0.5", *FULL) as daemon:
         daemon.wait_ready()
         attributed(daemon)
         scrapes = []

@@ -19,6 +19,9 @@ from tests.support import promtool_check_metrics, wait_for
 SCENARIO = Path(__file__).resolve().parent.parent / "gpu_exporter/sim/scenarios/mig.yaml"
 RECONFIGURED_AT = 8  # scenario seconds: after the first scrapes below
 
+# Every family: these tests read families the default metrics profile leaves out.
+FULL = ("--metrics-profile", "full")
+
 
 def fast_reconfiguration(tmp_path: Path) -> Path:
     data = yaml.safe_load(SCENARIO.read_text())
@@ -48,7 +51,7 @@ def test_mig_node_serves_valid_metrics_and_follows_the_reconfiguration(tmp_path:
     mixed = spec.devices[1].mig
     assert mixed is not None
     old_2g, new_gi5 = mixed.instances[1].mig_uuids[0], mixed.instances[4].mig_uuids[0]
-    with serve(tmp_path, "--simulate", str(path), "--interval", "0.5") as daemon:
+    with serve(tmp_path, "--simulate", str(path), "--interval", "0.5", *FULL) as daemon:
         daemon.wait_ready()
 
         def with_activity() -> str | None:
@@ -136,7 +139,9 @@ def instance_up(text: str, gpu: str) -> dict[str, tuple[float, str]]:
 def test_mig_instances_stay_listed_and_say_so_through_a_hang_and_a_lost_gpu(
     tmp_path: Path,
 ) -> None:
-    with serve(tmp_path, "--simulate", str(with_faults(tmp_path)), "--interval", "0.5") as daemon:
+    with serve(
+        tmp_path, "--simulate", str(with_faults(tmp_path)), "--interval", "0.5", *FULL
+    ) as daemon:
         daemon.wait_ready()
         before = instance_up(daemon.metrics_text(), "0")
         assert sorted(before, key=int) == [str(gi) for gi in range(7, 14)], "started after the hang"

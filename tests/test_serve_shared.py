@@ -23,6 +23,9 @@ from tests.support import promtool_check_metrics, wait_for
 NODE = "gpu-node-3"
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
+# Every family: these tests read families the default metrics profile leaves out.
+FULL = ("--metrics-profile", "full")
+
 
 def samples(text: str) -> Samples:
     out: Samples = defaultdict(list)
@@ -54,7 +57,7 @@ def scrape_with_pods(daemon: Daemon) -> Samples:
 
 
 def test_shared_gpus_show_each_pods_use_and_no_sum_exceeds_the_gpus(tmp_path: Path) -> None:
-    with serve(tmp_path, "--simulate", "shared", "--interval", "0.5") as daemon:
+    with serve(tmp_path, "--simulate", "shared", "--interval", "0.5", *FULL) as daemon:
         daemon.wait_ready()
         found = scrape_with_pods(daemon)
         text = daemon.metrics_text()
@@ -91,7 +94,7 @@ def test_activity_counters_grow_by_ratio_times_elapsed_time(tmp_path: Path) -> N
         ((_, value),) = found[name]
         return value
 
-    with serve(tmp_path, "--simulate", "shared", "--interval", "0.5") as daemon:
+    with serve(tmp_path, "--simulate", "shared", "--interval", "0.5", *FULL) as daemon:
         daemon.wait_ready()
         scrapes: dict[float, Samples] = {}  # tick number -> its scrape
 

@@ -157,7 +157,11 @@ def test_a_gpu_whose_uuid_read_hangs_at_start_comes_up_down(tmp_path: Path) -> N
 
 def test_a_hung_p2p_read_leaves_that_gpus_pairs_unknown_not_the_node_dark(tmp_path: Path) -> None:
     path = scenario_file(tmp_path, faults=[hang(1, "nvmlDeviceGetP2PStatus")])
-    with started(tmp_path, "--simulate", path) as (daemon, first, after):
+    with started(tmp_path, "--simulate", path, "--metrics-profile", "full") as (
+        daemon,
+        first,
+        after,
+    ):
         assert after < HEALTHZ_WITHIN_SECONDS, f"/healthz first answered {after:.2f}s after start"
         assert first.status_code == 200, first.text
         daemon.wait_ready(timeout=20)

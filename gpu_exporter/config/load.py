@@ -31,6 +31,7 @@ from gpu_exporter.support.yamlfile import LocatedYaml, YamlFileError, format_pat
 from gpu_exporter.web.settings import (
     DEFAULT_LISTEN_ADDRESS,
     DcgmCompatConfig,
+    MetricsConfig,
     WebConfig,
     split_host_port,
 )
@@ -49,6 +50,7 @@ FLAG_NAMES = {
     "alerting.external_labels": "external-label",
     "dcgm.mode": "dcgm",
     "dcgm.address": "dcgm-address",
+    "metrics.profile": "metrics-profile",
     "dcgm_compat.enabled": "dcgm-compat",
     "dcgm_compat.listen_address": "dcgm-compat-listen-address",
     "dcgm_compat.counters_file": "dcgm-compat-counters-file",
@@ -80,6 +82,7 @@ class Config(SettingsModel):
     # exporter-toolkit web-configuration file: TLS and basic auth on every endpoint.
     web_config_file: str | None = None
     web: WebConfig = WebConfig()
+    metrics: MetricsConfig = MetricsConfig()
     dcgm_compat: DcgmCompatConfig = DcgmCompatConfig()
     # Setting ("a.b") -> the environment variable or flag that set it (the file's are absent):
     # errors found after loading (a scenario, a rule file) name where their setting came from.

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 
+from gpu_exporter.model.default_profile import DEFAULT
 from gpu_exporter.model.xids import ALWAYS_EXPORTED
 
 
@@ -1001,6 +1002,16 @@ FAMILIES: tuple[Family, ...] = (
         source="exporter",
         per_device=False,
     ),
+    Family(
+        "gpu_exporter_series",
+        G,
+        "Series of each family in this tick's /metrics, after metrics.profile, metrics.include "
+        "and metrics.exclude (this family's own included): what the node costs a time-series "
+        "database, family by family.",
+        ("family",),
+        source="exporter",
+        per_device=False,
+    ),
 )
 
 BY_NAME: dict[str, Family] = {family.name: family for family in FAMILIES}
@@ -1019,13 +1030,21 @@ _SCOPE_NAMES = {
 
 
 def markdown_table() -> str:
-    """The metric reference embedded in the README (checked for drift by a test)."""
-    rows = ["| metric | type | series of | labels | description |", "|---|---|---|---|---|"]
+    """The metric reference embedded in the README (checked for drift by a test), with what
+    the default metrics profile exports of each family."""
+    rows = [
+        "| metric | type | series of | labels | default profile | description |",
+        "|---|---|---|---|---|---|",
+    ]
     for fam in FAMILIES:
         base = ["gpu", "uuid"] if fam.per_device else []
         labels = ", ".join(f"`{label}`" for label in (*base, *fam.labels)) or "—"
         of = _SCOPE_NAMES[fam.scope] if fam.per_device else "the exporter"
-        rows.append(f"| `{fam.name}` | {fam.kind.value} | {of} | {labels} | {fam.help} |")
+        part = DEFAULT.get(fam.name)
+        profile = "full only" if part is None else part.note or "yes"
+        rows.append(
+            f"| `{fam.name}` | {fam.kind.value} | {of} | {labels} | {profile} | {fam.help} |"
+        )
     return "\n".join(rows)
 
 

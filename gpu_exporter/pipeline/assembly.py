@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpu_exporter.alerting.notify import Notifier
+from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.manager import RuleManager
 from gpu_exporter.collect.activity_time import ActivityTime
 from gpu_exporter.collect.classify import Classifier
@@ -25,6 +26,7 @@ from gpu_exporter.collect.health_latch import HealthLatch
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.config.dedup import warn_label_mismatches
 from gpu_exporter.config.load import node_name, rule_manager
+from gpu_exporter.model.profile import ExportFilter, family_of
 from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.web.settings import DcgmCompatConfig
 
@@ -111,7 +113,11 @@ def assemble(
     before anything is built) CountersFileError for dcgm_compat.counters_file.
     """
     compat = _dcgm_compat(config)
-    sampler = Sampler(source, errors, interval=config.interval_seconds, wall_clock=wall_clock)
+    metrics = config.metrics
+    export = ExportFilter(metrics.profile, metrics.include, metrics.exclude)
+    sampler = Sampler(
+        source, errors, interval=config.interval_seconds, wall_clock=wall_clock, export=export
+    )
     sampler.add_processor("activity_time", ActivityTime().process)
     sampler.add_processor("classifier", classifier(config).process)
     # Reads only the NVML readings (XIDs, ECC, remapping, recovery action, fabric, up): its place
@@ -148,7 +154,7 @@ def assemble(
             config.kubernetes.processes.proc_root,
             processes.runtime.socket,
         )
-    rules, notifier = _alerting(config, sampler)
+    rules, notifier = _alerting(config, sampler, export)
     if compat is not None:
         sampler.add_listener(compat)
     return Assembly(sampler, attribution, rules, notifier, compat, processes, dra)
@@ -211,7 +217,25 @@ def _dra(
     return DraAttribution(slices, config.kubernetes.grace_seconds)
 
 
-def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifier | None]:
+def warn_unexported_reads(manager: RuleManager, export: ExportFilter) -> None:
+    """A rule reading a family the metrics profile does not export sees none of it, as a
+    Prometheus scraping /metrics would not: said once at start, naming the rule."""
+    for group in manager.evaluator.groups:
+        for rule in (state.rule for state in group.rules):
+            names = promql.referenced_metrics(rule.expr) or frozenset()
+            families = {family_of(name) for name in names}
+            left_out = sorted(f for f in families if f is not None and not export.exports(f))
+            if left_out:
+                log.warning(
+                    "rule %s (%s) reads %s, which metrics.profile %s does not export: it sees "
+                    "none of it (metrics.include exports a family whatever the profile)",
+                    rule.name, rule.location, ", ".join(left_out), export.profile,
+                )  # fmt: skip
+
+
+def _alerting(
+    config: Any, sampler: Sampler, export: ExportFilter
+) -> tuple[RuleManager | None, Notifier | None]:
     """Rule manager (if rules are enabled) and notifier (if Alertmanagers are configured)."""
     if not config.rules.enabled:
         return None, None
@@ -221,7 +245,8 @@ def _alerting(config: Any, sampler: Sampler) -> tuple[RuleManager | None, Notifi
         notifier = Notifier(config.alerting, external_labels=config.external_labels())
     manager = rule_manager(config, notifier)
     manager.load()
-    sampler.add_listener(manager)
+    warn_unexported_reads(manager, export)
+    sampler.add_listener(manager, exported_only=True)  # the rules see what Prometheus scrapes
     sampler.add_late_producer(manager.producer())
     if notifier is not None:
         from gpu_exporter.alerting.notify.metrics import notifier_producer

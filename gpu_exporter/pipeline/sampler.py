@@ -16,12 +16,17 @@ Order within a tick, and why:
      manager does it on a thread of its own and the tick waits for it at most a quarter of the
      interval (a slow rule group never slows the sampling; alerting/rules/manager.py);
   5. late producers (the rule manager's and notifier's own metrics, which evaluation changes)
-     and the collector statuses are added, and listeners ingest them at the same timestamp;
+     and the collector statuses are added, then the series count of each exported family
+     (gpu_exporter_series), and listeners ingest them at the same timestamp;
   6. the whole set is published; its exposition is written when a scrape first asks for it.
-So the rule store holds exactly the series a scrape of the tick returns, with the same labels
-and values. Rules over the late families (rule, notifier and collector self-metrics) see them
-from the next evaluation on — as Prometheus, which also evaluates what it scraped before. A
-late ingest that fails is too late for its own tick's series; the next tick reports it.
+The exposition holds the metrics profile's part of the series (`gpu_exporter/model/profile.py`),
+and so does what a listener added with `exported_only` sees (the rule manager): the rule store
+holds exactly the series a scrape of the tick returns, with the same labels and values. The
+other listeners (/metrics/dcgm) and the readers of `published.series` (the JSON API, the status
+page) see every series. Rules over the late families (rule, notifier and collector
+self-metrics) see them from the next evaluation on — as Prometheus, which also evaluates what it
+scraped before. A late ingest that fails is too late for its own tick's series; the next tick
+reports it.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS
 from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.model.guard import Guard
+from gpu_exporter.model.profile import SERIES_FAMILY, ExportFilter, series_counts
 from gpu_exporter.model.series import Producer, SeriesBuilder, SeriesSet, with_collector_series
 from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample, Labels, Snapshot, TickStats
 from gpu_exporter.web.exposition import ExpositionWriter, RenderedMetrics
@@ -82,8 +88,8 @@ class Published:
     """One tick's results, swapped in as one object so a reader never mixes two ticks."""
 
     snapshot: Snapshot
-    series: SeriesSet
-    rendered: RenderedMetrics
+    series: SeriesSet  # every series of the tick
+    rendered: RenderedMetrics  # the exported ones (the metrics profile's)
 
 
 class Sampler:
@@ -94,6 +100,7 @@ class Sampler:
         interval: float = DEFAULT_INTERVAL_SECONDS,
         wall_clock: Callable[[], float] = time.time,
         device_labels: Callable[[], Mapping[str, Labels]] | None = None,
+        export: ExportFilter | None = None,
     ) -> None:
         self.source = source
         self.errors = errors
@@ -106,7 +113,8 @@ class Sampler:
         self._guard = Guard()
         self._builder = SeriesBuilder(self._guard)
         self._writer = ExpositionWriter()  # its caches span ticks
-        self._listeners: list[SeriesListener] = []
+        self._export = export or ExportFilter("full")
+        self._listeners: list[tuple[SeriesListener, bool]] = []  # (listener, exported_only)
         self._processors: list[tuple[str, Processor]] = []
         self._producers: list[Producer] = []
         self._late_producers: list[Producer] = []
@@ -150,9 +158,11 @@ class Sampler:
         """Series that rule evaluation changes (step 5): the rule manager, the notifier."""
         self._late_producers.append(producer)
 
-    def add_listener(self, listener: SeriesListener) -> None:
-        """Sees each tick's series before they are rendered (the rule engine)."""
-        self._listeners.append(listener)
+    def add_listener(self, listener: SeriesListener, exported_only: bool = False) -> None:
+        """Sees each tick's series before they are rendered: every series, or with
+        `exported_only` the ones the exposition has (the rule engine: it must see what
+        Prometheus scrapes)."""
+        self._listeners.append((listener, exported_only))
 
     def tick(self) -> Snapshot | None:
         """One sample of every device. Never raises: whatever breaks is logged and counted, and
@@ -196,20 +206,28 @@ class Sampler:
             full_tick_stats=self._full_tick_stats,
         )
         first = self._builder.build(snapshot, self._producers)
+        first_exported = self._export.apply(first)
         evaluated, self._carried = self._carried, []
-        for listener in self._listeners:
+        for listener, exported_only in self._listeners:
+            seen = first_exported if exported_only else first
             evaluated.append(
-                self._guard.run(listener.name, partial(listener.on_series, first), None)[1]
+                self._guard.run(listener.name, partial(listener.on_series, seen), None)[1]
             )
         late = with_collector_series(
             self._builder.build_more(now, self._late_producers), first.collectors, evaluated
         )
-        for listener in self._listeners:
-            _, status = self._guard.run(listener.name, partial(listener.on_late_series, late), None)
+        late_exported = self._export.apply(late)
+        if self._export.exports(SERIES_FAMILY):
+            counts = SeriesSet(now, {SERIES_FAMILY: series_counts(first_exported, late_exported)})
+            late, late_exported = late.extended(counts), late_exported.extended(counts)
+        for listener, exported_only in self._listeners:
+            seen = late_exported if exported_only else late
+            _, status = self._guard.run(listener.name, partial(listener.on_late_series, seen), None)
             if not status.success:  # too late for this tick's series: the next one says it
                 self._carried.append(status)
         series_set = first.extended(late)
-        self.published = Published(snapshot, series_set, RenderedMetrics(series_set, self._writer))
+        exported = first_exported.extended(late_exported)
+        self.published = Published(snapshot, series_set, RenderedMetrics(exported, self._writer))
         self.last_tick_monotonic = time.monotonic()
         full = time.perf_counter() - started
         self._full_tick_stats = self._full_accounting.observe(full, self._wall_clock())

@@ -1,6 +1,6 @@
 """The settings of what is served over HTTP, one pydantic model per section of the
-configuration, each default with its reason: `web:` (the server's limits) and `dcgm_compat:`
-(the dcgm-exporter compatible endpoint).
+configuration, each default with its reason: `web:` (the server's limits), `metrics:` (what
+/metrics exports) and `dcgm_compat:` (the dcgm-exporter compatible endpoint).
 
 Light on purpose (pydantic only, no uvicorn): the configuration (`gpu_exporter/config/load.py`)
 composes these models, and the HTTP server and the compat endpoint are built from the validated
@@ -10,11 +10,13 @@ sections themselves. The README's "Limits, security and failure handling" says m
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator, model_validator
 
-from gpu_exporter.support.validation import SettingsModel
+from gpu_exporter.model.catalog import FAMILIES
+from gpu_exporter.model.profile import ProfileName, unknown_families
+from gpu_exporter.support.validation import SettingsModel, split_commas
 
 # Where the daemon serves HTTP (the top-level listen_address): every interface, since
 # Prometheus scrapes it from another host.
@@ -58,6 +60,43 @@ class WebConfig(SettingsModel):
     max_connections: int = Field(default=256, ge=4, le=65536)
     # /healthz and /readyz without basic auth, for kubelet probes (TLS still applies).
     probes_without_auth: bool = True
+
+
+def _known_family(name: str) -> str:
+    if unknown_families([name]):
+        raise ValueError(f"unknown metric family {name!r} (the README's metric table lists them)")
+    return name
+
+
+# A family's name as /metrics writes it; the JSON schema (the chart's values.schema.json) lists
+# them, so helm refuses a misspelt one too.
+FamilyName = Annotated[
+    str,
+    AfterValidator(_known_family),
+    WithJsonSchema({"type": "string", "enum": [family.name for family in FAMILIES]}),
+]
+
+
+class MetricsConfig(SettingsModel):
+    """`metrics:`, which of each tick's series /metrics exports, and the daemon's rules see
+    (gpu_exporter/model/profile.py; the README's "Metrics profiles")."""
+
+    # default: what the shipped rules, recording rules and dashboards read, fewer series than
+    # dcgm-exporter's default output for the same node; full: every family and series.
+    profile: ProfileName = "default"
+    # Families exported whole whatever the profile, and families never exported (catalog names,
+    # as /metrics writes them; the README's metric table lists them).
+    include: tuple[FamilyName, ...] = ()
+    exclude: tuple[FamilyName, ...] = ()
+
+    _lists = field_validator("include", "exclude", mode="before")(split_commas)
+
+    @model_validator(mode="after")
+    def _not_both(self) -> MetricsConfig:
+        both = [name for name in self.include if name in self.exclude]
+        if both:
+            raise ValueError(f"{', '.join(both)} both in include and in exclude; keep one")
+        return self
 
 
 class DcgmCompatConfig(SettingsModel):

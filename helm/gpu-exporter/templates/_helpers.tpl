@@ -250,7 +250,7 @@ groups omitted. Unknown group or alert names in those settings fail the render.
 {{/*
 The daemon's configuration file. Numbers go through float64/int: `helm --set` gives `0.5` as a
 string (values.schema.json admits numeric strings for that), the daemon's file must say 0.5.
-config.nvml and config.extra are passed as given (the daemon reads numeric strings as numbers).
+config.nvml, config.metrics and config.extra are passed as given (the daemon reads numeric strings as numbers).
 `dcgm:` is written only when dcgm.mode is not "off", its address only when set: with the
 defaults the file is what it was before the chart knew DCGM. `kubernetes.processes` likewise
 only with processAttribution on: its proc_root and runtime_socket are where the DaemonSet mounts
@@ -262,6 +262,7 @@ API; api_server stays auto, the in-cluster address).
 {{- $v := .Values }}
 {{- $config := dict "listen_address" (printf "0.0.0.0:%d" (int $v.config.port)) "interval_seconds" (float64 $v.config.intervalSeconds) "log_level" $v.config.logLevel }}
 {{- with $v.config.nvml }}{{ $_ := set $config "nvml" (deepCopy .) }}{{ end }}
+{{- with $v.config.metrics }}{{ $_ := set $config "metrics" (deepCopy .) }}{{ end }}
 {{- $k8s := dict "enabled" $v.podAttribution.enabled }}
 {{- if $v.podAttribution.enabled }}
 {{- $_ := set $k8s "socket_path" (printf "%s/kubelet.sock" (include "gpu-exporter.podResourcesDir" .)) }}
