@@ -602,9 +602,12 @@ class ResourceSlices:
             budget = MAX_LIST_BYTES - received
             limit = min(MAX_BODY_BYTES, budget)
             too_large = f"a list over {MAX_LIST_BYTES} bytes" if limit == budget else ""
-            with self._get(params, httpx.Timeout(ends - began)) as response:
-                self._check(response, ends)
-                body = _read(response, limit, ends, too_large=too_large, too_slow=too_slow)
+            try:
+                with self._get(params, httpx.Timeout(ends - began)) as response:
+                    self._check(response, ends)
+                    body = _read(response, limit, ends, too_large=too_large, too_slow=too_slow)
+            except httpx.TimeoutException as exc:  # a silence past this page's end: say whose
+                raise ResourceSliceError("timeout", f"{too_slow} ({type(exc).__name__})") from exc
             received += len(body)
             answer = json.loads(body)
             if not isinstance(answer, dict) or not isinstance(answer.get("items"), list):
