@@ -31,12 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import loadgen, promtext, scenarios
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import loadgen, promtext, scenarios, soak
 from bench.procs import (
     BENCH_ONLY_PREFIXES,
     OUR_FULL_TICK_FAMILY,
     OUR_TICK_FAMILY,
     OURS,
+    OURS_SHIPPED,
     OURS_STEADY,
     PEER,
     PEER_DEVICES_FAMILY,
@@ -47,6 +51,7 @@ from bench.procs import (
     our_timed_command,
     peer_command,
     running,
+    running_node,
     window,
 )
 from bench.stats import mean, ratio, summarize
@@ -75,11 +80,13 @@ class PeerSettings:
     concurrent_scrapers: int = 32
     concurrent_requests_each: int = 15
     prometheus_header_requests: int = 100
-    targets: tuple[str, ...] = (OURS, OURS_STEADY, PEER)
+    targets: tuple[str, ...] = (OURS, OURS_STEADY, OURS_SHIPPED, PEER)
     history_seconds: float = 960.0  # OURS_STEADY: the shipped rules' longest window + lookback
 
     @classmethod
-    def quick(cls, targets: tuple[str, ...] = (OURS, OURS_STEADY, PEER)) -> PeerSettings:
+    def quick(
+        cls, targets: tuple[str, ...] = (OURS, OURS_STEADY, OURS_SHIPPED, PEER)
+    ) -> PeerSettings:
         return cls(
             rounds=1,
             warmup_seconds=1.0,
@@ -128,15 +135,16 @@ def peer_available() -> str:
 
 
 def peer_scenario() -> dict[str, Any]:
-    """The built-in 8-GPU `mixed` scenario plus one XID 31 on GPU 3 at t = 3 s, so that XID
-    coverage is observed rather than assumed (XID 31 is an application's page fault: no
-    shipped rule fires on it)."""
-    return scenarios.generate(
-        8,
-        name="bench-peer-mixed",
-        base=scenarios.builtin("mixed"),
-        faults=[{"at": 3, "device": 3, "kind": "xid", "xid": 31}],
-    )
+    """8 GPUs of the built-in `mixed` with pods and 10 running processes on every GPU
+    (`scenarios.generate_processes`), so that both exporters' per-process loops have work,
+    plus one XID 31 on GPU 3 at t = 3 s, so that XID coverage is observed rather than assumed
+    (XID 31 is an application's page fault: no shipped rule fires on it)."""
+    scenario = scenarios.generate_processes(8, name="bench-peer-mixed")
+    scenario["faults"] = [*scenario.get("faults", []), XID_31_ON_GPU_3]
+    return scenario
+
+
+XID_31_ON_GPU_3 = {"at": 3, "device": 3, "kind": "xid", "xid": 31}
 
 
 def gpu_families(families: set[str]) -> set[str]:
@@ -245,6 +253,8 @@ def _phase(name: str, scenario: Path, settings: PeerSettings, workdir: Path) -> 
     report = workdir / f"nvitop-report-{port}.json"
     if name == PEER:
         argv, family = peer_command(scenario, port, settings.interval, report), PEER_TICK_FAMILY
+    elif name == OURS_SHIPPED:
+        return _shipped_phase(scenario, settings, workdir)
     else:
         history = settings.history_seconds if name == OURS_STEADY else 0.0
         argv = our_timed_command(scenario, port, settings.interval, history)
@@ -257,6 +267,67 @@ def _phase(name: str, scenario: Path, settings: PeerSettings, workdir: Path) -> 
         if report.exists():
             result["nvml_report"] = json.loads(report.read_text())
     return result
+
+
+def shipped_config(alertmanager_url: str, node: dict[str, str]) -> dict[str, Any]:
+    """The chart's daemon configuration (`soak.shipped_settings`: default values with
+    per-process attribution on and one Alertmanager) pointed at the node of bench/run_node.py,
+    as the chart points it at the kubelet's and the runtime's sockets and the host's /proc."""
+    config = soak.config_file(soak.shipped_settings(alertmanager_url))
+    config["kubernetes"] = {
+        "enabled": True,
+        "socket_path": node["kubelet_socket"],
+        "processes": {
+            "enabled": True,
+            "proc_root": node["proc_root"],
+            "runtime_socket": node["runtime_socket"],
+        },
+    }
+    config["nvml"] = {"processes": True}
+    return config
+
+
+def _shipped_phase(scenario: Path, settings: PeerSettings, workdir: Path) -> dict[str, Any]:
+    """OURS_SHIPPED: the steady daemon with the chart's configuration, its kubelet, runtime and
+    /proc served by another process on the same clock, its alerts to a local sink."""
+    port = free_port()
+    epoch = time.time()
+    with soak.CountingSink() as sink, running_node(scenario, epoch, workdir) as node:
+        config = workdir / f"shipped-config-{port}.yaml"
+        config.write_text(yaml.safe_dump(shipped_config(sink.url, node)))
+        argv = our_timed_command(
+            scenario,
+            port,
+            settings.interval,
+            settings.history_seconds,
+            epoch=epoch,
+            extra=["--config", str(config)],
+            log_level="info",
+        )
+        env = {"NODE_NAME": soak.NODE_NAME}
+        with running(OURS_SHIPPED, argv, port, workdir, OUR_FULL_TICK_FAMILY, env) as target:
+            result = measure(target, settings)
+            result["pid"] = target.process.pid
+            result["attributed_pods"] = attributed_pods(target.metrics_text())
+            result["grpcio_loaded"] = grpcio_loaded(target.process.pid)
+        result["alerts_received"] = sink.alerts
+    return result
+
+
+def grpcio_loaded(pid: int) -> bool:
+    """Whether grpcio's extension is mapped into `pid`: the daemon's own client is h2, so only
+    an in-process fake kubelet or runtime would bring it (and its 26 MiB)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any("cygrpc" in line for line in maps)
+
+
+def attributed_pods(text: str) -> int:
+    """Distinct pods named on `gpu_pod_info` in an exposition: pod attribution worked."""
+    pods = set()
+    for family in text_string_to_metric_families(text):
+        if family.name == "gpu_pod_info":
+            pods |= {(s.labels.get("namespace"), s.labels.get("pod")) for s in family.samples}
+    return len(pods)
 
 
 def flatten(phase: dict[str, Any]) -> dict[str, float]:
@@ -318,7 +389,11 @@ def run(settings: PeerSettings, workdir: Path) -> dict[str, Any]:
         "memory_floor": memory_floor(),
     }
     if PEER in summary:
-        for name, key in ((OURS, "ratios_young"), (OURS_STEADY, "ratios")):
+        for name, key in (
+            (OURS, "ratios_young"),
+            (OURS_STEADY, "ratios"),
+            (OURS_SHIPPED, "ratios_shipped"),
+        ):
             if name in summary:
                 result[key] = ratios(summary[name], summary[PEER])
     if OURS in summary and PEER in summary:

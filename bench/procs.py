@@ -4,7 +4,10 @@ them by PID."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,12 +24,52 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 OURS = "gpu-exporter"
 OURS_STEADY = "gpu-exporter-steady"  # rule history prefilled: steady-state rule costs
+# The same, steady, with the chart's configuration and the node in another process
+OURS_SHIPPED = "gpu-exporter-shipped"
 PEER = "nvitop-exporter"
 OUR_TICK_FAMILY = "gpu_exporter_tick_duration_seconds"  # the daemon's own: NVML reads only
 OUR_FULL_TICK_FAMILY = "gpu_exporter_full_tick_duration_seconds"  # whole ticks
 PEER_TICK_FAMILY = "nvitop_bench_tick_duration_seconds"
 PEER_DEVICES_FAMILY = "nvitop_bench_devices_duration_seconds"
 BENCH_ONLY_PREFIXES = ("nvitop_bench_", "bench_")
+
+
+DEPLOY_VENV = BENCH / ".deploy-venv"
+_deploy_venv = False  # run_all turns it on for full runs
+
+
+def use_deploy_venv(on: bool) -> None:
+    global _deploy_venv
+    _deploy_venv = on
+    _deploy_python.cache_clear()
+
+
+def our_python() -> str:
+    """The interpreter our daemon runs on: this one, or after `use_deploy_venv(True)` (full
+    runs of run_all) `_deploy_python()`."""
+    return _deploy_python() if _deploy_venv else sys.executable
+
+
+@functools.cache
+def _deploy_python() -> str:
+    """A venv beside the benchmarks holding only the package's runtime dependencies,
+    installed as the image installs them (`pip install .`), made on first use. A development
+    venv also holds the test and lint tools, and some of them change what the daemon imports
+    (httpx loads its command-line client, with rich and pygments, whenever they are
+    installed: about 3 MiB of RSS the image does not have). PYTHONPATH still puts this
+    checkout's code first. Falls back to this interpreter, with a warning, when the venv
+    cannot be made (no package index)."""
+    python = DEPLOY_VENV / "bin" / "python"
+    if not python.exists():
+        try:
+            subprocess.run([sys.executable, "-m", "venv", str(DEPLOY_VENV)], check=True)
+            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+            subprocess.run([*pip, str(ROOT)], check=True, timeout=600)
+        except (OSError, subprocess.SubprocessError) as exc:
+            shutil.rmtree(DEPLOY_VENV, ignore_errors=True)
+            print(f"warning: no runtime-only venv ({exc}); our daemon runs on {sys.executable}")
+            return sys.executable
+    return str(python)
 
 
 def free_port() -> int:
@@ -58,18 +101,33 @@ def our_command(
 ) -> list[str]:
     """`gpu-exporter serve` exactly as a user runs it on the simulator."""
     flags = serve_flags(port, interval, extra, log_level)
-    return [sys.executable, "-m", "gpu_exporter", "serve", "--simulate", str(scenario), *flags]
+    return [our_python(), "-m", "gpu_exporter", "serve", "--simulate", str(scenario), *flags]
 
 
 def our_timed_command(
-    scenario: Path | str, port: int, interval: float, history_seconds: float = 0.0
+    scenario: Path | str,
+    port: int,
+    interval: float,
+    history_seconds: float = 0.0,
+    *,
+    epoch: float | None = None,
+    extra: Sequence[str] = (),
+    log_level: str = "warning",
 ) -> list[str]:
     """The same daemon through bench/run_daemon.py: whole ticks timed, and with
     `history_seconds` the rule engine gets that much history at its second tick, so that it
-    runs at steady-state cost from the start."""
-    launcher = [sys.executable, str(BENCH / "run_daemon.py"), "--scenario", str(scenario)]
+    runs at steady-state cost from the start. With `epoch`, the scenario's clock is the one of
+    bench/run_node.py started with it, which then serves the node's /proc and runtime."""
+    launcher = [our_python(), str(BENCH / "run_daemon.py"), "--scenario", str(scenario)]
     history = ["--prefill-history", f"{history_seconds:g}"] if history_seconds else []
-    return [*launcher, *history, "--", *serve_flags(port, interval)]
+    node = ["--epoch", repr(epoch), "--node-elsewhere"] if epoch is not None else []
+    return [*launcher, *history, *node, "--", *serve_flags(port, interval, extra, log_level)]
+
+
+def node_command(scenario: Path | str, epoch: float, ready: Path) -> list[str]:
+    """bench/run_node.py: the scenario's kubelet, runtime and /proc in a process of their own."""
+    node = [sys.executable, str(BENCH / "run_node.py"), "--scenario", str(scenario)]
+    return [*node, "--epoch", repr(epoch), "--ready", str(ready)]
 
 
 def peer_command(scenario: Path | str, port: int, interval: float, report: Path) -> list[str]:
@@ -198,6 +256,34 @@ def running(
         yield target
     finally:
         target.stop()
+
+
+@contextlib.contextmanager
+def running_node(scenario: Path | str, epoch: float, workdir: Path) -> Iterator[dict[str, str]]:
+    """bench/run_node.py for `scenario` on `epoch`'s clock; yields its endpoints
+    (`kubelet_socket`, `runtime_socket`, `proc_root`) once they listen."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ready = workdir / f"node-{os.getpid()}-{time.monotonic_ns()}.json"
+    log = ready.with_suffix(".log")
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            node_command(scenario, epoch, ready), stdout=sink, stderr=subprocess.STDOUT, env=env
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bench/run_node.py did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield json.loads(ready.read_text())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _pythonpath() -> str:

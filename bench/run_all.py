@@ -44,6 +44,7 @@ from bench import (  # noqa: E402
     overhead,
     peer,
     process_attribution,
+    procs,
     report,
     scaling,
     soak,
@@ -125,6 +126,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--soak-realtime-seconds", type=float, help="soak (realtime daemon): duration, 0 = skip"
     )
     parser.add_argument("--keep-workdir", action="store_true", help="keep logs and configs")
+    parser.add_argument(
+        "--our-python",
+        choices=("deploy", "this"),
+        help="our daemon on a runtime-only venv as the image installs it (bench/.deploy-venv, "
+        "default of full runs) or on this interpreter (default of --quick)",
+    )
     parser.add_argument(
         "--summary-only",
         action="store_true",
@@ -220,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return render_existing(out)
     workdir = Path(tempfile.mkdtemp(prefix="gpu-exporter-bench-"))
     compile_bytecode()
-    info = machine() | {"quick": args.quick}
+    procs.use_deploy_venv((args.our_python or ("this" if args.quick else "deploy")) == "deploy")
+    info = machine() | {"quick": args.quick, "our_python": procs.our_python()}
     write_json(out / "machine.json", info)
     results: dict[str, Any] = {}
     failed = []

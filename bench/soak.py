@@ -415,7 +415,7 @@ def realtime(settings: SoakSettings, workdir: Path) -> dict[str, Any]:
     points: list[dict[str, Any]] = []
     with CountingSink() as sink:
         config = workdir / "soak-config.yaml"
-        config.write_text(yaml.safe_dump(_config_file(shipped_settings(sink.url))))
+        config.write_text(yaml.safe_dump(config_file(shipped_settings(sink.url))))
         port = free_port()
         argv = our_command(
             scenario, port, settings.realtime_interval, ["--config", str(config)], log_level="info"
@@ -454,7 +454,7 @@ def realtime(settings: SoakSettings, workdir: Path) -> dict[str, Any]:
     }
 
 
-def _config_file(flags: Mapping[str, Any]) -> dict[str, Any]:
+def config_file(flags: Mapping[str, Any]) -> dict[str, Any]:
     """Dotted configuration flags as the nested mapping of a configuration file."""
     data: dict[str, Any] = {}
     for key, value in flags.items():

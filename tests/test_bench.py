@@ -18,6 +18,7 @@ from bench import loadgen, overhead, peer, promtext, report, run_all, scenarios
 from bench.procfs import Probe, parse_stat, parse_status
 from bench.stats import percentile, ratio, slope, summarize
 from gpu_exporter import sim
+from gpu_exporter.alerting.pack import all_pack_files
 from gpu_exporter.alerting.rules.loader import load_rule_files
 from tests.localserver import LocalServer
 
@@ -315,15 +316,20 @@ def test_targets_get_verdicts_from_the_results() -> None:
                     "rss_mib": 55.0,
                     "cpu_seconds_per_tick": 0.011,
                 },
+                "gpu-exporter-shipped": {"rss_mib": 63.0, "cpu_seconds_per_tick": 0.0095},
                 "nvitop-exporter": {"rss_mib": 36.0, "cpu_seconds_per_tick": 0.010},
             },
             "ratios": {"cpu_seconds_per_tick": 1.1},
             "ratios_young": {"cpu_seconds_per_tick": 0.9},
+            "ratios_shipped": {"cpu_seconds_per_tick": 0.95},
             "memory_floor": {"python_alone_mib": 10.0, "stack_floor_mib": 45.0},
         },
         "scaling": {
             "configs": {
-                "8gpu": {"tick": {"steady": {"cpu_seconds_per_tick": 0.008}}},
+                "8gpu": {
+                    "tick": {"steady": {"cpu_seconds_per_tick": 0.008}},
+                    "scrape": {"scrape_32_p99": 0.008},
+                },
                 "64gpu": {
                     "tick": {"steady": {"cpu_seconds_per_tick": 0.090}},
                     "scrape": {"scrape_1_p99": 0.004, "scrape_32_p99": 0.060},
@@ -347,24 +353,49 @@ def test_targets_get_verdicts_from_the_results() -> None:
                 },
             ]
         },
+        "fleet": {
+            "runs": {"native": {"exposition_series": 470}, "compat": {"exposition_series": 488}}
+        },
     }
     verdicts = {name: ok for name, _, _, ok in report.evaluate_targets(results)}
     assert verdicts["/metrics p99 <= 5 ms, 1 scraper"] is True
     assert verdicts["/metrics p99 <= 50 ms, 32 scrapers"] is False
-    assert verdicts["CPU per tick <= 1.0x nvitop-exporter (steady)"] is False
-    assert verdicts["CPU per tick <= 1.0x nvitop-exporter (young)"] is True
-    assert verdicts["RSS <= 56 MiB (steady, full rule history)"] is True
-    # 55 - 45 = 10 MiB beyond the floor vs 36 - 10 = 26 MiB: 0.38x.
+    assert verdicts["CPU per tick <= 0.9x nvitop-exporter (steady, shipped configuration)"] is False
+    assert verdicts["CPU per tick <= 0.9x nvitop-exporter (steady, trimmed configuration)"] is False
+    assert verdicts["CPU per tick <= 1.0x nvitop-exporter (young, trimmed)"] is True
+    assert verdicts["RSS <= 64 MiB (steady, shipped configuration)"] is True
+    # Shipped: 63 - 45 = 18 MiB beyond the floor vs 36 - 10 = 26 MiB: 0.69x.
     name = "RSS beyond the stack's import floor <= 1.0x nvitop-exporter's beyond Python"
     assert verdicts[name] is True
     assert verdicts["64 devices: tick CPU per device <= 1.25x the 8-device figure"] is False
     assert verdicts["64 devices: exposition bytes per device <= 1.1x the 8-device figure"] is True
     assert verdicts["64 devices: /metrics p99 <= 5 ms, 1 scraper"] is True
     assert verdicts["64 devices: /metrics p99 <= 50 ms, 32 scrapers"] is False
+    # 60 ms / 64 devices = 0.94 ms against 8 ms / 8 = 1 ms: 0.94x.
+    name = "64 devices: /metrics p99 per device, 32 scrapers, <= 1.25x the 8-device figure"
+    assert verdicts[name] is True
+    name = "series per node (/metrics, default profile) <= the compat endpoint's"
+    assert verdicts[name] is True
     assert verdicts["detection <= one tick after the condition (daemon, for: 0)"] is True
     assert verdicts["read path over bare NVML <= 1.25x (NVML source only, CPU)"] is None
     markdown = report.render(results, {"cpu": "test"})
     assert "## Targets" in markdown and "**missed**" in markdown
+
+
+def test_cpu_and_series_targets_flip_at_their_limits() -> None:
+    def verdicts(shipped_cpu: float, native: int | None, compat: int | None) -> dict[str, Any]:
+        runs = {k: {"exposition_series": v} for k, v in (("native", native), ("compat", compat))}
+        results = {
+            "peer": {"ratios_shipped": {"cpu_seconds_per_tick": shipped_cpu}},
+            "fleet": {"runs": runs},
+        }
+        return {name: ok for name, _, _, ok in report.evaluate_targets(results)}
+
+    cpu = "CPU per tick <= 0.9x nvitop-exporter (steady, shipped configuration)"
+    series = "series per node (/metrics, default profile) <= the compat endpoint's"
+    assert verdicts(0.9, 488, 488)[cpu] is True and verdicts(0.9, 488, 488)[series] is True
+    assert verdicts(0.91, 489, 488)[cpu] is False and verdicts(0.91, 489, 488)[series] is False
+    assert verdicts(0.5, 489, None)[series] is None  # no compat count: nothing to compare
 
 
 def _mig_results(whole: float, mig: float | None, p99: float | None) -> dict[str, object]:
@@ -508,6 +539,22 @@ def test_quick_peer_run_writes_json_and_summary(tmp_path: Path) -> None:
     assert set(result["summary"]["gpu-exporter"]) >= {"cpu_seconds_per_tick", "rss_mib"}
     assert json.loads((tmp_path / "machine.json").read_text())["quick"] is True
     assert "# Benchmark summary" in (tmp_path / "summary.md").read_text()
+
+
+def test_shipped_phase_attributes_pods_with_the_node_in_another_process(tmp_path: Path) -> None:
+    settings = peer.PeerSettings.quick(targets=("gpu-exporter-shipped",))
+    result = peer.run(settings, tmp_path)
+    phase = result["phases"]["gpu-exporter-shipped"][0]
+    pods = {(p["namespace"], p["pod"]) for p in peer.peer_scenario()["pods"]}
+    assert phase["attributed_pods"] == len(pods) > 0  # the kubelet of bench/run_node.py
+    assert phase["grpcio_loaded"] is False  # its gRPC servers are not in our process
+    assert phase["idle"]["ticks"] > 0 and phase["scrape_1"]["errors"] == 0
+    config = peer.shipped_config("http://127.0.0.1:9/", {"kubelet_socket": "k", **NODE_PATHS})
+    assert config["kubernetes"]["processes"]["enabled"] is True
+    assert config["log_level"] == "info" and config["rules"]["files"] == all_pack_files()
+
+
+NODE_PATHS = {"runtime_socket": "r", "proc_root": "p"}
 
 
 def test_nvitop_exporter_runs_on_the_fake(tmp_path: Path) -> None:

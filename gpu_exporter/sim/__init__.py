@@ -102,11 +102,15 @@ def binding_problems() -> list[str]:
 def install(
     scenario: Scenario | str | Path | Mapping[str, Any],
     clock: Callable[[], float] | None = None,
+    *,
+    node: bool = True,
 ) -> FakeNvmlLib:
     """Make pynvml use a fake library for `scenario` (a Scenario, name, path or mapping).
 
     `clock()` returns seconds since the scenario started; by default real monotonic time
     since this call. pynvml's own refcount is reset, so the caller must `nvmlInit()` next.
+    `node=False`: a scenario's `processes:` get no /proc or runtime in this process, because
+    another one serves them on the same clock (bench/run_node.py), as on a real node.
     """
     problems = binding_problems()
     if problems:
@@ -117,7 +121,7 @@ def install(
         scenario = load_scenario(scenario)
     _close_node()
     fake = FakeNvmlLib(scenario, clock)
-    if scenario.processes:
+    if scenario.processes and node:
         from gpu_exporter.sim.node import SimulatedNode  # gRPC: only for a node with processes
 
         global _node
