@@ -26,7 +26,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,7 +254,7 @@ def _phase(name: str, scenario: Path, settings: PeerSettings, workdir: Path) -> 
     if name == PEER:
         argv, family = peer_command(scenario, port, settings.interval, report), PEER_TICK_FAMILY
     elif name == OURS_SHIPPED:
-        return _shipped_phase(scenario, settings, workdir)
+        return shipped_phase(scenario, settings, workdir)
     else:
         history = settings.history_seconds if name == OURS_STEADY else 0.0
         argv = our_timed_command(scenario, port, settings.interval, history)
@@ -262,6 +262,8 @@ def _phase(name: str, scenario: Path, settings: PeerSettings, workdir: Path) -> 
     with running(name, argv, port, workdir, family) as target:
         result = measure(target, settings)
         result["pid"] = target.process.pid
+        if name != PEER:
+            result["grpcio_loaded"] = grpcio_loaded(target.process.pid)
     if name == PEER:
         result["exit_status"] = target.process.returncode
         if report.exists():
@@ -287,21 +289,31 @@ def shipped_config(alertmanager_url: str, node: dict[str, str]) -> dict[str, Any
     return config
 
 
-def _shipped_phase(scenario: Path, settings: PeerSettings, workdir: Path) -> dict[str, Any]:
+def shipped_phase(
+    scenario: Path,
+    settings: PeerSettings,
+    workdir: Path,
+    change: Callable[[dict[str, Any]], object] | None = None,
+    history_seconds: float | None = None,
+) -> dict[str, Any]:
     """OURS_SHIPPED: the steady daemon with the chart's configuration, its kubelet, runtime and
-    /proc served by another process on the same clock, its alerts to a local sink."""
+    /proc served by another process on the same clock, its alerts to a local sink. `change`
+    edits the configuration first (bench/profile.py: what each part costs)."""
     port = free_port()
     epoch = time.time()
     with soak.CountingSink() as sink, running_node(scenario, epoch, workdir) as node:
-        config = workdir / f"shipped-config-{port}.yaml"
-        config.write_text(yaml.safe_dump(shipped_config(sink.url, node)))
+        config = shipped_config(sink.url, node)
+        if change is not None:
+            change(config)
+        path = workdir / f"shipped-config-{port}.yaml"
+        path.write_text(yaml.safe_dump(config))
         argv = our_timed_command(
             scenario,
             port,
             settings.interval,
-            settings.history_seconds,
+            settings.history_seconds if history_seconds is None else history_seconds,
             epoch=epoch,
-            extra=["--config", str(config)],
+            extra=["--config", str(path)],
             log_level="info",
         )
         env = {"NODE_NAME": soak.NODE_NAME}

@@ -120,7 +120,7 @@ def our_timed_command(
     bench/run_node.py started with it, which then serves the node's /proc and runtime."""
     launcher = [our_python(), str(BENCH / "run_daemon.py"), "--scenario", str(scenario)]
     history = ["--prefill-history", f"{history_seconds:g}"] if history_seconds else []
-    node = ["--epoch", repr(epoch), "--node-elsewhere"] if epoch is not None else []
+    node = ["--epoch", repr(epoch)] if epoch is not None else []
     return [*launcher, *history, *node, "--", *serve_flags(port, interval, extra, log_level)]
 
 

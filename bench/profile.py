@@ -9,6 +9,8 @@
   the event loop thread spends its time in (needs py-spy and permission to ptrace).
 - `imports`: resident memory of a fresh interpreter after importing each dependency (and
   the daemon's own modules): where the RSS comes from before the first tick.
+- `shipped-memory`: the real daemon with the chart's configuration (the peer benchmark's
+  shipped row), then with one part of it turned off at a time: what each part costs in RSS.
 - `memory`: in a fresh interpreter, RSS after each stage of a steady 8-GPU daemon (the
   stack's imports, ours, the pipeline with the shipped rules, ticks, 16 minutes of rule
   history), tracemalloc's breakdown of the Python heap by file at the end, and the slowest
@@ -25,14 +27,15 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import loadgen, peer, scenarios  # noqa: E402
+from bench import loadgen, peer, procs, scenarios  # noqa: E402
 from bench.inproc import build  # noqa: E402
 from bench.procs import OUR_TICK_FAMILY, OURS, free_port, our_command, running  # noqa: E402
 from bench.run_all import compile_bytecode  # noqa: E402
@@ -227,11 +230,54 @@ def profile_memory() -> str:
     return f"{stages}{heap}\nSlowest imports (cumulative, python -X importtime):\n\n{slowest}\n"
 
 
+# What the shipped configuration is made of: (name, change to its configuration, history).
+SHIPPED_PARTS: tuple[tuple[str, Callable[[dict[str, Any]], object], float | None], ...] = (
+    ("the shipped configuration, steady", lambda c: None, None),
+    ("  without its 16 minutes of rule history (young)", lambda c: None, 0.0),
+    ("  without any rules", lambda c: c.update(rules={"enabled": False}), None),
+    ("  with the alerting rules only (no recording file)", lambda c: c["rules"].pop("files"), None),
+    ("  without an Alertmanager", lambda c: c.update(alerting={"alertmanagers": []}), None),
+    (
+        "  without per-process attribution",
+        lambda c: (c["kubernetes"].update(processes={"enabled": False}), c.update(nvml={})),
+        None,
+    ),
+    (
+        "  without pod or per-process attribution",
+        lambda c: (c.pop("kubernetes"), c.update(nvml={})),
+        None,
+    ),
+)
+
+
+def shipped_memory(workdir: Path) -> str:
+    """RSS of the real daemon, shipped configuration, one part turned off at a time."""
+    settings = peer.PeerSettings.quick(targets=(peer.OURS_SHIPPED,))
+    scenario = scenarios.write_yaml(peer.peer_scenario(), workdir / "shipped-scenario.yaml")
+    rows = ["| configuration | RSS (MiB) | its part |", "| --- | --- | --- |"]
+    whole = None
+    for name, change, history in SHIPPED_PARTS:
+        phase = peer.shipped_phase(scenario, settings, workdir, change, history)
+        rss = phase["rss_mib_idle"]
+        whole = rss if whole is None else whole
+        part = "" if rss == whole else f"{whole - rss:+.1f}"
+        rows.append(f"| {name} | {rss:.1f} | {part} |")
+    return (
+        f"Our daemon on {procs.our_python()}; RSS after the peer benchmark's quick CPU window.\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=PROFILES)
-    parser.add_argument("--only", default="tick,tick64,scrape,imports,memory")
+    parser.add_argument("--only", default="tick,tick64,scrape,imports,memory,shipped-memory")
+    parser.add_argument(
+        "--our-python", choices=("deploy", "this"), default="deploy", help="as run_all's"
+    )
     args = parser.parse_args(argv)
+    procs.use_deploy_venv(args.our_python == "deploy")
     args.out.mkdir(parents=True, exist_ok=True)
     chosen = args.only.split(",")
     compile_bytecode()
@@ -242,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "scrape": lambda: profile_scrape(Path(tmp)),
             "imports": import_rss,
             "memory": profile_memory,
+            "shipped-memory": lambda: shipped_memory(Path(tmp)),
         }
         for name, job in jobs.items():
             if name in chosen:

@@ -2,7 +2,7 @@
 """Run `gpu-exporter serve` on the fake NVML, timed, with two benchmark-only options.
 
     python bench/run_daemon.py --scenario FILE [--epoch UNIX_SECONDS]
-                               [--prefill-history SECONDS] [--node-elsewhere] -- serve-args...
+                               [--prefill-history SECONDS] -- serve-args...
 
 Whole ticks (NVML reads, rule evaluation, rendering) are timed by the daemon itself
 (`gpu_exporter_full_tick_duration_seconds`, one tick late: a tick's exposition is rendered
@@ -14,8 +14,11 @@ before that tick ends); its `gpu_exporter_tick_duration_seconds` times only the 
 - `--prefill-history`: at the second tick, the rule engine's store is rewritten as if the
   daemon had been running that long (`bench.inproc.backfill`), so rule evaluation costs what
   it costs at steady state from the third tick on, instead of after 16 minutes.
-- `--node-elsewhere`: the scenario's /proc and container runtime are served by another
-  process on the same epoch (bench/run_node.py), so that this one holds only the daemon.
+
+A scenario's node around the GPUs (the kubelet, /proc and container runtime of its `pods:` and
+`processes:`) is never served from this process, where its fakes' gRPC servers and threads
+would count as the daemon's: bench/run_node.py serves it on the same `--epoch` when a
+configuration reads it, as on a node.
 
 The fake is installed before the CLI runs and `--simulate` is not passed, so the daemon's own
 code finds pynvml already pointing at it, as `serve --simulate` arranges.
@@ -59,14 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenario", required=True, help="scenario name or file")
     parser.add_argument("--epoch", type=float, help="wall time of scenario t=0 (default: now)")
     parser.add_argument("--prefill-history", type=float, metavar="SECONDS", default=0.0)
-    parser.add_argument("--node-elsewhere", action="store_true", help="bench/run_node.py serves")
     parser.add_argument("serve_args", nargs="*", help="`gpu-exporter serve` arguments")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     epoch = time.time() if args.epoch is None else args.epoch
     sim.install(
         sim.load_scenario(args.scenario),
         clock=lambda: time.time() - epoch,
-        node=not args.node_elsewhere,
+        node=False,
     )
     if args.prefill_history > 0:
         prefill_at_second_tick(args.prefill_history)

@@ -379,7 +379,8 @@ SUBQUERY_SHAPES_PER_GPU = (
     'max_over_time(deriv(gpu_temperature_celsius{{gpu="{gpu}",sensor="memory"}}[2m])[10m:1m])'
     " > 0.5",
     'max_over_time(irate(gpu_pcie_bytes_total{{gpu="{gpu}",direction="rx"}}[1m])[5m:10s]) > 2e10',
-    'changes(gpu_performance_state{{gpu="{gpu}"}}[15m]) > 4',
+    # an SM clock that keeps changing (gpu_performance_state is not in the default profile)
+    'changes(gpu_clock_hertz{{gpu="{gpu}",clock="sm"}}[15m]) > 40',
 )
 # ... and over the whole node, once each.
 SUBQUERY_SHAPES_NODE = (

@@ -237,9 +237,12 @@ def test_generated_rule_files_load_with_one_rule_per_series(series: int, tmp_pat
     assert len({rule.name for rule in rules}) == series
 
 
-def test_subquery_rules_load_and_evaluate_over_the_daemons_families(tmp_path: Path) -> None:
+def test_subquery_rules_load_and_evaluate_over_the_daemons_families(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """The scaling benchmark's subquery-heavy set: 100 rules at 8 GPUs, none skipped, valid
-    in both PromQL dialects, reading only catalog families, and none failing on a tick."""
+    in both PromQL dialects, reading only catalog families the default metrics profile
+    exports (a rule reading nothing costs nothing), and none failing on a tick."""
     from bench import scaling
     from bench.inproc import build
     from gpu_exporter.alerting.rules import promql
@@ -268,6 +271,7 @@ def test_subquery_rules_load_and_evaluate_over_the_daemons_families(tmp_path: Pa
         pipeline.close()
     assert len(rules) == 100
     assert {rule["health"] for rule in rules} == {"ok"}, [r["lastError"] for r in rules]
+    assert "does not export" not in caplog.text
 
 
 def test_detection_rules_load(tmp_path: Path) -> None:
@@ -536,6 +540,7 @@ def test_quick_peer_run_writes_json_and_summary(tmp_path: Path) -> None:
     assert set(phase["idle"]) >= {"ticks", "cpu_seconds_per_tick", "wall_seconds_per_tick"}
     assert phase["scrape_1"]["errors"] == 0 and phase["scrape_32"]["errors"] == 0
     assert phase["families"]["coverage"]["xid"]  # the scenario's XID was exported
+    assert phase["grpcio_loaded"] is False  # the scenario's node is not served in our process
     assert set(result["summary"]["gpu-exporter"]) >= {"cpu_seconds_per_tick", "rss_mib"}
     assert json.loads((tmp_path / "machine.json").read_text())["quick"] is True
     assert "# Benchmark summary" in (tmp_path / "summary.md").read_text()
