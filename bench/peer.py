@@ -26,7 +26,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,21 +271,30 @@ def _phase(name: str, scenario: Path, settings: PeerSettings, workdir: Path) -> 
     return result
 
 
-def shipped_config(alertmanager_url: str, node: dict[str, str]) -> dict[str, Any]:
-    """The chart's daemon configuration (`soak.shipped_settings`: default values with
-    per-process attribution on and one Alertmanager) pointed at the node of bench/run_node.py,
-    as the chart points it at the kubelet's and the runtime's sockets and the host's /proc."""
-    config = soak.config_file(soak.shipped_settings(alertmanager_url))
-    config["kubernetes"] = {
-        "enabled": True,
-        "socket_path": node["kubelet_socket"],
-        "processes": {
+def shipped_config(
+    node: Mapping[str, str],
+    *,
+    processes: bool = False,
+    alertmanager_url: str | None = None,
+) -> dict[str, Any]:
+    """The daemon configuration the chart renders from its default values (the whole rule
+    pack, pod attribution on, per-process attribution off, no Alertmanager, log level info),
+    pointed at the kubelet of bench/run_node.py as the chart points it at the node's.
+    `processes` and `alertmanager_url`: as `processAttribution.enabled=true` and
+    `alerting.alertmanagers[0].url` turn them on (bench/profile.py: what they add).
+    tests/test_bench.py compares it with the chart's rendered config.yaml."""
+    settings = soak.shipped_settings(alertmanager_url or "")
+    if alertmanager_url is None:
+        del settings["alerting.alertmanagers"]
+    config = soak.config_file(settings)
+    config["kubernetes"] = {"enabled": True, "socket_path": node["kubelet_socket"]}
+    if processes:
+        config["kubernetes"]["processes"] = {
             "enabled": True,
             "proc_root": node["proc_root"],
             "runtime_socket": node["runtime_socket"],
-        },
-    }
-    config["nvml"] = {"processes": True}
+        }
+        config["nvml"] = {"processes": True}
     return config
 
 
@@ -293,16 +302,21 @@ def shipped_phase(
     scenario: Path,
     settings: PeerSettings,
     workdir: Path,
+    *,
+    processes: bool = False,
+    alertmanager: bool = False,
     change: Callable[[dict[str, Any]], object] | None = None,
     history_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """OURS_SHIPPED: the steady daemon with the chart's configuration, its kubelet, runtime and
-    /proc served by another process on the same clock, its alerts to a local sink. `change`
-    edits the configuration first (bench/profile.py: what each part costs)."""
+    """OURS_SHIPPED: the steady daemon with the chart's default configuration, its kubelet (and
+    with `processes` its runtime and /proc) served by another process on the same clock; with
+    `alertmanager` its alerts go to a local sink. `change` edits the configuration first and
+    `history_seconds` replaces the prefilled history (bench/profile.py: what each part costs)."""
     port = free_port()
     epoch = time.time()
     with soak.CountingSink() as sink, running_node(scenario, epoch, workdir) as node:
-        config = shipped_config(sink.url, node)
+        url = sink.url if alertmanager else None
+        config = shipped_config(node, processes=processes, alertmanager_url=url)
         if change is not None:
             change(config)
         path = workdir / f"shipped-config-{port}.yaml"

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,38 +230,29 @@ def profile_memory() -> str:
     return f"{stages}{heap}\nSlowest imports (cumulative, python -X importtime):\n\n{slowest}\n"
 
 
-# What the shipped configuration is made of: (name, change to its configuration, history).
-SHIPPED_PARTS: tuple[tuple[str, Callable[[dict[str, Any]], object], float | None], ...] = (
-    ("the shipped configuration, steady", lambda c: None, None),
-    ("  without its 16 minutes of rule history (young)", lambda c: None, 0.0),
-    ("  without any rules", lambda c: c.update(rules={"enabled": False}), None),
-    ("  with the alerting rules only (no recording file)", lambda c: c["rules"].pop("files"), None),
-    ("  without an Alertmanager", lambda c: c.update(alerting={"alertmanagers": []}), None),
-    (
-        "  without per-process attribution",
-        lambda c: (c["kubernetes"].update(processes={"enabled": False}), c.update(nvml={})),
-        None,
-    ),
-    (
-        "  without pod or per-process attribution",
-        lambda c: (c.pop("kubernetes"), c.update(nvml={})),
-        None,
-    ),
+# The chart's default configuration, then one part changed at a time: (name, shipped_phase's
+# keyword arguments).
+SHIPPED_PARTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("the chart's default configuration, steady", {}),
+    ("  without its 16 minutes of rule history (young)", {"history_seconds": 0.0}),
+    ("  without any rules", {"change": lambda c: c.update(rules={"enabled": False})}),
+    ("  with the alerting rules only (no recording file)", {"change": lambda c: c.pop("rules")}),
+    ("  without pod attribution", {"change": lambda c: c.pop("kubernetes")}),
+    ("  with per-process attribution (processAttribution.enabled)", {"processes": True}),
+    ("  with an Alertmanager", {"alertmanager": True}),
 )
 
 
 def shipped_memory(workdir: Path) -> str:
-    """RSS of the real daemon, shipped configuration, one part turned off at a time."""
+    """RSS of the real daemon, the chart's default configuration, one part changed at a time."""
     settings = peer.PeerSettings.quick(targets=(peer.OURS_SHIPPED,))
     scenario = scenarios.write_yaml(peer.peer_scenario(), workdir / "shipped-scenario.yaml")
-    rows = ["| configuration | RSS (MiB) | its part |", "| --- | --- | --- |"]
+    rows = ["| configuration | RSS (MiB) | difference |", "| --- | --- | --- |"]
     whole = None
-    for name, change, history in SHIPPED_PARTS:
-        phase = peer.shipped_phase(scenario, settings, workdir, change, history)
-        rss = phase["rss_mib_idle"]
+    for name, change in SHIPPED_PARTS:
+        rss = peer.shipped_phase(scenario, settings, workdir, **change)["rss_mib_idle"]
         whole = rss if whole is None else whole
-        part = "" if rss == whole else f"{whole - rss:+.1f}"
-        rows.append(f"| {name} | {rss:.1f} | {part} |")
+        rows.append(f"| {name} | {rss:.1f} | {'' if rss is whole else f'{rss - whole:+.1f}'} |")
     return (
         f"Our daemon on {procs.our_python()}; RSS after the peer benchmark's quick CPU window.\n\n"
         + "\n".join(rows)

@@ -116,10 +116,10 @@ def peer_section(peer: Mapping[str, Any]) -> str:
     text = table(headers, rows)
     text += (
         "\n\ntrimmed: `serve` on the fake with its defaults (no pod or per-process "
-        "attribution, no Alertmanager, log level warning); shipped: the chart's default values "
-        "with per-process attribution on (the whole rule pack, pod and per-process attribution "
-        "from a kubelet, /proc and container runtime served by another process, alerts to a "
-        "local sink, log level info)."
+        "attribution, no Alertmanager, log level warning); shipped: the configuration the "
+        "chart renders from its default values (the whole rule pack, pod attribution from a "
+        "kubelet served by another process, per-process attribution off, no Alertmanager, "
+        "log level info)."
     )
     pods = [p.get("attributed_pods") for p in peer.get("phases", {}).get(OURS_SHIPPED, [])]
     if pods:

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 
 from bench import loadgen, overhead, peer, promtext, report, run_all, scenarios
 from bench.procfs import Probe, parse_stat, parse_status
@@ -20,6 +21,7 @@ from bench.stats import percentile, ratio, slope, summarize
 from gpu_exporter import sim
 from gpu_exporter.alerting.pack import all_pack_files
 from gpu_exporter.alerting.rules.loader import load_rule_files
+from gpu_exporter.config.load import load_config
 from tests.localserver import LocalServer
 
 # -- statistics ------------------------------------------------------------------------------
@@ -554,12 +556,41 @@ def test_shipped_phase_attributes_pods_with_the_node_in_another_process(tmp_path
     assert phase["attributed_pods"] == len(pods) > 0  # the kubelet of bench/run_node.py
     assert phase["grpcio_loaded"] is False  # its gRPC servers are not in our process
     assert phase["idle"]["ticks"] > 0 and phase["scrape_1"]["errors"] == 0
-    config = peer.shipped_config("http://127.0.0.1:9/", {"kubelet_socket": "k", **NODE_PATHS})
-    assert config["kubernetes"]["processes"]["enabled"] is True
-    assert config["log_level"] == "info" and config["rules"]["files"] == all_pack_files()
 
 
-NODE_PATHS = {"runtime_socket": "r", "proc_root": "p"}
+NODE = {"kubelet_socket": "/run/k.sock", "runtime_socket": "/run/r.sock", "proc_root": "/p"}
+AM_URL = "http://127.0.0.1:9093"
+
+
+@pytest.mark.parametrize(
+    ("values", "options", "locations"),
+    [
+        ([], {}, set()),
+        (
+            ["--set", "processAttribution.enabled=true"],
+            {"processes": True},
+            {"kubernetes.processes.proc_root", "kubernetes.processes.runtime_socket"},
+        ),
+        (["--set", f"alerting.alertmanagers[0].url={AM_URL}"], {"alertmanager_url": AM_URL}, set()),
+    ],
+)
+def test_the_shipped_row_runs_the_charts_configuration(
+    tmp_path: Path, values: list[str], options: dict[str, Any], locations: set[str]
+) -> None:
+    """The chart's config.yaml, loaded by the daemon, equals the shipped row's but for where
+    the rules, the kubelet's socket (and the runtime's socket and /proc) are here."""
+    from tests.test_bench_soak import flat
+    from tests.test_values_schema import rendered_config
+
+    (tmp_path / "chart.yaml").write_text(yaml.safe_dump(rendered_config(*values)))
+    (tmp_path / "ours.yaml").write_text(yaml.safe_dump(peer.shipped_config(NODE, **options)))
+    chart, ours = (
+        flat(load_config(tmp_path / name, {}, environ={}).model_dump())
+        for name in ("chart.yaml", "ours.yaml")
+    )
+    differing = {key for key in chart.keys() | ours.keys() if chart.get(key) != ours.get(key)}
+    assert differing == {"rules.files", "kubernetes.socket_path"} | locations
+    assert ours["rules.files"] == all_pack_files() and ours["log_level"] == "info"
 
 
 def test_nvitop_exporter_runs_on_the_fake(tmp_path: Path) -> None:
