@@ -373,9 +373,10 @@ SUBQUERY_SHAPES_PER_GPU = (
     # busy but the SMs are not: launch-bound over 5 minutes
     'avg_over_time(gpu_sm_active_ratio{{gpu="{gpu}"}}[5m:15s])'
     ' / clamp_min(avg_over_time(gpu_utilization_ratio{{gpu="{gpu}"}}[5m:15s]), 0.01) < 0.3',
-    # in HW thermal slowdown a quarter of the last 10 minutes
-    'avg_over_time((gpu_clock_event_active{{gpu="{gpu}",reason="hw_thermal_slowdown"}}'
-    " == bool 1)[10m:30s]) > 0.25",
+    # in HW thermal slowdown a quarter of the last 10 minutes (by the throttle-time counter,
+    # which the default metrics profile exports in place of the sampled reason bit)
+    'avg_over_time(rate(gpu_clock_event_seconds_total{{gpu="{gpu}",reason="hw_thermal_slowdown"}}'
+    "[1m])[10m:30s]) > 0.25",
     'max_over_time(deriv(gpu_temperature_celsius{{gpu="{gpu}",sensor="memory"}}[2m])[10m:1m])'
     " > 0.5",
     'max_over_time(irate(gpu_pcie_bytes_total{{gpu="{gpu}",direction="rx"}}[1m])[5m:10s]) > 2e10',
@@ -425,7 +426,7 @@ def alert_rule_file(expressions: Sequence[str], group_size: int = 100) -> dict[s
 
 
 def detection_rule_file(shipped_rule: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The rule both detection paths evaluate: HW thermal slowdown active, no `for`.
+    """The rule both detection paths evaluate: HW thermal slowdown time counted, no `for`.
 
     `shipped_rule` (a rule mapping from the shipped pack) is added as a second rule, to
     measure a realistic rule with a `for` too.
@@ -433,7 +434,9 @@ def detection_rule_file(shipped_rule: Mapping[str, Any] | None = None) -> dict[s
     rules: list[dict[str, Any]] = [
         {
             "alert": "BenchHwThermalSlowdown",
-            "expr": 'gpu_clock_event_active{reason="hw_thermal_slowdown"} == 1',
+            # The driver's throttle-time counter, which the default metrics profile exports in
+            # place of the sampled reason bit: up since the sample before, the tick after.
+            "expr": 'increase(gpu_clock_event_seconds_total{reason="hw_thermal_slowdown"}[1m]) > 0',
             "labels": {"severity": "warning"},
             "annotations": {"summary": "GPU {{ $labels.gpu }} in HW thermal slowdown"},
         }

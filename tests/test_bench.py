@@ -286,6 +286,29 @@ def test_detection_rules_load(tmp_path: Path) -> None:
         scenarios.shipped_rule("NoSuchAlert")
 
 
+def test_the_detection_rule_fires_on_the_default_profile_the_tick_after_the_fault(
+    tmp_path: Path,
+) -> None:
+    from bench.inproc import build
+
+    path = tmp_path / "detection.yaml"
+    scenarios.write_yaml(scenarios.detection_rule_file(), path)
+    pipeline = build(scenarios.thermal_faults(4, [(2, 5.0)]), rules=[str(path)])
+    try:
+        firing_at = []
+        for _ in range(8):  # ticks at t = 0..7 s, the fault from 5 s
+            pipeline.tick()
+            manager = pipeline.manager
+            assert manager is not None
+            alerts = [a for a in manager.alerts_json() if a["state"] == "firing"]
+            if alerts:
+                firing_at.append(pipeline.clock())
+                assert {a["labels"]["gpu"] for a in alerts} == {"2"}
+    finally:
+        pipeline.close()
+    assert firing_at and firing_at[0] <= 6.0  # one tick after the fault at most
+
+
 # -- Markdown and verdicts --------------------------------------------------------------------
 
 
