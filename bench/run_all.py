@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the whole benchmark suite: one command, JSON per benchmark, Markdown tables.
 
-    python bench/run_all.py            # full run (about 45 minutes on 2 cores)
+    python bench/run_all.py            # full run (about 40 minutes on 2 cores)
     python bench/run_all.py --quick    # every benchmark, briefly (about 1 minute)
 
 Writes `bench/results/<benchmark>.json`, `bench/results/machine.json` and
