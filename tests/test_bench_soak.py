@@ -5,8 +5,8 @@ chart's configuration, and a short accelerated run of the whole node. No timing 
 from __future__ import annotations
 
 import gc
-import os
-import threading
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,24 +29,42 @@ def test_threads_come_from_the_status_line() -> None:
         parse_threads("Name:\tpython3\nVmRSS:\t1 kB\n")
 
 
-def test_probe_counts_a_started_thread_and_an_opened_file(tmp_path: Path) -> None:
-    probe = Probe("self")
-    threads, fds = probe.threads(), probe.open_fds()
-    release = threading.Event()
-    waiter = threading.Thread(target=release.wait)
-    waiter.start()
+# A process of its own (this pytest worker has other tests' threads coming and going): at each
+# line on stdin it starts two threads and opens three files, then says so.
+_GROWING_CHILD = """
+import sys, threading
+kept = []
+for line in sys.stdin:
+    for _ in range(2):
+        threading.Thread(target=threading.Event().wait, daemon=True).start()
+    kept += [open(sys.executable, "rb") for _ in range(3)]
+    print("grown", flush=True)
+"""
+
+
+def test_probe_counts_started_threads_and_opened_files() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _GROWING_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
     try:
-        assert probe.threads() == threads + 1
+        probe = Probe(child.pid)
+        counts = []
+        for _ in range(3):
+            child.stdin.write("grow\n")
+            child.stdin.flush()
+            assert child.stdout.readline() == "grown\n"
+            counts.append((probe.threads(), probe.open_fds()))
     finally:
-        release.set()
-        waiter.join()
-    assert probe.threads() == threads
-    handle = os.open(tmp_path / "f", os.O_CREAT | os.O_RDONLY)
-    try:
-        assert probe.open_fds() == fds + 1
-    finally:
-        os.close(handle)
-    assert probe.open_fds() == fds
+        child.kill()
+        child.wait()
+    (t1, f1), (t2, f2), (t3, f3) = counts
+    assert (t2 - t1, t3 - t2) == (2, 2)
+    assert (f2 - f1, f3 - f2) == (3, 3)
+    assert t1 == 3  # the main thread and the first two
 
 
 def test_another_process_folder_counts_every_entry(tmp_path: Path) -> None:
