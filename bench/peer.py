@@ -283,10 +283,7 @@ def shipped_config(
     `processes` and `alertmanager_url`: as `processAttribution.enabled=true` and
     `alerting.alertmanagers[0].url` turn them on (bench/profile.py: what they add).
     tests/test_bench.py compares it with the chart's rendered config.yaml."""
-    settings = soak.shipped_settings(alertmanager_url or "")
-    if alertmanager_url is None:
-        del settings["alerting.alertmanagers"]
-    config = soak.config_file(settings)
+    config = soak.config_file(soak.shipped_settings(alertmanager_url))
     config["kubernetes"] = {"enabled": True, "socket_path": node["kubelet_socket"]}
     if processes:
         config["kubernetes"]["processes"] = {

@@ -28,10 +28,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpu_exporter import sim  # noqa: E402
-from gpu_exporter.sim.cri import FakeCriRuntime  # noqa: E402
 from gpu_exporter.sim.kubelet import start_for  # noqa: E402
-from gpu_exporter.sim.node import SYNC_SECONDS  # noqa: E402
-from gpu_exporter.sim.procfs import FakeProcfs  # noqa: E402
+from gpu_exporter.sim.node import SimulatedNode  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,24 +47,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     kubelet = start_for(scenario, clock)
-    procfs = FakeProcfs(scenario, clock)
-    runtime = FakeCriRuntime(scenario, clock).start()
+    node = SimulatedNode(scenario, clock)  # follows the clock on a thread of its own
     try:
         endpoints = {
             "kubelet_socket": kubelet.socket_path if kubelet is not None else None,
-            "runtime_socket": runtime.socket_path,
-            "proc_root": procfs.root,
+            "runtime_socket": node.cri_socket_path,
+            "proc_root": node.proc_root,
         }
         partial = args.ready.with_suffix(".partial")
         partial.write_text(json.dumps(endpoints))
         partial.rename(args.ready)  # whole or absent: the benchmark polls for it
-        while not stop.wait(SYNC_SECONDS):  # the tree and the runtime follow the clock
-            t = clock()
-            procfs.sync(t)
-            runtime.sync(t)
+        while not stop.wait(1.0):  # a signal lands between waits
+            pass
     finally:
-        runtime.close()
-        procfs.close()
+        node.close()
         if kubelet is not None:
             kubelet.close()
     return 0

@@ -93,7 +93,7 @@ ACCELERATED_SETTINGS: Mapping[str, Any] = {
 }
 
 
-def shipped_settings(alertmanager_url: str) -> dict[str, Any]:
+def shipped_settings(alertmanager_url: str | None) -> dict[str, Any]:
     """The chart's daemon configuration (helm/gpu-exporter, default values with
     `processAttribution.enabled=true` and `alerting.alertmanagers[0].url`), as configuration
     flags, where it differs from the daemon's defaults or a simulated node: every file of the
@@ -103,12 +103,14 @@ def shipped_settings(alertmanager_url: str) -> dict[str, Any]:
     by `serve --simulate`'s own helpers (`cli._simulated_kubelet`, `cli._simulated_processes`),
     as the chart turns them on and points them at the node's. tests/test_bench_soak.py compares
     the result with the chart's rendered config.yaml."""
-    return {
+    settings: dict[str, Any] = {
         "interval_seconds": 1.0,
         "log_level": "info",
         "rules.files": all_pack_files(),
-        "alerting.alertmanagers": [alertmanager_url],
     }
+    if alertmanager_url is not None:
+        settings["alerting.alertmanagers"] = [alertmanager_url]
+    return settings
 
 
 def soak_scenario(hours: float, churn_seconds: float) -> dict[str, Any]:

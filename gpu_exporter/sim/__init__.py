@@ -125,7 +125,7 @@ def install(
         from gpu_exporter.sim.node import SimulatedNode  # gRPC: only for a node with processes
 
         global _node
-        _node = SimulatedNode(scenario, fake)
+        _node = SimulatedNode(scenario, fake.clock, fake)
     _swap(fake)
     _use_dcgm(FakeDcgmLib(scenario, fake.clock) if scenario.dcgm is not None else None)
     return fake

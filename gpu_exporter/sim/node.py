@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from gpu_exporter.sim.cri import FakeCriRuntime
 from gpu_exporter.sim.fake_nvml import FakeNvmlLib
@@ -28,19 +29,24 @@ log = logging.getLogger(__name__)
 
 
 class SimulatedNode:
-    """The node's /proc and CRI runtime for `scenario`, on `fake`'s clock."""
+    """The node's /proc and CRI runtime for `scenario`, on `clock` (scenario seconds). With
+    `fake`, the fake NVML in this process: its per-process calls sync the tree first, and it
+    carries the node's paths. Without, the node serves another process (bench/run_node.py)."""
 
-    def __init__(self, scenario: Scenario, fake: FakeNvmlLib) -> None:
-        self._clock = fake.clock
-        self.procfs = FakeProcfs(scenario, fake.clock)
+    def __init__(
+        self, scenario: Scenario, clock: Callable[[], float], fake: FakeNvmlLib | None = None
+    ) -> None:
+        self._clock = clock
+        self.procfs = FakeProcfs(scenario, clock)
         try:
-            self.cri = FakeCriRuntime(scenario, fake.clock).start()
+            self.cri = FakeCriRuntime(scenario, clock).start()
         except BaseException:
             self.procfs.close()
             raise
         self._fake = fake
-        fake.process_listeners.append(self.procfs.sync)
-        fake.proc_root, fake.cri_socket_path = self.proc_root, self.cri_socket_path
+        if fake is not None:
+            fake.process_listeners.append(self.procfs.sync)
+            fake.proc_root, fake.cri_socket_path = self.proc_root, self.cri_socket_path
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="sim-node", daemon=True)
         self._thread.start()
@@ -76,7 +82,7 @@ class SimulatedNode:
     def close(self) -> None:
         self._stopped.set()
         self._thread.join(5)
-        if self.procfs.sync in self._fake.process_listeners:
+        if self._fake is not None and self.procfs.sync in self._fake.process_listeners:
             self._fake.process_listeners.remove(self.procfs.sync)
         self.cri.close()
         self.procfs.close()
