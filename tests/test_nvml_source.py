@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from gpu_exporter.collect.nvml import source as nvml_source
+from gpu_exporter.collect.nvml.device import DeviceReader
 from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.source import SourceUnavailableError
 from gpu_exporter.model.activity import AWAITED_FAMILY
@@ -184,13 +186,14 @@ def test_gpu_lost_is_down_alone_then_recovers_after_reinit(start, clock: ManualC
     assert source.errors.count(field=None) >= 1
 
 
-def test_hung_call_does_not_stall_the_others(start, clock: ManualClock) -> None:
+@pytest.mark.parametrize("hung", [0, 1])  # the GPU read first, or after the other
+def test_hung_call_does_not_stall_the_others(start, clock: ManualClock, hung: int) -> None:
     spec = scenario(
         [{"label": "a"}, {"label": "b"}],
         faults=[
             {
                 "at": 0,
-                "device": 1,
+                "device": hung,
                 "kind": "hang",
                 "function": "nvmlDeviceGetPowerUsage",
                 "duration": 3,
@@ -201,14 +204,35 @@ def test_hung_call_does_not_stall_the_others(start, clock: ManualClock) -> None:
     started = time.monotonic()
     devices = tick(source, clock, 0.5)
     assert time.monotonic() - started < 2.0, "the tick waited for the hung call"
-    assert devices[0].up
-    assert not devices[1].up and "power_usage" in devices[1].down_reason
+    assert devices[1 - hung].up
+    assert not devices[hung].up and "power_usage" in devices[hung].down_reason
     # Next tick: a fresh thread, the hung call skipped, everything else read.
     devices = tick(source, clock, 0.5)
-    assert devices[1].up
-    assert devices[1].value("gpu_power_watts") is None
-    assert devices[1].value("gpu_utilization_ratio") is not None
+    assert devices[hung].up
+    assert devices[hung].value("gpu_power_watts") is None
+    assert devices[hung].value("gpu_utilization_ratio") is not None
     assert any(e.error == "Timeout" and e.field == "power_usage" for e in source.errors.snapshot())
+
+
+def test_gpus_that_answer_are_read_in_turn_on_one_thread(
+    start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a thread per GPU: eight threads runnable at once fight for the GIL at every NVML
+    call, which costs more CPU than the reads. (A handover longer than any read here, so
+    that a loaded machine does not bring in a second reader.)"""
+    monkeypatch.setattr(nvml_source, "handover_seconds", lambda deadline, devices: 5.0)
+    readers: set[str] = set()
+    read_tick = DeviceReader.read_tick
+
+    def noting_the_thread(self: DeviceReader, *args: Any) -> Any:
+        readers.add(threading.current_thread().name)
+        return read_tick(self, *args)
+
+    monkeypatch.setattr(DeviceReader, "read_tick", noting_the_thread)
+    source = start("mixed")
+    for _ in range(3):
+        assert all(d.up for d in tick(source, clock).values())
+    assert len(readers) == 1 and next(iter(readers)).startswith("nvml-reader-")
 
 
 def test_gpm_nan_leaves_that_metric_out(start, clock: ManualClock) -> None:

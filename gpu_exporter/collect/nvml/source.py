@@ -1,4 +1,4 @@
-"""The NVML source: every GPU on the node, read concurrently, each within a deadline.
+"""The NVML source: every GPU on the node, each read within a deadline, none held up by another.
 
 Lifecycle:
 - `begin()` starts NVML on a start-up thread of its own, so that nothing NVML does can keep the
@@ -8,16 +8,18 @@ Lifecycle:
   most `max_abandoned_threads_per_device` left behind; one that fails is retried with the
   recovery back-off once the daemon serves, else it is the caller's error); refuses more than
   `max_devices` GPUs (TooManyDevicesError); lists GPUs by index, each GPU's handle and UUID read
-  on its own worker thread within `deadline_seconds` (a GPU that does not answer in time, or
+  on the reader crew within `deadline_seconds` (a GPU that does not answer in time, or
   fails, comes up down with the reason, as an unidentified GPU with uuid "", and joins after a
   full re-init, like a lost GPU); registers for XID events within the deadline; is then
   ready (sampling may begin) and reads the topology, each call within the deadline.
   Identity and slow-changing data are read in each GPU's first tick, under its deadline.
 - `sample()` gives each GPU's `DeviceReader.read_tick` (every enabled collector of
-  `collect/nvml/collectors/`, guarded) to that GPU's own worker thread and waits at most
-  `deadline_seconds`. A GPU that does not answer in time is reported down for that tick,
+  `collect/nvml/collectors/`, guarded) to the reader crew (`collect/reader_crew.py`: one
+  thread reads the GPUs in turn, and another joins whenever no read has finished for a few
+  milliseconds, so a GPU stuck in a call holds the others up that long at most) and waits at
+  most `deadline_seconds`. A GPU that does not answer in time is reported down for that tick,
   the call it hung in is quarantined, and its stuck thread is abandoned (ctypes calls cannot be
-  cancelled); the other GPUs are not held up. `collector_status()` then says how each
+  cancelled). `collector_status()` then says how each
   collector did, over all GPUs.
 - Recovery never runs NVML calls on the sampler thread: a recovery job on its own worker first
   tries to re-acquire only the lost GPUs by UUID; only if that fails, or when the driver itself
@@ -38,6 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import pynvml as N
@@ -56,6 +59,7 @@ from gpu_exporter.collect.nvml.collectors.mig import MIG_GPM
 from gpu_exporter.collect.nvml.device import DeviceReader, TickResult
 from gpu_exporter.collect.nvml.values import error_name
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
+from gpu_exporter.collect.reader_crew import ReaderCrew, handover_seconds
 from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS, NvmlConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError, TooManyDevicesError
 from gpu_exporter.collect.startup import StartupProgress
@@ -89,7 +93,6 @@ class TopologyReader(Protocol):
 @dataclass
 class _Device:
     reader: DeviceReader
-    worker: Worker
     lost: bool = False
     down_reason: str = ""
     pending: futures.Future[Any] | None = None
@@ -105,7 +108,6 @@ class _Device:
 class _Found:
     index: int
     handle: Any
-    worker: Worker | None = None  # the thread that read it, kept as the GPU's worker
 
 
 @dataclass
@@ -114,7 +116,6 @@ class _Unlisted:
 
     reason: str
     hung: futures.Future[Any] | None = None  # the read still stuck in a call
-    worker: Worker | None = None
 
 
 class _Identify:
@@ -198,6 +199,7 @@ class NvmlSource:
         self.started = False
         self._recovery = _Recovery(self.settings.recovery_initial_backoff_seconds)
         self._recovery_worker = Worker("nvml-recovery")
+        self._crew = ReaderCrew("nvml-reader")  # every GPU's reads: identity, ticks, one-offs
         self.timings: dict[str, list[float]] = {}
         self.topology: Any = None
         self._topology_error = ""  # the latest topology read raised (see `_read_topology`)
@@ -333,21 +335,21 @@ class NvmlSource:
         return self._stopping.is_set()
 
     def _enumerate(self, count: int) -> tuple[dict[str, _Found], dict[int, _Unlisted]]:
-        """Each GPU's handle and UUID by index, each on its own thread within the deadline."""
+        """Each GPU's handle and UUID by index, on the reader crew within the deadline."""
         found: dict[str, _Found] = {}
         unlisted: dict[int, _Unlisted] = {}
-        jobs: dict[int, tuple[Worker, _Identify, futures.Future[Any]]] = {}
+        probes: dict[int, _Identify] = {}
         for index in range(count):
             if self._still_hung(index):
                 unlisted[index] = _Unlisted("NVML calls still hung")
                 continue
-            worker, probe = Worker(f"nvml-gpu{index}"), _Identify(index)
-            jobs[index] = (worker, probe, worker.submit(probe.run, self._calls))
-        if jobs:
-            futures.wait([job for *_, job in jobs.values()], self.deadline_seconds)
-        for index, (worker, probe, job) in jobs.items():
+            probes[index] = _Identify(index)
+        results = self._read_on_crew([partial(p.run, self._calls) for p in probes.values()])
+        for (index, probe), job in zip(probes.items(), results, strict=True):
+            if job.cancelled():
+                unlisted[index] = _Unlisted("not read in time: every reader thread was busy")
+                continue
             if not job.done():
-                worker.stop()
                 self.errors.add(self.name, "device_handle", "Timeout")
                 log.warning(
                     "GPU %d: %s did not answer within %.2fs; the GPU is down",
@@ -356,13 +358,13 @@ class NvmlSource:
                     self.deadline_seconds,
                 )
                 why = f"NVML call {probe.current} did not answer in time"
-                unlisted[index] = _Unlisted(why, job, worker)
+                unlisted[index] = _Unlisted(why, job)
                 continue
             error = job.exception()
             if error is None:
                 handle, uuid = job.result()
                 if uuid not in found:
-                    found[uuid] = _Found(index, handle, worker)
+                    found[uuid] = _Found(index, handle)
                     continue
                 error_text = f"UUID {uuid} also listed at index {found[uuid].index}"
             elif isinstance(error, N.NVMLError):
@@ -370,10 +372,9 @@ class NvmlSource:
             else:
                 log.error("GPU %d: reading its handle failed", index, exc_info=error)
                 error_text = f"{type(error).__name__} from {probe.current}"
-            worker.stop()
             # Listed but unusable (e.g. lost): shown down; a later full re-init picks it up.
             log.warning("GPU %d not usable (%s); will retry", index, error_text)
-            unlisted[index] = _Unlisted(f"not usable: {error_text}", None, worker)
+            unlisted[index] = _Unlisted(f"not usable: {error_text}")
         return found, unlisted
 
     def _still_hung(self, index: int) -> bool:
@@ -388,9 +389,8 @@ class NvmlSource:
         key = _unidentified_key(index)
         device = self._devices.get(key)
         if device is None:
-            reader = self._new_reader(index, None, "")
-            device = _Device(reader, unlisted.worker or Worker(f"nvml-gpu{index}"), lost=True)
-            device.worker.stop()  # never ticks: it joins, identified, after a full re-init
+            # Never ticks: it joins, identified, after a full re-init.
+            device = _Device(self._new_reader(index, None, ""), lost=True)
             self._devices[key] = device
         device.down_reason = unlisted.reason
         if unlisted.hung is not None:
@@ -408,8 +408,8 @@ class NvmlSource:
             self._xid = None
         for device in list(self._devices.values()):
             device.reader.close()
-            device.worker.stop()
         self._devices.clear()
+        self._crew.stop()
         self._recovery_worker.stop()
         if self.dcgm is not None:
             self.dcgm.close()
@@ -469,12 +469,8 @@ class NvmlSource:
         """Attach a (re-)acquired handle to the reader kept for this UUID."""
         device = self._devices.get(uuid)
         if device is None:
-            reader = self._new_reader(found.index, found.handle, uuid)
-            worker = found.worker or Worker(f"nvml-gpu{found.index}")
-            self._devices[uuid] = _Device(reader, worker)
+            self._devices[uuid] = _Device(self._new_reader(found.index, found.handle, uuid))
             return
-        if found.worker is not None:
-            found.worker.stop()  # the GPU keeps its own worker
         if device.lost or full or device.reader.handle is not found.handle:
             device.reader.rebind(found.index, found.handle)
         device.lost, device.down_reason = False, ""
@@ -680,18 +676,21 @@ class NvmlSource:
         needing_dcgm, mig_needing_dcgm = self._needing_dcgm()
         if self.dcgm is not None:
             self.dcgm.begin(needing_dcgm, mig_needing_dcgm)  # in parallel with the NVML reads
-        running: dict[str, futures.Future[Any]] = {}
         driver = self._node_info.get("driver_version", "")
-        for uuid, device in self._devices.items():
-            if device.lost or not self._ready_for_tick(device):
-                continue
+        reading = [
+            (uuid, device)
+            for uuid, device in self._devices.items()
+            if not device.lost and self._ready_for_tick(device)
+        ]
+        for _, device in reading:
             device.reader.active_tick = self._tick
-            device.pending = device.worker.submit(
-                device.reader.read_tick, self._tick, now, driver, self.topology
-            )
-            running[uuid] = device.pending
-        if running:
-            futures.wait(running.values(), timeout=self.deadline_seconds)
+        topology = self.topology
+        results = self._read_on_crew(
+            [partial(d.reader.read_tick, self._tick, now, driver, topology) for _, d in reading]
+        )
+        running: dict[str, futures.Future[Any]] = {}
+        for (uuid, device), result in zip(reading, results, strict=True):
+            device.pending = running[uuid] = result
         samples = [
             self._collect(uuid, device, running.get(uuid)) for uuid, device in self._devices.items()
         ]
@@ -704,6 +703,14 @@ class NvmlSource:
                 samples, needing_dcgm, readings, mig_needing_dcgm, starting
             )
         return sorted(samples, key=lambda s: s.index)
+
+    def _read_on_crew(
+        self, reads: list[Callable[[], Any]], timeout: float | None = None
+    ) -> list[futures.Future[Any]]:
+        """`reads` (one per GPU) on the reader crew, waiting at most `timeout` (the deadline)."""
+        timeout = self.deadline_seconds if timeout is None else timeout
+        handover = handover_seconds(timeout, len(self._devices))
+        return self._crew.run(reads, handover, timeout)
 
     def _needing_dcgm(self) -> tuple[frozenset[str], frozenset[str]]:
         """The answering GPUs whose activity GPM cannot give (learned unsupported before
@@ -732,23 +739,27 @@ class NvmlSource:
     def read_each_device(
         self, read: Callable[[DeviceReader], Any], timeout: float
     ) -> dict[str, Any]:
-        """`read(reader)` on each answering GPU's own worker, between ticks (for one-off reads
+        """`read(reader)` for each answering GPU on the reader crew, between ticks (one-off reads
         such as diagnose's settings check): by UUID, its result, or a string saying why there
         is none (the GPU is down or busy, the read raised, or it did not answer in `timeout`
         seconds: then it is left behind as a hung tick is)."""
-        jobs: dict[str, futures.Future[Any]] = {}
         out: dict[str, Any] = {}
+        answering: list[tuple[str, _Device]] = []
         for uuid, device in self._devices.items():
             if not device.identified:
                 continue
             if device.lost or (device.pending is not None and not device.pending.done()):
                 out[uuid] = device.down_reason or "the GPU is not answering"
                 continue
-            device.pending = jobs[uuid] = device.worker.submit(read, device.reader)
-        if jobs:
-            futures.wait(jobs.values(), timeout=timeout)
+            answering.append((uuid, device))
+        results = self._read_on_crew([partial(read, d.reader) for _, d in answering], timeout)
+        jobs: dict[str, futures.Future[Any]] = {}
+        for (uuid, device), result in zip(answering, results, strict=True):
+            device.pending = jobs[uuid] = result
         for uuid, job in jobs.items():
-            if not job.done():
+            if job.cancelled():
+                out[uuid] = f"not read within {timeout:g}s: every reader thread was busy"
+            elif not job.done():
                 out[uuid] = f"no answer within {timeout:g}s"
             elif job.exception() is not None:
                 exc = job.exception()
@@ -772,15 +783,15 @@ class NvmlSource:
         if len(device.abandoned) >= self.max_abandoned_threads_per_device:
             device.down_reason = "NVML calls still hung"
             return False
-        device.abandoned.append(device.pending)
-        device.worker.stop()
-        device.worker = Worker(f"nvml-gpu{device.reader.index}")
+        device.abandoned.append(device.pending)  # its thread left the crew; a fresh one reads
         return True
 
     def _collect(self, uuid: str, device: _Device, job: futures.Future[Any] | None) -> DeviceSample:
         reader = device.reader
         if job is None:
             return self._down(device, device.down_reason or "not sampled")
+        if job.cancelled():  # never started: every reader was stuck in another GPU's calls
+            return self._down(device, "not read in time: every reader thread was busy")
         if not job.done():
             hung = reader.abandon_tick(self.clock(), job)
             self.errors.add(self.name, hung or "tick", "Timeout")
