@@ -10,6 +10,7 @@ and checks the result for duplicate label sets.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 
 from gpu_exporter.alerting.rules import gomath
@@ -73,7 +74,9 @@ def _extrapolated_rate(is_counter: bool, is_rate: bool, major: int = 2) -> Range
         first_t, first_v = times[0], values[0]
         last_t, last_v = times[-1], values[-1]
         result = last_v - first_v
-        if is_counter:
+        # Most windows hold no counter reset: found at C speed, and then the loop that adds
+        # each reset's value (in Prometheus' order) would add nothing.
+        if is_counter and any(map(operator.lt, values[1:], values)):
             previous = first_v
             for value in values[1:]:
                 if value < previous:  # a counter reset: the counter restarted from zero
@@ -137,6 +140,9 @@ def _instant_value(is_rate: bool) -> RangeImpl:
 
 
 def _avg_over_time(times: Sequence[int], values: Sequence[float], *_: object) -> float:
+    first = values[0]
+    if _constant_average(first, values):
+        return first
     isinf = math.isinf  # a local: this loop runs once per sample
     mean = c = 0.0
     count = 0.0  # a float counts exactly (< 2**53) and divides as the int did
@@ -156,6 +162,18 @@ def _avg_over_time(times: Sequence[int], values: Sequence[float], *_: object) ->
             c += (inc - t) + mean
         mean = t
     return mean if math.isinf(mean) else mean + c
+
+
+def _constant_average(first: float, values: Sequence[float]) -> bool:
+    """Whether the incremental mean below of `values` is `first` itself, found without the
+    loop: every value is `first`, finite and not -0. (Then the first step gives mean `first`
+    and compensation 0, and every later step adds `first/n - first/n`, exactly 0, to both.)
+    Flags, verdicts and success ratios are mostly constant over a window."""
+    return (
+        math.isfinite(first)
+        and not (first == 0 and math.copysign(1.0, first) < 0)
+        and values.count(first) == len(values)
+    )
 
 
 def _avg_over_time_3(times: Sequence[int], values: Sequence[float], *_: object) -> float:
@@ -200,6 +218,8 @@ def _sum_over_time(times: Sequence[int], values: Sequence[float], *_: object) ->
 
 
 def _max_over_time(times: Sequence[int], values: Sequence[float], *_: object) -> float:
+    if not any(map(math.isnan, values)):
+        return max(values)  # the first largest, as the loop below: the same with no NaN
     best = values[0]
     for value in values:
         if value > best or math.isnan(best):
@@ -208,6 +228,8 @@ def _max_over_time(times: Sequence[int], values: Sequence[float], *_: object) ->
 
 
 def _min_over_time(times: Sequence[int], values: Sequence[float], *_: object) -> float:
+    if not any(map(math.isnan, values)):
+        return min(values)  # the first smallest, as the loop below: the same with no NaN
     best = values[0]
     for value in values:
         if value < best or math.isnan(best):
@@ -258,6 +280,8 @@ def _stdvar_over_time(times: Sequence[int], values: Sequence[float], *_: object)
 
 
 def _changes(times: Sequence[int], values: Sequence[float], *_: object) -> float:
+    if not any(map(math.isnan, values)):
+        return float(sum(map(operator.ne, values[1:], values)))
     changes = 0
     previous = values[0]
     for value in values[1:]:
@@ -268,13 +292,7 @@ def _changes(times: Sequence[int], values: Sequence[float], *_: object) -> float
 
 
 def _resets(times: Sequence[int], values: Sequence[float], *_: object) -> float:
-    resets = 0
-    previous = values[0]
-    for value in values[1:]:
-        if value < previous:
-            resets += 1
-        previous = value
-    return float(resets)
+    return float(sum(map(operator.lt, values[1:], values)))  # NaN compares false, as in Go
 
 
 def _linear_regression(
