@@ -25,7 +25,7 @@ import gc
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pynvml as N
@@ -129,10 +129,12 @@ class OverheadSettings:
     interval: float = 1.0
     devices: int = 8
     latency_models: tuple[str, ...] = ("mixed", "nvml-like")
+    pairs: int = 9  # paired_read_path: odd, so the median is a pair's
+    ticks_per_pair: int = 40
 
     @classmethod
     def quick(cls) -> OverheadSettings:
-        return cls(ticks=8, warmup_ticks=2, latency_models=("mixed",))
+        return cls(ticks=8, warmup_ticks=2, latency_models=("mixed",), pairs=3, ticks_per_pair=4)
 
 
 def scenario_for(model: str, devices: int) -> dict[str, Any]:
@@ -281,6 +283,31 @@ def ratios(variants: Mapping[str, Mapping[str, Any]]) -> dict[str, float | None]
     return out
 
 
+def paired_read_path(scenario: Mapping[str, Any], settings: OverheadSettings) -> dict[str, Any]:
+    """The read path's ratio again, as pairs measured back to back (the bare loop, then the
+    NVML source, `settings.pairs` times): this machine's speed drifts by tens of percent over
+    a minute, which one block of each moves with; the median of the pairs' ratios does not."""
+    each = replace(settings, ticks=settings.ticks_per_pair)
+    cpu: dict[str, list[float]] = {"bare_sequential": [], "source_only": []}
+    for _ in range(settings.pairs):
+        for name in cpu:
+            tick, close, _fake = VARIANTS[name](scenario)
+            try:
+                for _ in range(each.warmup_ticks):
+                    tick()
+                cpu[name].append(_timed(tick, each.ticks)["cpu_seconds_per_tick"])
+            finally:
+                close()
+    pairs = [ratio(s, b) for s, b in zip(cpu["source_only"], cpu["bare_sequential"], strict=True)]
+    known = sorted(r for r in pairs if r is not None)
+    return {
+        "ticks_per_pair": each.ticks,
+        "cpu_seconds_per_tick": cpu,
+        "ratios": pairs,
+        "median": known[len(known) // 2] if known else None,
+    }
+
+
 def run(settings: OverheadSettings) -> dict[str, Any]:
     models: dict[str, Any] = {}
     for model in settings.latency_models:
@@ -292,6 +319,7 @@ def run(settings: OverheadSettings) -> dict[str, Any]:
             "same_calls": same_calls(
                 variants["bare_sequential"]["calls"], variants["source_only"]["calls"]
             ),
+            "read_path_paired": paired_read_path(scenario, settings),
         }
     polling = xid_polling_cpu(scenario_for("mixed", settings.devices), 5.0)
     return {

@@ -555,6 +555,27 @@ def test_bare_loop_makes_the_daemons_nvml_calls(fake_nvml: object) -> None:
     assert overhead.same_calls(bare["calls"], daemon["calls"]) == {"same": True, "differences": {}}
 
 
+def test_paired_read_path_measures_both_loops_pair_by_pair(fake_nvml: object) -> None:
+    settings = overhead.OverheadSettings(warmup_ticks=1, pairs=3, ticks_per_pair=2)
+    paired = overhead.paired_read_path(overhead.scenario_for("mixed", 2), settings)
+    cpu = paired["cpu_seconds_per_tick"]
+    assert len(cpu["bare_sequential"]) == len(cpu["source_only"]) == 3
+    pairs = zip(cpu["source_only"], cpu["bare_sequential"], strict=True)
+    assert paired["ratios"] == [source / bare for source, bare in pairs]
+    assert paired["median"] == sorted(paired["ratios"])[1]
+
+
+def test_the_read_path_verdict_is_the_median_pair_not_one_block() -> None:
+    mixed = {
+        "ratios": {"source_only_cpu_vs_bare": 1.4},
+        "read_path_paired": {"ratios": [1.1, 1.2, 1.9], "median": 1.2},
+    }
+    results = {"overhead": {"models": {"mixed": mixed}}}
+    rows = {name: (value, note, ok) for name, value, note, ok in report.evaluate_targets(results)}
+    value, note, ok = rows["read path over bare NVML <= 1.25x (NVML source only, CPU)"]
+    assert ok is True and value == "1.20x" and "3 back-to-back pairs" in note and "1.40x" in note
+
+
 def test_quick_peer_run_writes_json_and_summary(tmp_path: Path) -> None:
     argv = ["--quick", "--only", "peer", "--targets", "gpu-exporter", "--results", str(tmp_path)]
     assert run_all.main(argv) == 0
