@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpu_exporter.collect.nvml import source as nvml_source
+from gpu_exporter.collect import reader_crew
 from gpu_exporter.collect.nvml.device import DeviceReader
 from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.source import SourceUnavailableError
@@ -218,9 +218,10 @@ def test_gpus_that_answer_are_read_in_turn_on_one_thread(
     start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not a thread per GPU: eight threads runnable at once fight for the GIL at every NVML
-    call, which costs more CPU than the reads. (A handover longer than any read here, so
-    that a loaded machine does not bring in a second reader.)"""
-    monkeypatch.setattr(nvml_source, "handover_seconds", lambda deadline, devices: 5.0)
+    call, which costs more CPU than the reads. (A handover and a budget longer than any
+    read here, so that a loaded machine does not bring in a second reader.)"""
+    monkeypatch.setattr(reader_crew, "HANDOVER_SECONDS", 5.0)
+    monkeypatch.setattr(reader_crew, "BUDGET_SHARE", 1.0)
     readers: set[str] = set()
     read_tick = DeviceReader.read_tick
 

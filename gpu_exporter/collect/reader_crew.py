@@ -3,11 +3,12 @@
 One thread per GPU, all started at once, is what isolates a GPU that hangs; but eight threads
 runnable together fight for the GIL at every NVML call (ctypes releases it around each foreign
 call and retakes it after), and on a small node that fight costs more CPU than the reads. So the
-reads of a tick go to one reader thread, one GPU after another, and a second reader joins only
-when no read has finished for `handover_seconds`: a GPU whose call hangs, or calls slow enough
-that one thread would not finish in time, bring in more threads, up to one per GPU. A thread
-still stuck in a call when the tick ends is left behind (ctypes calls cannot be cancelled); the
-next tick starts a fresh one.
+reads of a tick go to one reader thread, one GPU after another, and another reader joins when
+no read has answered for `HANDOVER_SECONDS` (a GPU stuck in a call holds the others up that
+long), or when the reads so far say the rest would not be done within `BUDGET_SHARE` of the
+deadline (calls slow enough, or GPUs enough, that one thread would not keep up), up to one
+reader per GPU. A thread still stuck in a call when the tick ends is left behind (ctypes calls
+cannot be cancelled); the next tick starts a fresh one.
 """
 
 from __future__ import annotations
@@ -21,17 +22,14 @@ from typing import Any
 
 from gpu_exporter.collect.worker import Worker
 
-__all__ = ["ReaderCrew", "handover_seconds"]
+__all__ = ["ReaderCrew"]
 
-# The longest one read may run before the next GPU's read starts on another thread: a read of
-# one GPU at NVML's usual speed takes about a millisecond of CPU.
+# How long no read may answer before another reader joins: a read of one GPU at NVML's usual
+# speed takes about a millisecond of CPU. Also how often the waiting thread looks: each look
+# takes the GIL from a reader, so not at every answer.
 HANDOVER_SECONDS = 0.01
-
-
-def handover_seconds(deadline_seconds: float, devices: int) -> float:
-    """At most HANDOVER_SECONDS, and small enough that reads each just under it, one after
-    another, still leave the last GPU three quarters of the deadline."""
-    return min(HANDOVER_SECONDS, deadline_seconds / (4 * max(1, devices)))
+# The share of the deadline all reads should take: past it, by the pace so far, another joins.
+BUDGET_SHARE = 0.25
 
 
 class _Run:
@@ -91,33 +89,39 @@ class ReaderCrew:
         self._lock = threading.Lock()  # the sampler's ticks and a recovery's enumeration
         self._stopped = False
 
-    def run(
-        self, reads: Sequence[Callable[[], Any]], handover: float, deadline: float
-    ) -> list[futures.Future[Any]]:
+    def run(self, reads: Sequence[Callable[[], Any]], deadline: float) -> list[futures.Future[Any]]:
         """Each read's result, waiting at most `deadline` seconds: one not done by then is
         still running (hung), one cancelled never started (no thread was free in time)."""
         run = _Run(reads)
         if not reads:
             return []
-        ends = time.monotonic() + deadline
+        started = time.monotonic()
+        ends, budget_ends = started + deadline, started + deadline * BUDGET_SHARE
         crew = [self._join(run)]
-        # The sampler wakes once per handover, not at each answer: each wake-up would take the
-        # GIL from the reader.
         answered = 0
-        while not run.finished.wait(max(0.0, min(handover, ends - time.monotonic()))):
-            if time.monotonic() >= ends:
+        while not run.finished.wait(max(0.0, min(HANDOVER_SECONDS, ends - time.monotonic()))):
+            now = time.monotonic()
+            if now >= ends:
                 break
             stalled, answered = run.answered == answered, run.answered
-            if stalled and run.waiting() and len(crew) < len(reads):
-                crew.append(self._join(run))  # nothing answered for a while: one more reader
+            pace = (now - started) / answered if answered else 0.0
+            behind = now + (len(reads) - answered) * pace > budget_ends
+            if (stalled or behind) and run.waiting() and len(crew) < len(reads):
+                crew.append(self._join(run))
         run.close()
-        for worker, serving in crew:
-            with self._lock:
-                keep = serving.done() and not self._stopped
-                if keep:
+        leaving = []
+        with self._lock:
+            for worker, serving in crew:
+                if serving.done() and not self._stopped:
                     self._free.append(worker)
-            if not keep:
-                worker.stop()  # stuck in a call: it exits once that returns
+                else:
+                    leaving.append(worker)  # stuck in a call: it exits once that returns
+            # Kept: as many as this run needed. A thread each slow tick once brought in would
+            # otherwise stay for good, and each holds a stack and a malloc arena.
+            while len(self._free) > len(crew):
+                leaving.append(self._free.pop(0))
+        for worker in leaving:
+            worker.stop()
         return run.results
 
     def stop(self) -> None:

@@ -15,9 +15,10 @@ Lifecycle:
   Identity and slow-changing data are read in each GPU's first tick, under its deadline.
 - `sample()` gives each GPU's `DeviceReader.read_tick` (every enabled collector of
   `collect/nvml/collectors/`, guarded) to the reader crew (`collect/reader_crew.py`: one
-  thread reads the GPUs in turn, and another joins whenever no read has finished for a few
-  milliseconds, so a GPU stuck in a call holds the others up that long at most) and waits at
-  most `deadline_seconds`. A GPU that does not answer in time is reported down for that tick,
+  thread reads the GPUs in turn, and another joins when no read has answered for 10 ms, so a
+  GPU stuck in a call holds the others up that long at most, or when at the pace so far the
+  reads would take more than a quarter of the deadline) and waits at most
+  `deadline_seconds`. A GPU that does not answer in time is reported down for that tick,
   the call it hung in is quarantined, and its stuck thread is abandoned (ctypes calls cannot be
   cancelled). `collector_status()` then says how each
   collector did, over all GPUs.
@@ -59,7 +60,7 @@ from gpu_exporter.collect.nvml.collectors.mig import MIG_GPM
 from gpu_exporter.collect.nvml.device import DeviceReader, TickResult
 from gpu_exporter.collect.nvml.values import error_name
 from gpu_exporter.collect.nvml.xid import XidCounts, XidWatcher
-from gpu_exporter.collect.reader_crew import ReaderCrew, handover_seconds
+from gpu_exporter.collect.reader_crew import ReaderCrew
 from gpu_exporter.collect.settings import DEFAULT_INTERVAL_SECONDS, NvmlConfig
 from gpu_exporter.collect.source import ErrorLog, SourceUnavailableError, TooManyDevicesError
 from gpu_exporter.collect.startup import StartupProgress
@@ -708,9 +709,7 @@ class NvmlSource:
         self, reads: list[Callable[[], Any]], timeout: float | None = None
     ) -> list[futures.Future[Any]]:
         """`reads` (one per GPU) on the reader crew, waiting at most `timeout` (the deadline)."""
-        timeout = self.deadline_seconds if timeout is None else timeout
-        handover = handover_seconds(timeout, len(self._devices))
-        return self._crew.run(reads, handover, timeout)
+        return self._crew.run(reads, self.deadline_seconds if timeout is None else timeout)
 
     def _needing_dcgm(self) -> tuple[frozenset[str], frozenset[str]]:
         """The answering GPUs whose activity GPM cannot give (learned unsupported before
