@@ -318,6 +318,83 @@ def test_the_shipped_rules_read_nothing_the_default_profile_leaves_out(
     assert not [r.getMessage() for r in caplog.records if "does not export" in r.getMessage()]
 
 
+PARTIAL_RULES = """\
+groups:
+  - name: partial
+    rules:
+      - alert: MemoryClockRead
+        expr: gpu_clock_hertz{clock="mem"} > 0
+      - alert: ThermalFlagAlone
+        expr: avg_over_time(gpu_clock_event_active{reason="hw_thermal_slowdown"}[1m]) > 0
+      - alert: ThermalFlagWithItsCounter
+        expr: |
+          rate(gpu_clock_event_seconds_total{reason="hw_thermal_slowdown"}[1m]) > 0
+          or (avg_over_time(gpu_clock_event_active{reason="hw_thermal_slowdown"}[1m]) > 0
+              unless on (gpu) gpu_clock_event_seconds_total{reason="hw_thermal_slowdown"})
+      - alert: SmClockRead
+        expr: gpu_clock_hertz{clock="sm"} > 0
+"""
+
+
+def warned_rules(caplog: pytest.LogCaptureFixture) -> dict[str, str]:
+    """Rule name -> its start-up warning about reading what the profile leaves out."""
+    found = {}
+    for record in caplog.records:
+        message = record.getMessage()
+        if "does not export" in message:
+            found[message.split()[1]] = message
+    return found
+
+
+def test_a_rule_reading_a_part_the_profile_leaves_out_is_named_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not only whole families: the memory clock (default exports the SM clock), and a reason
+    flag read without the counter that replaces it where the driver has one."""
+    rules = tmp_path / "partial.yaml"
+    rules.write_text(PARTIAL_RULES)
+    with running("mixed", {"rules.files": [str(rules)]}):
+        pass
+    warned = warned_rules(caplog)
+    assert set(warned) == {"MemoryClockRead", "ThermalFlagAlone"}
+    assert (
+        'gpu_clock_hertz{clock="mem"} (does not export its clock="mem" series)'
+        in (warned["MemoryClockRead"])
+    )
+    assert "only where gpu_clock_event_seconds_total has no series" in warned["ThermalFlagAlone"]
+    caplog.clear()
+    with running("mixed", {"rules.files": [str(rules)], "metrics.profile": "full"}):
+        pass
+    assert warned_rules(caplog) == {}
+
+
+@pytest.mark.parametrize(
+    ("family", "equal", "also_read", "why"),
+    [
+        ("gpu_utilization_ratio", {}, (), None),  # whole
+        ("gpu_pipe_active_ratio", {}, (), "does not export it"),  # full only
+        ("gpu_clock_hertz", {"clock": "sm"}, (), None),
+        ("gpu_clock_hertz", {"clock": "mem"}, (), 'does not export its clock="mem" series'),
+        ("gpu_clock_hertz", {}, (), None),  # all clocks asked: the SM clock is there
+        ("gpu_clock_event_active", {"reason": "hw_thermal_slowdown"}, (), "only where"),
+        (
+            "gpu_clock_event_active",
+            {"reason": "hw_thermal_slowdown"},
+            ("gpu_clock_event_seconds_total",),
+            None,
+        ),
+    ],
+)
+def test_what_a_selector_misses_in_the_default_profile(
+    family: str, equal: dict[str, str], also_read: tuple[str, ...], why: str | None
+) -> None:
+    found = ExportFilter("default").unexported_read(family, equal, also_read)
+    assert (found is None) if why is None else (found is not None and why in found)
+    assert ExportFilter("full").unexported_read(family, equal, also_read) is None
+    included = ExportFilter("default", include=[family])
+    assert included.unexported_read(family, equal, also_read) is None
+
+
 def test_the_api_and_the_status_page_see_every_family() -> None:
     """The status page reads /api/v1/devices, built from every series of the tick: the GPU's MIG
     mode and memory clock are there whatever the profile."""

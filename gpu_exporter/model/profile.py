@@ -87,6 +87,32 @@ class ExportFilter:
         """Whether any series of `family` can be exported."""
         return self._parts.get(family) is not None
 
+    def unexported_read(
+        self, family: str, equal: Mapping[str, str], also_read: Iterable[str]
+    ) -> str | None:
+        """Why a selector of `family` (with these `label="value"` matchers, in a query that
+        also reads the families `also_read`) sees nothing this profile exports, where it may
+        not; None when it sees what it would see in `full`."""
+        part = self._parts.get(family)
+        if part is None:
+            return "does not export it"
+        value = equal.get(part.label) if part.label else None
+        if value is not None and (
+            value in part.omitted or (part.values and value not in part.values)
+        ):
+            return f'does not export its {part.label}="{value}" series'
+        if part.unless and part.unless not in set(also_read):
+            better = self._parts.get(part.unless)
+            measured = better is not None and (
+                not better.label or value is None or not better.values or value in better.values
+            )
+            if measured:
+                return (
+                    f"exports it only where {part.unless} has no series of the same labels, "
+                    f"and the query does not read {part.unless}"
+                )
+        return None
+
     def apply(self, series_set: SeriesSet) -> SeriesSet:
         """The exported part of `series_set` (the same Series objects, in the same order)."""
         if self.everything:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_exporter.alerting.notify import Notifier
 from gpu_exporter.alerting.rules import promql
 from gpu_exporter.alerting.rules.manager import RuleManager
+from gpu_exporter.alerting.rules.promql_values import NAME
 from gpu_exporter.collect.activity_time import ActivityTime
 from gpu_exporter.collect.classify import Classifier
 from gpu_exporter.collect.health_latch import HealthLatch
@@ -218,19 +219,36 @@ def _dra(
 
 
 def warn_unexported_reads(manager: RuleManager, export: ExportFilter) -> None:
-    """A rule reading a family the metrics profile does not export sees none of it, as a
-    Prometheus scraping /metrics would not: said once at start, naming the rule."""
+    """A rule reading a family, or the part of one, that the metrics profile does not export
+    sees none of it, as a Prometheus scraping /metrics would not: said once at start, naming
+    the rule and what it misses."""
     for group in manager.evaluator.groups:
         for rule in (state.rule for state in group.rules):
-            names = promql.referenced_metrics(rule.expr) or frozenset()
-            families = {family_of(name) for name in names}
-            left_out = sorted(f for f in families if f is not None and not export.exports(f))
-            if left_out:
+            selectors = [
+                (family, {m.name: m.value for m in matchers if m.op == "=" and m.name != NAME})
+                for metric, matchers in promql.referenced_selectors(rule.expr)
+                if metric is not None and (family := family_of(metric)) is not None
+            ]
+            read = {family for family, _ in selectors}
+            misses = sorted(
+                {
+                    f"{family}{_shown(equal)} ({why})"
+                    for family, equal in selectors
+                    if (why := export.unexported_read(family, equal, read)) is not None
+                }
+            )
+            if misses:
                 log.warning(
-                    "rule %s (%s) reads %s, which metrics.profile %s does not export: it sees "
-                    "none of it (metrics.include exports a family whatever the profile)",
-                    rule.name, rule.location, ", ".join(left_out), export.profile,
+                    "rule %s (%s) reads what metrics.profile %s does not export, and sees none "
+                    "of it: %s (metrics.include exports a family whole whatever the profile)",
+                    rule.name, rule.location, export.profile, "; ".join(misses),
                 )  # fmt: skip
+
+
+def _shown(equal: dict[str, str]) -> str:
+    """The equality matchers of a selector, as PromQL writes them ("" for none)."""
+    shown = ", ".join(f'{name}="{value}"' for name, value in sorted(equal.items()))
+    return f"{{{shown}}}" if shown else ""
 
 
 def _alerting(

@@ -258,6 +258,11 @@ def referenced_metrics(expr: P.Expr) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def referenced_selectors(expr: P.Expr) -> list[tuple[str | None, tuple[Matcher, ...]]]:
+    """Each selector of `expr`: its fixed metric name (None without one) and its matchers."""
+    return [(selector.metric, selector.matchers) for selector in _selectors(_compile(expr))]
+
+
 def max_range_seconds(expr: P.Expr) -> float:
     """Longest history (ranges, offsets and subqueries) any selector of `expr` reads before
     the evaluation time, 0 if none."""
