@@ -769,7 +769,7 @@ def test_markers_inside_a_range_are_skipped_and_other_nans_are_not() -> None:
     assert evaluate(parse("sum_over_time(x[1s])"), store, 4.0) == [Element((), 3.0)]
 
 
-def _kahan_reference(inc: float, total: float, c: float) -> tuple[float, float]:
+def kahan_reference(inc: float, total: float, c: float) -> tuple[float, float]:
     """Prometheus' kahanSumInc, as a function: the inlined loops must compute exactly this."""
     t = total + inc
     if abs(total) >= abs(inc):
@@ -779,7 +779,7 @@ def _kahan_reference(inc: float, total: float, c: float) -> tuple[float, float]:
     return t, c
 
 
-def _avg_reference(values: list[float]) -> float:
+def avg_reference(values: list[float]) -> float:
     mean = c = 0.0
     for count, value in enumerate(values, 1):
         if math.isinf(mean):
@@ -787,14 +787,14 @@ def _avg_reference(values: list[float]) -> float:
                 continue
             if not math.isinf(value) and not math.isnan(value):
                 continue
-        mean, c = _kahan_reference(value / count - mean / count, mean, c)
+        mean, c = kahan_reference(value / count - mean / count, mean, c)
     return mean if math.isinf(mean) else mean + c
 
 
 def _sum_reference(values: list[float]) -> float:
     total = c = 0.0
     for value in values:
-        total, c = _kahan_reference(value, total, c)
+        total, c = kahan_reference(value, total, c)
     return total if math.isinf(total) else total + c
 
 
@@ -808,7 +808,7 @@ def test_over_time_sums_are_bit_for_bit_prometheus_kahan_summation() -> None:
         ]
         store = raw_store(*((float(i), v) for i, v in enumerate(values)))
         t = float(len(values) - 1)
-        for function, reference in (("avg", _avg_reference), ("sum", _sum_reference)):
+        for function, reference in (("avg", avg_reference), ("sum", _sum_reference)):
             result = evaluate(parse(f"{function}_over_time(x[1h])"), store, t)
             assert isinstance(result, list) and len(result) == 1
             got, expected = result[0].value, reference(values)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from gpu_exporter.alerting.rules import promql_functions as F
 from gpu_exporter.alerting.rules.promql_values import Semantics
+from tests.test_promql import avg_reference  # Prometheus' incremental mean, step for step
 
 EDGES = [0.0, -0.0, 1.0, 0.1, -3.5, 5e-324, -5e-324, 1.7976931348623157e308, math.inf, -math.inf]
 VALUE = st.sampled_from([*EDGES, math.nan]) | st.floats(allow_nan=True, width=64)
@@ -42,28 +43,6 @@ def bits(value: float | None) -> bytes | None:
 def call(name: str, values: Sequence[float]) -> float | None:
     times = array("q", range(0, 15_000 * len(values), 15_000))
     return IMPLS[name](times, array("d", values), -15_000, times[-1] + 1, 60_000, times[-1], ())
-
-
-def kahan_inc(inc: float, total: float, c: float) -> tuple[float, float]:
-    t = total + inc
-    if abs(total) >= abs(inc):
-        c += (total - t) + inc
-    else:
-        c += (inc - t) + total
-    return t, c
-
-
-def go_avg_over_time(values: Sequence[float]) -> float:
-    mean = c = count = 0.0
-    for v in values:
-        count += 1
-        if math.isinf(mean):
-            if math.isinf(v) and (mean > 0) == (v > 0):
-                continue
-            if not math.isinf(v) and not math.isnan(v):
-                continue
-        mean, c = kahan_inc(v / count - mean / count, mean, c)
-    return mean if math.isinf(mean) else mean + c
 
 
 def go_max_over_time(values: Sequence[float]) -> float:
@@ -112,7 +91,7 @@ def go_increase_before_extrapolation(values: Sequence[float]) -> float:
 @CHECKS
 @given(WINDOW)
 def test_avg_over_time_is_prometheus_loop(values: list[float]) -> None:
-    assert bits(call("avg_over_time", values)) == bits(go_avg_over_time(values))
+    assert bits(call("avg_over_time", values)) == bits(avg_reference(values))
 
 
 @CHECKS
@@ -146,5 +125,5 @@ def test_increase_adds_each_counter_reset_in_prometheus_order(values: list[float
 
 def test_a_constant_window_of_minus_zero_takes_the_loop() -> None:
     """-0 is the one constant whose incremental mean is not itself (0 + -0 is +0)."""
-    assert bits(call("avg_over_time", [-0.0] * 5)) == bits(go_avg_over_time([-0.0] * 5))
+    assert bits(call("avg_over_time", [-0.0] * 5)) == bits(avg_reference([-0.0] * 5))
     assert bits(call("avg_over_time", [-0.0] * 5)) == bits(0.0)
