@@ -25,6 +25,17 @@ def reader(value: Any, threads: list[str] | None = None) -> Callable[[], Any]:
     return read
 
 
+def sleeping(value: Any, seconds: float, threads: list[str]) -> Callable[[], Any]:
+    """A read that takes `seconds` (a slow NVML call), noting the thread it ran on."""
+
+    def read() -> Any:
+        threads.append(threading.current_thread().name)
+        time.sleep(seconds)
+        return value
+
+    return read
+
+
 def stuck(release: threading.Event, threads: list[str]) -> Callable[[], str]:
     def read() -> str:
         threads.append(threading.current_thread().name)
@@ -90,16 +101,7 @@ def test_slow_reads_bring_in_more_readers(
 ) -> None:
     quick_handover(monkeypatch, 0.02)
     threads: list[str] = []
-
-    def slow(i: int) -> Callable[[], int]:
-        def read() -> int:
-            threads.append(threading.current_thread().name)
-            time.sleep(0.2)
-            return i
-
-        return read
-
-    results = crew.run([slow(i) for i in range(4)], deadline=5.0)
+    results = crew.run([sleeping(i, 0.2, threads) for i in range(4)], deadline=5.0)
     assert [r.result() for r in results] == [0, 1, 2, 3]
     assert len(set(threads)) > 1
 
@@ -176,16 +178,7 @@ def test_reads_that_would_overrun_the_budget_bring_in_readers(
     well within it."""
     quick_handover(monkeypatch, 0.05)
     threads: list[str] = []
-
-    def steady(i: int) -> Callable[[], int]:
-        def read() -> int:
-            threads.append(threading.current_thread().name)
-            time.sleep(0.03)
-            return i
-
-        return read
-
     started = time.monotonic()
-    results = crew.run([steady(i) for i in range(20)], deadline=1.0)
+    results = crew.run([sleeping(i, 0.03, threads) for i in range(20)], deadline=1.0)
     assert [r.result() for r in results] == list(range(20))
     assert len(set(threads)) > 1 and time.monotonic() - started < 1.0

@@ -92,9 +92,9 @@ class ReaderCrew:
     def run(self, reads: Sequence[Callable[[], Any]], deadline: float) -> list[futures.Future[Any]]:
         """Each read's result, waiting at most `deadline` seconds: one not done by then is
         still running (hung), one cancelled never started (no thread was free in time)."""
-        run = _Run(reads)
         if not reads:
             return []
+        run = _Run(reads)
         started = time.monotonic()
         ends, budget_ends = started + deadline, started + deadline * BUDGET_SHARE
         crew = [self._join(run)]
