@@ -1,4 +1,4 @@
-"""Helpers shared by tests: tool lookup and promtool."""
+"""Helpers shared by tests: tool lookup, promtool and gRPC channels to the fakes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import grpc
 import pytest
 
 T = TypeVar("T")
@@ -28,6 +29,17 @@ def wait_for(
     if value:
         return value
     raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def unix_channel(socket_path: str) -> grpc.Channel:
+    """A gRPC channel to a fake's unix socket that shares no connection state with others.
+
+    gRPC shares subchannels between channels to one address by default, backoff included: a
+    test that saw the socket refuse a connection and then restarted the server would have its
+    next channel fail at once with the old "Connection refused" until that backoff ends."""
+    return grpc.insecure_channel(
+        "unix://" + socket_path, options=[("grpc.use_local_subchannel_pool", 1)]
+    )
 
 
 def require_tool(name: str) -> str:

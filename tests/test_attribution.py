@@ -20,6 +20,7 @@ from gpu_exporter.collect.k8s.attribution import PodAttribution, PodRef, normali
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
 from gpu_exporter.collect.settings import KubernetesConfig
 from gpu_exporter.sim.kubelet import FakeKubelet, pod
+from tests.support import unix_channel
 
 GPU0 = "GPU-8f2c1d90-3e5a-4b17-9c2e-5da9abb51763"
 GPU1 = "GPU-1b1e4a7c-0c55-4a7e-8d0b-8e3d1f1f3a01"
@@ -509,7 +510,7 @@ def test_fake_kubelet_serves_the_whole_v1_service(kubelet):
     """The fake answers Get and GetAllocatableResources like a kubelet, not only List."""
     kubelet.set_pods([pod("a", "p", {"c": [(GPU, [GPU0])]})])
     kubelet.allocatable = {GPU: [GPU0, GPU1]}
-    with grpc.insecure_channel("unix://" + kubelet.socket_path) as channel:
+    with unix_channel(kubelet.socket_path) as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
         found = stub.Get(api_pb2.GetPodResourcesRequest(pod_name="p", pod_namespace="a"), timeout=2)
         assert found.pod_resources.containers[0].devices[0].device_ids == [GPU0]

@@ -26,6 +26,7 @@ from gpu_exporter.sim.node import SYNC_SECONDS, SimulatedNode
 from gpu_exporter.sim.processes import container_id, pod_uid, sandbox_id, start_ticks
 from gpu_exporter.sim.procfs import entries
 from tests.daemon import parse_samples, serve
+from tests.support import unix_channel
 
 SCENARIO: dict[str, Any] = {
     "name": "node",
@@ -223,7 +224,7 @@ def test_tests_can_make_entries_vanish_or_unreadable_and_restore_them(node) -> N
 
 
 def rpc(node: SimulatedNode, method: str, request: Any, timeout: float = 5) -> Any:
-    with grpc.insecure_channel("unix://" + node.cri_socket_path) as channel:
+    with unix_channel(node.cri_socket_path) as channel:
         stub = cri_grpc.RuntimeServiceStub(channel)
         return getattr(stub, method)(request, timeout=timeout)
 

@@ -8,7 +8,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from gpu_exporter.collect.k8s.podresources.v1 import api_pb2, api_pb2_grpc
@@ -16,7 +15,7 @@ from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.kubelet import FakeKubelet, scenario_pods, start_for
 from gpu_exporter.sim.scenario import ScenarioError, load_scenario
 from tests.daemon import Daemon, parse_samples, serve
-from tests.support import wait_for
+from tests.support import unix_channel, wait_for
 
 SCENARIO = """\
 name: churn
@@ -40,7 +39,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def listed(kubelet: FakeKubelet) -> dict[tuple[str, str, str], list[str]]:
     """(namespace, pod, container) -> device ids, from a real gRPC List() on its socket."""
-    with grpc.insecure_channel("unix://" + kubelet.socket_path) as channel:
+    with unix_channel(kubelet.socket_path) as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
         response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
     return {

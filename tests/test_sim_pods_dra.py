@@ -8,7 +8,6 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from gpu_exporter.collect.k8s.attribution import PodAttribution, PodRef
@@ -19,6 +18,7 @@ from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.kubelet import FakeKubelet, start_for
 from gpu_exporter.sim.scenario import ScenarioError, load_scenario
 from gpu_exporter.sim.spec import Scenario
+from tests.support import unix_channel
 
 SCENARIO = """\
 name: dra
@@ -51,7 +51,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def list_pods(kubelet: FakeKubelet) -> dict[str, api_pb2.PodResources]:
-    with grpc.insecure_channel("unix://" + kubelet.socket_path) as channel:
+    with unix_channel(kubelet.socket_path) as channel:
         stub = api_pb2_grpc.PodResourcesListerStub(channel)
         response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=5)
     return {p.name: p for p in response.pod_resources}
