@@ -36,13 +36,38 @@ INIT_GRACE_SECONDS = 0.25
 log = logging.getLogger("gpu_exporter")
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = ("serve", "rules", "config", "diagnose", "probe")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; with `only`, that command's parser alone (`main` for a known command:
+    the other commands' parsers import their modules, which `serve` would then hold for good)."""
     parser = argparse.ArgumentParser(
         prog="gpu-exporter",
         description="GPU telemetry exporter and alerting daemon.",
     )
     parser.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    if only in (None, "serve"):
+        _add_serve_command(commands)
+    if only in (None, "rules"):
+        _add_rules_commands(commands)
+    if only in (None, "config"):
+        from gpu_exporter.config import check as config_check
+
+        config_check.add_parser(commands)
+    if only in (None, "diagnose"):
+        from gpu_exporter import diagnose
+
+        diagnose.add_parser(commands)
+    if only in (None, "probe"):
+        from gpu_exporter.web import probe
+
+        probe.add_parser(commands)
+    return parser
+
+
+def _add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="sample GPUs and serve /metrics")
     serve.add_argument("--config", metavar="FILE", help="YAML configuration file")
     serve.add_argument(
@@ -116,17 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the families of this dcgm-exporter counters file (its -f/--collectors CSV) "
         "at /metrics/dcgm, with its types and help texts",
     )
-    _add_rules_commands(commands)
-    from gpu_exporter import diagnose
-    from gpu_exporter.config import check as config_check
-
-    config_check.add_parser(commands)
-
-    diagnose.add_parser(commands)
-    from gpu_exporter.web import probe
-
-    probe.add_parser(commands)
-    return parser
 
 
 def _add_semantics_argument(parser: argparse.ArgumentParser) -> None:
@@ -436,8 +450,10 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = given[0] if given and given[0] in COMMANDS else None  # else: help, or a misspelling
+    parser = build_parser(command)
+    args = parser.parse_args(given)
     if args.command == "serve":
         return serve(args)
     if args.command == "rules":

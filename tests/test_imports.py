@@ -2,7 +2,8 @@
 
 httpx (the Alertmanager client, with pygments and httpcore: about 2 MiB) and h2 with
 protobuf (pod attribution's gRPC client: about 4 MiB) would otherwise sit in every daemon's
-memory; grpcio (about 10 MiB more) is the simulator's server only, never the daemon's. Each
+memory; grpcio (about 10 MiB more) is the simulator's server only, never the daemon's; nor
+are the other commands' modules loaded (`diagnose` and its report: about 1 MiB). Each
 case runs `gpu-exporter serve` in a fresh interpreter up to the point where uvicorn would
 serve (its config loaded, so its lazy imports happen too), then lists what is loaded.
 """
@@ -63,6 +64,31 @@ def packages(modules: set[str]) -> set[str]:
 def test_default_serve_imports_neither_httpx_nor_grpc(tmp_path: Path) -> None:
     loaded = packages(loaded_modules(tmp_path))
     assert not loaded & {"httpx", "httpcore", "pygments", "grpc", "google", "h2"}, sorted(loaded)
+
+
+def test_serve_loads_no_other_commands_module(tmp_path: Path) -> None:
+    loaded = loaded_modules(tmp_path)
+    others = {"gpu_exporter.diagnose", "gpu_exporter.config.check", "gpu_exporter.web.probe"}
+    assert not loaded & others, sorted(loaded & others)
+    assert "gpu_exporter.cli" in loaded
+
+
+def test_each_command_parses_as_in_the_whole_command_line() -> None:
+    """`main` builds only the command it runs: each parses its arguments as the whole parser
+    (help, the README's synopsis) does."""
+    from gpu_exporter import cli
+
+    examples = {
+        "serve": ["serve", "--simulate", "--interval", "2"],
+        "rules": ["rules", "check", "a.yaml"],
+        "config": ["config", "check", "c.yaml"],
+        "diagnose": ["diagnose", "--duration", "3"],
+        "probe": ["probe", "http://127.0.0.1:1/readyz"],
+    }
+    assert set(examples) == set(cli.COMMANDS)
+    whole = cli.build_parser()
+    for command, argv in examples.items():
+        assert cli.build_parser(command).parse_args(argv) == whole.parse_args(argv)
 
 
 def test_re2_is_loaded_only_for_a_matcher_that_needs_it(tmp_path: Path) -> None:
