@@ -165,7 +165,7 @@ def test_two_gpus_unidentified_at_start_are_two_devices(fake_nvml) -> None:
     }
     fake_nvml.install(spec)
     errors = ErrorLog()
-    source = NvmlSource(settings=NvmlConfig(device_deadline_seconds=0.3), errors=errors)
+    source = NvmlSource(settings=NvmlConfig(device_deadline_seconds=1.0), errors=errors)
     source.start()
     sampler = Sampler(source, errors, interval=1.0)
     client = TestClient(create_app(sampler, lambda: source.started))

@@ -204,7 +204,7 @@ def test_topology_and_xid_call_only_what_their_collectors_declare(
 
 @pytest.mark.parametrize("builtin", ["mixed", "pre-hopper", "faults"])
 def test_on_the_builtin_scenarios_no_collector_fails(start, clock: ManualClock, builtin) -> None:
-    source = start(builtin, topology=True, device_deadline_seconds=0.3)
+    source = start(builtin, topology=True, device_deadline_seconds=1.0)
     for _ in range(4):  # `faults` hangs a call from 5 s on
         devices = tick(source, clock)
         for device in devices.values():
