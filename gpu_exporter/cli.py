@@ -36,9 +36,6 @@ INIT_GRACE_SECONDS = 0.25
 log = logging.getLogger("gpu_exporter")
 
 
-COMMANDS = ("serve", "rules", "config", "diagnose", "probe")
-
-
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line; with `only`, that command's parser alone (`main` for a known command:
     the other commands' parsers import their modules, which `serve` would then hold for good)."""
@@ -48,22 +45,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpu-exporter {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    if only in (None, "serve"):
-        _add_serve_command(commands)
-    if only in (None, "rules"):
-        _add_rules_commands(commands)
-    if only in (None, "config"):
-        from gpu_exporter.config import check as config_check
-
-        config_check.add_parser(commands)
-    if only in (None, "diagnose"):
-        from gpu_exporter import diagnose
-
-        diagnose.add_parser(commands)
-    if only in (None, "probe"):
-        from gpu_exporter.web import probe
-
-        probe.add_parser(commands)
+    for name, add_parser in _PARSERS.items():
+        if only in (None, name):
+            add_parser(commands)
     return parser
 
 
@@ -141,6 +125,24 @@ def _add_serve_command(commands: argparse._SubParsersAction) -> None:
         help="serve the families of this dcgm-exporter counters file (its -f/--collectors CSV) "
         "at /metrics/dcgm, with its types and help texts",
     )
+
+
+def _add_config_command(commands: argparse._SubParsersAction) -> None:
+    from gpu_exporter.config import check
+
+    check.add_parser(commands)
+
+
+def _add_diagnose_command(commands: argparse._SubParsersAction) -> None:
+    from gpu_exporter import diagnose
+
+    diagnose.add_parser(commands)
+
+
+def _add_probe_command(commands: argparse._SubParsersAction) -> None:
+    from gpu_exporter.web import probe
+
+    probe.add_parser(commands)
 
 
 def _add_semantics_argument(parser: argparse.ArgumentParser) -> None:
@@ -447,6 +449,18 @@ def _serve(config: Config, source: NvmlSource, errors: ErrorLog, grace_ends: flo
     finally:
         assembly.stop()
     return 0
+
+
+# Each command's parser, in the order `--help` lists them; a command's module is imported
+# only when its parser is built.
+_PARSERS: dict[str, Callable[[argparse._SubParsersAction], object]] = {
+    "serve": _add_serve_command,
+    "rules": _add_rules_commands,
+    "config": _add_config_command,
+    "diagnose": _add_diagnose_command,
+    "probe": _add_probe_command,
+}
+COMMANDS = tuple(_PARSERS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -91,6 +91,7 @@ __all__ = [
     "parse",
     "reach_seconds",
     "referenced_metrics",
+    "referenced_selectors",
 ]
 
 
