@@ -349,8 +349,13 @@ def _simulated_api_server(
     if scenario.dra is None or "enabled" in dra.model_fields_set or not config.kubernetes.active():
         return None, config
     from gpu_exporter.sim.apiserver import start_for
+    from gpu_exporter.web.settings import split_host_port
 
-    server = start_for(scenario, clock)
+    # Not a port the daemon is about to listen on: a port picked free a moment ago (as tests
+    # and scripts do) is free for the kernel to hand this server too.
+    addresses = (config.listen_address, config.dcgm_compat.listen_address)
+    daemon_ports = {split_host_port(address)[1] for address in addresses if address}
+    server = start_for(scenario, clock, daemon_ports)
     if server is None:
         return None, config
     dra = dra.model_copy(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import socket
 import ssl
 import threading
 import time
@@ -16,6 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gpu_exporter.cli import _simulated_api_server, _simulated_kubelet
+from gpu_exporter.config.load import load_config
+from gpu_exporter.sim import apiserver
 from gpu_exporter.sim.apiserver import (
     TLS_DIR,
     FakeApiServer,
@@ -358,6 +362,66 @@ def test_close_ends_watches_and_hung_requests() -> None:
     assert time.monotonic() - began < 3.0
     assert outcomes == {"watch": "ended", "hung": "RemoteProtocolError"}
     assert not Path(fake.directory).exists()
+
+
+def test_it_never_listens_on_a_port_it_is_told_to_avoid(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel handing out a port a caller had just picked free, as it did once on CI: the
+    # daemon under test then could not listen on its own port. Here the first bind gets it.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        wanted = probe.getsockname()[1]
+    binds: list[int] = []
+
+    class HandsOutTheWantedPortFirst(apiserver._Server):
+        def __init__(self, address: tuple[str, int], *args: Any, **kwargs: Any) -> None:
+            binds.append(address[1])
+            super().__init__(address if len(binds) > 1 else ("127.0.0.1", wanted), *args, **kwargs)
+
+    monkeypatch.setattr(apiserver, "_Server", HandsOutTheWantedPortFirst)
+    fake = FakeApiServer().start(avoid_ports={wanted})
+    try:
+        assert len(binds) == 2
+        assert not fake.url.endswith(f":{wanted}")
+        with socket.socket() as daemon:  # the avoided port was let go again
+            daemon.bind(("127.0.0.1", wanted))
+        with client(fake) as http:
+            assert http.get(PATH).status_code == 200  # served from the other port
+    finally:
+        fake.close()
+
+
+def test_the_daemon_s_simulated_api_server_avoids_the_daemon_s_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    handed_out = iter(ports)
+
+    class HandsOutTheDaemonsPortsFirst(apiserver._Server):
+        def __init__(self, address: tuple[str, int], *args: Any, **kwargs: Any) -> None:
+            super().__init__(("127.0.0.1", next(handed_out, 0)), *args, **kwargs)
+
+    monkeypatch.setattr(apiserver, "_Server", HandsOutTheDaemonsPortsFirst)
+    flags = {
+        "listen_address": f"127.0.0.1:{ports[0]}",
+        "dcgm_compat.enabled": True,
+        "dcgm_compat.listen_address": f"127.0.0.1:{ports[1]}",
+    }
+    config = load_config(None, flags, environ={})
+    scenario, clock = load_scenario("dra"), ManualClock()
+    kubelet, config = _simulated_kubelet(scenario, config, clock)
+    server, config = _simulated_api_server(scenario, config, clock)
+    try:
+        assert server is not None
+        assert config.kubernetes.dra.api_server == server.url
+        assert int(server.url.rsplit(":", 1)[1]) not in ports
+    finally:
+        for started in (server, kubelet):
+            if started is not None:
+                started.close()
 
 
 # Scenarios ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -350,10 +350,19 @@ class FakeApiServer:
 
     # Lifecycle --------------------------------------------------------------------------
 
-    def start(self) -> FakeApiServer:
+    def start(self, avoid_ports: Collection[int] = ()) -> FakeApiServer:
+        """Listen on a free port of 127.0.0.1 other than `avoid_ports`: the kernel may hand out
+        a port that was free a moment ago because a caller only picked it for something else,
+        such as the daemon this server was started for."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(TLS_DIR / "server.crt", TLS_DIR / "server.key")
         server = _Server(("127.0.0.1", 0), _Handler, bind_and_activate=True)
+        refused: list[_Server] = []
+        while server.server_address[1] in avoid_ports:
+            refused.append(server)  # held while binding again, so the kernel picks another
+            server = _Server(("127.0.0.1", 0), _Handler, bind_and_activate=True)
+        for taken in refused:
+            taken.server_close()
         server.fake = self
         server.socket = context.wrap_socket(
             server.socket, server_side=True, do_handshake_on_connect=False
@@ -681,16 +690,20 @@ def _cut(conn: socket.socket) -> None:
         socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
 
-def start_for(scenario: Scenario, clock: Callable[[], float] | None = None) -> FakeApiServer | None:
+def start_for(
+    scenario: Scenario,
+    clock: Callable[[], float] | None = None,
+    avoid_ports: Collection[int] = (),
+) -> FakeApiServer | None:
     """A running fake API server serving the scenario's DRA driver's slice at `clock()`
-    (scenario seconds: pass the fake NVML's clock; by default real time since this call), or
-    None when the scenario has no `dra:`."""
+    (scenario seconds: pass the fake NVML's clock; by default real time since this call), on
+    a port not in `avoid_ports`, or None when the scenario has no `dra:`."""
     if scenario.dra is None:
         return None
     now = clock if clock is not None else _seconds_since(time.monotonic())
     server = FakeApiServer(node_name=scenario.dra.node_name)
     server.set_source(lambda: scenario_slices(scenario, now()))
-    return server.start()
+    return server.start(avoid_ports)
 
 
 def _seconds_since(start: float) -> Callable[[], float]:
