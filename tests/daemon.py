@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -15,9 +17,47 @@ from pathlib import Path
 
 import httpx
 
+# Ports for the processes tests start are picked below the kernel's ephemeral range, which
+# Linux hands out to every bind to port 0 and every outgoing connection: a port picked free
+# there can be handed to someone else (once on CI, the daemon's own simulated API server)
+# before the process it was picked for listens on it. Each xdist worker has its own block, which
+# it goes round, so tests running side by side do not pick alike.
+_BLOCK = 1000
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: no knowing, so no range to keep off
+        return 0
+
+
+def _unshared_ports() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    blocks = (_ephemeral_floor() - 1024) // _BLOCK
+    if blocks < 1:
+        return
+    first = 1024 + (int(worker) % blocks if worker.isdigit() else 0) * _BLOCK
+    offset = os.getpid() % _BLOCK  # another test run beside this one starts elsewhere in it
+    for step in itertools.count():
+        yield first + (offset + step) % _BLOCK
+
+
+_PORTS = _unshared_ports()
+_PORTS_LOCK = threading.Lock()  # a generator is not to be run by two threads at once
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port of 127.0.0.1 nothing listens on, for a process a test starts."""
+    with _PORTS_LOCK:
+        for port in itertools.islice(_PORTS, _BLOCK):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:  # taken: by another program, or a test run beside this one
+                    continue
+                return port
+    with socket.socket() as sock:  # no block, or all of it taken: let the kernel pick
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
