@@ -10,8 +10,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from gpu_exporter.collect.health_latch import HealthLatch
-from gpu_exporter.model.snapshot import DeviceSample
+from gpu_exporter.model.snapshot import DeviceSample, DownCause
+from gpu_exporter.pipeline.sampler import Sampler
 from gpu_exporter.sim.clock import ManualClock
 
 
@@ -67,3 +70,27 @@ def test_the_faults_gpus_stay_critical_until_reset(
     reset = verdicts(latch.process(answered(source), clock.now))
     assert reset[2]["verdict"] == "pass", reset
     assert reset[1]["verdict"] == "critical" and reset[1]["action"] == "reboot_node", reset
+
+
+def test_a_tick_the_source_failed_in_leaves_each_verdict_as_it_was(
+    start_source: Callable[..., Any], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = start_source("faults")
+    sampler = Sampler(source, source.errors, interval=1.0, wall_clock=lambda: 1.75e9 + clock.now)
+    sampler.add_processor("health_verdict", HealthLatch().process)
+    clock.now = 1.0  # before any fault: every GPU passes
+    first = sampler.tick()
+    assert first is not None and {v["verdict"] for v in verdicts(first.devices).values()} == {
+        "pass"
+    }
+
+    def broken() -> list[DeviceSample]:
+        raise RuntimeError("a bug in the source")
+
+    monkeypatch.setattr(source, "sample", broken)
+    clock.now = 2.0
+    failed = sampler.tick()
+    assert failed is not None and not any(device.up for device in failed.devices)
+    assert {device.down_cause for device in failed.devices} == {DownCause.UNREAD}
+    # The daemon's own failure: no GPU is judged lost for it.
+    assert {v["verdict"] for v in verdicts(failed.devices).values()} == {"pass"}

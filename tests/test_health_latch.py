@@ -10,11 +10,12 @@ import pytest
 
 from gpu_exporter.collect.health_latch import FORGET_AFTER_SECONDS, HealthLatch
 from gpu_exporter.model.health_verdict import EVENT_HOLD_SECONDS
-from gpu_exporter.model.snapshot import DeviceSample, Reading
+from gpu_exporter.model.snapshot import DeviceSample, DownCause, Reading
 from tests.test_health_verdict import outputs, recovery
 
 MINUTE = 60.0
 HEALTHY = ("pass", "none", "healthy")
+LOST = ("critical", "reset_gpu", "gpu_lost")
 
 
 def ecc(uncorrected: float, corrected: float = 0.0) -> tuple[Reading, ...]:
@@ -45,9 +46,14 @@ class Ticks:
         self.now = start
 
     def tick(
-        self, readings: Iterable[Reading] = (), up: bool = True, uuid: str = "GPU-a"
+        self,
+        readings: Iterable[Reading] = (),
+        up: bool = True,
+        uuid: str = "GPU-a",
+        cause: DownCause = DownCause.FAILED,
     ) -> tuple[str, str, str]:
-        (device,) = self.latch.process([DeviceSample(0, uuid, {}, up, tuple(readings))], self.now)
+        sample = DeviceSample(0, uuid, {}, up, tuple(readings), down_cause=cause)
+        (device,) = self.latch.process([sample], self.now)
         self.now += MINUTE
         return outputs(device)
 
@@ -118,6 +124,29 @@ def test_a_lost_gpu_is_critical_until_it_answers_under_its_uuid() -> None:
     assert gpu.tick(ecc(0), uuid="GPU-other") == HEALTHY
     assert gpu.tick((), up=False) == ("critical", "reset_gpu", "gpu_lost")
     assert gpu.tick(ecc(0)) == HEALTHY
+
+
+def test_a_late_read_is_a_hang_only_when_the_next_is_late_too() -> None:
+    gpu = Ticks()
+    assert gpu.tick(ecc(0)) == HEALTHY
+    # One read past the deadline, as a healthy GPU's can be on a node whose CPUs are busy.
+    assert gpu.tick((), up=False, cause=DownCause.LATE) == HEALTHY
+    assert gpu.tick(ecc(0)) == HEALTHY
+    assert gpu.tick((), up=False, cause=DownCause.LATE) == HEALTHY
+    assert gpu.tick((), up=False, cause=DownCause.LATE) == LOST  # late twice running: hung
+    assert gpu.tick((), up=False, cause=DownCause.UNREAD) == LOST  # held while not answering
+    assert gpu.tick(ecc(0)) == HEALTHY
+    assert gpu.tick((), up=False, cause=DownCause.LATE) == HEALTHY  # the count starts over
+
+
+def test_a_tick_the_gpu_was_not_read_in_is_no_evidence_either_way() -> None:
+    gpu = Ticks()
+    for _ in range(3):  # every reader busy, NVML being re-initialised, the source failing
+        assert gpu.tick((), up=False, cause=DownCause.UNREAD) == HEALTHY
+    assert gpu.tick((), up=False, cause=DownCause.LATE) == HEALTHY
+    assert gpu.tick((), up=False, cause=DownCause.UNREAD) == HEALTHY
+    assert gpu.tick((), up=False, cause=DownCause.LATE) == LOST  # the second late read running
+    assert gpu.tick((), up=False, cause=DownCause.UNREAD) == LOST
 
 
 def test_a_gpu_back_after_xid_79_stays_critical_for_the_xid() -> None:

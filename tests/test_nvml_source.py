@@ -7,6 +7,7 @@ source exactly as they would from the driver.
 
 from __future__ import annotations
 
+import concurrent.futures as futures
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from gpu_exporter.collect.nvml.device import DeviceReader
 from gpu_exporter.collect.nvml.source import NvmlConfig, NvmlSource
 from gpu_exporter.collect.source import SourceUnavailableError
 from gpu_exporter.model.activity import AWAITED_FAMILY
+from gpu_exporter.model.snapshot import DownCause
 from tests.conftest import ManualClock
 from tests.support import wait_for
 
@@ -175,6 +177,7 @@ def test_gpu_lost_is_down_alone_then_recovers_after_reinit(start, clock: ManualC
     uuid = tick(source, clock)[1].uuid
     lost = tick(source, clock, 1.5)  # t = 2.5
     assert not lost[1].up and "GPU lost" in lost[1].down_reason
+    assert lost[1].down_cause is DownCause.FAILED  # NVML's own word: evidence at once
     assert lost[0].up and lost[2].up
     for _ in range(3):  # t = 3.5 .. 5.5: still lost, or back but not yet re-initialised
         devices = tick(source, clock)
@@ -184,6 +187,25 @@ def test_gpu_lost_is_down_alone_then_recovers_after_reinit(start, clock: ManualC
     assert recovered[1].uuid == uuid
     assert recovered[1].value("gpu_power_watts") is not None
     assert source.errors.count(field=None) >= 1
+
+
+def test_a_gpu_no_reader_thread_started_on_is_unread_not_failed(
+    start, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = start(scenario([{"label": "a"}, {"label": "b"}]))
+    assert all(device.up for device in tick(source, clock).values())
+    read_on_crew = source._read_on_crew
+
+    def second_never_started(reads: list[Any], timeout: float | None = None) -> list[Any]:
+        never: futures.Future[Any] = futures.Future()
+        never.cancel()  # what the crew hands back for a read no thread was free to start
+        return [*read_on_crew(reads[:1], timeout), never]
+
+    monkeypatch.setattr(source, "_read_on_crew", second_never_started)
+    devices = tick(source, clock)
+    assert devices[0].up
+    assert not devices[1].up and "every reader thread was busy" in devices[1].down_reason
+    assert devices[1].down_cause is DownCause.UNREAD  # the daemon's doing, not the GPU's
 
 
 @pytest.mark.parametrize("hung", [0, 1])  # the GPU read first, or after the other
@@ -206,6 +228,7 @@ def test_hung_call_does_not_stall_the_others(start, clock: ManualClock, hung: in
     assert time.monotonic() - started < 2.0, "the tick waited for the hung call"
     assert devices[1 - hung].up
     assert not devices[hung].up and "power_usage" in devices[hung].down_reason
+    assert devices[hung].down_cause is DownCause.LATE  # a hang only if the next is late too
     # Next tick: a fresh thread, the hung call skipped, everything else read. Its deadline is
     # not what it tests: a loaded machine gets time to read both GPUs (a call not skipped
     # would still answer within it, after the fault's 3 s, and be read).

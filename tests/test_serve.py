@@ -207,8 +207,9 @@ def test_faults_scenario_lost_gpu_xid_and_hang(tmp_path: Path) -> None:
         assert gpu_value(samples, "gpu_health_action_info", 1, action="reboot_node") == 1
         assert gpu_value(samples, "gpu_health_verdict", 2, verdict="critical") == 1
         assert gpu_value(samples, "gpu_health_action_info", 2, reason="xid_48") == 1
-        # GPU 0 is never critical (its fabric runs degraded from 20 s to 40 s: a warning then).
-        assert gpu_value(samples, "gpu_health_verdict", 0, verdict="critical") == 0
+        # GPU 0 is not critical (its fabric runs degraded from 20 s to 40 s: a warning then).
+        # The default profile exports verdict="critical" from a GPU's first critical tick on.
+        assert gpu_value(samples, "gpu_health_verdict", 0, verdict="critical") in (None, 0)
         assert d.process.poll() is None, "the daemon must never exit on faults"
         errors = parse_samples(d.metrics_text())
         assert any(

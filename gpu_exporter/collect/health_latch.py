@@ -9,6 +9,11 @@ it (gpu_exporter/model/health_verdict.py, `Clears`), and exports the worst held 
   pending / failure, pending page retirements, the fabric, gpu_up, a MIG layout that could not
   be read) holds until that reading shows the healthy value; a tick without the reading
   changes nothing;
+- gpu_up 0 is a fault (`gpu_lost`) when NVML said so (the GPU lost, the driver gone, every
+  call failing, calls still hung) or when the GPU's read missed the deadline LATE_TICKS_TO_HUNG
+  ticks running; one late tick is not yet a hang (a busy node can make a healthy GPU's read
+  late), and a tick the daemon did not read the GPU in (every reader busy, NVML being
+  re-initialised, the source failing) is no evidence either way;
 - a critical XID (an increase of gpu_xid_errors_total{xid}) holds until a GPU reset is seen:
   a volatile ECC counter going down, a pending row remap applied, pending page retirements
   done, or the driver's recovery action back to none after it was not;
@@ -49,10 +54,12 @@ from gpu_exporter.model.health_verdict import (
     Row,
     decide,
 )
-from gpu_exporter.model.snapshot import DeviceSample, Reading
+from gpu_exporter.model.snapshot import DeviceSample, DownCause, Reading
 
 # A GPU missing from the ticks this long was removed (a lost GPU stays listed, as down).
 FORGET_AFTER_SECONDS = 3600.0
+# Ticks running whose read of a GPU missed the deadline before the GPU counts as hung.
+LATE_TICKS_TO_HUNG = 2
 
 VERDICT_FAMILY = "gpu_health_verdict"
 ACTION_FAMILY = "gpu_health_action_info"
@@ -89,6 +96,7 @@ class _Gpu:
     xid_counts: dict[int, float] = field(default_factory=dict)
     xids_since_reset: set[int] = field(default_factory=set)
     shown: str = ""  # the reason exported last tick
+    late_ticks: int = 0  # ticks running whose read missed the deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,7 @@ class _Inputs:
     """One tick's health readings of a GPU; None (or a missing key) where absent."""
 
     up: bool
+    down_cause: DownCause
     mig_instances_unknown: bool | None  # None: not known (the GPU is down)
     recovery_action: str | None
     volatile_ecc: Mapping[str, float]  # error -> count
@@ -186,6 +195,7 @@ def _inputs(device: DeviceSample) -> _Inputs:
             xid_counts[int(labels["xid"])] = value
     return _Inputs(
         up=device.up,
+        down_cause=device.down_cause,
         mig_instances_unknown=bool(device.instances_unknown) if device.up else None,
         recovery_action=recovery,
         volatile_ecc=volatile,
@@ -225,7 +235,7 @@ def _reset_seen(gpu: _Gpu, inputs: _Inputs) -> bool:
 def _hold_readings(gpu: _Gpu, inputs: _Inputs) -> None:
     """The inputs judged by their current reading: held while it shows the fault, let go when
     it shows the healthy value, left as they are when absent."""
-    _set(gpu, GPU_LOST, not inputs.up)
+    _hold_lost(gpu, inputs)
     if inputs.mig_instances_unknown is not None:
         _set(gpu, MIG_INSTANCES_UNKNOWN, inputs.mig_instances_unknown)
     if inputs.recovery_action is not None:
@@ -245,6 +255,20 @@ def _hold_readings(gpu: _Gpu, inputs: _Inputs) -> None:
     if inputs.fabric_summary_read:
         for summary, row in FABRIC_SUMMARY_ROWS.items():
             _set(gpu, row, inputs.fabric_summary == summary)
+
+
+def _hold_lost(gpu: _Gpu, inputs: _Inputs) -> None:
+    """gpu_lost: held on NVML's word, or on reads late LATE_TICKS_TO_HUNG ticks running; let go
+    when the GPU answers; a tick it was not read in changes nothing."""
+    if inputs.up:
+        gpu.late_ticks = 0
+        _set(gpu, GPU_LOST, False)
+    elif inputs.down_cause is DownCause.FAILED:
+        _set(gpu, GPU_LOST, True)
+    elif inputs.down_cause is DownCause.LATE:
+        gpu.late_ticks += 1
+        if gpu.late_ticks >= LATE_TICKS_TO_HUNG:
+            _set(gpu, GPU_LOST, True)
 
 
 def _set(gpu: _Gpu, row: Row, faulty: bool) -> None:

@@ -445,7 +445,11 @@ RETIRED_PAGES_PENDING = Row(
 # gpu_up 0: NVML does not answer for the GPU (GPU_IS_LOST, or calls that hang). Reset it (a GPU
 # that fell off the bus says so with XID 79, whose row asks for a reboot).
 GPU_LOST = Row(
-    "gpu_lost", V.CRITICAL, A.RESET_GPU, C.READING, "the GPU does not answer NVML (lost or hung)"
+    "gpu_lost",
+    V.CRITICAL,
+    A.RESET_GPU,
+    C.READING,
+    "the GPU does not answer NVML: lost, or hung (its reads late two ticks running)",
 )
 
 # -- the MIG layout ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # classify imports this module
@@ -18,6 +19,14 @@ Labels = tuple[tuple[str, str], ...]
 # The key of DeviceSample.info that holds the device minor number (/dev/nvidia<minor>): not a
 # gpu_info label, read for pod attribution (GKE's device plugin names GPUs by it).
 MINOR_NUMBER = "minor_number"
+
+
+class DownCause(StrEnum):
+    """Why a GPU is down in a tick, weighed as evidence about the GPU (the health latch's)."""
+
+    FAILED = "failed"  # NVML answered with a failure (lost, driver gone), or calls stay hung
+    LATE = "late"  # its read did not answer within the deadline in this tick: hung if it lasts
+    UNREAD = "unread"  # not read at all (every reader busy, NVML re-initialising): no evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +123,7 @@ class DeviceSample:
     and for a MIG parent, whose instances have theirs). `instances_unknown` says why the
     MIG layout of a GPU that answered could not be read in this tick ("" when it was, or MIG
     is off); its `instances` are then the ones last known, each down (`InstanceSample.up`), as
-    are a down GPU's.
+    are a down GPU's. `down_cause` says what a down GPU's tick tells of the GPU itself.
     """
 
     index: int
@@ -129,6 +138,7 @@ class DeviceSample:
     # Its processes this tick (a MIG GPU's are its instances'); None: not read.
     processes: tuple[ProcessSample, ...] | None = None
     instances_unknown: str = ""
+    down_cause: DownCause = DownCause.FAILED  # of a down GPU; unused when up
 
     @property
     def labels(self) -> Labels:

@@ -48,7 +48,14 @@ from gpu_exporter.collect.source import ErrorLog, Source
 from gpu_exporter.model.guard import Guard
 from gpu_exporter.model.profile import SERIES_FAMILY, ExportFilter, series_counts
 from gpu_exporter.model.series import Producer, SeriesBuilder, SeriesSet, with_collector_series
-from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample, Labels, Snapshot, TickStats
+from gpu_exporter.model.snapshot import (
+    CollectorStatus,
+    DeviceSample,
+    DownCause,
+    Labels,
+    Snapshot,
+    TickStats,
+)
 from gpu_exporter.web.exposition import ExpositionWriter, RenderedMetrics
 
 log = logging.getLogger(__name__)
@@ -240,8 +247,12 @@ class Sampler:
             log.exception("source %s failed", self.source.name)
             self.errors.add(self.source.name, "sample", "exception")
             known = list(self.latest.devices) if self.latest else []
+            # The daemon's own failure says nothing of the GPUs: their verdicts stay as they were.
             down = [
-                DeviceSample(d.index, d.uuid, d.info, False, (), "source failed") for d in known
+                DeviceSample(
+                    d.index, d.uuid, d.info, False, (), "source failed", down_cause=DownCause.UNREAD
+                )
+                for d in known
             ]
             # Every collector failed this tick: say so for each, not only for the source.
             no_names: tuple[str, ...] = ()

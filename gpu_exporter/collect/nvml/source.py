@@ -67,7 +67,7 @@ from gpu_exporter.collect.startup import StartupProgress
 from gpu_exporter.collect.worker import Worker, on_own_thread
 from gpu_exporter.model import guard
 from gpu_exporter.model.guard import Guard
-from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample
+from gpu_exporter.model.snapshot import CollectorStatus, DeviceSample, DownCause
 
 __all__ = ["SIMULATE_HINT", "NvmlConfig", "NvmlSource", "TopologyReader"]
 
@@ -671,7 +671,7 @@ class NvmlSource:
             self._apply_recovery()
         if self._recovery.job is not None and self._recovery.job_full:
             # NVML is being re-initialised: reading devices now would only collect errors.
-            return self._all_down("NVML is being re-initialised")
+            return self._all_down("NVML is being re-initialised", DownCause.UNREAD)
         self._tick += 1
         started = self.clock()
         needing_dcgm, mig_needing_dcgm = self._needing_dcgm()
@@ -767,9 +767,10 @@ class NvmlSource:
                 out[uuid] = job.result()
         return out
 
-    def _all_down(self, reason: str) -> list[DeviceSample]:
+    def _all_down(self, reason: str, cause: DownCause) -> list[DeviceSample]:
         return sorted(
-            (self._down(d, reason) for d in self._devices.values()), key=lambda s: s.index
+            (self._down(d, reason, cause) for d in self._devices.values()),
+            key=lambda s: s.index,
         )
 
     def _ready_for_tick(self, device: _Device) -> bool:
@@ -790,7 +791,8 @@ class NvmlSource:
         if job is None:
             return self._down(device, device.down_reason or "not sampled")
         if job.cancelled():  # never started: every reader was stuck in another GPU's calls
-            return self._down(device, "not read in time: every reader thread was busy")
+            busy = "not read in time: every reader thread was busy"
+            return self._down(device, busy, DownCause.UNREAD)
         if not job.done():
             hung = reader.abandon_tick(self.clock(), job)
             self.errors.add(self.name, hung or "tick", "Timeout")
@@ -800,7 +802,8 @@ class NvmlSource:
                 hung or "the tick",
                 self.deadline_seconds,
             )
-            return self._down(device, f"NVML call {hung or '(tick)'} did not answer in time")
+            late = f"NVML call {hung or '(tick)'} did not answer in time"
+            return self._down(device, late, DownCause.LATE)
         try:
             result: TickResult = job.result()
         except DriverGoneError as exc:  # counted by the choke point
@@ -812,7 +815,7 @@ class NvmlSource:
             log.error("GPU %d (%s) lost: %s", reader.index, uuid, exc)
             return self._down(device, device.down_reason)
         except TickAbandonedError:
-            return self._down(device, "previous call hung")
+            return self._down(device, "previous call hung", DownCause.LATE)
         except DeviceUnresponsiveError as exc:
             return self._down(device, str(exc))
         except Exception as exc:  # a bug outside the guarded collectors: the GPU is down
@@ -834,7 +837,9 @@ class NvmlSource:
             instances_unknown=result.instances_unknown,
         )
 
-    def _down(self, device: _Device, reason: str) -> DeviceSample:
+    def _down(
+        self, device: _Device, reason: str, cause: DownCause = DownCause.FAILED
+    ) -> DeviceSample:
         """A GPU that did not answer: what needs no NVML call, and its MIG instances as last
         enumerated, down (so the pods that lost them stay named, as a whole GPU's do)."""
         reader = device.reader
@@ -849,6 +854,7 @@ class NvmlSource:
             reason,
             reader.known_instances,
             reader.mig_enabled,
+            down_cause=cause,
         )
 
 
