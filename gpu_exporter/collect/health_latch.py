@@ -41,6 +41,7 @@ from gpu_exporter.model.health_verdict import (
     FABRIC_ISSUE_ROWS,
     FABRIC_SUMMARY_ROWS,
     GPU_LOST,
+    LATE_TICKS_TO_HUNG,
     MIG_INSTANCES_UNKNOWN,
     NO_RECOVERY_ACTION,
     RECOVERY_ACTION_ROWS,
@@ -58,8 +59,6 @@ from gpu_exporter.model.snapshot import DeviceSample, DownCause, Reading
 
 # A GPU missing from the ticks this long was removed (a lost GPU stays listed, as down).
 FORGET_AFTER_SECONDS = 3600.0
-# Ticks running whose read of a GPU missed the deadline before the GPU counts as hung.
-LATE_TICKS_TO_HUNG = 2
 
 VERDICT_FAMILY = "gpu_health_verdict"
 ACTION_FAMILY = "gpu_health_action_info"

@@ -444,12 +444,16 @@ RETIRED_PAGES_PENDING = Row(
 # -- the GPU's presence -------------------------------------------------------------------------
 # gpu_up 0: NVML does not answer for the GPU (GPU_IS_LOST, or calls that hang). Reset it (a GPU
 # that fell off the bus says so with XID 79, whose row asks for a reboot).
+# A read that misses the deadline once may be a busy node's, not the GPU's: a GPU counts as
+# hung when its reads are late this many ticks running.
+LATE_TICKS_TO_HUNG = 2
 GPU_LOST = Row(
     "gpu_lost",
     V.CRITICAL,
     A.RESET_GPU,
     C.READING,
-    "the GPU does not answer NVML: lost, or hung (its reads late two ticks running)",
+    "the GPU does not answer NVML: lost, or hung "
+    f"(its reads late {LATE_TICKS_TO_HUNG} ticks running)",
 )
 
 # -- the MIG layout ----------------------------------------------------------------------------
