@@ -31,6 +31,7 @@ from gpu_exporter.sim.apiserver import (
 from gpu_exporter.sim.clock import ManualClock
 from gpu_exporter.sim.dra import DRIVER, gpu_device_name, mig_device_name
 from gpu_exporter.sim.scenario import load_scenario
+from tests.daemon import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -364,20 +365,23 @@ def test_close_ends_watches_and_hung_requests() -> None:
     assert not Path(fake.directory).exists()
 
 
-def test_it_never_listens_on_a_port_it_is_told_to_avoid(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The kernel handing out a port a caller had just picked free, as it did once on CI: the
-    # daemon under test then could not listen on its own port. Here the first bind gets it.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        wanted = probe.getsockname()[1]
-    binds: list[int] = []
+def handing_out_first(ports: list[int], binds: list[int]) -> type[apiserver._Server]:
+    """The server class, as if the kernel handed out `ports`, in order, before any other (the
+    race seen once on CI); each port it listened on goes to `binds`."""
+    first = iter(ports)
 
-    class HandsOutTheWantedPortFirst(apiserver._Server):
+    class HandsOutTheseFirst(apiserver._Server):
         def __init__(self, address: tuple[str, int], *args: Any, **kwargs: Any) -> None:
-            binds.append(address[1])
-            super().__init__(address if len(binds) > 1 else ("127.0.0.1", wanted), *args, **kwargs)
+            super().__init__(("127.0.0.1", next(first, address[1])), *args, **kwargs)
+            binds.append(self.server_address[1])
 
-    monkeypatch.setattr(apiserver, "_Server", HandsOutTheWantedPortFirst)
+    return HandsOutTheseFirst
+
+
+def test_it_never_listens_on_a_port_it_is_told_to_avoid(monkeypatch: pytest.MonkeyPatch) -> None:
+    wanted = free_port()
+    binds: list[int] = []
+    monkeypatch.setattr(apiserver, "_Server", handing_out_first([wanted], binds))
     fake = FakeApiServer().start(avoid_ports={wanted})
     try:
         assert len(binds) == 2
@@ -393,18 +397,8 @@ def test_it_never_listens_on_a_port_it_is_told_to_avoid(monkeypatch: pytest.Monk
 def test_the_daemon_s_simulated_api_server_avoids_the_daemon_s_ports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    ports = []
-    for _ in range(2):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(probe.getsockname()[1])
-    handed_out = iter(ports)
-
-    class HandsOutTheDaemonsPortsFirst(apiserver._Server):
-        def __init__(self, address: tuple[str, int], *args: Any, **kwargs: Any) -> None:
-            super().__init__(("127.0.0.1", next(handed_out, 0)), *args, **kwargs)
-
-    monkeypatch.setattr(apiserver, "_Server", HandsOutTheDaemonsPortsFirst)
+    ports = [free_port(), free_port()]
+    monkeypatch.setattr(apiserver, "_Server", handing_out_first(ports, []))
     flags = {
         "listen_address": f"127.0.0.1:{ports[0]}",
         "dcgm_compat.enabled": True,
