@@ -103,7 +103,12 @@ FAMILIES: tuple[Family, ...] = (
         "GPU identity; value is always 1.",
         ("model", "pci_bus_id", "architecture", "compute_capability", "driver_version"),
     ),
-    Family("gpu_up", G, "1 when the GPU answered NVML in this tick, 0 when lost or hung."),
+    Family(
+        "gpu_up",
+        G,
+        "1 when the GPU answered NVML in this tick, 0 when it did not: lost, hung, or not read "
+        "in time.",
+    ),
     Family(
         "gpu_mig_mode",
         G,
@@ -529,8 +534,9 @@ FAMILIES: tuple[Family, ...] = (
         G,
         "Health verdict of the GPU as a state set (pass, info, warning, critical: NVIDIA Health "
         "Validation's): 1 for the worst of its inputs (XIDs, uncorrected ECC, row remapping, "
-        "page retirement, the driver's recovery action, NVLink fabric, gpu_up), 0 for the "
-        "others. Latched: an input holds until the evidence that it was fixed (its reading "
+        "page retirement, the driver's recovery action, NVLink fabric, a GPU lost or hung: "
+        "NVML says so, or its reads are late tick after tick, not once), 0 for the others. "
+        "Latched: an input holds until the evidence that it was fixed (its reading "
         "healthy again; for a critical XID a GPU reset, seen as a volatile ECC counter going "
         "down, a pending remap or retirement done, or the recovery action back to none); an "
         "absent reading clears nothing; an exporter restart keeps only what the driver still "
