@@ -781,15 +781,25 @@ def health_lines(report: dict[str, Any]) -> list[str]:
     return ["", "Health reads (unprivileged):", *lines] if lines else []
 
 
+def answered_tick(source: NvmlSource, tries: int = 5) -> tuple[DeviceSample, ...]:
+    """A tick in which every GPU answered, within `tries`: a busy machine can make a tick's
+    reads miss the deadline, and a GPU down for that tick has no families to list."""
+    for _ in range(tries):
+        devices = tuple(source.sample())
+        if all(device.up for device in devices):
+            break
+    return devices
+
+
 def probe_compat(source: NvmlSource) -> dict[str, Any]:
     """/metrics/dcgm of two ticks a second apart, as the daemon would write it: which
     dcgm-exporter families this GPU gives, and GPU 0's line of each."""
     from gpu_exporter.web.dcgm_compat.render import Counters, render
 
     builder = SeriesBuilder()
-    first = builder.build(Snapshot(time.time(), tuple(source.sample())))
+    first = builder.build(Snapshot(time.time(), answered_tick(source)))
     time.sleep(1.0)
-    second = builder.build(Snapshot(time.time(), tuple(source.sample())))
+    second = builder.build(Snapshot(time.time(), answered_tick(source)))
     text = render(second, Counters.of(first), ("hostname", platform.node()))
     lines = text.decode().splitlines()
     families = [line.split(" ")[2] for line in lines if line.startswith("# TYPE ")]
