@@ -596,6 +596,8 @@ def test_a_list_of_pages_each_in_time_has_a_deadline(
         assert wait_until(lambda: errors(reader)["timeout"] == 1, seconds=15)
         assert time.monotonic() - began > 2.9  # never before the deadline
         assert 2 <= fake.list_calls < 20  # stopped part way: by the deadline, not at the end
+        # The failure is counted a moment before it is logged.
+        assert wait_until(lambda: bool(warnings_of(caplog)), seconds=5)
         assert "the list took longer than 3 s" in warnings_of(caplog)[0]
 
 

@@ -28,12 +28,14 @@ FULL = ("--metrics-profile", "full")
 
 
 def attributed(daemon: Daemon) -> Samples:
-    """A scrape once the ResourceSlices were read (claimed GPU 0 carries its pod)."""
+    """A scrape once the ResourceSlices were read (claimed GPU 0 carries its pod), of a tick in
+    which every GPU answered (on a busy machine a read can be late: that GPU has no readings)."""
 
     def ready() -> Samples | None:
         found = samples(daemon.metrics_text())
         labels = [labels for labels, _ in on_gpu(found, "gpu_utilization_ratio", "0")]
-        return found if labels and labels[0].get("pod") == "trainer-0" else None
+        all_up = all(value == 1 for _, value in found.get("gpu_up", []))
+        return found if all_up and labels and labels[0].get("pod") == "trainer-0" else None
 
     found = wait_for(ready, 30, "the claimed GPU's pod labels")
     assert found is not None, daemon.output()
