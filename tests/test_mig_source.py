@@ -78,7 +78,9 @@ def by_gi(device: DeviceSample) -> dict[int, list[InstanceSample]]:
 @pytest.fixture
 def mig(start_source: Callable[..., Any], clock: ManualClock) -> NvmlSource:
     clock.now = 10.0
-    source: NvmlSource = start_source("mig", xid_events=False)
+    # The scenario hangs nothing: a deadline no busy machine misses, so that every tick reads
+    # every GPU and what the tests count (instances, GPM samples) is the scenario's.
+    source: NvmlSource = start_source("mig", xid_events=False, device_deadline_seconds=5.0)
     return source
 
 
