@@ -31,12 +31,14 @@ devices:
   - {}
   - {}
 faults:
-  - {at: 0.5, device: 0, kind: xid, xid: 61}
-  - {at: 0.5, device: 1, kind: xid, xid: 13}
+  - {at: 1.5, device: 0, kind: xid, xid: 61}
+  - {at: 1.5, device: 1, kind: xid, xid: 13}
 """
 # Only the info: nothing to do to the GPU, so nothing needs attention.
-INFO_ONLY = WARNED.replace("  - {at: 0.5, device: 0, kind: xid, xid: 61}\n", "")
-SHORT = ("--duration", "2", "--interval", "0.5")
+INFO_ONLY = WARNED.replace("  - {at: 1.5, device: 0, kind: xid, xid: 61}\n", "")
+# NVML reports XIDs from its registration on, and a busy machine can take a second to get
+# there: the XIDs come at 1.5 s, and the profile lasts long enough to see them delivered.
+SHORT = ("--duration", "3", "--interval", "0.5")
 
 
 def scenario(tmp_path: Path, text: str) -> str:
